@@ -1,0 +1,31 @@
+# The two commands: `make demo` and `make test`. Both create or refresh .venv.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.regent-installed
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test lint venv bench clean proto
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/bootstrap_venv.sh
+	@VENV=$(VENV) sh scripts/bootstrap_venv.sh
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/regent train --run-dir runs/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+
+# Regenerate the committed gRPC stubs after editing the .proto (needs the dev extra).
+proto:
+	cd src/regent/ft/proto && ../../../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. torchft.proto
+	sed -i 's/^import torchft_pb2 as torchft__pb2/from regent.ft.proto import torchft_pb2 as torchft__pb2/' src/regent/ft/proto/torchft_pb2_grpc.py

@@ -1,0 +1,1 @@
+"""regent.actor: single-controller actor runtime with a Monarch-compatible API."""

@@ -1,0 +1,49 @@
+"""The `regent` command. Argument parsing only; each subcommand lives next to the code it drives.
+
+Each subcommand module exposes `add_parser(subparsers)`, which registers its parser and sets
+`func=<callable(args) -> int>`. Modules are imported lazily so `regent worker` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module that defines add_parser(subparsers)
+SUBCOMMANDS: dict[str, str] = {
+    "worker": "regent.actor.commands",
+    "lighthouse": "regent.ft.commands",
+    "train": "regent.orchestrate.commands",
+    "report": "regent.orchestrate.commands",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="regent", description="Fault-tolerant distributed training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    seen: set[str] = set()
+    for name, module_name in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            continue
+        if module_name in seen:
+            continue
+        seen.add(module_name)
+        module = importlib.import_module(module_name)
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    parser = build_parser(only)
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""regent.ft: fault tolerance across replica groups (usable from any launcher)."""

@@ -1,0 +1,1 @@
+"""regent.jobs"""
