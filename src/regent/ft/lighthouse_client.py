@@ -1,0 +1,196 @@
+"""Client for a Lighthouse (Regent's or TorchFT's: both speak the same gRPC protocol).
+
+Why a retry loop of our own: the Lighthouse may restart on the same address. While it is down every call
+fails fast with UNAVAILABLE; we retry with exponential backoff (100 ms -> 10 s, x1.5, jitter, as TorchFT's
+client does) until the call's own deadline or `connect_timeout`, whichever comes first. A Quorum request that
+was in flight when the server died is simply sent again to the new server, which is how a fresh quorum forms
+after a Lighthouse restart.
+
+Errors: DEADLINE_EXCEEDED / CANCELLED -> TimeoutError; unreachable -> ConnectionError naming the address and
+the fix; anything else -> RuntimeError.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import grpc
+
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.types import Quorum, QuorumMember, to_seconds
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# HTTP/2 keepalive like TorchFT's client; fast reconnects so a restarted Lighthouse is found within ~1 s.
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.enable_retries", 0),
+]
+
+BACKOFF_START_S = 0.1
+BACKOFF_MAX_S = 10.0
+BACKOFF_FACTOR = 1.5
+BACKOFF_JITTER_S = 0.1
+
+
+def normalize_address(addr: str) -> str:
+    """'http://host:port' or 'host:port' -> 'host:port' (the form grpc wants)."""
+    addr = addr.strip()
+    for prefix in ("http://", "https://", "grpc://"):
+        if addr.startswith(prefix):
+            addr = addr[len(prefix) :]
+    addr = addr.rstrip("/")
+    if not addr:
+        raise ValueError("empty Lighthouse address; pass host:port, e.g. --lighthouse http://127.0.0.1:29510")
+    return addr
+
+
+def next_backoff(current: float) -> float:
+    """Exponential backoff step: x1.5 up to 10 s."""
+    return min(current * BACKOFF_FACTOR, BACKOFF_MAX_S)
+
+
+class LighthouseClient:
+    """Blocking, thread-safe client. One channel, reused across calls and across Lighthouse restarts."""
+
+    def __init__(self, addr: str, connect_timeout: timedelta | float = 60) -> None:
+        self._target = normalize_address(addr)
+        self._connect_timeout = to_seconds(connect_timeout)
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: torchft_pb2_grpc.LighthouseServiceStub | None = None
+        self._connect()
+
+    @property
+    def target(self) -> str:
+        return self._target
+
+    def _connect(self) -> torchft_pb2_grpc.LighthouseServiceStub:
+        with self._lock:
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(self._target, options=CHANNEL_OPTIONS)
+                self._stub = torchft_pb2_grpc.LighthouseServiceStub(self._channel)
+            return self._stub
+
+    def _reconnect(self) -> None:
+        """Drop the channel so the next call dials afresh (a restarted server may be on a new socket)."""
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    def __enter__(self) -> LighthouseClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def quorum(
+        self,
+        replica_id: str,
+        timeout: timedelta | float,
+        address: str = "",
+        store_address: str = "",
+        step: int = 0,
+        world_size: int = 0,
+        shrink_only: bool = False,
+        data: dict | None = None,
+        commit_failures: int = 0,
+    ) -> Quorum:
+        """Join the next quorum and block until one that includes this replica is issued, or `timeout`."""
+        member = QuorumMember(
+            replica_id=replica_id,
+            address=address,
+            store_address=store_address,
+            step=step,
+            world_size=world_size,
+            shrink_only=shrink_only,
+            data=dict(data or {}),
+            commit_failures=commit_failures,
+        )
+        request = torchft_pb2.LighthouseQuorumRequest(requester=member.to_proto())
+        response = self._call("Quorum", lambda stub, t: stub.Quorum(request, timeout=t), timeout)
+        return Quorum.from_proto(response.quorum)
+
+    def heartbeat(self, replica_id: str, timeout: timedelta | float = 5.0) -> None:
+        """Tell the Lighthouse this replica is alive; only heartbeating replicas count toward a quorum."""
+        request = torchft_pb2.LighthouseHeartbeatRequest(replica_id=replica_id)
+        self._call("Heartbeat", lambda stub, t: stub.Heartbeat(request, timeout=t), timeout)
+
+    def _call(
+        self,
+        name: str,
+        invoke: Callable[[torchft_pb2_grpc.LighthouseServiceStub, float], T],
+        timeout: timedelta | float,
+    ) -> T:
+        timeout_s = to_seconds(timeout)
+        start = time.monotonic()
+        deadline = start + timeout_s
+        first_unavailable: float | None = None
+        backoff = BACKOFF_START_S
+        last_detail = ""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if first_unavailable is not None:
+                    raise self._unreachable(time.monotonic() - first_unavailable, last_detail)
+                raise TimeoutError(f"Lighthouse {name} at {self._target} timed out after {timeout_s:.3g} s")
+            stub = self._connect()
+            try:
+                return invoke(stub, remaining)
+            except grpc.RpcError as err:
+                code = err.code() if hasattr(err, "code") else None
+                detail = err.details() if hasattr(err, "details") else str(err)
+                if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                    raise TimeoutError(
+                        f"Lighthouse {name} at {self._target} timed out after {timeout_s:.3g} s: {detail}"
+                    ) from None
+                if code != grpc.StatusCode.UNAVAILABLE:
+                    raise RuntimeError(f"Lighthouse {name} at {self._target} failed: {code}: {detail}") from None
+                now = time.monotonic()
+                if first_unavailable is None:
+                    first_unavailable = now
+                    logger.info("Lighthouse at %s unavailable (%s); retrying", self._target, detail)
+                last_detail = detail or ""
+                waited = now - first_unavailable
+                if waited >= self._connect_timeout:
+                    raise self._unreachable(waited, last_detail) from None
+                pause = min(
+                    backoff + random.uniform(0, BACKOFF_JITTER_S),
+                    max(0.0, deadline - now),
+                    max(0.0, first_unavailable + self._connect_timeout - now),
+                )
+                backoff = next_backoff(backoff)
+                if pause > 0:
+                    time.sleep(pause)
+                if backoff >= 1.0:
+                    # After a few failed attempts dial afresh rather than trusting the old channel's state.
+                    self._reconnect()
+
+    def _unreachable(self, waited: float, detail: str) -> ConnectionError:
+        return ConnectionError(
+            f"Lighthouse at {self._target} unreachable after {waited:.1f} s ({detail}); "
+            "is it running? set --lighthouse (or TORCHFT_LIGHTHOUSE) to its address"
+        )
