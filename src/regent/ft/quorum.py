@@ -1,0 +1,137 @@
+"""The Lighthouse's quorum decision, as pure functions over a plain state (no I/O, no clocks of its own).
+
+The rules are TorchFT's (reference §1.2), in the order they are applied:
+
+1. A replica is healthy if its last heartbeat (a Quorum request counts as one) is younger than
+   `heartbeat_timeout_ms`.
+2. Candidates are the healthy participants (replicas waiting in a Quorum call), sorted by replica id.
+3. If any healthy participant asked for `shrink_only`, candidates not in the previous quorum are dropped.
+4. Fast quorum: if every member of the previous quorum is a healthy participant again, the quorum is issued at
+   once (any extra joiners already waiting ride along); the checks below are skipped.
+5. At least `min_replicas` healthy participants.
+6. Split-brain guard: more than half of the heartbeating replicas must be participating.
+7. Join timeout: while some heartbeating replica has not joined yet, wait until `join_timeout_ms` has passed
+   since the first participant joined. Silent replicas (no heartbeat) are never waited for.
+
+`quorum_id` increases when the sorted list of member ids changes, or when the membership is the same but a
+member reports `commit_failures > 0` (everyone must rebuild its process group after a failed commit).
+Address or step changes alone keep the id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from regent.ft.types import Quorum, QuorumMember
+
+
+@dataclass(frozen=True)
+class QuorumOptions:
+    """The Lighthouse's tunables, named and defaulted like `torchft_lighthouse`'s flags."""
+
+    min_replicas: int = 1
+    join_timeout_ms: int = 60_000
+    quorum_tick_ms: int = 100
+    heartbeat_timeout_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 1:
+            raise ValueError(f"min_replicas must be >= 1, got {self.min_replicas}")
+        for name in ("join_timeout_ms", "heartbeat_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.quorum_tick_ms <= 0:
+            raise ValueError(f"quorum_tick_ms must be > 0, got {self.quorum_tick_ms}")
+
+
+@dataclass
+class Participant:
+    """A replica waiting for the next quorum. `joined` is a monotonic time in seconds."""
+
+    joined: float
+    member: QuorumMember
+
+
+@dataclass
+class LighthouseState:
+    """Everything the decision looks at. Times are monotonic seconds (time.monotonic())."""
+
+    participants: dict[str, Participant] = field(default_factory=dict)
+    prev_quorum: Quorum | None = None
+    quorum_id: int = 0
+    heartbeats: dict[str, float] = field(default_factory=dict)
+
+
+def healthy_replicas(now: float, state: LighthouseState, opts: QuorumOptions) -> set[str]:
+    """Replica ids whose last heartbeat is fresh."""
+    limit = opts.heartbeat_timeout_ms / 1000.0
+    return {rid for rid, last in state.heartbeats.items() if now - last < limit}
+
+
+def quorum_compute(
+    now: float, state: LighthouseState, opts: QuorumOptions
+) -> tuple[list[QuorumMember] | None, str]:
+    """Decide whether a quorum can be issued now. Returns (members sorted by id, or None; the reason)."""
+    healthy = healthy_replicas(now, state, opts)
+    healthy_participants = {rid: p for rid, p in state.participants.items() if rid in healthy}
+    candidates = sorted((p.member for p in healthy_participants.values()), key=lambda m: m.replica_id)
+    shrink_only = any(p.member.shrink_only for p in healthy_participants.values())
+
+    metadata = (
+        f"[{len(healthy_participants)}/{len(state.participants)} participants healthy]"
+        f"[{len(healthy)} heartbeating][shrink_only={str(shrink_only).lower()}]"
+    )
+
+    if state.prev_quorum is not None:
+        prev_ids = set(state.prev_quorum.replica_ids())
+        if shrink_only:
+            candidates = [m for m in candidates if m.replica_id in prev_ids]
+        if all(rid in healthy_participants for rid in prev_ids):
+            return candidates, f"Fast quorum found! {metadata}"
+
+    if len(healthy_participants) < opts.min_replicas:
+        return None, (
+            f"New quorum not ready, only have {len(healthy_participants)} participants, "
+            f"need min_replicas {opts.min_replicas} {metadata}"
+        )
+
+    if len(healthy_participants) <= len(healthy) // 2:
+        return None, (
+            f"New quorum not ready, only have {len(healthy_participants)} participants, "
+            f"need at least half of {len(healthy)} healthy workers {metadata}"
+        )
+
+    all_healthy_joined = len(healthy_participants) == len(healthy)
+    first_joined = min((p.joined for p in healthy_participants.values()), default=now)
+    if not all_healthy_joined and (now - first_joined) < opts.join_timeout_ms / 1000.0:
+        return None, (
+            f"Valid quorum with {len(healthy_participants)} participants, waiting for "
+            f"{len(healthy) - len(healthy_participants)} healthy but not participating stragglers "
+            f"due to join timeout {metadata}"
+        )
+
+    return candidates, f"Valid quorum found {metadata}"
+
+
+def quorum_changed(a: list[QuorumMember], b: list[QuorumMember]) -> bool:
+    """Membership changed iff the ordered replica-id lists differ (addresses and steps do not count)."""
+    return [m.replica_id for m in a] != [m.replica_id for m in b]
+
+
+def next_quorum_id(state: LighthouseState, members: list[QuorumMember]) -> int:
+    """The id the quorum of `members` gets: bumped on a membership change or a reported commit failure."""
+    if state.prev_quorum is None or quorum_changed(members, state.prev_quorum.participants):
+        return state.quorum_id + 1
+    if any(m.commit_failures > 0 for m in members):
+        return state.quorum_id + 1
+    return state.quorum_id
+
+
+def issue_quorum(state: LighthouseState, members: list[QuorumMember], created: datetime) -> Quorum:
+    """Record a decided quorum in `state`: bump the id by the rule, remember it, clear the participants."""
+    state.quorum_id = next_quorum_id(state, members)
+    quorum = Quorum(quorum_id=state.quorum_id, participants=list(members), created=created)
+    state.prev_quorum = quorum
+    state.participants.clear()
+    return quorum

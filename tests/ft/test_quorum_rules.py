@@ -1,0 +1,314 @@
+"""The quorum decision as pure functions: every scenario of TorchFT's lighthouse.rs unit tests, plus each rule
+on its own."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from regent.ft.quorum import (
+    LighthouseState,
+    Participant,
+    QuorumOptions,
+    issue_quorum,
+    next_quorum_id,
+    quorum_changed,
+    quorum_compute,
+)
+from regent.ft.types import Quorum, QuorumMember
+
+NOW = 1_000_000.0  # an arbitrary monotonic time, seconds
+HOUR_MS = 60 * 60 * 1000
+
+
+def member(rid: str, step: int = 1, shrink_only: bool = False, commit_failures: int = 0, address: str = ""):
+    return QuorumMember(
+        replica_id=rid,
+        address=address,
+        step=step,
+        world_size=1,
+        shrink_only=shrink_only,
+        commit_failures=commit_failures,
+    )
+
+
+def join(state: LighthouseState, m: QuorumMember, at: float = NOW) -> None:
+    """What a Quorum request does to the state: an implicit heartbeat plus a participant entry."""
+    state.participants[m.replica_id] = Participant(joined=at, member=m)
+    state.heartbeats[m.replica_id] = at
+
+
+def prev(*members: QuorumMember, quorum_id: int = 1) -> Quorum:
+    return Quorum(quorum_id=quorum_id, participants=list(members), created=datetime.now(timezone.utc))
+
+
+def decide(state: LighthouseState, opts: QuorumOptions, now: float = NOW) -> Quorum | None:
+    """One server tick: compute and, if met, issue."""
+    members, _ = quorum_compute(now, state, opts)
+    if members is None:
+        return None
+    return issue_quorum(state, members, datetime.now(timezone.utc))
+
+
+def test_join_timeout_waits_only_for_heartbeating_stragglers():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000)
+    state = LighthouseState()
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "New quorum not ready, only have 0 participants, need min_replicas 1 [0/0 participants healthy]" in reason
+
+    join(state, member("a"))
+    join(state, member("b"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is not None, reason
+
+    # "c" heartbeats but has not asked to join: wait for it, up to the join timeout.
+    state.heartbeats["c"] = NOW
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "join timeout" in reason
+    assert "waiting for 1 healthy but not participating stragglers" in reason
+
+    # Once the first participant has waited longer than join_timeout_ms, go without "c".
+    state.participants["a"].joined = NOW - 10 * 60 * 60
+    members, reason = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["a", "b"], reason
+
+
+def test_join_timeout_is_measured_from_the_first_joiner():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=1000)
+    state = LighthouseState()
+    join(state, member("a"), at=NOW)
+    join(state, member("b"), at=NOW + 0.9)
+    state.heartbeats["c"] = NOW + 0.9
+    assert quorum_compute(NOW + 0.95, state, opts)[0] is None
+    members, _ = quorum_compute(NOW + 1.0, state, opts)
+    assert [m.replica_id for m in members] == ["a", "b"]
+
+
+def test_stale_heartbeat_excludes_member():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0, heartbeat_timeout_ms=5000)
+    state = LighthouseState()
+    join(state, member("a"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is not None
+    assert "[1/1 participants healthy][1 heartbeating]" in reason
+
+    state.heartbeats["a"] = NOW - 10
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "[0/1 participants healthy][0 heartbeating]" in reason
+
+    join(state, member("b"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["b"], reason
+
+
+def test_heartbeat_freshness_boundary_is_strict():
+    opts = QuorumOptions(heartbeat_timeout_ms=5000, join_timeout_ms=0)
+    state = LighthouseState()
+    join(state, member("a"), at=NOW)
+    assert quorum_compute(NOW + 4.999, state, opts)[0] is not None
+    assert quorum_compute(NOW + 5.0, state, opts)[0] is None
+
+
+def test_fast_quorum_when_previous_members_rejoin():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS)
+    state = LighthouseState()
+    assert quorum_compute(NOW, state, opts)[0] is None
+
+    join(state, member("a"))
+    state.heartbeats["b"] = NOW  # alive but not participating
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "need at least half" in reason
+
+    # With "a" as the whole previous quorum, its return is a fast quorum: no split-brain or join wait.
+    state.prev_quorum = prev(member("a"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["a"]
+    assert reason.startswith("Fast quorum found!")
+
+    # A joiner already waiting rides along with the fast quorum.
+    join(state, member("b"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["a", "b"], reason
+
+
+def test_fast_quorum_skips_min_replicas():
+    opts = QuorumOptions(min_replicas=3, join_timeout_ms=HOUR_MS)
+    state = LighthouseState(prev_quorum=prev(member("a"), member("b")))
+    join(state, member("a"))
+    assert quorum_compute(NOW, state, opts)[0] is None  # "b" missing: not fast, and 1 < 3
+    join(state, member("b"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["a", "b"]
+    assert "Fast quorum" in reason
+
+
+def test_fast_quorum_needs_prev_members_healthy():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000)
+    state = LighthouseState(prev_quorum=prev(member("a"), member("b")))
+    join(state, member("a"))
+    join(state, member("b"), at=NOW - 6)  # joined, but its heartbeat went stale since
+    members, reason = quorum_compute(NOW, state, opts)
+    assert "Fast quorum" not in reason
+    assert [m.replica_id for m in members] == ["a"]  # "b" no longer heartbeating: not waited for
+
+
+def test_shrink_only_drops_new_joiners():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS)
+    state = LighthouseState(prev_quorum=prev(member("a"), member("b")))
+    join(state, member("a", shrink_only=True))
+    join(state, member("c", shrink_only=True))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert "[shrink_only=true]" in reason
+    assert [m.replica_id for m in members] == ["a"]
+
+
+def test_shrink_only_from_any_participant_applies_to_all():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS)
+    state = LighthouseState(prev_quorum=prev(member("a"), member("b")))
+    join(state, member("a"))
+    join(state, member("b", shrink_only=True))
+    join(state, member("c"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert "Fast quorum" in reason
+    assert [m.replica_id for m in members] == ["a", "b"]
+
+
+def test_shrink_only_without_prev_quorum_is_ignored():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0)
+    state = LighthouseState()
+    join(state, member("b", shrink_only=True))
+    join(state, member("a"))
+    members, _ = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == ["a", "b"]
+
+
+def test_split_brain_guard():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS)
+    state = LighthouseState()
+    join(state, member("a"))
+    state.heartbeats["b"] = NOW
+    state.heartbeats["c"] = NOW
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "need at least half of 3 healthy workers" in reason
+
+    # Exactly half is still not enough: 2 of 4.
+    join(state, member("b"))
+    state.heartbeats["d"] = NOW
+    assert "need at least half of 4" in quorum_compute(NOW, state, opts)[1]
+
+    # More than half: passes the guard, then waits for stragglers.
+    join(state, member("c"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None and "join timeout" in reason
+
+
+def test_min_replicas():
+    opts = QuorumOptions(min_replicas=2, join_timeout_ms=0)
+    state = LighthouseState()
+    join(state, member("a"))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert members is None
+    assert "need min_replicas 2" in reason
+    join(state, member("b"))
+    assert quorum_compute(NOW, state, opts)[0] is not None
+
+
+def test_participants_sorted_by_replica_id():
+    opts = QuorumOptions(join_timeout_ms=0)
+    state = LighthouseState()
+    for rid in ["replica_3:x", "replica_1:y", "replica_10:z", "replica_2:w"]:
+        join(state, member(rid))
+    members, _ = quorum_compute(NOW, state, opts)
+    assert [m.replica_id for m in members] == sorted(["replica_3:x", "replica_1:y", "replica_10:z", "replica_2:w"])
+
+
+def test_quorum_changed_looks_only_at_replica_ids():
+    a = [member("a", step=1, address="x"), member("b")]
+    assert not quorum_changed(a, [member("a", step=7, address="y"), member("b", step=3)])
+    assert quorum_changed(a, [member("a")])
+    assert quorum_changed(a, [member("b"), member("a")])
+    assert quorum_changed(a, [member("a"), member("c")])
+
+
+def test_quorum_id_bumps_only_on_membership_change():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0)
+    state = LighthouseState()
+    join(state, member("a"))
+    join(state, member("b"))
+    q1 = decide(state, opts)
+    assert q1.quorum_id == 1
+    assert state.participants == {}  # cleared after each quorum
+
+    join(state, member("a", step=5, address="new"))
+    join(state, member("b", step=5))
+    q2 = decide(state, opts)
+    assert q2.quorum_id == 1  # steps and addresses changed; membership did not
+    assert q2.participants[0].address == "new"
+
+    join(state, member("a"))
+    join(state, member("b"))
+    join(state, member("c"))
+    assert decide(state, opts).quorum_id == 2
+
+
+def test_commit_failures_bump_quorum_id():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0)
+    state = LighthouseState()
+    join(state, member("a"))
+    join(state, member("b"))
+    assert decide(state, opts).quorum_id == 1
+    join(state, member("a"))
+    join(state, member("b"))
+    assert decide(state, opts).quorum_id == 1
+    join(state, member("a"))
+    join(state, member("b", commit_failures=2))
+    assert decide(state, opts).quorum_id == 2
+    join(state, member("a"))
+    join(state, member("b"))
+    assert decide(state, opts).quorum_id == 2
+
+
+def test_next_quorum_id_first_quorum():
+    state = LighthouseState()
+    assert next_quorum_id(state, [member("a")]) == 1
+    assert next_quorum_id(state, []) == 1
+
+
+def test_join_during_shrink():
+    """A joiner excluded by a shrink-only quorum re-inserts itself and is included in the next one."""
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS)
+    state = LighthouseState()
+    join(state, member("a"))
+    join(state, member("b"))
+    q1 = decide(state, opts)
+    assert q1.replica_ids() == ["a", "b"]
+
+    # "a" and "b" rejoin in shrink-only mode while "c" asks to join.
+    join(state, member("a", shrink_only=True))
+    join(state, member("c"))
+    join(state, member("b", shrink_only=True))
+    q2 = decide(state, opts)
+    assert q2.replica_ids() == ["a", "b"]
+    assert q2.quorum_id == 1
+    # The server re-inserts the excluded requester, as its Quorum call keeps waiting.
+    join(state, member("c"))
+    join(state, member("a"))
+    join(state, member("b"))
+    q3 = decide(state, opts)
+    assert q3.replica_ids() == ["a", "b", "c"]
+    assert q3.quorum_id == 2
+
+
+def test_options_validation():
+    with pytest.raises(ValueError, match="min_replicas"):
+        QuorumOptions(min_replicas=0)
+    with pytest.raises(ValueError, match="quorum_tick_ms"):
+        QuorumOptions(quorum_tick_ms=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_ms"):
+        QuorumOptions(heartbeat_timeout_ms=-1)
