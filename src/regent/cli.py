@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = build_parser(only)
-    args = parser.parse_args(argv)
+    if only == "train":
+        # `regent train` accepts dotted overrides such as --ft.sync-every 20
+        args, extra = parser.parse_known_args(argv)
+        args._extra = extra
+    else:
+        args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

@@ -1,0 +1,160 @@
+"""`regent train` and `regent report`: parsing only; the work happens in regent.orchestrate.run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from regent.orchestrate.config import (
+    ConfigError,
+    RunConfig,
+    apply_toml,
+    load_toml,
+    parse_duration,
+    set_option,
+    validate,
+)
+
+TRAIN_EPILOG = """\
+Any config field can be overridden with a dotted flag, e.g. --train.lr 1e-3 --ft.sync-every 10
+--faults.warmup 20s --lighthouse.join-timeout-ms 5000. Sections: train, ft, faults, lighthouse.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="fault-tolerant training (the demo by default)",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="TOML file; command-line flags override it")
+    p.add_argument("--replicas", type=int, help="replica groups (default 4)")
+    p.add_argument("--procs-per-replica", type=int, help="processes (GPUs) per replica group (default 2)")
+    p.add_argument("--model", help="debug | 150m | 1b | 8b (default debug)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, help="stop after N committed steps")
+    g.add_argument("--duration", help="stop after this wall time, e.g. 180s or 3m (default 180s)")
+    p.add_argument("--fault-every", help="inject one fault every F seconds, e.g. 30s")
+    p.add_argument("--fault-kinds", help="comma list of: exception,segfault,kill,exit,comm,hang,node")
+    p.add_argument("--faults-file", help="replay a fault schedule (JSON lines) instead of random faults")
+    p.add_argument("--no-faults", action="store_true", help="inject no faults")
+    p.add_argument("--recovery", choices=["peer", "restart"], help="peer healing (default) or checkpoint restart")
+    p.add_argument("--job", choices=["local", "slurm", "k8s", "skypilot"], help="where hosts come from")
+    p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
+    p.add_argument("--seed", type=int, help="seed for the model, data and fault schedule")
+    p.add_argument("--no-ft", action="store_true", help="plain training of one replica group, no fault tolerance")
+    p.add_argument("--baseline", help="a fault-free run directory to compare the loss against in the report")
+    p.add_argument("--no-warm-spares", action="store_true", help="start restarted processes cold")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live terminal view")
+    p.set_defaults(func=run_train)
+
+    r = sub.add_parser("report", help="regenerate report.html and the figures of a run directory")
+    r.add_argument("run_dir")
+    r.add_argument("--baseline", help="a fault-free run directory to draw for comparison")
+    r.set_defaults(func=run_report)
+
+
+_DIRECT = {
+    "replicas": "replicas",
+    "procs_per_replica": "procs_per_replica",
+    "model": "train.model",
+    "steps": "steps",
+    "recovery": "recovery",
+    "job": "job",
+    "run_dir": "run_dir",
+    "seed": "seed",
+    "baseline": "baseline",
+    "fault_every": "faults.every",
+    "fault_kinds": "faults.kinds",
+    "faults_file": "faults.file",
+}
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
+    """Defaults, then the TOML file, then flags, then dotted overrides; validated."""
+    cfg = RunConfig()
+    if args.config:
+        apply_toml(cfg, load_toml(args.config))
+    for attr, dotted in _DIRECT.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            set_option(cfg, dotted, value)
+    if args.duration is not None:
+        cfg.duration = parse_duration(args.duration)
+        cfg.steps = None
+    elif args.steps is not None:
+        cfg.duration = None
+    if args.no_faults:
+        cfg.faults.enabled = False
+    if args.no_ft:
+        cfg.no_ft = True
+        cfg.faults.enabled = False
+    if args.no_warm_spares:
+        cfg.warm_spares = False
+    if args.no_live:
+        cfg.live = False
+    _apply_dotted(cfg, extra)
+    if cfg.faults.file:
+        cfg.faults.enabled = True
+    if cfg.seed and "train.seed" not in " ".join(extra):
+        cfg.train.seed = cfg.seed
+    validate(cfg)
+    return cfg
+
+
+def _apply_dotted(cfg: RunConfig, extra: list[str]) -> None:
+    i = 0
+    while i < len(extra):
+        tok = extra[i]
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument {tok!r}; see `regent train --help`")
+        key = tok[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            value = extra[i + 1]
+            i += 2
+        else:
+            value = "true"
+            i += 1
+        set_option(cfg, key, value)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args, getattr(args, "_extra", []))
+    except ConfigError as exc:
+        print(f"regent train: error: {exc}", file=sys.stderr)
+        return 2
+    if cfg.no_ft:
+        from regent.train.launch import run_no_ft
+
+        steps = cfg.steps if cfg.steps is not None else cfg.train.max_steps
+        try:
+            return run_no_ft(cfg.train, procs=cfg.procs_per_replica, steps=steps, run_dir=cfg.run_dir)
+        except ValueError as exc:
+            print(f"regent train: error: {exc}", file=sys.stderr)
+            return 2
+    from regent.orchestrate.run import run
+
+    return run(cfg)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from regent.orchestrate.report import write_report
+
+    path = write_report(args.run_dir, baseline=args.baseline)
+    print(f"report written to {path}")
+    return 0
+
+
+def parse_train_argv(argv: list[str]) -> Any:
+    """Used by tests and scripts: build a validated RunConfig from `regent train` arguments."""
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_parser(sub)
+    args, extra = parser.parse_known_args(["train", *argv])
+    return config_from_args(args, extra)

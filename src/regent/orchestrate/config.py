@@ -1,0 +1,226 @@
+"""Run configuration: dataclasses, loadable from TOML and overridable from the command line.
+
+Every section is a plain dataclass. A TOML file maps tables to sections (`[ft] sync_every = 20`), and the
+command line overrides any field with a dotted flag (`--ft.sync-every 20`, `--train.lr 1e-3`). A bad value
+fails here, before anything is launched, with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAULT_KINDS = ("exception", "segfault", "kill", "exit", "comm", "hang", "node")
+DEFAULT_FAULT_KINDS = ("kill", "exception", "comm", "hang")
+
+
+class ConfigError(ValueError):
+    """A configuration problem found before launch. The message names the fix."""
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'180s', '3m', '1h', '1m30s' or a plain number of seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        return float(s)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)", s)
+    if not parts or "".join(a + b for a, b in parts) != s.replace(" ", ""):
+        raise ConfigError(f"cannot read duration {text!r}; write it like 180s, 3m, 1h30m or 90")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(v) * scale[u] for v, u in parts)
+
+
+@dataclass
+class FaultConfig:
+    """When and how faults are injected (the demo's chaos monkey)."""
+
+    enabled: bool = True
+    every: float = 30.0  # seconds between injections
+    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_FAULT_KINDS))
+    warmup: float = 25.0  # seconds before the first injection
+    holdoff: float = 20.0  # seconds a replica is left alone after its restart
+    file: str | None = None  # replay this schedule (JSON lines: {"at": s, "replica": r, "kind": k, "rank": i})
+    hang_timeout: float = 15.0  # a trainer that makes no progress for this long is declared hung
+
+
+@dataclass
+class LighthouseConfig:
+    address: str | None = None  # use an external Lighthouse instead of starting one
+    bind: str = "127.0.0.1:0"
+    min_replicas: int = 1
+    join_timeout_ms: int = 2000
+    quorum_tick_ms: int = 50
+    heartbeat_timeout_ms: int = 5000
+
+
+@dataclass
+class RunConfig:
+    """The whole run. Defaults give the embedded demo: 4 replicas x 2 CPU procs, about 3 minutes."""
+
+    replicas: int = 4
+    procs_per_replica: int = 2
+    steps: int | None = None
+    duration: float | None = 180.0
+    recovery: str = "peer"  # peer | restart
+    job: str = "local"  # local | slurm | k8s | skypilot
+    run_dir: str = ""
+    seed: int = 0
+    no_ft: bool = False
+    baseline: str | None = None
+    warm_spares: bool = True
+    in_place_restarts: int = 3  # K: in-place restarts before asking the job layer for a fresh allocation
+    max_attempts: int = 12  # M: give up on a replica after this many restarts
+    checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
+    live: bool | None = None  # rich live view; None = when stdout is a terminal
+    train: Any = None
+    ft: Any = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    lighthouse: LighthouseConfig = field(default_factory=LighthouseConfig)
+
+    def __post_init__(self) -> None:
+        if self.train is None:
+            from regent.train.config import TrainConfig
+
+            self.train = TrainConfig()
+        if self.ft is None:
+            from regent.ft.config import FTConfig
+
+            self.ft = FTConfig()
+        if not self.run_dir:
+            self.run_dir = str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+
+
+SECTIONS = ("train", "ft", "faults", "lighthouse")
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Turn a string (from argv) or a TOML value into the field's type."""
+    if isinstance(annotation, str):
+        annotation = {"int": int, "float": float, "str": str, "bool": bool}.get(annotation.split("|")[0].strip(), Any)
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        non_none = [a for a in args if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return _coerce(value, non_none[0] if non_none else Any, where)
+    if annotation is Any or annotation is None:
+        return value
+    if origin in (list, tuple):
+        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, where) for v in items]
+    try:
+        if annotation is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if annotation is float and isinstance(value, str) and re.search(r"[a-z]$", value.strip().lower()):
+            return parse_duration(value)
+        if annotation in (int, float, str):
+            return annotation(value)
+    except (TypeError, ValueError) as exc:
+        name = getattr(annotation, "__name__", str(annotation))
+        raise ConfigError(f"{where}: expected {name}, got {value!r}") from exc
+    return value
+
+
+def _field_types(obj: Any) -> dict[str, Any]:
+    try:
+        hints = typing.get_type_hints(type(obj))
+    except Exception:
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(obj)}
+
+
+def set_option(cfg: RunConfig, dotted: str, value: Any) -> None:
+    """Set `section.key` (or a top-level key) from a string or TOML value, with type checking."""
+    key = dotted.replace("-", "_")
+    target: Any = cfg
+    where = key
+    if "." in key:
+        section, key = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r} in --{dotted}; sections are {', '.join(SECTIONS)}")
+        target = getattr(cfg, section)
+    types = _field_types(target)
+    if key not in types:
+        known = ", ".join(sorted(types))
+        raise ConfigError(f"unknown option --{dotted.replace('_', '-')}; known options here: {known}")
+    setattr(target, key, _coerce(value, types[key], f"--{dotted}"))
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} not found; pass an existing file to --config") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
+    for key, value in data.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                set_option(cfg, f"{key}.{sub}", v)
+        else:
+            set_option(cfg, key, value)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Refuse a bad configuration before anything starts."""
+    if cfg.replicas < 1:
+        raise ConfigError("--replicas must be at least 1")
+    if cfg.procs_per_replica < 1:
+        raise ConfigError("--procs-per-replica must be at least 1")
+    if cfg.steps is not None and cfg.steps < 1:
+        raise ConfigError("--steps must be a positive number of steps")
+    if cfg.steps is None and (cfg.duration is None or cfg.duration <= 0):
+        raise ConfigError("give either --steps N or --duration like 180s")
+    if cfg.recovery not in ("peer", "restart"):
+        raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
+    if cfg.job not in ("local", "slurm", "k8s", "skypilot"):
+        raise ConfigError(f"--job must be one of local, slurm, k8s, skypilot, not {cfg.job!r}")
+    bad = [k for k in cfg.faults.kinds if k not in FAULT_KINDS]
+    if bad:
+        raise ConfigError(f"unknown fault kind(s) {', '.join(bad)}; choose from {', '.join(FAULT_KINDS)}")
+    if cfg.faults.enabled and not cfg.faults.kinds and not cfg.faults.file:
+        raise ConfigError("--fault-kinds is empty; give at least one kind or pass --no-faults")
+    if cfg.faults.every <= 0:
+        raise ConfigError("--fault-every must be positive (for example 30s); use --no-faults to disable")
+    if cfg.faults.file and not Path(cfg.faults.file).is_file():
+        raise ConfigError(f"--faults-file {cfg.faults.file} does not exist")
+    if cfg.in_place_restarts < 1 or cfg.max_attempts < 1:
+        raise ConfigError("--in-place-restarts and --max-attempts must be at least 1")
+    if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():
+        raise ConfigError(f"--baseline {cfg.baseline} has no metrics.jsonl; point it at a finished run directory")
+    mode = getattr(cfg.ft, "mode", "diloco")
+    if mode not in ("diloco", "ddp", "localsgd"):
+        raise ConfigError(f"--ft.mode must be diloco, ddp or localsgd, not {mode!r}")
+    if mode == "diloco" and getattr(cfg.ft, "sync_every", 1) < 1:
+        raise ConfigError("--ft.sync-every must be at least 1")
+    if cfg.no_ft and cfg.replicas != 1:
+        raise ConfigError("--no-ft trains a single replica group; pass --replicas 1 (or drop --no-ft)")
+    from regent.train.models.llama3 import MODEL_CONFIGS  # late: keeps `regent --help` light
+
+    if cfg.train.model not in MODEL_CONFIGS:
+        raise ConfigError(f"--model {cfg.train.model!r} is unknown; choose from {', '.join(MODEL_CONFIGS)}")

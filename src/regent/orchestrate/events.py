@@ -1,0 +1,83 @@
+"""The run directory's event log: one JSON object per line, the contract tests and users rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+EVENT_KINDS = (
+    "run_started",
+    "fault_injected",
+    "failure_detected",
+    "restart_started",
+    "restart_done",
+    "heal_started",
+    "heal_done",
+    "quorum",
+    "commit",
+    "allocation",
+    "gave_up",
+    "run_finished",
+)
+
+
+def make_event(
+    kind: str,
+    *,
+    replica: int | None = None,
+    generation: int | None = None,
+    quorum_id: int | None = None,
+    step: int | None = None,
+    t: float | None = None,
+    **details: Any,
+) -> dict[str, Any]:
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"unknown event kind {kind!r}; expected one of {EVENT_KINDS}")
+    return {
+        "time": time.time() if t is None else t,
+        "kind": kind,
+        "replica": replica,
+        "generation": generation,
+        "quorum_id": quorum_id,
+        "step": step,
+        **details,
+    }
+
+
+class JsonlWriter:
+    """Append-only JSON-lines file, flushed per line so a crash loses nothing already written."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, obj: dict[str, Any]) -> None:
+        line = json.dumps(obj, default=str, separators=(",", ":"))
+        with self._lock:
+            self._f.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return
+    with open(p, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed run

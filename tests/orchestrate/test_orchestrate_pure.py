@@ -1,0 +1,179 @@
+"""Pure parts of the orchestration layer: config, restart policy, fault schedule, summary, report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from regent.orchestrate.commands import parse_train_argv
+from regent.orchestrate.config import ConfigError, parse_duration
+from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
+from regent.orchestrate.faults import PlannedFault, RandomFaultSchedule, ReplayFaultSchedule
+from regent.orchestrate.policy import Action, RestartPolicy
+from regent.orchestrate.report import active_replicas_series, write_report
+from regent.orchestrate.summary import compute_summary, percentile, recovery_breakdowns
+
+
+def test_durations():
+    assert parse_duration("180s") == 180
+    assert parse_duration("3m") == 180
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90") == 90
+    with pytest.raises(ConfigError, match="180s"):
+        parse_duration("soon")
+
+
+def test_defaults_are_the_demo(tmp_path):
+    cfg = parse_train_argv(["--run-dir", str(tmp_path / "r")])
+    assert (cfg.replicas, cfg.procs_per_replica, cfg.train.model) == (4, 2, "debug")
+    assert cfg.ft.mode == "diloco" and cfg.ft.sync_every == 20
+    assert cfg.faults.enabled and cfg.faults.every == 30
+    assert cfg.duration == 180 and cfg.steps is None
+
+
+def test_flags_toml_and_dotted_overrides(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('replicas = 3\n[ft]\nsync_every = 10\nmode = "ddp"\n[train]\nlr = 0.001\n')
+    cfg = parse_train_argv(
+        ["--config", str(toml), "--replicas", "2", "--steps", "50", "--fault-kinds", "kill,comm",
+         "--ft.sync-every", "5", "--faults.warmup", "3s", "--train.batch-size=4"]
+    )
+    assert cfg.replicas == 2  # flag beats file
+    assert cfg.ft.mode == "ddp" and cfg.ft.sync_every == 5  # dotted beats file
+    assert cfg.train.lr == pytest.approx(0.001)
+    assert cfg.faults.kinds == ["kill", "comm"] and cfg.faults.warmup == 3.0
+    assert cfg.train.batch_size == 4
+    assert cfg.steps == 50 and cfg.duration is None
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--replicas", "0"], "--replicas"),
+        (["--fault-kinds", "kill,meteor"], "meteor"),
+        (["--model", "huge"], "--model"),
+        (["--ft.mode", "allgather"], "ft.mode"),
+        (["--ft.nope", "1"], "unknown option"),
+        (["--bogus.key", "1"], "unknown config section"),
+        (["--train.lr", "fast"], "expected float"),
+        (["--no-ft", "--replicas", "2"], "--replicas 1"),
+        (["--faults-file", "/nonexistent/file"], "does not exist"),
+    ],
+)
+def test_bad_config_refused_before_launch(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_train_argv(argv)
+
+
+def test_cli_bad_args_exit_2(capsys):
+    from regent.cli import main
+
+    assert main(["train", "--replicas", "-1", "--no-live"]) == 2
+    assert "--replicas must be at least 1" in capsys.readouterr().err
+
+
+def test_restart_policy_generations_and_give_up():
+    p = RestartPolicy(in_place_restarts=2, max_attempts=4)
+    assert p.on_failure(0) is Action.RESTART_IN_PLACE
+    assert p.on_failure(0) is Action.IGNORE  # second dying rank of the same mesh
+    assert p.restart_finished() == 1
+    assert p.on_failure(0) is Action.IGNORE  # late event from the old generation
+    assert p.on_failure(1) is Action.RESTART_IN_PLACE
+    p.restart_finished()
+    assert p.on_failure(2) is Action.REALLOCATE  # after K=2 in-place restarts
+    p.restart_finished()
+    assert p.on_failure(3) is Action.RESTART_IN_PLACE
+    p.restart_finished()
+    assert p.on_failure(4) is Action.GIVE_UP  # M=4 attempts used
+    assert p.on_failure(4) is Action.IGNORE
+
+
+def test_random_schedule_is_seeded_and_respects_holdoff():
+    def run(seed):
+        s = RandomFaultSchedule(["kill", "comm"], every=10, warmup=5, holdoff=8, procs_per_replica=2, seed=seed)
+        out = []
+        for t in range(0, 60):
+            if s.due(t):
+                f = s.pick(t, {0: 0.0, 1: 0.0, 2: 50.0})
+                if f:
+                    out.append(f)
+        return out
+
+    a, b = run(1), run(1)
+    assert a == b and len(a) >= 4
+    assert a[0].at == 8  # warm-up 5 s, but every replica is inside its 8 s hold-off until t=8
+    assert all(f.replica != 2 or f.at >= 58 for f in a)
+
+
+def test_replay_schedule(tmp_path):
+    p = tmp_path / "faults.jsonl"
+    p.write_text('{"at": 2, "replica": 1, "kind": "kill", "rank": 1}\n# comment\n{"at": 1, "replica": 0, "kind": "comm"}\n')
+    s = ReplayFaultSchedule.from_file(p)
+    assert not s.due(0.5)
+    assert s.pick(1.5, {}) == PlannedFault(1.0, 0, "comm", 0)
+    assert s.pick(3, {}) == PlannedFault(2.0, 1, "kill", 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"replica": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        ReplayFaultSchedule.from_file(bad)
+
+
+def _story():
+    ev = [
+        make_event("run_started", t=0.0),
+        make_event("quorum", replica=0, generation=0, quorum_id=1, participants=["a", "b", "c"], t=1.0),
+        make_event("fault_injected", replica=0, generation=0, fault_kind="kill", t=10.0),
+        make_event("failure_detected", replica=0, generation=0, step=40, t=10.5, traceback="Traceback..."),
+        make_event("quorum", replica=1, generation=0, quorum_id=2, participants=["b", "c"], t=11.0),
+        make_event("restart_started", replica=0, generation=0, t=10.6),
+        make_event("restart_done", replica=0, generation=1, t=12.0, warm_spare=True),
+        make_event("quorum", replica=0, generation=1, quorum_id=3, participants=["a2", "b", "c"], t=13.0),
+        make_event("heal_done", replica=0, generation=1, donor=1, bytes=1000, seconds=0.5, t=13.5),
+        make_event("commit", replica=0, generation=1, step=60, committed=True, t=14.0),
+        make_event("run_finished", t=20.0),
+    ]
+    metrics = [
+        {"time": float(t), "replica": r, "step": t, "loss": 5.0 - 0.1 * t, "committed": True}
+        for r in range(3) for t in range(1, 10)
+    ] + [{"time": 15.0 + i, "replica": r, "step": 60 + i, "loss": 3.0, "committed": True}
+         for r in range(3) for i in range(5)]
+    return ev, metrics
+
+
+def test_recovery_breakdown_and_summary():
+    ev, metrics = _story()
+    (rec,) = recovery_breakdowns(ev)
+    assert rec["detect"] == pytest.approx(0.5)
+    assert rec["respawn"] == pytest.approx(1.5)
+    assert rec["rejoin_quorum"] == pytest.approx(1.0)
+    assert rec["transfer"] == pytest.approx(0.5)
+    assert rec["first_commit"] == pytest.approx(0.5)
+    assert rec["total"] == pytest.approx(4.0)
+    s = compute_summary(ev, metrics, replicas=3, replicas_consistent=True)
+    assert s["faults_injected"] == 1 and s["failures_detected"] == 1 and s["recoveries"] == 1
+    assert s["max_quorum_id"] == 3 and s["full_restarts"] == 0
+    assert s["recovery_seconds"] == {"p50": pytest.approx(4.0), "max": pytest.approx(4.0)}
+    assert s["initial_loss"] > s["final_loss"]
+    assert 0 < s["goodput"] <= 1
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5
+
+
+def test_report_written(tmp_path):
+    ev, metrics = _story()
+    w = JsonlWriter(tmp_path / "events.jsonl")
+    for e in ev:
+        w.write(e)
+    w.close()
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for m in metrics:
+            f.write(json.dumps(m) + "\n")
+        f.write('{"torn": ')  # a killed run can leave a torn line
+    assert len(list(read_jsonl(tmp_path / "metrics.jsonl"))) == len(metrics)
+    assert active_replicas_series(ev) == [(1.0, 3), (11.0, 2), (13.0, 3)]
+    out = write_report(tmp_path)
+    page = out.read_text()
+    for png in ("active_replicas.png", "loss.png", "quorum_ids.png", "recovery.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+        assert png in page
+    assert "failure_detected" in page and "Traceback" in page
