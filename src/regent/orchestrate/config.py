@@ -150,7 +150,6 @@ def set_option(cfg: RunConfig, dotted: str, value: Any) -> None:
     """Set `section.key` (or a top-level key) from a string or TOML value, with type checking."""
     key = dotted.replace("-", "_")
     target: Any = cfg
-    where = key
     if "." in key:
         section, key = key.split(".", 1)
         if section not in SECTIONS:

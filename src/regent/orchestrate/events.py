@@ -55,7 +55,7 @@ class JsonlWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", buffering=1, encoding="utf-8")
+        self._f = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the run
         self._lock = threading.Lock()
 
     def write(self, obj: dict[str, Any]) -> None:
