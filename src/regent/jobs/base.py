@@ -1,0 +1,446 @@
+"""The job contract: how Regent gets hosts, whatever the scheduler.
+
+A *job* is one allocation of N hosts, each running one `regent worker` process that serves that host to the
+controller. Every backend (local processes, SLURM, Kubernetes, SkyPilot) implements the same small surface,
+so the orchestration layer can ask for hosts, wait for them, and replace a bad allocation without knowing
+which scheduler is underneath:
+
+    job = SlurmJob(hosts=4, gpus_per_host=8, partition="gpu")
+    job.start()                              # submit; returns without waiting for the allocation
+    hosts = job.host_mesh(timeout=600)       # waits for every worker, then attaches: extent {"hosts": 4}
+    ...
+    job = job.renew()                        # after K failed in-place restarts: kill, fresh allocation
+    job.kill()                               # idempotent
+
+Lifecycle and failure rules (the contract every backend follows):
+- `start()` requests the allocation and launches one worker per host. It does not wait for the scheduler
+  to grant the allocation where the scheduler allows that. Calling it twice is a no-op.
+- `worker_addresses(timeout)` blocks until every worker has published its `tcp://ip:port` address and is
+  listening. It raises `JobFailedError` as soon as the scheduler says the allocation is gone (cancelled,
+  failed, pod crashed), and `JobTimeoutError` at the deadline, naming what it was waiting for (for example
+  "SLURM job 42 still PENDING: Resources") and where the logs are.
+- `kill()` releases everything the job created; calling it again, or on a job that never started, is fine.
+- `is_alive()` is False once the scheduler says the allocation ended, or after `kill()`.
+- `renew()` kills this allocation and returns a new, started job of the same shape and options. The new
+  job keeps the same secret, so a controller that already trusts it needs no new configuration.
+
+The job secret: every connection to a worker proves knowledge of a per-job secret before anything is
+unpickled. The controller owns it: it is taken from the `secret=` argument, else from `REGENT_JOB_SECRET`
+in the controller's environment, else generated (and then exported to `REGENT_JOB_SECRET` so the actor
+runtime in this process uses the same one). Backends hand it to workers as a file with mode 0600 or a
+mounted Kubernetes Secret, never on a command line.
+
+Workers that cannot know their address in advance (a SLURM task does not know its node before it runs)
+start through `launch_worker`, which picks the host's IP and a port, starts `regent worker`, waits until it
+listens, and only then publishes the address (a file in a shared directory and a marker line on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import logging
+import os
+import re
+import secrets as _secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SECRET_ENV = "REGENT_JOB_SECRET"
+# Printed by launch_worker once the worker listens; backends without a shared filesystem parse it from logs.
+ADDRESS_MARKER = "REGENT_WORKER_READY"
+_MARKER_RE = re.compile(rf"{ADDRESS_MARKER} rank=(\d+) address=(tcp://\S+)")
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+class JobError(RuntimeError):
+    """A job could not be started, reached, or cleaned up. The message names the cause and the fix."""
+
+
+class JobFailedError(JobError):
+    """The scheduler reports that the allocation ended (failed, cancelled, timed out, pods crashed)."""
+
+
+class JobTimeoutError(JobError, TimeoutError):
+    """The workers did not all report within the timeout. The message says what the job was waiting on."""
+
+
+def validate_job_name(name: str) -> str:
+    """Job names become SLURM job names, Kubernetes object names and SkyPilot cluster names.
+
+    The strictest of those is an RFC 1123 label, so that is the rule everywhere (checked before launch,
+    not by the scheduler halfway through)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 40:
+        raise ValueError(
+            f"job name {name!r} is not usable: use 1-40 lowercase letters, digits and '-', starting and "
+            f"ending with a letter or digit (e.g. 'regent-replica-0')"
+        )
+    return name
+
+
+def resolve_secret(secret: str | bytes | None) -> str:
+    """Pick the job secret: explicit argument, else $REGENT_JOB_SECRET, else a fresh one (exported)."""
+    if secret is not None:
+        text = secret.decode() if isinstance(secret, bytes) else str(secret)
+    elif os.environ.get(SECRET_ENV):
+        text = os.environ[SECRET_ENV]
+    else:
+        text = _secrets.token_hex(32)
+        os.environ[SECRET_ENV] = text
+        logger.debug("generated a job secret and exported it as %s", SECRET_ENV)
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"job secret must be a non-empty string without whitespace; check {SECRET_ENV}")
+    return text
+
+
+def write_secret_file(path: str | os.PathLike[str], secret: str) -> Path:
+    """Write the secret to `path` readable by the owner only (0600), created with that mode from the start."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret)
+    return path
+
+
+def address_file(address_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where worker `rank` publishes its address inside a job's shared directory."""
+    return Path(address_dir) / f"worker-{rank}.addr"
+
+
+def read_published_addresses(address_dir: str | os.PathLike[str], hosts: int) -> dict[int, str]:
+    """The addresses published so far, by rank (files are written atomically, so a present file is whole)."""
+    found: dict[int, str] = {}
+    for rank in range(hosts):
+        try:
+            text = address_file(address_dir, rank).read_text().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if text:
+            found[rank] = text
+    return found
+
+
+def parse_address_markers(text: str) -> dict[int, str]:
+    """Addresses announced by `launch_worker` marker lines in a log (the last announcement of a rank wins)."""
+    return {int(rank): address for rank, address in _MARKER_RE.findall(text)}
+
+
+def format_address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+class Job(ABC):
+    """One allocation of `hosts` hosts, each serving one `regent worker`. See the module docstring."""
+
+    #: the registry name, e.g. "slurm"
+    backend: str = ""
+
+    def __init__(
+        self,
+        hosts: int,
+        *,
+        name: str = "regent",
+        gpus_per_host: int | None = None,
+        secret: str | bytes | None = None,
+        **backend_opts: Any,
+    ) -> None:
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+            raise ValueError(f"hosts must be a positive integer, got {hosts!r}")
+        if gpus_per_host is not None and (not isinstance(gpus_per_host, int) or gpus_per_host < 0):
+            raise ValueError(f"gpus_per_host must be a non-negative integer or None, got {gpus_per_host!r}")
+        self.hosts = hosts
+        self.name = validate_job_name(name)
+        self.gpus_per_host = gpus_per_host
+        self.secret = resolve_secret(secret)
+        # A short id keeps concurrent and renewed allocations of the same name apart.
+        self.job_uid = uuid.uuid4().hex[:8]
+        self._backend_opts = dict(backend_opts)
+        self._started = False
+        self._killed = False
+
+    # --- the contract -------------------------------------------------------------------------------
+    @abstractmethod
+    def start(self) -> None:
+        """Request the allocation and launch one `regent worker` per host (non-blocking where possible)."""
+
+    @abstractmethod
+    def worker_addresses(self, timeout: float) -> list[str]:
+        """Block until every worker is listening; return their `tcp://ip:port` addresses in rank order."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Release the allocation and everything the job created. Idempotent."""
+
+    @abstractmethod
+    def is_alive(self) -> bool:
+        """True while the allocation is pending or running and `kill()` has not been called."""
+
+    def host_mesh(self, timeout: float = 600.0) -> Any:
+        """Wait for the workers and attach to them: a HostMesh with extent {"hosts": self.hosts}."""
+        if not self._started:
+            self.start()
+        addresses = self.worker_addresses(timeout)
+        try:
+            from regent.actor import attach_to_workers
+        except ImportError as exc:  # pragma: no cover - depends on the actor runtime being installed
+            raise JobError(
+                f"cannot attach to {self.describe()}: regent.actor.attach_to_workers is unavailable ({exc})"
+            ) from exc
+        return _call_attach(attach_to_workers, addresses, self.secret, self.name)
+
+    def renew(self) -> Job:
+        """Kill this allocation and return a fresh, started one of the same shape (same options, secret)."""
+        self.kill()
+        fresh = self._clone()
+        logger.info("renewing %s as %s", self.describe(), fresh.describe())
+        fresh.start()
+        return fresh
+
+    # --- shared helpers ------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """A short human name used in logs and errors, e.g. "SLURM job 42 (regent-1a2b3c4d)"."""
+        return f"{self.backend or type(self).__name__} job {self.unique_name}"
+
+    @property
+    def unique_name(self) -> str:
+        """`name-uid`: unique per allocation, still a valid RFC 1123 label."""
+        return f"{self.name}-{self.job_uid}"
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def _clone(self) -> Job:
+        return type(self)(
+            self.hosts,
+            name=self.name,
+            gpus_per_host=self.gpus_per_host,
+            secret=self.secret,
+            **copy.deepcopy(self._backend_opts),
+        )
+
+    def __enter__(self) -> Job:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def __repr__(self) -> str:
+        state = "killed" if self._killed else ("started" if self._started else "new")
+        return f"{type(self).__name__}(hosts={self.hosts}, name={self.name!r}, uid={self.job_uid}, {state})"
+
+
+def _call_attach(attach_to_workers: Any, addresses: list[str], secret: str, name: str) -> Any:
+    """Call the actor runtime's attach_to_workers, passing the secret if it takes one.
+
+    If it does not take `secret=`, the runtime reads $REGENT_JOB_SECRET, so make sure that matches."""
+    import inspect
+
+    try:
+        params = inspect.signature(attach_to_workers).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        params = {}
+    kwargs: dict[str, Any] = {"workers": addresses}
+    if "secret" in params:
+        kwargs["secret"] = secret
+    else:
+        current = os.environ.get(SECRET_ENV)
+        if current is not None and current != secret:
+            raise JobError(
+                f"this controller's {SECRET_ENV} differs from the job's secret, so the workers would refuse "
+                f"it; create the job without secret= or set {SECRET_ENV} to the job's secret"
+            )
+        os.environ[SECRET_ENV] = secret
+    if "name" in params:
+        kwargs["name"] = name
+    return attach_to_workers(**kwargs)
+
+
+def wait_until(
+    poll: Any, timeout: float, *, interval: float = 0.5, max_interval: float = 2.0
+) -> Any:
+    """Call `poll()` until it returns something not None, or the deadline passes (then return None).
+
+    `poll` may raise to abort (e.g. JobFailedError). The interval backs off up to `max_interval`."""
+    deadline = time.monotonic() + timeout
+    delay = interval
+    while True:
+        result = poll()
+        if result is not None:
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 1.5, max_interval)
+
+
+def run_command(args: Sequence[str], *, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a scheduler CLI command and capture its output; a missing binary or failure says what to do."""
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError as exc:
+        raise JobError(f"`{args[0]}` not found on PATH; install it or run the controller where it exists") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise JobError(f"`{' '.join(args)}` did not answer within {timeout:.0f} s; is the scheduler up?") from exc
+    if check and proc.returncode != 0:
+        raise JobError(
+            f"`{' '.join(args)}` failed with exit code {proc.returncode}: "
+            f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
+    return proc
+
+
+# --- the worker launcher (runs on the allocated host) ----------------------------------------------------
+
+
+def detect_host_ip() -> str:
+    """The address other hosts reach this one at: the first of `hostname -I`, else the hostname's address.
+
+    Falls back to 127.0.0.1 (with a warning) on a host with no network, which only works single-node."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+        for candidate in out:
+            if not candidate.startswith("127.") and candidate != "::1":
+                return candidate
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM):
+            ip = info[4][0]
+            if not ip.startswith("127.") and ip != "::1":
+                return ip
+    logger.warning("no non-loopback address found for this host; workers will only be reachable locally")
+    return "127.0.0.1"
+
+
+def pick_free_port(host: str) -> int:
+    """A port the OS says is free on `host` right now (the worker binds it a moment later)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def listening_ports() -> set[int] | None:
+    """Local TCP ports in LISTEN state, read from /proc (no connection is made); None if /proc is absent."""
+    ports: set[int] = set()
+    found_any = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        found_any = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # 0A = TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports if found_any else None
+
+
+def is_listening(host: str, port: int) -> bool:
+    """Whether something listens on host:port; uses /proc when possible so the worker sees no stray connect."""
+    ports = listening_ports()
+    if ports is not None:
+        return port in ports
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def worker_command(address: str, secret_file: str | None, python: str | None = None) -> list[str]:
+    """The `regent worker` command line (the secret travels by file or environment, never as an argument)."""
+    cmd = [python or sys.executable, "-m", "regent.cli", "worker", "--address", address]
+    if secret_file:
+        cmd += ["--secret-file", secret_file]
+    return cmd
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def launch_worker(argv: Sequence[str] | None = None) -> int:
+    """Entry point run on each allocated host: start `regent worker`, publish its address once it listens.
+
+    Stays as the worker's parent so it can report a worker that dies before listening, forwards SIGTERM,
+    SIGINT and SIGHUP (what `scancel` and `sky down` send), and exits with the worker's exit code."""
+    parser = argparse.ArgumentParser(prog="regent-launch-worker")
+    parser.add_argument("--address-dir", help="shared directory to publish worker-<rank>.addr in")
+    parser.add_argument("--rank-env", default="SLURM_PROCID", help="env var holding this worker's rank")
+    parser.add_argument("--local-rank-env", default=None, help="env var holding the rank within the node")
+    parser.add_argument("--host", default=None, help="address to serve on (default: first of hostname -I)")
+    parser.add_argument("--port", type=int, default=0, help="base port; 0 = any free port")
+    parser.add_argument("--secret-file", default=None, help="file holding the job secret")
+    parser.add_argument("--listen-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+
+    rank_text = os.environ.get(args.rank_env)
+    if rank_text is None:
+        print(f"regent-launch-worker: ${args.rank_env} is not set; is this running under the scheduler?",
+              file=sys.stderr)
+        return 2
+    rank = int(rank_text)
+    local_rank = int(os.environ.get(args.local_rank_env, "0")) if args.local_rank_env else 0
+    host = args.host or detect_host_ip()
+    port = args.port + local_rank if args.port else pick_free_port(host)
+    address = format_address(host, port)
+
+    child = subprocess.Popen(worker_command(address, args.secret_file))
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+
+    deadline = time.monotonic() + args.listen_timeout
+    while not is_listening(host, port):
+        if child.poll() is not None:
+            print(f"regent-launch-worker: rank {rank}: worker exited with code {child.returncode} before "
+                  f"listening on {address}", file=sys.stderr)
+            return child.returncode or 1
+        if time.monotonic() > deadline:
+            print(f"regent-launch-worker: rank {rank}: worker not listening on {address} after "
+                  f"{args.listen_timeout:.0f} s; stopping it", file=sys.stderr)
+            child.terminate()
+            child.wait()
+            return 1
+        time.sleep(0.1)
+
+    if args.address_dir:
+        _write_atomically(address_file(args.address_dir, rank), address + "\n")
+    print(f"{ADDRESS_MARKER} rank={rank} address={address}", flush=True)
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
+            continue
+
+
+def launcher_command(python: str, args: Sequence[str]) -> list[str]:
+    """`python -c` invocation of `launch_worker` (avoids `-m` of a module its package already imported)."""
+    code = "import sys; from regent.jobs.base import launch_worker; sys.exit(launch_worker(sys.argv[1:]))"
+    return [python, "-c", code, *args]
