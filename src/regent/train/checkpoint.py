@@ -1,0 +1,179 @@
+"""Persistent checkpoints with torch.distributed.checkpoint (DCP): atomic, verified, optionally async.
+
+Layout of a finished checkpoint directory `<path>/`:
+  .metadata, __<rank>_<n>.distcp   DCP's files (sharded tensors are resharded on load)
+  regent_checkpoint.json            model args, step, layout, and a sha256 of every DCP file
+
+Atomicity: everything is written to `<path>.tmp` and renamed to `<path>` only after all ranks finished and
+the manifest is written, so a crash mid-save never leaves a directory that looks complete. On load the
+manifest is checked first (missing -> incomplete/not ours; model args differ -> mismatch; file hash differs
+-> corrupt), so a bad checkpoint gives an error naming the cause instead of silently loading garbage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "regent_checkpoint.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt, or does not match the model being loaded."""
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _digests(directory: Path) -> dict[str, dict[str, Any]]:
+    return {p.name: {"sha256": _file_digest(p), "bytes": p.stat().st_size}
+            for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+def _is_coordinator(group: dist.ProcessGroup | None) -> bool:
+    return not dist.is_initialized() or dist.get_rank(group) == 0
+
+
+def _barrier(group: dist.ProcessGroup | None) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=group)
+
+
+def _finalize(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    """Coordinator only: write the manifest, then swap the finished directory into place."""
+    manifest = dict(meta, files=_digests(tmp), saved_at=time.time(), format_version=FORMAT_VERSION)
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint step %s written to %s", meta.get("step"), final)
+
+
+class Checkpointer:
+    """Saves/loads a DCP state dict atomically; at most one async save in flight."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, async_group: dist.ProcessGroup | None = None):
+        self.group = group
+        self.async_group = async_group  # separate gloo group so background collectives never interleave
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Block until the in-flight async save (if any) is finished and renamed; re-raise its error."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise CheckpointError(f"async checkpoint save failed: {error}") from error
+
+    def save(self, state: dict[str, Any], path: str, meta: dict[str, Any], async_save: bool = False) -> None:
+        self.wait()
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        if _is_coordinator(self.group):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)  # leftover of a crashed save: never complete, safe to drop
+            tmp.mkdir(parents=True)
+        _barrier(self.group)
+        no_dist = not dist.is_initialized()
+        if not async_save:
+            dcp.save(state, checkpoint_id=str(tmp), process_group=self.group, no_dist=no_dist)
+            if _is_coordinator(self.group):
+                _finalize(tmp, final, meta)
+            _barrier(self.group)
+            return
+        group = self.async_group if self.async_group is not None else self.group
+        future: Future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, no_dist=no_dist)
+        coordinator = _is_coordinator(self.group)
+
+        def finish() -> None:
+            try:
+                future.result()
+                if coordinator:
+                    _finalize(tmp, final, meta)
+            except BaseException as exc:  # surfaced by the next wait()/save()
+                self._pending_error = exc
+
+        self._pending = threading.Thread(target=finish, name="regent-async-checkpoint", daemon=True)
+        self._pending.start()
+
+    def read_manifest(self, path: str) -> dict[str, Any]:
+        directory = Path(path)
+        if not directory.is_dir():
+            hint = " (a .tmp directory exists: that save never finished)" if directory.with_name(
+                directory.name + ".tmp").exists() else ""
+            raise CheckpointError(f"no checkpoint at {path}{hint}; check the path or the checkpoint_dir")
+        manifest_path = directory / MANIFEST
+        if not manifest_path.is_file():
+            raise CheckpointError(
+                f"{path} has no {MANIFEST}: it is not a Regent checkpoint or its save did not finish; "
+                "load an earlier step"
+            )
+        try:
+            with open(manifest_path) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{manifest_path} is unreadable ({exc}); the checkpoint is corrupt") from exc
+
+    def verify(self, path: str, manifest: dict[str, Any]) -> None:
+        """Compare every file's sha256 with the manifest (coordinator hashes; the verdict is shared)."""
+        problem = ""
+        if _is_coordinator(self.group):
+            directory = Path(path)
+            for name, expected in manifest.get("files", {}).items():
+                file = directory / name
+                if not file.is_file():
+                    problem = f"file {name} is missing"
+                    break
+                if file.stat().st_size != expected["bytes"] or _file_digest(file) != expected["sha256"]:
+                    problem = f"file {name} does not match its recorded sha256"
+                    break
+        if dist.is_initialized():
+            verdict = [problem]
+            dist.broadcast_object_list(verdict, src=dist.get_global_rank(self.group, 0) if self.group else 0,
+                                       group=self.group)
+            problem = verdict[0]
+        if problem:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {problem}; delete it and load an earlier step")
+
+    def load(self, state: dict[str, Any], path: str) -> None:
+        """Fill `state` (tensors in place, other values replaced) from the checkpoint at `path`."""
+        self.wait()
+        try:
+            with torch.no_grad():
+                dcp.load(state, checkpoint_id=path, process_group=self.group, no_dist=not dist.is_initialized())
+        except Exception as exc:
+            raise CheckpointError(
+                f"could not load checkpoint {path}: {type(exc).__name__}: {exc}; it does not match this model/"
+                "optimizer layout or is damaged"
+            ) from exc

@@ -1,0 +1,183 @@
+"""Data: a corpus that needs no download, a tokenizer, sequence packing and a resumable sharded loader.
+
+The loader is *stateless by construction*: batch n of shard k is a pure function of (corpus, seed, n, k).
+Its whole state is the number of batches consumed, which is the same on every replica that took the same
+steps. So a replica healed from a peer can load the peer's data state and continue with the next batch of
+its *own* shard: it neither replays nor skips data relative to the survivors.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import sysconfig
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: bytes) -> np.ndarray: ...
+
+
+class ByteTokenizer:
+    """One id per byte (0-255) plus BOS, EOS and PAD: no vocabulary file, works on any text."""
+
+    vocab_size = 259
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+
+    def encode(self, text: bytes) -> np.ndarray:
+        return np.frombuffer(text, dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` JSON file (optional dependency: `pip install tokenizers`)."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError:
+            raise ValueError(
+                f"tokenizer={path!r} needs the 'tokenizers' package; pip install tokenizers "
+                "(or leave tokenizer unset for the byte-level tokenizer)"
+            ) from None
+        if not Path(path).is_file():
+            raise ValueError(f"tokenizer file {path!r} does not exist; pass a tokenizer.json path")
+        self._tok = _HF.from_file(path)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.bos_id = next((vocab[t] for t in ("<|begin_of_text|>", "<s>", "<bos>") if t in vocab), 0)
+        self.eos_id = next((vocab[t] for t in ("<|end_of_text|>", "</s>", "<eos>") if t in vocab), 0)
+
+    def encode(self, text: bytes) -> np.ndarray:
+        ids = self._tok.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.int32)
+
+
+def build_tokenizer(path: str | None) -> Tokenizer:
+    return ByteTokenizer() if path is None else HFTokenizer(path)
+
+
+def builtin_corpus_files() -> list[Path]:
+    """The installed Python standard library's .py sources (no tests, no site-packages), sorted by path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def corpus_files(pattern: str | None) -> list[Path]:
+    if pattern is None:
+        files = builtin_corpus_files()
+        if not files:
+            raise ValueError("found no Python standard-library sources for the built-in corpus; pass --data GLOB")
+        return files
+    files = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file())
+    if not files:
+        raise ValueError(f"data glob {pattern!r} matched no files; check the path or quote the glob")
+    return files
+
+
+def load_token_stream(pattern: str | None, tokenizer: Tokenizer, max_bytes: int) -> np.ndarray:
+    """Concatenate documents (EOS between them) into one int32 token stream, reading at most max_bytes."""
+    pieces: list[np.ndarray] = []
+    read = 0
+    eos = np.asarray([tokenizer.eos_id], dtype=np.int32)
+    for path in corpus_files(pattern):
+        if read >= max_bytes:
+            break
+        try:
+            text = path.read_bytes()[: max_bytes - read]
+        except OSError as exc:
+            log.warning("skipping unreadable corpus file %s: %s", path, exc)
+            continue
+        read += len(text)
+        pieces.append(tokenizer.encode(text))
+        pieces.append(eos)
+    if not pieces:
+        raise ValueError(f"the corpus {pattern or '(built-in)'} is empty")
+    return np.concatenate(pieces)
+
+
+class ShardedBatches:
+    """Packed next-token batches for one (replica, rank) shard, with resumable state.
+
+    The stream is cut into sequences of seq_len+1 tokens (inputs and shifted labels). Each epoch visits the
+    sequences in a seeded random order; global batch n of the epoch is split into num_replicas*world_size
+    disjoint shard batches of batch_size sequences. Leftover sequences at the end of an epoch are dropped.
+    """
+
+    def __init__(self, tokens: np.ndarray, *, seq_len: int, batch_size: int, seed: int,
+                 shard_index: int, num_shards: int):
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.shard_index, self.num_shards = shard_index, num_shards
+        num_sequences = (len(tokens) - 1) // seq_len
+        self.batches_per_epoch = num_sequences // (batch_size * num_shards)
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"corpus has {len(tokens)} tokens = {num_sequences} sequences of {seq_len}, fewer than one global "
+                f"batch ({batch_size} x {num_shards} shards); add data, or lower seq_len/batch_size"
+            )
+        self._tokens = torch.from_numpy(np.ascontiguousarray(tokens[: num_sequences * seq_len + 1]))
+        self.fingerprint = hashlib.sha256(tokens[: 1 << 20].tobytes()).hexdigest()[:16] + f":{len(tokens)}"
+        self.batches_consumed = 0
+        self._order_epoch = -1
+        self._order: torch.Tensor | None = None
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order_epoch != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            num_sequences = (len(self._tokens) - 1) // self.seq_len
+            self._order = torch.randperm(num_sequences, generator=generator)
+            self._order_epoch = epoch
+        assert self._order is not None
+        return self._order
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `index` (0-based, counting from the start of training) of this shard: (inputs, labels)."""
+        epoch, within = divmod(index, self.batches_per_epoch)
+        order = self._epoch_order(epoch)
+        first = (within * self.num_shards + self.shard_index) * self.batch_size
+        sequence_ids = order[first: first + self.batch_size]
+        starts = sequence_ids * self.seq_len
+        offsets = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
+        window = self._tokens[offsets].long()
+        return window[:, :-1], window[:, 1:]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        result = self.batch(self.batches_consumed)
+        self.batches_consumed += 1
+        return result
+
+    def state_dict(self) -> dict:
+        return {"batches_consumed": self.batches_consumed, "fingerprint": self.fingerprint,
+                "seq_len": self.seq_len, "batch_size": self.batch_size, "num_shards": self.num_shards}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("fingerprint", "seq_len", "batch_size", "num_shards"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"data state mismatch: checkpoint has {key}={state[key]!r}, this run has "
+                    f"{getattr(self, key)!r}; resume with the same data, seq_len, batch_size and replica/rank layout"
+                )
+        self.batches_consumed = int(state["batches_consumed"])

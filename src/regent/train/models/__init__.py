@@ -1,0 +1,1 @@
+"""Model definitions (one readable file per family)."""

@@ -1,0 +1,54 @@
+"""Parallelism inside one replica group: FSDP2 over its ranks, plus activation checkpointing and compile.
+
+FSDP2 (`fully_shard`) shards every transformer block and then the root (embeddings, final norm, output),
+so one block's parameters are all-gathered just before it runs and freed after. Mixed precision keeps fp32
+master weights and computes in bf16, reducing gradients in fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from regent.train.models.llama3 import Llama3
+
+log = logging.getLogger(__name__)
+
+
+def _fsdp_api():
+    try:  # public since torch 2.6
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # pragma: no cover - older torch
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy
+
+
+def apply_activation_checkpointing(model: Llama3, enabled: bool) -> None:
+    model.set_activation_checkpointing(enabled)
+
+
+def apply_compile(model: Llama3) -> None:
+    """Compile each block separately (as TorchTitan does): small graphs compile fast and compose with FSDP."""
+    for block in model.layers:
+        block.compile()  # in place: parameter names (and so checkpoints) stay the same
+    log.info("torch.compile applied to %d transformer blocks", len(model.layers))
+
+
+def apply_fsdp(model: Llama3, world_size: int, device_type: str, bf16: bool,
+               group: dist.ProcessGroup | None = None) -> None:
+    """Shard `model` in place over the `world_size` ranks of the default (or given) process group."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    fully_shard, MixedPrecisionPolicy = _fsdp_api()
+    if group is None:
+        mesh = init_device_mesh(device_type, (world_size,))
+    else:
+        mesh = DeviceMesh.from_group(group, device_type)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    last = len(model.layers) - 1
+    for index, block in enumerate(model.layers):
+        # The last block's parameters are needed again first in backward, so keep them gathered.
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)

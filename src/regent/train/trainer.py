@@ -1,0 +1,336 @@
+"""The Trainer: one object that owns model, optimizer, schedule and data, and trains one step at a time.
+
+A step, in order (the fault-tolerance layer plugs into the two hooks):
+  1. next batch of this (replica, rank) shard; forward; loss; backward (FSDP reduce-scatters the gradients
+     across the ranks of this replica)
+  2. `grad_reduce_hook(grads)`: cross-replica allreduce of the gradients, in place. `grads` are the tensors
+     this rank holds (local shards under FSDP), in `model.parameters()` order, identical on every replica.
+  3. global grad norm and clipping (over the whole replica)
+  4. `commit_hook()`: the commit vote. False discards the step: gradients are zeroed, parameters, optimizer,
+     schedule and `step` are unchanged. The batch counts as consumed (as in TorchFT: a discarded step's data
+     is dropped), identically on every replica that took part.
+  5. optimizer and schedule step; `step += 1`; metrics; periodic checkpoint.
+
+The trainer knows nothing about actors or orchestration; the caller sets up torch.distributed (the
+intra-replica group) before constructing it when world_size > 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from regent import platform
+from regent.train.checkpoint import Checkpointer, CheckpointError
+from regent.train.config import TrainConfig
+from regent.train.data import ShardedBatches, build_tokenizer, load_token_stream
+from regent.train.metrics import MetricsWriter, mfu
+from regent.train.models.llama3 import Llama3, ModelArgs, flops_per_token, model_args
+from regent.train.optim import WarmupCosineSchedule, build_optimizer, clip_grad_norm, local_tensor
+from regent.train.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
+
+log = logging.getLogger(__name__)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return callable(getattr(t, "full_tensor", None))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, rank: int = 0, world_size: int = 1, replica_index: int = 0,
+                 num_replicas: int = 1, run_dir: str | None = None, device: torch.device | None = None,
+                 process_group: dist.ProcessGroup | None = None):
+        cfg.validate()
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
+        if num_replicas < 1 or not 0 <= replica_index < num_replicas:
+            raise ValueError(f"replica_index {replica_index} must be in [0, num_replicas={num_replicas})")
+        if world_size > 1 and not dist.is_initialized():
+            raise RuntimeError(
+                f"world_size={world_size} needs torch.distributed initialised by the caller "
+                "(MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE then dist.init_process_group); use world_size=1 "
+                "for single-process training or regent.train.launch.run_no_ft to launch ranks"
+            )
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.replica_index, self.num_replicas = replica_index, num_replicas
+        self.group = process_group
+        self.device = device or platform.device_for_local_rank(int(os.environ.get("LOCAL_RANK", rank)))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.bf16 = cfg.mixed_precision if cfg.mixed_precision is not None else self.device.type == "cuda"
+        self.sharded = world_size > 1
+
+        # Data
+        tokenizer = build_tokenizer(cfg.tokenizer)
+        tokens = load_token_stream(cfg.data, tokenizer, cfg.data_max_bytes)
+        self.dataloader = ShardedBatches(
+            tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+            shard_index=replica_index * world_size + rank, num_shards=num_replicas * world_size,
+        )
+
+        # Model
+        self.model_args: ModelArgs = model_args(cfg.model, tokenizer.vocab_size, max_seq_len=cfg.seq_len)
+        self.model = self._build_model()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.param_names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        self.num_params = sum(p.numel() for p in self.params)
+        self.flops_per_token = flops_per_token(self.model_args, cfg.seq_len)
+        self.peak_flops = platform.peak_bf16_flops() if self.device.type == "cuda" else None
+
+        # Optimizer and schedule
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+        self.lr_scheduler = WarmupCosineSchedule(self.optimizer, cfg.lr, cfg.warmup_steps, cfg.max_steps,
+                                                 cfg.min_lr_ratio)
+        self.step = 0
+
+        # Hooks for the fault-tolerance layer
+        self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
+        self.commit_hook: Callable[[], bool] | None = None
+
+        async_group = None
+        if cfg.async_checkpoint and self.sharded:
+            async_group = dist.new_group(backend="gloo", ranks=dist.get_process_group_ranks(self.group)
+                                         if self.group is not None else None)
+        self.checkpointer = Checkpointer(self.group, async_group)
+        self.run_dir = run_dir
+        self.metrics = None
+        if run_dir is not None and rank == 0:
+            self.metrics = MetricsWriter(run_dir, extra={"replica": replica_index}, tensorboard=cfg.tensorboard)
+        log.info("rank %d/%d replica %d/%d: %s model, %.1fM params, %s, bf16=%s, fsdp=%s", rank, world_size,
+                 replica_index, num_replicas, cfg.model, self.num_params / 1e6, self.device, self.bf16,
+                 self.sharded)
+
+    # ---------------------------------------------------------------- construction
+    def _build_model(self) -> Llama3:
+        """Build, parallelize and initialize the model; weights are a function of (seed, world layout)."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        on_meta = self.device.type != "cpu"  # GPU: never materialize the full model in host memory
+        if on_meta:
+            with torch.device("meta"):
+                model = Llama3(self.model_args)
+        else:
+            model = Llama3(self.model_args)
+            torch.manual_seed(cfg.seed)
+            model.init_weights()
+        apply_activation_checkpointing(model, cfg.activation_checkpointing)
+        if cfg.compile:
+            apply_compile(model)
+        if self.sharded:
+            apply_fsdp(model, self.world_size, self.device.type, self.bf16, group=self.group)
+        if on_meta:
+            model.to_empty(device=self.device)
+            torch.manual_seed(cfg.seed)
+            model.init_weights(buffer_device=self.device)
+        else:
+            model.to(self.device)
+        return model
+
+    # ---------------------------------------------------------------- training
+    def _autocast(self):
+        if self.bf16 and not self.sharded:  # under FSDP the mixed-precision policy does the casting
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _replica_mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.sharded:
+            value = value.clone()
+            dist.all_reduce(value, group=self.group)  # SUM then divide: gloo has no AVG
+            value /= self.world_size
+        return value
+
+    def _loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            logits = self.model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+    def local_grads(self) -> list[torch.Tensor]:
+        """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place."""
+        return [local_tensor(p.grad) for p in self.params if p.grad is not None]
+
+    def train_step(self) -> dict[str, Any]:
+        """Run one step; returns its metrics (see module docstring for the order of operations)."""
+        start = time.perf_counter()
+        self.model.train()
+        inputs, labels = self.dataloader.next_batch()
+        inputs = inputs.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        loss = self._loss(inputs, labels)
+        loss.backward()
+
+        if self.grad_reduce_hook is not None:
+            self.grad_reduce_hook(self.local_grads())
+        grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded)
+
+        committed = True if self.commit_hook is None else bool(self.commit_hook())
+        lr = self.lr_scheduler.current_lr()
+        if committed:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+        loss_value = float(self._replica_mean(loss.detach()))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        local_tokens = inputs.numel()
+        per_device = local_tokens / elapsed
+        record = {
+            "step": self.step,
+            "loss": loss_value,
+            "tokens": local_tokens * self.world_size,
+            "tokens_per_s": per_device * self.world_size,
+            "tokens_per_s_per_device": per_device,
+            "mfu": mfu(self.flops_per_token, per_device, self.peak_flops),
+            "grad_norm": grad_norm,
+            "peak_mem_bytes": platform.memory_stats()["peak_allocated_bytes"],
+            "committed": committed,
+            "lr": lr,
+            "step_time_s": elapsed,
+        }
+        if self.metrics is not None:
+            self.metrics.write(record)
+        every = self.cfg.checkpoint_every
+        if committed and every > 0 and self.step % every == 0:
+            assert self.cfg.checkpoint_dir is not None
+            self.save_checkpoint(os.path.join(self.cfg.checkpoint_dir, f"step-{self.step}"))
+        return record
+
+    @torch.no_grad()
+    def evaluate_loss(self, batches: int = 2) -> float:
+        """Mean loss over this shard's first `batches` batches (fixed, so comparable across steps/runs)."""
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for index in range(batches):
+            inputs, labels = self.dataloader.batch(index)
+            total += self._loss(inputs.to(self.device), labels.to(self.device)).float()
+        return float(self._replica_mean(total / batches))
+
+    # ---------------------------------------------------------------- state (peer healing)
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, schedule, data and step. Tensors are views of this rank's live storage (local
+        shards under FSDP), so a peer of the same rank can receive into them in place."""
+        model = {name: local_tensor(p.detach()) for name, p in zip(self.param_names, self.params)}
+        optim_state = {}
+        for name, p in zip(self.param_names, self.params):
+            state = self.optimizer.state[p]
+            optim_state[name] = {key: local_tensor(value) if torch.is_tensor(value) else value
+                                 for key, value in state.items()}
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        return {
+            "model": model,
+            "optimizer": {"state": optim_state, "param_groups": groups},
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "data": self.dataloader.state_dict(),
+            "step": self.step,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Copy a state_dict (from a peer or from `state_dict()`) into this trainer, in place."""
+        missing = {"model", "optimizer", "lr_scheduler", "data", "step"} - set(sd)
+        if missing:
+            raise ValueError(f"state_dict lacks {sorted(missing)}; pass a dict produced by Trainer.state_dict()")
+        mine = self.state_dict()
+        _copy_tree(mine["model"], sd["model"], "model")
+        _copy_tree(mine["optimizer"]["state"], sd["optimizer"]["state"], "optimizer.state")
+        for group, incoming in zip(self.optimizer.param_groups, sd["optimizer"]["param_groups"]):
+            group.update({k: v for k, v in incoming.items() if k != "params"})
+        self.lr_scheduler.load_state_dict(sd["lr_scheduler"])
+        self.dataloader.load_state_dict(sd["data"])
+        self.step = int(sd["step"])
+
+    def param_hash(self) -> str:
+        """sha256 over the full (gathered) parameters in name order; equal exactly on bit-identical replicas.
+        Under FSDP every rank of the replica must call it (it all-gathers)."""
+        digest = hashlib.sha256()
+        with torch.no_grad():
+            for name, p in zip(self.param_names, self.params):
+                full = p.full_tensor() if _is_dtensor(p) else p
+                digest.update(name.encode())
+                digest.update(full.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    # ---------------------------------------------------------------- persistent checkpoints
+    def _dcp_state(self) -> dict[str, Any]:
+        """The DCP view: DTensors (not local shards) so checkpoints reshard across world sizes."""
+        model = {name: p.detach() for name, p in zip(self.param_names, self.params)}
+        optim = {name: dict(self.optimizer.state[p]) for name, p in zip(self.param_names, self.params)}
+        return {"model": model, "optimizer": optim,
+                "trainer": {"lr_scheduler": self.lr_scheduler.state_dict(), "data": self.dataloader.state_dict(),
+                            "step": self.step}}
+
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        return {"step": self.step, "model": self.cfg.model, "model_args": _jsonable(vars(self.model_args)),
+                "world_size": self.world_size, "num_replicas": self.num_replicas,
+                "replica_index": self.replica_index, "seq_len": self.cfg.seq_len}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Save a DCP checkpoint to `path` atomically (async when cfg.async_checkpoint; see wait_checkpoint)."""
+        self.checkpointer.save(self._dcp_state(), path, self._checkpoint_meta(), async_save=self.cfg.async_checkpoint)
+
+    def wait_checkpoint(self) -> None:
+        """Block until an in-flight async checkpoint is complete (and renamed into place)."""
+        self.checkpointer.wait()
+
+    def load_checkpoint(self, path: str) -> None:
+        """Load a checkpoint written by save_checkpoint; clear CheckpointError on corrupt/mismatched input."""
+        manifest = self.checkpointer.read_manifest(path)
+        expected = _jsonable(vars(self.model_args))
+        if manifest.get("model_args") != expected:
+            raise CheckpointError(
+                f"checkpoint {path} was saved for model {manifest.get('model')!r} with args "
+                f"{manifest.get('model_args')}, but this run builds {self.cfg.model!r} with {expected}; "
+                "use the same --model and tokenizer as the run that wrote it"
+            )
+        self.checkpointer.verify(path, manifest)
+        state = self._dcp_state()
+        self.checkpointer.load(state, path)
+        trainer_state = state["trainer"]
+        self.lr_scheduler.load_state_dict(trainer_state["lr_scheduler"])
+        self.dataloader.load_state_dict(trainer_state["data"])
+        self.step = int(trainer_state["step"])
+        log.info("loaded checkpoint %s at step %d", path, self.step)
+
+    def close(self) -> None:
+        self.checkpointer.wait()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return json.loads(json.dumps(values))
+
+
+def _copy_tree(target: dict, source: dict, where: str) -> None:
+    if set(target) != set(source):
+        missing, extra = sorted(set(target) - set(source)), sorted(set(source) - set(target))
+        raise ValueError(f"{where}: keys differ (missing {missing[:5]}, unexpected {extra[:5]}); the state comes "
+                         "from a different model config")
+    for key, dst in target.items():
+        src = source[key]
+        if isinstance(dst, dict):
+            _copy_tree(dst, src, f"{where}.{key}")
+        elif torch.is_tensor(dst):
+            if not torch.is_tensor(src) or src.shape != dst.shape:
+                shape = tuple(src.shape) if torch.is_tensor(src) else type(src).__name__
+                raise ValueError(f"{where}.{key}: shape {shape} does not match {tuple(dst.shape)}; "
+                                 "peers must have the same model and the same rank layout")
+            if src.data_ptr() != dst.data_ptr():  # received in place already: nothing to copy
+                dst.copy_(src)
+        else:
+            raise ValueError(f"{where}.{key}: unexpected value of type {type(src).__name__}")
