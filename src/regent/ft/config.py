@@ -1,0 +1,85 @@
+"""Fault-tolerance settings, as one dataclass (loadable from TOML / CLI by `regent.cli`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class FTConfig:
+    """How replicas are kept in sync and how long to wait for each other.
+
+    mode: "diloco" syncs pseudo-gradients every `sync_every` inner steps (fragments > 1 = Streaming
+    DiLoCo); "ddp" averages gradients every step.
+    Timeouts are seconds; environment variables override them (see `resolve_timeouts`).
+    """
+
+    enabled: bool = True
+    mode: Literal["diloco", "ddp"] = "diloco"
+    sync_every: int = 20
+    fragments: int = 1
+    fragment_sync_delay: int = 0
+    fragment_update_alpha: float = 0.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    min_replica_size: int = 1
+    timeout_s: float = 60.0
+    quorum_timeout_s: float = 60.0
+    connect_timeout_s: float = 60.0
+    lighthouse: str = ""
+    backend: str | None = None  # None: regent.platform decides (nccl/rccl on GPU, gloo on CPU)
+    init_sync: bool = True
+    max_retries: int | None = None
+
+    def validate(self) -> None:
+        """Fail before launch with a message that names the fix."""
+        if self.mode not in ("diloco", "ddp"):
+            raise ValueError(f"ft.mode={self.mode!r}: use 'diloco' or 'ddp'")
+        if self.fragments < 1:
+            raise ValueError(f"ft.fragments={self.fragments}: must be >= 1")
+        if self.mode == "diloco":
+            if self.sync_every < self.fragments or self.sync_every % self.fragments:
+                raise ValueError(
+                    f"ft.sync_every={self.sync_every} must be a multiple of ft.fragments={self.fragments}"
+                )
+            period = self.sync_every // self.fragments
+            if not 0 <= self.fragment_sync_delay < period:
+                raise ValueError(
+                    f"ft.fragment_sync_delay={self.fragment_sync_delay} must be in [0, sync_every/fragments="
+                    f"{period})"
+                )
+        if not 0.0 <= self.fragment_update_alpha <= 1.0:
+            raise ValueError(f"ft.fragment_update_alpha={self.fragment_update_alpha} must be in [0, 1]")
+        if self.min_replica_size < 1:
+            raise ValueError(f"ft.min_replica_size={self.min_replica_size}: must be >= 1")
+        for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ft.{name} must be > 0 seconds")
+        if self.backend not in (None, "gloo", "nccl", "rccl"):
+            raise ValueError(f"ft.backend={self.backend!r}: use gloo, nccl, rccl or leave unset")
+
+
+_ENV = {
+    "timeout": ("REGENT_FT_TIMEOUT_SEC", "TORCHFT_TIMEOUT_SEC"),
+    "quorum_timeout": ("REGENT_FT_QUORUM_TIMEOUT_SEC", "TORCHFT_QUORUM_TIMEOUT_SEC"),
+    "connect_timeout": ("REGENT_FT_CONNECT_TIMEOUT_SEC", "TORCHFT_CONNECT_TIMEOUT_SEC"),
+}
+
+
+def env_timeout(kind: str, default: float, environ: dict[str, str] | None = None) -> float:
+    """Timeout `kind` ('timeout'|'quorum_timeout'|'connect_timeout'): env wins over the argument (as in
+    TorchFT, because launchers like torchtitan cannot reach the Manager's arguments)."""
+    environ = os.environ if environ is None else environ
+    for name in _ENV[kind]:
+        raw = environ.get(name)
+        if raw:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+            if value <= 0:
+                raise ValueError(f"{name}={raw!r} must be > 0 seconds")
+            return value
+    return float(default)

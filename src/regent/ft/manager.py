@@ -1,0 +1,710 @@
+"""The Manager: one per trainer rank; runs the fault-tolerant step lifecycle.
+
+Step lifecycle (what each call does, and what happens on every error path):
+
+1. `start_quorum()` — ask for the next quorum (in the background when `use_async_quorum`). The group's
+   ranks send their request to the `ManagerServer` of group rank 0, which makes one Lighthouse call for
+   the whole replica. On the answer each rank computes its recovery plan (`compute_quorum_results`):
+   if the quorum id changed it rebuilds the replicated group; a donor sends its state to its healers; a
+   healer receives the donor's state (applied before the forward pass in sync mode, at `should_commit`
+   in async mode). Any error here is *reported* (`errored()`), never raised — except a quorum timeout,
+   which is raised from `wait_quorum()` because a replica that cannot reach a quorum cannot do anything
+   useful; its launcher restarts it and it heals on rejoin.
+2. `allreduce(tensor)` — average across participating replicas; healing or spare replicas contribute
+   zeros. Errors are swallowed and reported; the returned future always resolves (to the input on error).
+3. `should_commit()` — a group-wide AND of "no error and at least `min_replica_size` participants". On
+   True the step counter advances (the step is the version: replicas at the same step hold bit-identical
+   state); on False the caller must discard the step, `commit_failures` is carried into the next quorum
+   (which makes the Lighthouse issue a new quorum id, so every replica rebuilds its group), and after
+   `max_retries` consecutive failures it raises.
+
+Replica ids are `name:uuid4` per process start, so a restarted replica is a membership change.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import torch
+import torch.distributed as dist
+
+from regent.ft.config import env_timeout
+from regent.ft.process_group import ReplicatedGroup
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.recovery import QuorumResult, compute_quorum_results
+from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock
+
+logger = logging.getLogger(__name__)
+
+EventCallback = Callable[[str, dict], None]
+
+_MANAGER_ADDR_KEY = "regent/manager_addr"
+_REPLICA_ID_KEY = "regent/replica_id"
+
+
+# ---- the group-local server (hosted by group rank 0) ---------------------------------------------------
+
+
+class _Round:
+    """One barrier round: every group rank contributes, the last one triggers the result."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[int, Any] = {}
+        self.done = False
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
+    """TorchFT's ManagerService for one replica group: quorum aggregation, commit barrier, kill, heartbeats."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        lighthouse_addr: str,
+        hostname: str,
+        store_address: str,
+        world_size: int,
+        bind: str | None = None,
+        heartbeat_interval: float = 0.1,
+        connect_timeout: float = 60.0,
+        quorum_retries: int = 0,
+    ) -> None:
+        from regent.ft.lighthouse_client import LighthouseClient
+
+        self.replica_id = replica_id
+        self.store_address = store_address
+        self.world_size = world_size
+        self.quorum_retries = quorum_retries
+        self._lighthouse_addr = lighthouse_addr
+        self._connect_timeout = connect_timeout
+        self._client = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout)
+        self._cond = threading.Condition()
+        self._quorum_round = _Round()
+        self._commit_round = _Round()
+        self._metadata: dict[int, str] = {}
+        self._server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
+        )
+        torchft_pb2_grpc.add_ManagerServiceServicer_to_server(self, self._server)
+        port = self._server.add_insecure_port(bind or f"{hostname}:0")
+        if port == 0:
+            raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'}; set hostname/port")
+        self._address = f"{hostname}:{port}"
+        self._server.start()
+        self._stopped = threading.Event()
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="regent-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+        logger.info("ManagerServer %s for %s at %s", replica_id, lighthouse_addr, self._address)
+
+    def address(self) -> str:
+        return self._address
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._server.stop(grace=0.5)
+        self._client.close()
+
+    def _heartbeat_loop(self) -> None:
+        failing_since: float | None = None
+        while not self._stopped.wait(self._heartbeat_interval):
+            try:
+                self._client.heartbeat(self.replica_id, timeout=max(1.0, 10 * self._heartbeat_interval))
+                if failing_since is not None:
+                    logger.info("heartbeats to the Lighthouse resumed")
+                failing_since = None
+            except Exception as err:
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    logger.warning("heartbeat to Lighthouse %s failed: %s", self._lighthouse_addr, err)
+
+    # gRPC handlers
+    def Quorum(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC name)
+        timeout = context.time_remaining()
+        if timeout is None or timeout > 1e8:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing timeout")
+        with self._cond:
+            self._metadata[request.group_rank] = request.checkpoint_metadata
+            rnd = self._quorum_round
+            rnd.arrived[request.group_rank] = request
+            leader = len(rnd.arrived) >= self.world_size
+            if leader:
+                self._quorum_round = _Round()
+        if leader:
+            self._run_lighthouse_quorum(rnd, timeout)
+        with self._cond:
+            if not self._cond.wait_for(lambda: rnd.done, timeout=context.time_remaining()):
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "quorum: not all group ranks arrived in time")
+        if rnd.error is not None:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(rnd.error, TimeoutError) else grpc.StatusCode.INTERNAL
+            context.abort(code, f"Lighthouse quorum failed: {rnd.error}")
+        result = compute_quorum_results(self.replica_id, request.group_rank, rnd.result, request.init_sync)
+        return _result_to_proto(result)
+
+    def _run_lighthouse_quorum(self, rnd: _Round, timeout: float) -> None:
+        requests = list(rnd.arrived.values())
+        last = requests[-1]
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
+            try:
+                quorum = self._client.quorum(
+                    self.replica_id,
+                    timeout=max(0.01, deadline - time.monotonic()),
+                    address=self._address,
+                    store_address=self.store_address,
+                    step=max(r.step for r in requests),
+                    world_size=self.world_size,
+                    shrink_only=any(r.shrink_only for r in requests),
+                    commit_failures=max(r.commit_failures for r in requests),
+                    data=None,
+                )
+                rnd.result = quorum
+                break
+            except Exception as err:
+                attempt += 1
+                if attempt > self.quorum_retries or time.monotonic() >= deadline:
+                    rnd.error = err
+                    break
+                time.sleep(max(0.1, timeout / (self.quorum_retries + 1)))
+        del last
+        with self._cond:
+            rnd.done = True
+            self._cond.notify_all()
+
+    def CheckpointMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        with self._cond:
+            meta = self._metadata.get(request.rank)
+        if meta is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"group rank {request.rank} has not registered metadata")
+        return torchft_pb2.CheckpointMetadataResponse(checkpoint_metadata=meta)
+
+    def ShouldCommit(self, request: Any, context: Any) -> Any:  # noqa: N802
+        with self._cond:
+            rnd = self._commit_round
+            rnd.arrived[request.group_rank] = request.should_commit
+            if len(rnd.arrived) >= self.world_size:
+                rnd.result = all(rnd.arrived.values())
+                rnd.done = True
+                self._commit_round = _Round()
+                self._cond.notify_all()
+            if not self._cond.wait_for(lambda: rnd.done, timeout=context.time_remaining()):
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "should_commit: not all group ranks voted in time")
+        return torchft_pb2.ShouldCommitResponse(should_commit=bool(rnd.result))
+
+    def Kill(self, request: Any, context: Any) -> Any:  # noqa: N802
+        logger.error("replica %s killed by request: %s; exiting with status 1", self.replica_id, request.msg)
+
+        def die() -> None:
+            time.sleep(0.05)  # let the response go out
+            logging.shutdown()
+            os._exit(1)
+
+        threading.Thread(target=die, daemon=True).start()
+        return torchft_pb2.KillResponse()
+
+
+def _result_to_proto(r: QuorumResult) -> Any:
+    msg = torchft_pb2.ManagerQuorumResponse(
+        quorum_id=r.quorum_id,
+        recover_src_manager_address=r.recover_src_manager_address,
+        recover_dst_replica_ranks=r.recover_dst_replica_ranks,
+        store_address=r.store_address,
+        max_step=r.max_step,
+        max_world_size=r.max_world_size,
+        replica_rank=r.replica_rank,
+        replica_world_size=r.replica_world_size,
+        heal=r.heal,
+        commit_failures=r.commit_failures,
+        replica_ids=r.replica_ids,
+    )
+    if r.recover_src_replica_rank is not None:
+        msg.recover_src_replica_rank = r.recover_src_replica_rank
+    if r.max_replica_rank is not None:
+        msg.max_replica_rank = r.max_replica_rank
+    return msg
+
+
+def _result_from_proto(m: Any) -> QuorumResult:
+    return QuorumResult(
+        quorum_id=m.quorum_id,
+        replica_rank=m.replica_rank,
+        replica_world_size=m.replica_world_size,
+        recover_src_manager_address=m.recover_src_manager_address,
+        recover_src_replica_rank=m.recover_src_replica_rank if m.HasField("recover_src_replica_rank") else None,
+        recover_dst_replica_ranks=list(m.recover_dst_replica_ranks),
+        store_address=m.store_address,
+        max_step=m.max_step,
+        max_replica_rank=m.max_replica_rank if m.HasField("max_replica_rank") else None,
+        max_world_size=m.max_world_size,
+        heal=m.heal,
+        commit_failures=m.commit_failures,
+        replica_ids=list(m.replica_ids),
+    )
+
+
+def _rpc_error(what: str, addr: str, err: grpc.RpcError) -> Exception:
+    code = err.code() if hasattr(err, "code") else None
+    detail = err.details() if hasattr(err, "details") else str(err)
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return TimeoutError(f"{what} via manager {addr} timed out: {detail}")
+    return RuntimeError(f"{what} via manager {addr} failed ({code}): {detail}")
+
+
+# ---- the per-rank Manager -------------------------------------------------------------------------------
+
+
+def _completed(value: Any) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+class Manager:
+    """Fault-tolerance manager for one trainer rank (see the module docstring for the lifecycle).
+
+    Args:
+        pg: the replicated group (default: a new `ReplicatedGroup` on the platform's backend).
+        load_state_dict / state_dict: the user's state (registered under key "default"); more with
+            `register_state_dict_fn`.
+        min_replica_size: fewest participating replicas for a step to commit.
+        use_async_quorum: overlap the quorum (and healing) with the forward pass. DiLoCo needs False.
+        timeout / quorum_timeout / connect_timeout: seconds (or timedelta); env REGENT_FT_TIMEOUT_SEC,
+            REGENT_FT_QUORUM_TIMEOUT_SEC, REGENT_FT_CONNECT_TIMEOUT_SEC (or TORCHFT_*) win.
+        group_rank / group_world_size: this rank inside its replica (env RANK / WORLD_SIZE).
+        store_addr / store_port: the replica's group-local TCPStore (hosted by group rank 0; it is also the
+            rendezvous store advertised to other replicas). Env MASTER_ADDR / MASTER_PORT. With one rank per
+            replica it may be omitted (a free port is picked).
+        lighthouse_addr: env REGENT_FT_LIGHTHOUSE or TORCHFT_LIGHTHOUSE.
+        replica_id: the replica's name; a uuid is appended per process start.
+        hostname: address advertised to others (default 127.0.0.1, env REGENT_FT_HOSTNAME).
+        transport: how healers receive state (default: `GroupTransport` over the replicated group).
+        init_sync: at step 0 every replica pulls the primary's weights.
+        max_retries: raise after this many consecutive failed commits (None = never).
+        on_event: called as on_event(kind, details) for "quorum", "heal_started", "heal_done", "commit",
+            "error".
+    """
+
+    def __init__(
+        self,
+        pg: ReplicatedGroup | None = None,
+        load_state_dict: Callable[[Any], None] | None = None,
+        state_dict: Callable[[], Any] | None = None,
+        min_replica_size: int = 1,
+        use_async_quorum: bool = True,
+        timeout: float | datetime.timedelta = 60.0,
+        quorum_timeout: float | datetime.timedelta = 60.0,
+        connect_timeout: float | datetime.timedelta = 60.0,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+        lighthouse_addr: str | None = None,
+        replica_id: str | None = None,
+        hostname: str | None = None,
+        port: int = 0,
+        heartbeat_interval: float = 0.1,
+        transport: CheckpointTransport | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
+        quorum_retries: int = 0,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.timeout = env_timeout("timeout", _secs(timeout))
+        self.quorum_timeout = env_timeout("quorum_timeout", _secs(quorum_timeout))
+        self.connect_timeout = env_timeout("connect_timeout", _secs(connect_timeout))
+        self.min_replica_size = min_replica_size
+        self.use_async_quorum = use_async_quorum
+        self.init_sync = init_sync
+        self.max_retries = max_retries
+        self._on_event = on_event
+        self.group_rank = int(group_rank if group_rank is not None else os.environ.get("RANK", 0))
+        self.group_world_size = int(
+            group_world_size if group_world_size is not None else os.environ.get("WORLD_SIZE", 1)
+        )
+        hostname = hostname or os.environ.get("REGENT_FT_HOSTNAME", "127.0.0.1")
+        lighthouse_addr = (
+            lighthouse_addr or os.environ.get("REGENT_FT_LIGHTHOUSE") or os.environ.get("TORCHFT_LIGHTHOUSE")
+        )
+        self._pg = pg if pg is not None else ReplicatedGroup(timeout=self.timeout, connect_timeout=self.connect_timeout)
+        self._transport: CheckpointTransport = transport if transport is not None else GroupTransport(self._pg)
+
+        self._state_fns: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {}
+        if load_state_dict is not None and state_dict is not None:
+            self.register_state_dict_fn("default", load_state_dict, state_dict)
+        self._state_lock = RWLock()
+
+        self._step = 0
+        self._batches_committed = 0
+        self._commit_failures = 0
+        self._quorum_id = -1
+        self._errored: Exception | None = None
+        self._healing = False
+        self._pending_state: Any = None
+        self._participating_rank: int | None = None
+        self._participating_world_size = 0
+        self._replica_rank = 0
+        self._replica_world_size = 0
+        self._quorum_future: concurrent.futures.Future | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="regent-quorum")
+
+        self._server: ManagerServer | None = None
+        self._group_store = self._make_group_store(store_addr, store_port)
+        if self.group_rank == 0:
+            if not lighthouse_addr:
+                raise ValueError(
+                    "no Lighthouse address: pass lighthouse_addr= or set REGENT_FT_LIGHTHOUSE "
+                    "(start one with `regent lighthouse --bind 127.0.0.1:29510 --min-replicas 1`)"
+                )
+            name = replica_id or os.environ.get("REGENT_FT_REPLICA_ID") or "replica"
+            full_id = f"{name}:{uuid.uuid4()}"
+            store_host = self._store_host
+            self._server = ManagerServer(
+                replica_id=full_id,
+                lighthouse_addr=lighthouse_addr,
+                hostname=hostname,
+                store_address=f"{store_host}:{self._group_store.port}",
+                world_size=self.group_world_size,
+                bind=f"{hostname}:{port}",
+                heartbeat_interval=heartbeat_interval,
+                connect_timeout=self.connect_timeout,
+                quorum_retries=quorum_retries,
+            )
+            self._group_store.set(_MANAGER_ADDR_KEY, self._server.address())
+            self._group_store.set(_REPLICA_ID_KEY, full_id)
+        self._manager_addr = self._group_store.get(_MANAGER_ADDR_KEY).decode()
+        self.replica_id = self._group_store.get(_REPLICA_ID_KEY).decode()
+        self._channel = grpc.insecure_channel(self._manager_addr)
+        self._stub = torchft_pb2_grpc.ManagerServiceStub(self._channel)
+        logger.info("Manager %s group rank %d/%d ready", self.replica_id, self.group_rank, self.group_world_size)
+
+    def _make_group_store(self, store_addr: str | None, store_port: int | None) -> dist.TCPStore:
+        addr = store_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        port = store_port if store_port is not None else os.environ.get("MASTER_PORT")
+        if port is None:
+            if self.group_world_size > 1:
+                raise ValueError(
+                    f"group of {self.group_world_size} ranks needs a shared store: pass store_addr/store_port "
+                    "(or set MASTER_ADDR/MASTER_PORT) to a port group rank 0 can listen on"
+                )
+            port = 0
+        self._store_host = addr
+        return dist.TCPStore(
+            addr,
+            int(port),
+            is_master=self.group_rank == 0,
+            timeout=datetime.timedelta(seconds=self.connect_timeout),
+            wait_for_workers=False,
+        )
+
+    # ---- state ------------------------------------------------------------------------------------------
+    def register_state_dict_fn(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
+        """Add user state under `key`; it is sent to healers and loaded on them."""
+        self._state_fns[key] = (load_state_dict, state_dict)
+
+    def state_dict(self) -> dict[str, int]:
+        """The Manager's own state; save it in disk checkpoints too (the step is the version)."""
+        return {"step": self._step, "batches_committed": self._batches_committed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._step = int(state["step"])
+        self._batches_committed = int(state["batches_committed"])
+
+    def _full_state_dict(self) -> dict[str, Any]:
+        return {"user": {k: save() for k, (_, save) in self._state_fns.items()}, "regent": self.state_dict()}
+
+    def disallow_state_dict_read(self) -> None:
+        """Take the write side of the state lock (wrap `optimizer.step()`): donors never serve torn weights."""
+        self._state_lock.acquire_write()
+
+    def allow_state_dict_read(self) -> None:
+        self._state_lock.release_write()
+
+    # ---- events and errors ------------------------------------------------------------------------------
+    def _emit(self, kind: str, **details: Any) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(kind, {"replica_id": self.replica_id, "group_rank": self.group_rank, **details})
+        except Exception:
+            logger.exception("on_event callback failed for %s", kind)
+
+    def report_error(self, err: Exception) -> None:
+        """Mark this step as failed: it will not commit; the error is sticky until the next quorum."""
+        if self._errored is None:
+            logger.warning("step %d: error reported: %s", self._step, err)
+            self._errored = err
+            self._emit("error", step=self._step, error=f"{type(err).__name__}: {err}")
+
+    def errored(self) -> Exception | None:
+        return self._errored
+
+    # ---- quorum -----------------------------------------------------------------------------------------
+    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: float | None = None) -> None:
+        """Begin the next step's quorum (see module docstring). Blocks only in sync mode."""
+        if self._quorum_future is not None:
+            try:
+                self._quorum_future.result()
+            except Exception as err:  # already reported or raised in wait_quorum
+                logger.debug("previous quorum failed: %s", err)
+        self._errored = None
+        self._healing = False
+        self._pending_state = None
+        self._quorum_future = self._executor.submit(
+            self._async_quorum, allow_heal, shrink_only, timeout or self.quorum_timeout
+        )
+        if not self.use_async_quorum:
+            self.wait_quorum()
+            if self._healing:
+                self._apply_pending_state()
+
+    def wait_quorum(self) -> None:
+        """Wait for the quorum started by `start_quorum`; raises TimeoutError if no quorum formed in time."""
+        if self._quorum_future is None:
+            raise RuntimeError("wait_quorum() before start_quorum(); call start_quorum() at the start of each step")
+        self._quorum_future.result()
+
+    def _quorum_rpc(self, shrink_only: bool, timeout: float) -> QuorumResult:
+        request = torchft_pb2.ManagerQuorumRequest(
+            group_rank=self.group_rank,
+            step=self._step,
+            checkpoint_metadata=self._transport.metadata(),
+            shrink_only=shrink_only,
+            init_sync=self.init_sync,
+            commit_failures=self._commit_failures,
+        )
+        try:
+            return _result_from_proto(self._stub.Quorum(request, timeout=timeout))
+        except grpc.RpcError as err:
+            raise _rpc_error("quorum", self._manager_addr, err) from None
+
+    def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: float) -> None:
+        result = self._quorum_rpc(shrink_only, timeout)
+        self._replica_rank = result.replica_rank
+        self._replica_world_size = result.replica_world_size
+        if self.use_async_quorum and allow_heal:
+            # Healing replicas do not participate this step: they train on stale weights and contribute zeros.
+            # At step 0 with init_sync every replica but the primary heals, so only the primary participates.
+            if self.init_sync and result.max_step == 0 and result.replica_world_size > 1:
+                self._participating_rank = None if result.heal else 0
+                self._participating_world_size = 1
+            else:
+                self._participating_rank = result.max_replica_rank
+                self._participating_world_size = result.max_world_size
+        else:
+            self._participating_rank = result.replica_rank
+            self._participating_world_size = result.replica_world_size
+
+        if result.quorum_id != self._quorum_id:
+            self._emit(
+                "quorum",
+                quorum_id=result.quorum_id,
+                participants=result.replica_ids,
+                replica_rank=result.replica_rank,
+                step=self._step,
+                max_step=result.max_step,
+            )
+            store = f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}"
+            try:
+                self._pg.configure(store, self.replica_id, result.replica_rank, result.replica_world_size)
+                self._quorum_id = result.quorum_id
+            except Exception as err:
+                self.report_error(RuntimeError(f"rebuilding the replicated group at {store} failed: {err}"))
+                return
+
+        if not allow_heal:
+            return
+        try:
+            if result.recover_dst_replica_ranks:
+                with self._state_lock.read(timeout=self.timeout):
+                    self._transport.send_checkpoint(
+                        result.recover_dst_replica_ranks, result.max_step, self._full_state_dict(), self.timeout
+                    )
+            if result.heal:
+                self._heal_from(result)
+        except Exception as err:
+            self.report_error(err)
+
+    def _heal_from(self, result: QuorumResult) -> None:
+        src = result.recover_src_replica_rank
+        donor = result.replica_ids[src] if src is not None and result.replica_ids else str(src)
+        self._healing = True
+        self._emit("heal_started", donor=donor, step=self._step, max_step=result.max_step)
+        start = time.monotonic()
+        metadata = self._transport.metadata()
+        if not metadata.startswith("<"):
+            metadata = self._donor_metadata(result.recover_src_manager_address)
+        with self._state_lock.read(timeout=self.timeout):
+            into = self._full_state_dict()
+        state = self._transport.recv_checkpoint(src, metadata, result.max_step, self.timeout, into=into)
+        self._pending_state = state
+        nbytes = _state_nbytes(state)
+        self._emit(
+            "heal_done", donor=donor, bytes=nbytes, seconds=round(time.monotonic() - start, 4), step=result.max_step
+        )
+
+    def _donor_metadata(self, donor_manager_addr: str) -> str:
+        with grpc.insecure_channel(donor_manager_addr) as channel:
+            stub = torchft_pb2_grpc.ManagerServiceStub(channel)
+            try:
+                reply = stub.CheckpointMetadata(
+                    torchft_pb2.CheckpointMetadataRequest(rank=self.group_rank), timeout=self.connect_timeout
+                )
+            except grpc.RpcError as err:
+                raise _rpc_error("checkpoint metadata", donor_manager_addr, err) from None
+        return reply.checkpoint_metadata
+
+    def _apply_pending_state(self) -> None:
+        state, self._pending_state = self._pending_state, None
+        if state is None:
+            return
+        for key, (load, _) in self._state_fns.items():
+            if key not in state["user"]:
+                raise RuntimeError(f"donor state has no key {key!r}; register the same state fns on every replica")
+            load(state["user"][key])
+        self.load_state_dict(state["regent"])
+        self._healing = False
+
+    # ---- collectives ------------------------------------------------------------------------------------
+    def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Average `tensor` in place across participating replicas; never raises.
+
+        The returned future resolves to `tensor` (averaged, or untouched after an error, which is reported
+        so the step will not commit).
+        """
+        if self._errored is not None:
+            return _completed(tensor)
+        try:
+            self.wait_quorum()
+            num = self.num_participants()
+            if not self.is_participating():
+                tensor.zero_()
+            fut = self._pg.allreduce([tensor], dist.ReduceOp.SUM)
+        except Exception as err:
+            self.report_error(err)
+            return _completed(tensor)
+
+        def finish(f: torch.futures.Future) -> torch.Tensor:
+            try:
+                f.value()
+                tensor.div_(max(1, num))
+            except Exception as err:
+                self.report_error(err)
+            return tensor
+
+        return fut.then(finish)
+
+    def num_participants(self) -> int:
+        self.wait_quorum()
+        return self._participating_world_size
+
+    def participating_rank(self) -> int | None:
+        self.wait_quorum()
+        return self._participating_rank
+
+    def is_participating(self) -> bool:
+        """False while healing in async mode: this replica contributes zeros this step."""
+        self.wait_quorum()
+        return self._participating_rank is not None and not (self._healing and self.use_async_quorum)
+
+    # ---- commit -----------------------------------------------------------------------------------------
+    def should_commit(self, timeout: float | None = None) -> bool:
+        """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
+        try:
+            self.wait_quorum()
+        except Exception as err:
+            self.report_error(err)
+        if self._pg.errored() is not None:
+            self.report_error(self._pg.errored())
+        if self._healing and self._errored is None:
+            try:
+                self._apply_pending_state()
+            except Exception as err:
+                self.report_error(err)
+        enough = self._participating_world_size >= self.min_replica_size
+        local = enough and self._errored is None
+        request = torchft_pb2.ShouldCommitRequest(should_commit=local, group_rank=self.group_rank, step=self._step)
+        try:
+            decision = self._stub.ShouldCommit(request, timeout=timeout or self.timeout).should_commit
+        except grpc.RpcError as err:
+            self.report_error(_rpc_error("should_commit", self._manager_addr, err))
+            decision = False
+        self._transport.disallow_checkpoint()
+        if decision:
+            self._step += 1
+            self._batches_committed += self._participating_world_size
+            self._commit_failures = 0
+        else:
+            self._commit_failures += 1
+        self._emit(
+            "commit",
+            step=self._step,
+            committed=decision,
+            participants=self._participating_world_size,
+            enough_replicas=enough,
+            error=None if self._errored is None else str(self._errored),
+        )
+        if not decision and self.max_retries is not None and self._commit_failures > self.max_retries:
+            raise RuntimeError(
+                f"{self._commit_failures} consecutive failed commits (max_retries={self.max_retries}); "
+                f"last error: {self._errored}. Check the replicas' logs; raise max_retries to keep trying"
+            )
+        return decision
+
+    # ---- accessors --------------------------------------------------------------------------------------
+    def current_step(self) -> int:
+        return self._step
+
+    def batches_committed(self) -> int:
+        return self._batches_committed
+
+    def quorum_id(self) -> int:
+        return self._quorum_id
+
+    def replica_rank(self) -> int:
+        return self._replica_rank
+
+    @property
+    def pg(self) -> ReplicatedGroup:
+        return self._pg
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the server, the heartbeats, the transport and the group."""
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+        self._channel.close()
+        self._transport.shutdown()
+        self._pg.shutdown()
+        if self._server is not None:
+            self._server.shutdown()
+
+
+def _state_nbytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_state_nbytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_state_nbytes(v) for v in state)
+    return 0
+
+
+def _secs(value: float | datetime.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+
+
+def local_hostname() -> str:
+    """This host's name, for `hostname=` when replicas run on several machines."""
+    return socket.gethostname()

@@ -1,0 +1,301 @@
+"""The replicated process group: one communicator per group rank, spanning the same rank of every replica.
+
+It is thrown away and rebuilt on every new quorum (`configure`) under a unique rendezvous prefix
+(`/regent/{quorum_id}/{group_rank}`) on the primary replica's TCPStore, so a rebuild can never meet the
+leftovers of an older one.
+
+Hung collectives. We do *not* use a subprocess ("baby") group. Choice and reasons:
+- Gloo (CPU, and what crosses replicas in most deployments): every Gloo operation carries its own timeout
+  and fails with an error when a peer stops responding, and a dead peer resets the TCP connection at once.
+  On top of that a userspace watchdog fails the returned future at the deadline and calls `abort()`, so
+  the caller is released within `timeout` even if the backend misbehaves.
+- NCCL (RCCL on ROCm): the communicator is created in non-blocking mode (`config.blocking = False`) so that
+  `abort()` (ncclCommAbort) can interrupt a hung kernel; the same watchdog triggers it.
+After an error or abort the group reports `errored()` until the next `configure`, which builds a fresh
+communicator. A subprocess group would cost a second CUDA context per rank and an extra copy through shared
+memory for every byte, for a guarantee we get from the two mechanisms above.
+"""
+
+from __future__ import annotations
+
+import datetime
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def default_backend() -> str:
+    """The collective backend for this machine: `regent.platform.backend()` when available, else gloo."""
+    try:
+        from regent import platform  # type: ignore[attr-defined]
+
+        name = platform.backend()
+    except (ImportError, AttributeError):
+        name = "gloo"
+    return "nccl" if name in ("nccl", "rccl") else "gloo"
+
+
+def parse_store_address(store_addr: str) -> tuple[str, int, str]:
+    """'host:port/prefix/parts' -> ('host', port, '/prefix/parts'). IPv6 hosts may be bracketed."""
+    hostport, slash, prefix = store_addr.partition("/")
+    host, colon, port = hostport.rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        raise ValueError(
+            f"bad store address {store_addr!r}: expected 'host:port/prefix' "
+            "(the store_address a replica advertised in its quorum request)"
+        )
+    return host.strip("[]"), int(port), (slash + prefix) if slash else ""
+
+
+class _Watchdog:
+    """One thread that runs a callback when a deadline passes, unless cancelled first."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cancelled: set[int] = set()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, delay: float, callback: Callable[[], None]) -> int:
+        with self._cond:
+            token = next(self._ids)
+            heapq.heappush(self._heap, (time.monotonic() + delay, token, callback))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="regent-ft-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return token
+
+    def cancel(self, token: int) -> None:
+        with self._cond:
+            self._cancelled.add(token)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                deadline, token, callback = self._heap[0]
+                now = time.monotonic()
+                if token in self._cancelled:
+                    heapq.heappop(self._heap)
+                    self._cancelled.discard(token)
+                    continue
+                if deadline > now:
+                    self._cond.wait(deadline - now)
+                    continue
+                heapq.heappop(self._heap)
+            try:
+                callback()
+            except Exception:  # a watchdog must survive a bad callback
+                logger.exception("watchdog callback failed")
+
+
+_WATCHDOG = _Watchdog()
+
+
+class ReplicatedGroup:
+    """A reconfigurable communicator across replicas (for one group rank).
+
+    All operations return a `torch.futures.Future` (or complete synchronously for point-to-point) and fail
+    instead of hanging: after `timeout` the future errors, the group is aborted and `errored()` is set.
+    """
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        timeout: float | datetime.timedelta = 60.0,
+        connect_timeout: float | datetime.timedelta = 60.0,
+    ) -> None:
+        self.backend = backend or default_backend()
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"unknown backend {self.backend!r}; use 'gloo' or 'nccl' (RCCL on ROCm is 'nccl')")
+        self.timeout = _seconds(timeout)
+        self.connect_timeout = _seconds(connect_timeout)
+        self._lock = threading.Lock()
+        self._pg: Any = None
+        self._store: Any = None
+        self._generation = 0
+        self._error: Exception | None = None
+        self._rank = -1
+        self._world_size = 0
+        self.replica_id = ""
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
+        """Drop the old communicator and rendezvous a new one at `store_addr` ('host:port/unique/prefix')."""
+        self.abort(reason=None)
+        host, port, prefix = parse_store_address(store_addr)
+        if not prefix:
+            raise ValueError(f"store address {store_addr!r} has no prefix; each configure needs a unique one")
+        timeout = datetime.timedelta(seconds=self.timeout)
+        store = dist.TCPStore(
+            host,
+            port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self.connect_timeout),
+            wait_for_workers=False,
+        )
+        prefixed = dist.PrefixStore(prefix, store)
+        if self.backend == "gloo":
+            pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        else:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.config.blocking = False
+            opts._timeout = timeout
+            pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+            pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        with self._lock:
+            self._generation += 1
+            self._pg = pg
+            self._store = store
+            self._error = None
+            self._rank = rank
+            self._world_size = world_size
+            self.replica_id = replica_id
+        logger.info("replicated group configured at %s: rank %d of %d", store_addr, rank, world_size)
+
+    def abort(self, reason: Exception | None = None) -> None:
+        """Tear the communicator down now (interrupts a hung collective); `errored()` reports `reason`."""
+        with self._lock:
+            pg, self._pg = self._pg, None
+            self._store = None
+            self._generation += 1
+            if reason is not None and self._error is None:
+                self._error = reason
+        if pg is not None:
+            try:
+                pg.abort()
+            except Exception as err:  # the communicator may already be broken; we drop it anyway
+                logger.debug("abort of old communicator failed: %s", err)
+
+    def shutdown(self) -> None:
+        self.abort(reason=None)
+
+    def errored(self) -> Exception | None:
+        """The first error since the last `configure`, or None."""
+        return self._error
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._world_size
+
+    @property
+    def device(self) -> torch.device:
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # ---- operations ------------------------------------------------------------------------------------
+    def _current(self) -> tuple[Any, int]:
+        with self._lock:
+            if self._pg is None:
+                raise RuntimeError(
+                    "replicated group is not configured (or was aborted"
+                    + (f" after: {self._error}" if self._error else "")
+                    + "); the Manager reconfigures it at the next quorum"
+                )
+            return self._pg, self._generation
+
+    def _fail(self, generation: int, err: Exception) -> None:
+        with self._lock:
+            if generation != self._generation:
+                return
+        logger.warning("replicated group error (rank %d): %s; aborting communicator", self._rank, err)
+        self.abort(reason=err)
+
+    def allreduce(
+        self, tensors: torch.Tensor | list[torch.Tensor], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.futures.Future:
+        """In-place allreduce; the future resolves to the tensor list, or errors within `timeout`."""
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        pg, generation = self._current()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        try:
+            work = pg.allreduce(tensors, opts)
+        except Exception as err:
+            self._fail(generation, err)
+            raise
+        return self._guard(work.get_future(), generation, "allreduce", tensors)
+
+    def _guard(
+        self, inner: torch.futures.Future, generation: int, what: str, value: Any
+    ) -> torch.futures.Future:
+        out: torch.futures.Future = torch.futures.Future()
+        settled = threading.Lock()
+        state = {"done": False}
+
+        def settle(result: Any = None, error: Exception | None = None) -> bool:
+            with settled:
+                if state["done"]:
+                    return False
+                state["done"] = True
+            if error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(result)
+            return True
+
+        def on_timeout() -> None:
+            err = TimeoutError(
+                f"{what} on the replicated group timed out after {self.timeout:.3g} s "
+                "(a peer replica stopped responding); the group is aborted and rebuilt at the next quorum"
+            )
+            if settle(error=err):
+                self._fail(generation, err)
+
+        token = _WATCHDOG.schedule(self.timeout, on_timeout)
+
+        def on_done(fut: torch.futures.Future) -> None:
+            _WATCHDOG.cancel(token)
+            try:
+                fut.value()
+            except Exception as err:
+                if settle(error=err):
+                    self._fail(generation, err)
+                return
+            settle(result=value)
+
+        inner.add_done_callback(on_done)
+        return out
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> None:
+        """Blocking point-to-point send; raises (and marks the group errored) after `timeout`."""
+        self._p2p("send", tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> None:
+        """Blocking point-to-point receive into `tensors` (in place); raises after `timeout`."""
+        self._p2p("recv", tensors, src, tag)
+
+    def _p2p(self, what: str, tensors: list[torch.Tensor], peer: int, tag: int) -> None:
+        pg, generation = self._current()
+        try:
+            work = getattr(pg, what)(tensors, peer, tag)
+            if not work.wait(datetime.timedelta(seconds=self.timeout)):
+                raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+            if self.backend == "nccl":
+                torch.cuda.current_stream().synchronize()
+        except Exception as err:
+            self._fail(generation, err)
+            if isinstance(err, TimeoutError):
+                raise
+            if "Timed out" in str(err):
+                raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
+            raise
+
+
+def _seconds(value: float | datetime.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)

@@ -1,0 +1,427 @@
+"""Peer state transfer: a healing replica pulls the state of an up-to-date donor replica.
+
+Two transports with one interface (`CheckpointTransport`):
+- `GroupTransport` sends over the replicated group that the quorum just rebuilt: metadata pickled, tensors
+  sent raw, device to device on GPU, and received **in place** into the healer's existing tensors when the
+  path, shape and dtype match (no extra allocation, no host round-trip).
+- `StreamTransport` is the fallback when no group is available: the donor serves its staged state on a TCP
+  socket and the healer fetches it over several parallel connections (chunks of tensors), again writing
+  into its own tensors in place. One donor serves any number of healers at once.
+
+Faults, the same for both:
+- every request names the step it wants; a donor at another step refuses it ("stale step");
+- a receive that does not finish within `timeout` raises `TimeoutError`;
+- once the donor's weights are about to change (`disallow_checkpoint`, called by the Manager in
+  `should_commit`), it stops serving; in-flight reads finish first (they hold the read side of the lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import pickle
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class RWLock:
+    """Many readers (donors serving state) or one writer (the optimizer changing the weights)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    def acquire_read(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._writer, timeout) and self._add_reader()
+
+    def _add_reader(self) -> bool:
+        self._readers += 1
+        return True
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def acquire_write(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writer, timeout):
+                return False
+            self._writer = True
+            if not self._cond.wait_for(lambda: self._readers == 0, timeout):
+                self._writer = False
+                self._cond.notify_all()
+                return False
+            return True
+
+    def release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def read(self, timeout: float | None = None) -> Iterator[None]:
+        if not self.acquire_read(timeout):
+            raise TimeoutError(f"state is being modified; could not read it within {timeout} s")
+        try:
+            yield
+        finally:
+            self.release_read()
+
+    @contextlib.contextmanager
+    def write(self, timeout: float | None = None) -> Iterator[None]:
+        if not self.acquire_write(timeout):
+            raise TimeoutError(f"state is being read; could not lock it for writing within {timeout} s")
+        try:
+            yield
+        finally:
+            self.release_write()
+
+
+# ---- flattening -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    path: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+
+
+@dataclass
+class StateMeta:
+    """Everything but the tensor bytes: the step, the structure with tensors replaced by placeholders."""
+
+    step: int
+    skeleton: Any
+    tensors: list[TensorMeta]
+
+
+class _Slot:
+    """Placeholder for tensor number `index` inside the pickled skeleton."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return (_Slot, (self.index,))
+
+
+def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]:
+    """Split a nested state (dicts, lists, tuples, tensors, plain values) into metadata and tensors."""
+    tensors: list[torch.Tensor] = []
+    metas: list[TensorMeta] = []
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            t = node.detach()
+            metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size()))
+            tensors.append(t)
+            return _Slot(len(tensors) - 1)
+        if isinstance(node, dict):
+            return {k: walk(v, f"{path}/{k}") for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{path}/{i}") for i, v in enumerate(node)]
+        if isinstance(node, tuple) and not hasattr(node, "_fields"):
+            return tuple(walk(v, f"{path}/{i}") for i, v in enumerate(node))
+        return node
+
+    skeleton = walk(state, "")
+    return StateMeta(step=step, skeleton=skeleton, tensors=metas), tensors
+
+
+def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor]) -> Any:
+    def walk(node: Any) -> Any:
+        if isinstance(node, _Slot):
+            return tensors[node.index]
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(walk(v) for v in node)
+        return node
+
+    return walk(meta.skeleton)
+
+
+def _targets(meta: StateMeta, into: Any, device: torch.device) -> list[torch.Tensor]:
+    """Receive buffers: the healer's own tensors where path/shape/dtype match (in place), else new ones."""
+    existing: dict[str, torch.Tensor] = {}
+    if into is not None:
+        own_meta, own = flatten_state(into, 0)
+        existing = {m.path: t for m, t in zip(own_meta.tensors, own)}
+    out = []
+    for m in meta.tensors:
+        t = existing.get(m.path)
+        if t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous():
+            out.append(t)
+        else:
+            out.append(torch.empty(m.shape, dtype=m.dtype, device=device))
+    return out
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor (shares memory)."""
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+class CheckpointTransport(Protocol):
+    def metadata(self) -> str: ...
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None: ...
+
+    def disallow_checkpoint(self) -> None: ...
+
+    def recv_checkpoint(
+        self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None
+    ) -> Any: ...
+
+    def shutdown(self) -> None: ...
+
+
+# ---- over the replicated group --------------------------------------------------------------------------
+
+
+class GroupTransport:
+    """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
+
+    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then each tensor raw.
+    The receiver checks the step before receiving any tensor and refuses a stale one.
+    """
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def metadata(self) -> str:
+        return "<group>"
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None:
+        meta, tensors = flatten_state(state_dict, step)
+        device = self._group.device
+        blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
+        length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
+        staged = [t if t.device == device and t.is_contiguous() else t.to(device).contiguous() for t in tensors]
+        for dst in dst_ranks:
+            self._group.send([length], dst, tag=1)
+            self._group.send([blob], dst, tag=2)
+            for i, t in enumerate(staged):
+                if t.numel():
+                    self._group.send([_as_bytes(t)], dst, tag=3 + i)
+
+    def disallow_checkpoint(self) -> None:
+        """Nothing is served between calls: the data moves inside `send_checkpoint`."""
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
+        device = self._group.device
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        self._group.recv([length], src_rank, tag=1)
+        blob = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        self._group.recv([blob], src_rank, tag=2)
+        meta: StateMeta = pickle.loads(blob.cpu().numpy().tobytes())
+        if meta.step != step:
+            raise RuntimeError(
+                f"donor replica rank {src_rank} offered state of step {meta.step}, expected {step}: "
+                "refusing a stale checkpoint; the next quorum retries the heal"
+            )
+        targets = _targets(meta, into, device)
+        for i, t in enumerate(targets):
+            if t.numel():
+                self._group.recv([_as_bytes(t)], src_rank, tag=3 + i)
+        return unflatten_state(meta, targets)
+
+    def shutdown(self) -> None:
+        pass
+
+
+# ---- TCP streaming fallback ------------------------------------------------------------------------------
+
+_HEADER = struct.Struct("!Q")
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _recv_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:], min(len(view) - got, 1 << 24))
+        if n == 0:
+            raise ConnectionError("donor closed the connection mid-transfer")
+        got += n
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return _recv_exact(sock, n)
+
+
+def _cpu_bytes_view(t: torch.Tensor) -> memoryview:
+    return memoryview(_as_bytes(t).numpy()).cast("B")
+
+
+class StreamTransport:
+    """Donor-side TCP server + healer-side parallel fetch (the no-group fallback).
+
+    `metadata()` is `tcp://host:port`; the Manager publishes it so healers can find the donor.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_chunks: int = 4, timeout: float = 60.0) -> None:
+        self.num_chunks = max(1, num_chunks)
+        self.timeout = timeout
+        self._lock = RWLock()
+        self._state_lock = threading.Lock()
+        self._serving: tuple[int, StateMeta, list[torch.Tensor], bytes] | None = None
+        self._sock = socket.create_server((host, port), backlog=128)
+        self._host = host
+        self._port = self._sock.getsockname()[1]
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="regent-ft-serve")
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="regent-ft-transfer", daemon=True)
+        self._accept_thread.start()
+
+    def metadata(self) -> str:
+        return f"tcp://{self._host}:{self._port}"
+
+    # donor side
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None:
+        """Stage `state_dict` for `step` and start serving it (accelerator tensors copied to host once)."""
+        meta, tensors = flatten_state(state_dict, step)
+        staged = [t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous() for t in tensors]
+        blob = pickle.dumps(meta)
+        with self._state_lock:
+            self._serving = (step, meta, staged, blob)
+        logger.info("serving state of step %d (%d tensors) to %s", step, len(staged), dst_ranks or "any healer")
+
+    def disallow_checkpoint(self) -> None:
+        """Stop serving (the weights are about to change); waits for in-flight reads to finish."""
+        with self._lock.write(timeout=self.timeout), self._state_lock:
+            self._serving = None
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._pool.submit(self._serve, conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(self.timeout)
+                request = json.loads(_recv_frame(conn))
+                if not self._lock.acquire_read(timeout=0):
+                    _send_frame(conn, json.dumps({"error": "donor is updating its weights; not serving"}).encode())
+                    return
+                try:
+                    self._answer(conn, request)
+                finally:
+                    self._lock.release_read()
+            except (OSError, ValueError, ConnectionError) as err:
+                logger.debug("transfer connection ended: %s", err)
+
+    def _answer(self, conn: socket.socket, request: dict[str, Any]) -> None:
+        with self._state_lock:
+            serving = self._serving
+        if serving is None:
+            _send_frame(conn, json.dumps({"error": "donor is not serving any state now"}).encode())
+            return
+        step, meta, tensors, blob = serving
+        if request.get("step") != step:
+            _send_frame(
+                conn,
+                json.dumps({"error": f"stale step: donor serves step {step}, requested {request.get('step')}"})
+                .encode(),
+            )
+            return
+        _send_frame(conn, json.dumps({"ok": True}).encode())
+        if request.get("what") == "meta":
+            _send_frame(conn, blob)
+            return
+        chunk, of = int(request["chunk"]), int(request["of"])
+        for i in range(chunk, len(tensors), of):
+            if tensors[i].numel():
+                conn.sendall(_cpu_bytes_view(tensors[i]))
+
+    # healer side
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
+        """Fetch the donor's state of `step` from `metadata` ('tcp://host:port') into `into`'s tensors."""
+        host, port = _parse_tcp(metadata)
+        deadline = time.monotonic() + timeout
+
+        def connect(request: dict[str, Any]) -> socket.socket:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"state transfer from {metadata} timed out after {timeout:.3g} s")
+            sock = socket.create_connection((host, port), timeout=remaining)
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            _send_frame(sock, json.dumps(request).encode())
+            answer = json.loads(_recv_frame(sock))
+            if "error" in answer:
+                sock.close()
+                raise RuntimeError(f"donor {metadata} refused the transfer: {answer['error']}")
+            return sock
+
+        try:
+            with connect({"what": "meta", "step": step}) as sock:
+                meta: StateMeta = pickle.loads(_recv_frame(sock))
+            targets = _targets(meta, into, torch.device("cpu"))
+            # Receive into host buffers; accelerator targets get a host staging copy.
+            host_bufs = [t if t.device.type == "cpu" else torch.empty_like(t, device="cpu") for t in targets]
+            n = min(self.num_chunks, max(1, len(targets)))
+
+            def fetch(chunk: int) -> None:
+                with connect({"what": "chunk", "step": step, "chunk": chunk, "of": n}) as sock:
+                    for i in range(chunk, len(host_bufs), n):
+                        if host_bufs[i].numel():
+                            _recv_into(sock, _cpu_bytes_view(host_bufs[i]))
+
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                for f in [pool.submit(fetch, c) for c in range(n)]:
+                    f.result()
+        except TimeoutError as err:
+            raise TimeoutError(f"state transfer from {metadata} timed out after {timeout:.3g} s") from err
+        out = []
+        for t, h in zip(targets, host_bufs):
+            if h is not t:
+                t.copy_(h)
+            out.append(t)
+        return unflatten_state(meta, out)
+
+    def shutdown(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _parse_tcp(metadata: str) -> tuple[str, int]:
+    addr = metadata.removeprefix("tcp://")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad transfer address {metadata!r}; expected tcp://host:port")
+    return host.strip("[]"), int(port)

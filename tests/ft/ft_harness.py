@@ -1,0 +1,57 @@
+"""Helpers to run ft_worker.py processes against a real in-process Lighthouse."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER = Path(__file__).with_name("ft_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(lighthouse: str, name: str, out: Path, *extra: str, group_rank: int = 0) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log = open(out.with_suffix(f".{group_rank}.log"), "a")
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), "--lighthouse", lighthouse, "--name", name, "--out", str(out),
+         "--group-rank", str(group_rank), *extra],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    return codes
+
+
+def records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def hashes(path: Path) -> dict[int, str]:
+    """step -> state hash after that committed step (last write wins: a healed replica rewrites a step)."""
+    return {r["step"]: r["hash"] for r in records(path) if r["kind"] == "state"}
+
+
+def logs(out: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(out.parent.glob(out.stem + ".*.log")))
