@@ -1,0 +1,9 @@
+import pytest
+
+from regent.jobs.base import SECRET_ENV
+
+
+@pytest.fixture(autouse=True)
+def _isolated_job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs created without secret= export a generated one; keep it from leaking into other tests."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
