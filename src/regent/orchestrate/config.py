@@ -213,8 +213,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():
         raise ConfigError(f"--baseline {cfg.baseline} has no metrics.jsonl; point it at a finished run directory")
     mode = getattr(cfg.ft, "mode", "diloco")
-    if mode not in ("diloco", "ddp", "localsgd"):
-        raise ConfigError(f"--ft.mode must be diloco, ddp or localsgd, not {mode!r}")
+    if mode not in ("diloco", "ddp"):
+        raise ConfigError(f"--ft.mode must be diloco or ddp, not {mode!r}")
     if mode == "diloco" and getattr(cfg.ft, "sync_every", 1) < 1:
         raise ConfigError("--ft.sync-every must be at least 1")
     if cfg.no_ft and cfg.replicas != 1:
@@ -223,3 +223,8 @@ def validate(cfg: RunConfig) -> None:
 
     if cfg.train.model not in MODEL_CONFIGS:
         raise ConfigError(f"--model {cfg.train.model!r} is unknown; choose from {', '.join(MODEL_CONFIGS)}")
+    for section in (cfg.train, cfg.ft):
+        try:
+            section.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc

@@ -1,0 +1,42 @@
+"""LighthouseActor: runs the Lighthouse in its own process and reports its address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regent.actor import Actor, endpoint
+
+
+class LighthouseActor(Actor):
+    def __init__(self) -> None:
+        self._server: Any = None
+
+    @endpoint
+    def start(self, bind: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
+              heartbeat_timeout_ms: int) -> dict[str, str]:
+        from regent.ft.lighthouse import LighthouseServer
+
+        if self._server is None:
+            self._server = LighthouseServer(
+                bind=bind,
+                min_replicas=min_replicas,
+                join_timeout_ms=join_timeout_ms,
+                quorum_tick_ms=quorum_tick_ms,
+                heartbeat_timeout_ms=heartbeat_timeout_ms,
+            )
+        return {"address": self._server.address(), "dashboard": self._server.dashboard_url()}
+
+    @endpoint
+    def status(self) -> dict[str, Any]:
+        return self._server.status() if self._server is not None else {}
+
+    @endpoint
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

@@ -1,0 +1,157 @@
+"""The terminal view: steps and loss per replica, the current quorum, and an event feed (rich)."""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+
+@dataclass
+class ReplicaView:
+    status: str = "starting"
+    generation: int = 0
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    restarts: int = 0
+    healthy_since: float | None = None
+
+
+@dataclass
+class RunView:
+    """Everything the live view shows; updated from events and metrics, rendered by `render`."""
+
+    replicas: int
+    started: float = field(default_factory=time.time)
+    quorum_id: int = 0
+    participants: list[str] = field(default_factory=list)
+    feed: collections.deque = field(default_factory=lambda: collections.deque(maxlen=12))
+    reps: dict[int, ReplicaView] = field(default_factory=dict)
+    dashboard: str = ""
+
+    def __post_init__(self) -> None:
+        for r in range(self.replicas):
+            self.reps.setdefault(r, ReplicaView())
+
+    def on_metric(self, m: dict[str, Any]) -> None:
+        rv = self.reps.get(m.get("replica"))
+        if rv is None:
+            return
+        rv.step = m.get("step", rv.step)
+        rv.loss = m.get("loss", rv.loss)
+        rv.tokens_per_s = m.get("tokens_per_s", rv.tokens_per_s)
+        if rv.status in ("starting", "restarted", "healing"):
+            rv.status = "training"
+            rv.healthy_since = rv.healthy_since or time.time()
+
+    def on_event(self, e: dict[str, Any]) -> str | None:
+        """Update from one event; returns the feed line (None for events too frequent to show)."""
+        kind = e["kind"]
+        r = e.get("replica")
+        rv = self.reps.get(r) if r is not None else None
+        line = None
+        if kind == "quorum":
+            q = e.get("quorum_id") or 0
+            if q > self.quorum_id:
+                self.quorum_id = q
+                self.participants = list(e.get("participants") or [])
+                line = f"quorum {q} formed with {len(self.participants)} replicas"
+        elif kind == "fault_injected":
+            line = f"fault injected: {e.get('fault_kind')} into replica {r} rank {e.get('rank')}"
+        elif kind == "failure_detected":
+            if rv:
+                rv.status, rv.healthy_since = "failed", None
+            summary = (e.get("error") or "").strip().splitlines()
+            line = f"failure detected on replica {r}: {summary[-1] if summary else ''}"[:160]
+        elif kind == "restart_started":
+            if rv:
+                rv.status = "restarting"
+            line = f"replica {r} restarting in place ({e.get('action', 'restart')})"
+        elif kind == "restart_done":
+            if rv:
+                rv.status, rv.generation, rv.restarts = "restarted", e.get("generation", 0), rv.restarts + 1
+            line = f"replica {r} restarted (generation {e.get('generation')}, {e.get('seconds', 0):.1f}s)"
+        elif kind == "heal_started":
+            if rv:
+                rv.status = "healing"
+            line = f"replica {r} healing from replica {e.get('donor')}"
+        elif kind == "heal_done":
+            if rv:
+                rv.status = "training"
+                rv.healthy_since = time.time()
+            mb = (e.get("bytes") or 0) / 1e6
+            line = f"replica {r} healed from {e.get('donor')}: {mb:.1f} MB in {e.get('seconds', 0):.2f}s"
+        elif kind == "allocation":
+            line = f"replica {r}: fresh allocation from the job layer"
+        elif kind == "gave_up":
+            if rv:
+                rv.status = "gave up"
+            line = f"replica {r} gave up after {e.get('attempts')} attempts"
+        if line:
+            self.feed.append(f"{time.time() - self.started:6.1f}s  {line}")
+        return line
+
+    def render(self) -> Group:
+        t = Table(title=None, expand=False)
+        for col in ("replica", "status", "gen", "step", "loss", "tok/s", "restarts"):
+            t.add_column(col, justify="right" if col not in ("status",) else "left")
+        for r, rv in sorted(self.reps.items()):
+            color = {"training": "green", "failed": "red", "restarting": "yellow", "healing": "cyan"}.get(rv.status, "")
+            t.add_row(
+                str(r),
+                f"[{color}]{rv.status}[/]" if color else rv.status,
+                str(rv.generation),
+                str(rv.step),
+                "-" if rv.loss is None else f"{rv.loss:.3f}",
+                "-" if rv.tokens_per_s is None else f"{rv.tokens_per_s:,.0f}",
+                str(rv.restarts),
+            )
+        head = (
+            f"quorum [bold]{self.quorum_id}[/] with {len(self.participants)} replicas   "
+            f"elapsed {time.time() - self.started:5.0f}s   dashboard {self.dashboard}"
+        )
+        feed = "\n".join(self.feed) or "(no events yet)"
+        return Group(Panel(head, title="Regent"), t, Panel(feed, title="events"))
+
+
+class LiveDisplay:
+    """rich Live when stdout is a terminal, plain log lines otherwise (CI, pipes)."""
+
+    def __init__(self, view: RunView, enabled: bool | None = None) -> None:
+        self.view = view
+        self.enabled = sys.stdout.isatty() if enabled is None else enabled
+        self.console = Console()
+        self._live: Live | None = None
+        self._last_plain = 0.0
+
+    def __enter__(self) -> LiveDisplay:
+        if self.enabled:
+            self._live = Live(self.view.render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.update(self.view.render())
+            self._live.__exit__(*exc)
+
+    def feed_line(self, line: str | None) -> None:
+        if line and not self.enabled:
+            print(f"[regent] {line}", flush=True)
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self.view.render())
+        elif time.time() - self._last_plain > 10:
+            self._last_plain = time.time()
+            parts = [f"r{r}:{rv.status}@{rv.step}" + (f" loss {rv.loss:.3f}" if rv.loss else "")
+                     for r, rv in sorted(self.view.reps.items())]
+            print(f"[regent] quorum {self.view.quorum_id} | " + " | ".join(parts), flush=True)

@@ -1,0 +1,270 @@
+"""ReplicaActor: supervises one replica group and restarts it in place when a trainer process fails.
+
+The supervision rules, in order of what happens on a failure:
+1. A trainer reports its exception with the full traceback (`report_training_error`) just before its actor
+   dies; a process that dies without a word (SIGKILL, segfault, os._exit) is seen through `__supervise__`.
+   A process that stops answering (SIGSTOP, a thread holding the GIL) is seen by the liveness watchdog.
+2. The first report of a generation wins; reports from older generations are ignored (RestartPolicy).
+3. `_stop_and_restart` stops the old process mesh and spawns a new one on the same host (from a warm spare
+   when one is ready). After K in-place restarts it asks the job layer for a fresh allocation instead.
+4. After M attempts it gives up and reports `gave_up`; the other replicas keep training without it.
+With `--recovery restart` the replica does not restart itself: it reports the failure and the
+OrchestrationManager stops and restarts every replica from the last checkpoint (the classic baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import time
+import traceback
+from typing import Any
+
+from regent.actor import Actor, MeshFailure, Port, current_rank, endpoint, this_host
+from regent.orchestrate.events import make_event
+from regent.orchestrate.policy import Action, RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+PRELOAD = ["torch", "regent.train.trainer", "regent.ft.manager"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ReplicaActor(Actor):
+    def __init__(self, cfg: Any, lighthouse_addr: str, report: Port) -> None:
+        self.cfg = cfg
+        self.index = current_rank().rank
+        self.lighthouse_addr = lighthouse_addr
+        self.report = report
+        self.policy = RestartPolicy(in_place_restarts=cfg.in_place_restarts, max_attempts=cfg.max_attempts)
+        self.autorestart = cfg.recovery == "peer"
+        self.lock = asyncio.Lock()
+        self.self_ref: Any = None
+        self.host: Any = None
+        self.job: Any = None
+        self.procs: Any = None
+        self.trainers: Any = None
+        self.errors: dict[int, dict[str, Any]] = {}
+        self.resume_from: str | None = None
+        self.finished = False
+        self._watchdog: asyncio.Task | None = None
+        self._restart_task: asyncio.Task | None = None
+        self.last_restart_seconds = 0.0
+
+    # -- events ---------------------------------------------------------------------------------------
+    def emit(self, kind: str, **details: Any) -> None:
+        details.setdefault("generation", self.policy.generation)
+        self.report.send(("event", make_event(kind, replica=self.index, **details)))
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    @endpoint
+    async def start(self, self_ref: Any) -> int:
+        """Spawn the first generation of trainers and start them training; returns the generation."""
+        self.self_ref = self_ref
+        self.host = this_host()
+        if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
+            self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
+        await self._start_attempt()
+        self._watchdog = asyncio.get_running_loop().create_task(self._liveness_watchdog())
+        return self.policy.generation
+
+    async def _start_attempt(self) -> None:
+        gen = self.policy.generation
+        cfg = self.cfg
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(cfg.procs_per_replica),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "REGENT_REPLICA": str(self.index),
+            "REGENT_GENERATION": str(gen),
+        }
+        from regent.orchestrate.trainer_actor import TrainerActor
+
+        self.procs = self.host.spawn_procs(per_host={"gpus": cfg.procs_per_replica}, env=env)
+        self.trainers = self.procs.spawn(
+            f"trainer_r{self.index}_g{gen}", TrainerActor, cfg, self.index, gen, self.lighthouse_addr,
+            self.report, self.self_ref, self.resume_from,
+        )
+        self.trainers.train.broadcast()
+
+    @endpoint
+    async def report_training_error(self, generation: int, rank: int, error: str, tb: str) -> None:
+        """A trainer's last words: the exception and its full stack trace, sent before its actor dies."""
+        self.errors.setdefault(generation, {"rank": rank, "error": error, "traceback": tb})
+        self._on_failure(generation, f"rank {rank} raised {error}", tb, rank=rank)
+
+    @endpoint
+    async def training_finished(self, generation: int, rank: int) -> None:
+        if rank == 0 and generation == self.policy.generation:
+            self.finished = True
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        gen = self._generation_of(failure)
+        known = self.errors.get(gen)
+        tb = known["traceback"] if known else failure.report()
+        self._on_failure(gen, str(failure), tb)
+        return True  # handled here: the other replicas must not notice
+
+    def _generation_of(self, failure: MeshFailure) -> int:
+        m = re.search(r"_g(\d+)", str(getattr(failure, "mesh_name", "")) or str(failure))
+        return int(m.group(1)) if m else self.policy.generation
+
+    def _on_failure(self, generation: int, error: str, tb: str, rank: int | None = None) -> None:
+        if self.finished:
+            return
+        if not self.autorestart:
+            # checkpoint-restart baseline: report once per generation, the manager restarts everyone
+            if generation == self.policy.generation and not self.policy.restarting:
+                self.policy.restarting = True
+                self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
+            return
+        action = self.policy.on_failure(generation)
+        if action is Action.IGNORE:
+            return
+        self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
+        if action is Action.GIVE_UP:
+            self.emit("gave_up", attempts=self.policy.attempts)
+            self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
+            return
+        self._restart_task = asyncio.get_running_loop().create_task(self._stop_and_restart(action))
+
+    async def _stop_trainers(self) -> None:
+        procs, self.procs, self.trainers = self.procs, None, None
+        if procs is None:
+            return
+        try:
+            await asyncio.wait_for(_as_awaitable(procs.stop()), timeout=30)
+        except Exception as exc:  # a dead mesh may fail to stop cleanly; its processes are gone either way
+            logger.warning("replica %d: stopping old mesh: %r", self.index, exc)
+
+    async def _stop_and_restart(self, action: Action) -> None:
+        async with self.lock:
+            t0 = time.time()
+            self.emit("restart_started", action=action.value)
+            await self._stop_trainers()
+            if action is Action.REALLOCATE:
+                await self._reallocate()
+            gen = self.policy.restart_finished()
+            try:
+                await self._start_attempt()
+            except Exception as exc:  # could not even spawn: count it as another failure of this generation
+                self._on_failure(gen, f"restart failed: {exc!r}", traceback.format_exc())
+                return
+            self.last_restart_seconds = time.time() - t0
+            self.emit("restart_done", generation=gen, seconds=self.last_restart_seconds,
+                      warm_spare=bool(self.cfg.warm_spares), action=action.value)
+
+    async def _reallocate(self) -> None:
+        """Ask the job layer for a fresh single-host allocation for this replica."""
+        from regent.jobs import make_job
+
+        old = self.job
+        t0 = time.time()
+        job = make_job(self.cfg.job, 1, name=f"regent-replica-{self.index}")
+        await asyncio.to_thread(job.start)
+        host = await asyncio.to_thread(job.host_mesh)
+        self.job, self.host = job, host
+        if self.cfg.warm_spares and hasattr(host, "keep_warm"):
+            host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
+        if old is not None:
+            await asyncio.to_thread(old.kill)
+        self.emit("allocation", backend=self.cfg.job, seconds=time.time() - t0)
+
+    @endpoint
+    async def full_restart(self, checkpoint_dir: str | None) -> float:
+        """Checkpoint-restart baseline: stop this replica's trainers and start them from the checkpoint."""
+        async with self.lock:
+            t0 = time.time()
+            self.emit("restart_started", action="full_restart")
+            await self._stop_trainers()
+            self.resume_from = checkpoint_dir
+            gen = self.policy.restart_finished()
+            await self._start_attempt()
+            self.emit("restart_done", generation=gen, seconds=time.time() - t0, full_restart=True,
+                      action="full_restart")
+            return time.time() - t0
+
+    async def _liveness_watchdog(self) -> None:
+        """A trainer that stops answering (SIGSTOP, a thread holding the GIL) is a failure too."""
+        timeout = self.cfg.faults.hang_timeout
+        while not self.finished:
+            await asyncio.sleep(min(2.0, timeout / 4))
+            trainers, gen = self.trainers, self.policy.generation
+            if trainers is None or self.policy.restarting:
+                continue
+            try:
+                await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=timeout)
+            except asyncio.TimeoutError:
+                if trainers is self.trainers:
+                    self._on_failure(gen, f"trainer unresponsive for {timeout:.0f}s (hung)", "")
+            except Exception:
+                pass  # a dead mesh: __supervise__ handles it
+
+    @endpoint
+    async def inject_fault(self, kind: str, rank: int) -> bool:
+        """Deliver a fault to one trainer (or, for `node`, to every process of this replica)."""
+        trainers = self.trainers
+        if trainers is None or self.policy.restarting:
+            return False
+        if kind == "node":
+            trainers.inject.broadcast("kill")
+        else:
+            trainers.slice(gpus=rank % self.cfg.procs_per_replica).inject.broadcast(kind)
+        return True
+
+    @endpoint
+    async def request_stop(self, at_step: int) -> None:
+        trainers = self.trainers
+        if trainers is not None:
+            trainers.stop_at.broadcast(at_step)
+
+    @endpoint
+    async def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the trainers to reach the stop step, collect the final state hash, then stop them."""
+        deadline = time.time() + timeout
+        result: dict[str, Any] = {"replica": self.index, "step": None, "hash": None}
+        while time.time() < deadline:
+            trainers = self.trainers
+            if trainers is None or self.policy.gave_up:
+                break
+            if self.policy.restarting:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                vm = await asyncio.wait_for(_as_awaitable(trainers.final_state.call()), timeout=5)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            states = [v for _, v in vm.items()]
+            if all(s is not None for s in states):
+                result.update(states[0])
+                break
+            await asyncio.sleep(0.5)
+        self.finished = True
+        if self._watchdog:
+            self._watchdog.cancel()
+        await self._stop_trainers()
+        return result
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        if self.job is not None:
+            try:
+                await asyncio.to_thread(self.job.kill)
+            except Exception:
+                pass
+
+
+async def _as_awaitable(x: Any) -> Any:
+    """Await a regent Future (or anything awaitable); plain values pass through."""
+    if hasattr(x, "__await__"):
+        return await x
+    return x

@@ -1,0 +1,191 @@
+"""One trainer rank's fault-tolerant training: Trainer + Manager + (DiLoCo | per-step allreduce).
+
+No actor code here: the TrainerActor drives a TrainingSession step by step, and tests can drive one from a
+plain process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside the training loop by the `exception` fault kind."""
+
+
+class TrainingSession:
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        replica_index: int,
+        rank: int,
+        world_size: int,
+        generation: int,
+        lighthouse_addr: str,
+        on_event: Callable[[str, dict], None] | None = None,
+        resume_from: str | None = None,
+    ) -> None:
+        from regent.ft.manager import Manager
+        from regent.train.trainer import Trainer
+
+        self.cfg = cfg
+        self.replica_index = replica_index
+        self.rank = rank
+        self.world_size = world_size
+        self.generation = generation
+        self.on_event = on_event or (lambda kind, d: None)
+        torch.set_num_threads(int(os.environ.get("REGENT_TORCH_THREADS", "1")))
+        if world_size > 1 and not dist.is_initialized():
+            from regent import platform
+
+            dist.init_process_group(backend=platform.backend(), rank=rank, world_size=world_size)
+        train_cfg = cfg.train
+        ckpt_root = os.path.join(cfg.run_dir, "checkpoints", f"replica_{replica_index}")
+        self.ckpt_root = ckpt_root
+        self.trainer = Trainer(
+            train_cfg,
+            rank=rank,
+            world_size=world_size,
+            replica_index=replica_index,
+            num_replicas=cfg.replicas,
+        )
+        ft = cfg.ft
+        self.mode = ft.mode
+        self.manager = Manager(
+            load_state_dict=self.trainer.load_state_dict,
+            state_dict=self.trainer.state_dict,
+            min_replica_size=ft.min_replica_size,
+            use_async_quorum=(ft.mode == "ddp"),
+            timeout=ft.timeout_s,
+            quorum_timeout=ft.quorum_timeout_s,
+            connect_timeout=ft.connect_timeout_s,
+            group_rank=rank,
+            group_world_size=world_size,
+            lighthouse_addr=lighthouse_addr,
+            replica_id=f"replica_{replica_index}",
+            init_sync=ft.init_sync,
+            max_retries=ft.max_retries,
+            on_event=self._manager_event,
+        )
+        self.diloco: Any = None
+        if ft.mode == "diloco":
+            from regent.ft.local_sgd import DiLoCo
+
+            outer = torch.optim.SGD(
+                self.trainer.model.parameters(), lr=ft.outer_lr, momentum=ft.outer_momentum, nesterov=True
+            )
+            self.diloco = DiLoCo(
+                self.manager,
+                [self.trainer.model],
+                self.trainer.optimizer,
+                outer,
+                sync_every=ft.sync_every,
+                fragment_sync_delay=ft.fragment_sync_delay,
+                fragment_update_alpha=ft.fragment_update_alpha,
+            )
+            self.diloco.__enter__()
+        else:
+            self.trainer.grad_reduce_hook = self._allreduce_grads
+            self.trainer.commit_hook = self.manager.should_commit
+        if resume_from:
+            self._resume(resume_from)
+        self.stop_at: int | None = None
+        self.inject_exception = False
+
+    # -- events from the Manager ----------------------------------------------------------------------
+    def _manager_event(self, kind: str, details: dict) -> None:
+        details = dict(details)
+        details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
+        self.on_event(kind, details)
+
+    # -- per-step allreduce (ft.mode ddp) --------------------------------------------------------------
+    def _allreduce_grads(self, grads: list[torch.Tensor]) -> None:
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.manager.allreduce(flat).wait()
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def at_boundary(self) -> bool:
+        """Replicas are bit-identical only right after a sync: every step in ddp mode, every H in DiLoCo."""
+        if self.mode == "ddp":
+            return True
+        return self.trainer.step % self.cfg.ft.sync_every == 0
+
+    def should_stop(self) -> bool:
+        return self.stop_at is not None and self.trainer.step >= self.stop_at and self.at_boundary()
+
+    def step(self) -> dict[str, Any]:
+        if self.inject_exception:
+            self.inject_exception = False
+            raise InjectedFault(f"injected exception in replica {self.replica_index} rank {self.rank}")
+        if self.mode == "ddp":
+            self.manager.start_quorum()
+        t0 = time.time()
+        record = self.trainer.train_step()
+        record.update(
+            time=time.time(),
+            replica=self.replica_index,
+            generation=self.generation,
+            rank=self.rank,
+            quorum_id=self.manager.quorum_id(),
+            manager_step=self.manager.current_step(),
+            wall_s=time.time() - t0,
+        )
+        if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
+            every = self.cfg.checkpoint_every
+            if every and self.trainer.step % every == 0 and self.trainer.step > 0:
+                self._checkpoint()
+        return record
+
+    # -- checkpoint-restart baseline ------------------------------------------------------------------
+    def _full_state(self) -> dict[str, Any]:
+        return {"manager": self.manager.state_dict(), "user": self.manager._full_state_dict()}
+
+    def _checkpoint(self) -> None:
+        path = os.path.join(self.ckpt_root, f"step-{self.trainer.step:08d}", f"rank{self.rank}.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp"
+        torch.save(self._full_state(), tmp)
+        os.replace(tmp, path)
+
+    def _resume(self, root: str) -> None:
+        root = os.path.join(root, f"replica_{self.replica_index}")
+        steps = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
+        for d in reversed(steps):
+            path = os.path.join(root, d, f"rank{self.rank}.pt")
+            if os.path.exists(path):
+                state = torch.load(path, weights_only=False)
+                self.manager.load_state_dict(state["manager"])
+                for key, value in state["user"].get("user", {}).items():
+                    self.manager._state_fns[key][0](value)
+                logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
+                return
+        logger.warning("replica %d rank %d: no checkpoint under %s, starting fresh", self.replica_index,
+                       self.rank, root)
+
+    def param_hash(self) -> str:
+        return self.trainer.param_hash()
+
+    def close(self) -> None:
+        if self.diloco is not None:
+            try:
+                self.diloco.__exit__(None, None, None)
+            except Exception:
+                pass
+        self.manager.shutdown(wait=False)

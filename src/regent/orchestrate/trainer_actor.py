@@ -1,0 +1,135 @@
+"""TrainerActor: one trainer rank of one replica, driven by its ReplicaActor.
+
+The training loop runs in a worker thread so the actor keeps answering `ping` (the liveness watchdog) and
+`inject` (the fault injector) while a step is running. An exception in the loop is reported to the
+ReplicaActor with its full traceback (`report_training_error`) and then re-raised, which fails this actor;
+its owner, the ReplicaActor, sees the failure through supervision and restarts the replica in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+from regent.actor import Actor, Port, concurrent_endpoint, current_rank, endpoint
+from regent.orchestrate.events import make_event
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerActor(Actor):
+    def __init__(self, cfg: Any, replica_index: int, generation: int, lighthouse_addr: str, report: Port,
+                 supervisor: Any, resume_from: str | None = None) -> None:
+        self.cfg = cfg
+        self.replica_index = replica_index
+        self.generation = generation
+        self.lighthouse_addr = lighthouse_addr
+        self.report = report
+        self.supervisor = supervisor
+        self.resume_from = resume_from
+        self.rank = current_rank().rank
+        self.world_size = cfg.procs_per_replica
+        os.environ["RANK"] = str(self.rank)
+        os.environ["LOCAL_RANK"] = str(self.rank)
+        os.environ["WORLD_SIZE"] = str(self.world_size)
+        self.session: Any = None
+        self.final: dict[str, Any] | None = None
+        self._pending_stop: int | None = None
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def _event(self, kind: str, details: dict) -> None:
+        if kind not in ("quorum", "heal_started", "heal_done", "commit"):
+            return
+        if kind == "commit" or kind == "quorum":
+            if self.rank != 0:
+                return  # one line per replica, not per rank
+        details = dict(details)
+        step = details.pop("step", None)
+        quorum_id = details.pop("quorum_id", None)
+        if self.session is not None and step is None:
+            step = self.session.trainer.step
+        self.report.send(("event", make_event(kind, replica=self.replica_index, generation=self.generation,
+                                              quorum_id=quorum_id, step=step, rank=self.rank, **details)))
+
+    # -- the loop -------------------------------------------------------------------------------------
+    @concurrent_endpoint
+    async def train(self) -> None:
+        await asyncio.to_thread(self._train_thread)
+
+    def _train_thread(self) -> None:
+        try:
+            from regent.orchestrate.session import TrainingSession
+
+            self.session = TrainingSession(
+                self.cfg, replica_index=self.replica_index, rank=self.rank, world_size=self.world_size,
+                generation=self.generation, lighthouse_addr=self.lighthouse_addr, on_event=self._event,
+                resume_from=self.resume_from,
+            )
+            if self._pending_stop is not None:
+                self.session.stop_at = self._pending_stop
+            if self.cfg.steps is not None:
+                self.session.stop_at = self.cfg.steps
+            while not self.session.should_stop():
+                record = self.session.step()
+                if self.rank == 0:
+                    self.report.send(("metric", record))
+            h = self.session.param_hash()
+            self.final = {"step": self.session.trainer.step, "hash": h,
+                          "manager_step": self.session.manager.current_step(), "rank": self.rank}
+            self.supervisor.training_finished.broadcast(self.generation, self.rank)
+        except BaseException as exc:
+            tb = traceback.format_exc()
+            try:
+                self.supervisor.report_training_error.broadcast(self.generation, self.rank, repr(exc), tb)
+                time.sleep(0.2)  # let the report leave before the actor fails
+            finally:
+                raise
+
+    # -- control --------------------------------------------------------------------------------------
+    @endpoint
+    async def ping(self) -> int:
+        return self.session.trainer.step if self.session is not None else -1
+
+    @endpoint
+    async def stop_at(self, step: int) -> None:
+        self._pending_stop = step
+        if self.session is not None:
+            self.session.stop_at = step
+
+    @endpoint
+    async def final_state(self) -> dict[str, Any] | None:
+        return self.final
+
+    @endpoint
+    async def inject(self, kind: str) -> None:
+        """Carry out one fault on this process (the injector picked it)."""
+        logger.warning("replica %d rank %d: injecting %s", self.replica_index, self.rank, kind)
+        if kind == "exception":
+            if self.session is not None:
+                self.session.inject_exception = True
+        elif kind == "segfault":
+            ctypes.string_at(0)
+        elif kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "exit":
+            os._exit(1)
+        elif kind == "comm":
+            if self.session is not None:
+                self.session.manager.pg.abort(RuntimeError("injected communication failure (group aborted)"))
+        elif kind == "hang":
+            threading.Thread(target=_hold_gil_forever, daemon=True).start()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def _hold_gil_forever() -> None:
+    """A deadlock that holds the GIL: nothing else in this process runs again (detected by the watchdog)."""
+    time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGSTOP)
