@@ -47,9 +47,8 @@ class TrainerActor(Actor):
     def _event(self, kind: str, details: dict) -> None:
         if kind not in ("quorum", "heal_started", "heal_done", "commit"):
             return
-        if kind == "commit" or kind == "quorum":
-            if self.rank != 0:
-                return  # one line per replica, not per rank
+        if (kind == "commit" or kind == "quorum") and self.rank != 0:
+            return  # one line per replica, not per rank
         details = dict(details)
         step = details.pop("step", None)
         quorum_id = details.pop("quorum_id", None)
