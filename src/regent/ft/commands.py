@@ -1,0 +1,84 @@
+"""`regent lighthouse`: run a Lighthouse in the foreground until SIGINT/SIGTERM.
+
+Flags match `torchft_lighthouse` (its underscore spellings are accepted too). The default bind is loopback;
+serve other hosts with `--bind 0.0.0.0:29510` (or `[::]:29510`). The dashboard is on the gRPC port + 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+DEFAULT_BIND = "127.0.0.1:29510"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "lighthouse",
+        help="run the quorum server (TorchFT-compatible Lighthouse) with its HTTP dashboard",
+        description=(
+            "Run a Lighthouse: replicas' managers call it to agree on who trains together. gRPC on --bind "
+            "(TorchFT's LighthouseService), the dashboard on the next port. Listens on loopback by default; "
+            "use --bind 0.0.0.0:29510 to serve other machines."
+        ),
+    )
+    parser.add_argument(
+        "--bind", default=DEFAULT_BIND, help=f"HOST:PORT for gRPC; the dashboard uses PORT+1 (default {DEFAULT_BIND})"
+    )
+    parser.add_argument(
+        "--min-replicas", "--min_replicas", dest="min_replicas", type=int, default=1,
+        help="replica groups needed before a new quorum forms (default 1)",
+    )
+    parser.add_argument(
+        "--join-timeout-ms", "--join_timeout_ms", dest="join_timeout_ms", type=int, default=60000,
+        help="how long to wait for heartbeating stragglers to join (default 60000)",
+    )
+    parser.add_argument(
+        "--quorum-tick-ms", "--quorum_tick_ms", dest="quorum_tick_ms", type=int, default=100,
+        help="how often to re-check for a quorum while waiting (default 100)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout-ms", "--heartbeat_timeout_ms", dest="heartbeat_timeout_ms", type=int, default=5000,
+        help="a replica without a heartbeat for this long is considered dead (default 5000)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.set_defaults(func=run_lighthouse)
+    return parser
+
+
+def run_lighthouse(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s [lighthouse] %(message)s",
+    )
+    from regent.ft.lighthouse import LighthouseServer
+
+    try:
+        server = LighthouseServer(
+            bind=args.bind,
+            min_replicas=args.min_replicas,
+            join_timeout_ms=args.join_timeout_ms,
+            quorum_tick_ms=args.quorum_tick_ms,
+            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+        )
+    except (OSError, ValueError) as err:
+        print(f"regent lighthouse: {err}", file=sys.stderr)
+        return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logging.getLogger(__name__).info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"Lighthouse gRPC:      {server.address()}", flush=True)
+    print(f"Lighthouse dashboard: {server.dashboard_url()}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.shutdown()
+    return 0

@@ -1,0 +1,467 @@
+"""The Lighthouse: one process that decides which replica groups train together (the "quorum").
+
+It serves TorchFT's gRPC `LighthouseService` (so TorchFT managers and clients work against it unchanged) and an
+HTTP dashboard. The decision itself is `regent.ft.quorum.quorum_compute`; this module only feeds it and
+broadcasts its results.
+
+Threading: all Lighthouse state lives on one asyncio loop (grpc.aio) in a background thread, so no lock is
+needed and a Quorum call costs no thread. The HTTP dashboard runs in its own threads and reads the state through
+the loop.
+
+Ports: gRPC listens on the bound port P; the dashboard listens on **P + 1** (grpcio cannot share a port with
+plain HTTP/1.1). With port 0 a free pair (P, P + 1) is chosen.
+
+Differences from TorchFT, on purpose:
+- a Quorum call that ends (client deadline, cancel, disconnect) withdraws its participant, so a replica that
+  stopped waiting is never put into a quorum it will not hear about;
+- heartbeat entries older than `max(60 s, 10 x heartbeat_timeout)` are forgotten (TorchFT keeps them forever);
+- `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from datetime import datetime, timezone
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.quorum import (
+    LighthouseState,
+    Participant,
+    QuorumOptions,
+    healthy_replicas,
+    issue_quorum,
+    quorum_compute,
+)
+from regent.ft.types import Quorum, QuorumMember
+
+logger = logging.getLogger(__name__)
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    # A second Lighthouse on the same port must fail loudly, not share the port.
+    ("grpc.so_reuseport", 0),
+    # Accept TorchFT's client keepalive (a ping every 60 s, also while idle) without GOAWAY.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    # Notice clients whose host vanished while they wait in a Quorum call.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+]
+KILL_TIMEOUT_S = 10.0
+PORT_PAIR_ATTEMPTS = 50
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port). An empty host means all interfaces."""
+    match = re.fullmatch(r"\[(?P<v6>[^\]]*)\]:(?P<port>\d+)|(?P<host>[^:\[\]]*):(?P<port4>\d+)", bind.strip())
+    if not match:
+        raise ValueError(f"bad Lighthouse bind address {bind!r}; use HOST:PORT, e.g. 127.0.0.1:29510 or [::]:29510")
+    if match.group("v6") is not None:
+        return match.group("v6"), int(match.group("port"))
+    return match.group("host"), int(match.group("port4"))
+
+
+def format_hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertised_host(host: str) -> str:
+    """The name clients should dial: the bound IP, or this machine's hostname for a wildcard bind."""
+    if host in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return host
+
+
+class _DashboardHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _DashboardHTTPServer6(_DashboardHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _LighthouseServicer(torchft_pb2_grpc.LighthouseServiceServicer):
+    def __init__(self, lighthouse: LighthouseServer) -> None:
+        self._lh = lighthouse
+
+    async def Quorum(self, request, context):  # noqa: N802 (gRPC method name)
+        if not request.HasField("requester"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing requester")
+        return await self._lh._quorum(request.requester)
+
+    async def Heartbeat(self, request, context):  # noqa: N802
+        self._lh._state.heartbeats[request.replica_id] = time.monotonic()
+        return torchft_pb2.LighthouseHeartbeatResponse()
+
+
+class LighthouseServer:
+    """A Lighthouse in this process, served from a background thread until `shutdown()`."""
+
+    def __init__(
+        self,
+        bind: str = "127.0.0.1:0",
+        min_replicas: int = 1,
+        join_timeout_ms: int = 60000,
+        quorum_tick_ms: int = 100,
+        heartbeat_timeout_ms: int = 5000,
+    ) -> None:
+        self._opts = QuorumOptions(
+            min_replicas=min_replicas,
+            join_timeout_ms=join_timeout_ms,
+            quorum_tick_ms=quorum_tick_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+        )
+        self._host, requested_port = parse_bind(bind)
+        self._state = LighthouseState()
+        # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
+        self._wire: dict[str, torchft_pb2.QuorumMember] = {}
+        self._waiters: set[asyncio.Queue] = set()
+        self._last_reason = ""
+        self._quorums_issued = 0
+        self._stopped = threading.Event()
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="regent-lighthouse", daemon=True)
+        self._thread.start()
+        try:
+            self._grpc_port, self._http = self._bind_ports(requested_port)
+            self._call_in_loop(self._start_serving()).result()
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._http_thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.2}, name="regent-lighthouse-http",
+            daemon=True,
+        )
+        self._http_thread.start()
+        logger.info(
+            "Lighthouse serving gRPC at %s, dashboard at %s (%s)", self.address(), self.dashboard_url(), self._opts
+        )
+
+    # ---- public API ---------------------------------------------------------------------------------------
+
+    def address(self) -> str:
+        """The gRPC address for clients and managers: 'http://host:port'."""
+        return f"http://{format_hostport(advertised_host(self._host), self._grpc_port)}"
+
+    def dashboard_url(self) -> str:
+        """The HTTP dashboard: gRPC port + 1."""
+        return f"http://{format_hostport(advertised_host(self._host), self._http_port())}/"
+
+    @property
+    def port(self) -> int:
+        return self._grpc_port
+
+    @property
+    def options(self) -> QuorumOptions:
+        return self._opts
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot: current quorum, waiting participants, heartbeats, and the next-quorum reason."""
+        if self._stopped.is_set():
+            raise RuntimeError("Lighthouse is shut down")
+        return self._call_in_loop(self._snapshot()).result(timeout=10)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until `shutdown()` (or `timeout` seconds). Returns True once shut down."""
+        return self._stopped.wait(timeout)
+
+    def shutdown(self) -> None:
+        """Stop serving: in-flight Quorum calls end with UNAVAILABLE/CANCELLED on the client side."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        with contextlib.suppress(Exception):
+            self._call_in_loop(self._stop_serving()).result(timeout=10)
+        self._http.shutdown()
+        self._http.server_close()
+        self._stop_loop()
+        logger.info("Lighthouse at %s shut down", self.address())
+
+    def __enter__(self) -> LighthouseServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- startup / teardown -------------------------------------------------------------------------------
+
+    def _call_in_loop(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def _http_port(self) -> int:
+        return self._http.server_address[1]
+
+    def _bind_ports(self, port: int) -> tuple[int, ThreadingHTTPServer]:
+        """Bind gRPC on `port` and the dashboard on `port + 1`; with port 0 find a free pair."""
+        attempts = PORT_PAIR_ATTEMPTS if port == 0 else 1
+        last_error: Exception | None = None
+        for _ in range(attempts):
+            grpc_port = port or self._free_port()
+            try:
+                http = self._make_http_server(grpc_port + 1)
+            except OSError as err:
+                last_error = err
+                continue
+            try:
+                self._call_in_loop(self._create_grpc_server(grpc_port)).result()
+            except Exception as err:
+                http.server_close()
+                last_error = err
+                continue
+            return grpc_port, http
+        where = format_hostport(self._host, port)
+        raise OSError(
+            f"could not bind the Lighthouse to {where} (gRPC) and port+1 (dashboard): {last_error}; "
+            "is another Lighthouse running? pick a free port with --bind HOST:PORT"
+        )
+
+    def _free_port(self) -> int:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((self._host, 0))
+            return sock.getsockname()[1]
+
+    def _make_http_server(self, port: int) -> ThreadingHTTPServer:
+        cls = _DashboardHTTPServer6 if ":" in self._host else _DashboardHTTPServer
+        handler = type("_BoundDashboardHandler", (_DashboardHandler,), {"lighthouse": self})
+        return cls((self._host, port), handler)
+
+    async def _create_grpc_server(self, port: int) -> None:
+        server = aio.server(options=SERVER_OPTIONS)
+        torchft_pb2_grpc.add_LighthouseServiceServicer_to_server(_LighthouseServicer(self), server)
+        bound = server.add_insecure_port(format_hostport(self._host, port))
+        if bound != port:
+            raise OSError(f"gRPC bound port {bound}, wanted {port}")
+        self._server = server
+
+    async def _start_serving(self) -> None:
+        await self._server.start()
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def _stop_serving(self) -> None:
+        self._tick_task.cancel()
+        await self._server.stop(grace=0)
+
+    # ---- quorum -------------------------------------------------------------------------------------------
+
+    def _join(self, wire: torchft_pb2.QuorumMember, member: QuorumMember) -> Participant:
+        now = time.monotonic()
+        participant = Participant(joined=now, member=member)
+        self._state.participants[member.replica_id] = participant
+        self._wire[member.replica_id] = wire
+        return participant
+
+    async def _quorum(self, wire: torchft_pb2.QuorumMember) -> torchft_pb2.LighthouseQuorumResponse:
+        member = QuorumMember.from_proto(wire)
+        rid = member.replica_id
+        self._state.heartbeats[rid] = time.monotonic()  # a Quorum request is an implicit heartbeat
+        inbox: asyncio.Queue = asyncio.Queue()
+        self._waiters.add(inbox)
+        mine = self._join(wire, member)
+        logger.debug("quorum request from %s (step %d)", rid, member.step)
+        try:
+            self._tick()
+            while True:
+                ids, response = await inbox.get()
+                if rid in ids:
+                    return response
+                # Issued without us (e.g. shrink_only): wait for the next one.
+                logger.info("replica %s not in quorum %d; waiting for the next", rid, response.quorum.quorum_id)
+                mine = self._join(wire, member)
+        finally:
+            self._waiters.discard(inbox)
+            if self._state.participants.get(rid) is mine:
+                # The caller stopped waiting (deadline, cancel, disconnect): withdraw it.
+                del self._state.participants[rid]
+                self._wire.pop(rid, None)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        members, reason = quorum_compute(now, self._state, self._opts)
+        if reason != self._last_reason:
+            logger.debug("Quorum status: %s", reason)
+            self._last_reason = reason
+        if members is None:
+            return
+        wires = [self._wire.get(m.replica_id) or m.to_proto() for m in members]
+        previous_id = self._state.quorum_id if self._state.prev_quorum is not None else None
+        quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
+        self._wire.clear()
+        self._quorums_issued += 1
+        response = torchft_pb2.LighthouseQuorumResponse(
+            quorum=torchft_pb2.Quorum(quorum_id=quorum.quorum_id, participants=wires)
+        )
+        response.quorum.created.FromDatetime(quorum.created)
+        ids = frozenset(m.replica_id for m in members)
+        if quorum.quorum_id != previous_id:
+            logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
+        for inbox in self._waiters:
+            inbox.put_nowait((ids, response))
+
+    async def _tick_forever(self) -> None:
+        period = self._opts.quorum_tick_ms / 1000.0
+        forget_after = max(60.0, 10 * self._opts.heartbeat_timeout_ms / 1000.0)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self._tick()
+                self._forget_old_heartbeats(time.monotonic() - forget_after)
+            except Exception:
+                logger.exception("Lighthouse quorum tick failed; will retry next tick")
+
+    def _forget_old_heartbeats(self, cutoff: float) -> None:
+        stale = [rid for rid, last in self._state.heartbeats.items() if last < cutoff]
+        for rid in stale:
+            if rid not in self._state.participants:
+                del self._state.heartbeats[rid]
+
+    # ---- dashboard ----------------------------------------------------------------------------------------
+
+    async def _snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        state = self._state
+        members, reason = quorum_compute(now, state, self._opts)
+        healthy = healthy_replicas(now, state, self._opts)
+        prev: Quorum | None = state.prev_quorum
+        max_step = max((m.step for m in prev.participants), default=-1) if prev else -1
+        prev_json = None
+        if prev is not None:
+            prev_json = prev.to_json()
+            prev_json["age_s"] = (datetime.now(timezone.utc) - prev.created).total_seconds()
+            for m in prev_json["participants"]:
+                m["recovering"] = m["step"] != max_step
+                m["healthy"] = m["replica_id"] in healthy
+        return {
+            "quorum_id": state.quorum_id,
+            "address": self.address(),
+            "dashboard": self.dashboard_url(),
+            "options": {
+                "min_replicas": self._opts.min_replicas,
+                "join_timeout_ms": self._opts.join_timeout_ms,
+                "quorum_tick_ms": self._opts.quorum_tick_ms,
+                "heartbeat_timeout_ms": self._opts.heartbeat_timeout_ms,
+            },
+            "next_quorum": {"ready": members is not None, "reason": reason},
+            "quorums_issued": self._quorums_issued,
+            "max_step": max_step,
+            "prev_quorum": prev_json,
+            "waiting": [
+                {**p.member.to_json(), "waiting_s": now - p.joined, "healthy": rid in healthy}
+                for rid, p in sorted(state.participants.items())
+            ],
+            "heartbeats": [
+                {"replica_id": rid, "age_s": now - last, "healthy": rid in healthy}
+                for rid, last in sorted(state.heartbeats.items())
+            ],
+        }
+
+    async def _member_address(self, replica_id: str) -> str | None:
+        prev = self._state.prev_quorum
+        if prev is not None:
+            for m in prev.participants:
+                if m.replica_id == replica_id:
+                    return m.address
+        waiting = self._state.participants.get(replica_id)
+        return waiting.member.address if waiting else None
+
+    def kill_replica(self, replica_id: str, msg: str = "killed from the Lighthouse dashboard") -> str:
+        """Ask a replica's manager to exit via `ManagerService.Kill`. Returns a note on what happened.
+
+        Raises KeyError for an unknown replica and ConnectionError if its manager cannot be reached."""
+        address = self._call_in_loop(self._member_address(replica_id)).result(timeout=10)
+        if address is None:
+            raise KeyError(f"no replica {replica_id!r} in the current quorum or waiting for the next")
+        if not address:
+            raise ConnectionError(f"replica {replica_id!r} did not report a manager address; cannot kill it")
+        target = address
+        for prefix in ("http://", "https://"):
+            if target.startswith(prefix):
+                target = target[len(prefix) :]
+        with grpc.insecure_channel(target) as channel:
+            stub = torchft_pb2_grpc.ManagerServiceStub(channel)
+            try:
+                stub.Kill(torchft_pb2.KillRequest(msg=msg), timeout=KILL_TIMEOUT_S)
+            except grpc.RpcError as err:
+                detail = err.details() or ""
+                if err.code() == grpc.StatusCode.UNAVAILABLE and "connect" not in detail.lower():
+                    # The manager exits inside the call, so the connection usually drops before a reply.
+                    logger.info("kill sent to %s at %s (connection closed: %s)", replica_id, address, detail)
+                    return f"kill sent to {replica_id} at {address}; connection closed as the manager exited"
+                raise ConnectionError(
+                    f"could not kill {replica_id}: manager at {address} answered {err.code().name}: {detail}"
+                ) from None
+        logger.info("kill sent to %s at %s", replica_id, address)
+        return f"kill sent to {replica_id} at {address}"
+
+
+def _dashboard_page() -> bytes:
+    return resources.files("regent.ft").joinpath("templates/lighthouse.html").read_bytes()
+
+
+class _DashboardHandler(BaseHTTPRequestHandler):
+    lighthouse: LighthouseServer  # set on a per-server subclass
+    server_version = "RegentLighthouse"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        logger.debug("dashboard %s: " + format, self.address_string(), *args)
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, status: HTTPStatus, payload: Any) -> None:
+        self._send(status, json.dumps(payload, indent=1).encode(), "application/json")
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, _dashboard_page(), "text/html; charset=utf-8")
+        elif path in ("/status.json", "/status"):
+            self._send_json(HTTPStatus.OK, self.lighthouse.status())
+        else:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}; try / or /status.json"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        from urllib.parse import unquote
+
+        match = re.fullmatch(r"/replica/(?P<rid>[^/]+)/kill", self.path.split("?", 1)[0])
+        if not match:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": "POST /replica/<replica_id>/kill is the only action"})
+            return
+        replica_id = unquote(match.group("rid"))
+        try:
+            note = self.lighthouse.kill_replica(replica_id)
+        except KeyError as err:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": str(err.args[0])})
+        except ConnectionError as err:
+            self._send_json(HTTPStatus.BAD_GATEWAY, {"error": str(err)})
+        else:
+            self._send_json(HTTPStatus.OK, {"killed": replica_id, "note": note})

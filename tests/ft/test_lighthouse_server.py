@@ -1,0 +1,365 @@
+"""Regent's Lighthouse over real gRPC sockets: quorum formation, deadlines, the dashboard, the CLI, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from regent.cli import build_parser
+from regent.ft.lighthouse import LighthouseServer, parse_bind
+from regent.ft.lighthouse_client import LighthouseClient, normalize_address
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def lighthouse():
+    servers = []
+
+    def start(**kwargs) -> LighthouseServer:
+        server = LighthouseServer(**kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def post(url: str) -> tuple[int, dict]:
+    req = urllib.request.Request(url, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 free (gRPC + dashboard)."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def test_single_replica_quorum_and_status(lighthouse):
+    server = lighthouse(min_replicas=1, join_timeout_ms=100)
+    assert server.address().startswith("http://127.0.0.1:")
+    assert server.dashboard_url() == f"http://127.0.0.1:{server.port + 1}/"
+    client = LighthouseClient(server.address(), connect_timeout=10)
+    client.heartbeat("a")
+    q = client.quorum("a", timeout=10, address="mgr:1", store_address="store:2", step=7, world_size=4,
+                      data={"k": [1, 2]})
+    assert q.quorum_id == 1
+    (m,) = q.participants
+    assert (m.replica_id, m.address, m.store_address, m.step, m.world_size, m.data) == (
+        "a", "mgr:1", "store:2", 7, 4, {"k": [1, 2]},
+    )
+    assert q.created.tzinfo is not None
+
+    # Same membership again: same id; a fast quorum.
+    assert client.quorum("a", timeout=10, step=8).quorum_id == 1
+
+    status = server.status()
+    assert status["quorum_id"] == 1
+    assert status["prev_quorum"]["participants"][0]["step"] == 8
+    assert status["waiting"] == []
+    assert [h["replica_id"] for h in status["heartbeats"]] == ["a"]
+    assert status["heartbeats"][0]["healthy"] is True
+    assert "not ready" in status["next_quorum"]["reason"]
+
+
+def ask_all(client: LighthouseClient, ids: list[str], timeout: float = 20, **kwargs):
+    with ThreadPoolExecutor(len(ids)) as pool:
+        futures = [pool.submit(client.quorum, rid, timeout, **kwargs) for rid in ids]
+        return [f.result() for f in futures]
+
+
+def test_replicas_agree_sorted_and_id_bumps_on_membership(lighthouse):
+    server = lighthouse(min_replicas=2, join_timeout_ms=60000)
+    client = LighthouseClient(server.address())
+    quorums = ask_all(client, ["r2", "r1"])
+    assert all(q.quorum_id == 1 for q in quorums)
+    assert all(q.replica_ids() == ["r1", "r2"] for q in quorums)
+
+    # Rejoin of the same members: fast quorum, id unchanged.
+    assert {q.quorum_id for q in ask_all(client, ["r1", "r2"])} == {1}
+    # A third member is waiting when the old members return: the fast quorum takes it along; id bumps.
+    with ThreadPoolExecutor(1) as pool:
+        f3 = pool.submit(client.quorum, "r3", 20)
+        wait_until_waiting(server, "r3")
+        quorums = ask_all(client, ["r1", "r2"]) + [f3.result()]
+    assert {q.quorum_id for q in quorums} == {2}
+    assert quorums[0].replica_ids() == ["r1", "r2", "r3"]
+
+
+def wait_until_waiting(server: LighthouseServer, rid: str) -> None:
+    deadline = time.monotonic() + 10
+    while not any(w["replica_id"] == rid for w in server.status()["waiting"]):
+        assert time.monotonic() < deadline, f"{rid} never started waiting"
+        time.sleep(0.02)
+
+
+def test_commit_failures_bump_quorum_id_over_the_wire(lighthouse):
+    server = lighthouse(min_replicas=2)
+    client = LighthouseClient(server.address())
+    assert {q.quorum_id for q in ask_all(client, ["a", "b"])} == {1}
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(client.quorum, "a", 20, commit_failures=1)
+        fb = pool.submit(client.quorum, "b", 20)
+        assert fa.result().quorum_id == fb.result().quorum_id == 2
+        assert fa.result().participants[0].commit_failures == 1
+
+
+def test_client_deadline_is_honoured_and_withdraws_the_participant(lighthouse):
+    server = lighthouse(min_replicas=2)
+    client = LighthouseClient(server.address())
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="timed out"):
+        client.quorum("lonely", timeout=0.5)
+    assert time.monotonic() - start < 5
+    # The withdrawn requester is not counted as waiting any more (it is still heartbeating, though).
+    deadline = time.monotonic() + 5
+    while server.status()["waiting"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = server.status()
+    assert status["waiting"] == []
+    assert [h["replica_id"] for h in status["heartbeats"]] == ["lonely"]
+
+
+def test_join_timeout_waits_for_heartbeating_straggler_only(lighthouse):
+    server = lighthouse(min_replicas=1, join_timeout_ms=600, quorum_tick_ms=20)
+    client = LighthouseClient(server.address())
+    # Two heartbeating replicas, so "a" alone would fail the split-brain guard; three: a, b join, c straggles.
+    for rid in ("a", "b", "c"):
+        client.heartbeat(rid)
+    start = time.monotonic()
+    quorums = ask_all(client, ["a", "b"])
+    waited = time.monotonic() - start
+    assert quorums[0].replica_ids() == ["a", "b"]
+    assert waited >= 0.5, f"quorum issued after {waited:.3f} s, before the join timeout"
+    # A silent replica (no heartbeat) is never waited for.
+    server2 = lighthouse(min_replicas=1, join_timeout_ms=60000, quorum_tick_ms=20)
+    c2 = LighthouseClient(server2.address())
+    start = time.monotonic()
+    assert c2.quorum("x", timeout=10).replica_ids() == ["x"]
+    assert time.monotonic() - start < 5
+
+
+def test_excluded_joiner_waits_for_next_quorum(lighthouse):
+    server = lighthouse(min_replicas=2, join_timeout_ms=60000, quorum_tick_ms=20)
+    client = LighthouseClient(server.address())
+    assert ask_all(client, ["a", "b"])[0].replica_ids() == ["a", "b"]
+
+    with ThreadPoolExecutor(3) as pool:
+        fc = pool.submit(client.quorum, "c", 30)
+        wait_until_waiting(server, "c")
+        fa = pool.submit(client.quorum, "a", 30, shrink_only=True)
+        fb = pool.submit(client.quorum, "b", 30)
+        qa, qb = fa.result(), fb.result()
+        assert qa.replica_ids() == qb.replica_ids() == ["a", "b"]
+        assert qa.quorum_id == 1
+        assert not fc.done()
+        # "c" re-inserted itself; the next round includes it.
+        quorums = ask_all(client, ["a", "b"])
+        qc = fc.result(timeout=30)
+    assert qc.replica_ids() == ["a", "b", "c"]
+    assert quorums[0].quorum_id == qc.quorum_id == 2
+
+
+def test_dashboard_pages(lighthouse):
+    server = lighthouse(min_replicas=1)
+    client = LighthouseClient(server.address())
+    client.quorum("rep-0:abc", timeout=10, step=3, address="127.0.0.1:1")
+    client.quorum("rep-0:abc", timeout=10, step=3, address="127.0.0.1:1")
+    with urllib.request.urlopen(server.dashboard_url(), timeout=10) as resp:
+        page = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/html")
+    assert "status.json" in page and "recovering" in page
+    status = get_json(server.dashboard_url() + "status.json")
+    assert status["quorum_id"] == 1
+    assert status["prev_quorum"]["participants"][0]["replica_id"] == "rep-0:abc"
+    assert status["prev_quorum"]["participants"][0]["recovering"] is False
+    assert status["max_step"] == 3
+    code, body = post(server.dashboard_url() + "replica/nobody/kill")
+    assert code == 404 and "nobody" in body["error"]
+    # A member whose manager is not listening: a clear 502, not a hang.
+    code, body = post(server.dashboard_url() + "replica/rep-0:abc/kill")
+    assert code == 502 and "127.0.0.1:1" in body["error"]
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(server.dashboard_url() + "nope", timeout=10)
+
+
+def test_recovering_member_is_flagged(lighthouse):
+    server = lighthouse(min_replicas=2)
+    client = LighthouseClient(server.address())
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(client.quorum, "a", 20, step=10)
+        fb = pool.submit(client.quorum, "b", 20, step=4)
+        fa.result(), fb.result()
+    members = {m["replica_id"]: m for m in server.status()["prev_quorum"]["participants"]}
+    assert members["a"]["recovering"] is False
+    assert members["b"]["recovering"] is True
+
+
+MANAGER_SCRIPT = r"""
+import sys, os, grpc
+from concurrent import futures
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.lighthouse_client import LighthouseClient
+
+class Manager(torchft_pb2_grpc.ManagerServiceServicer):
+    def Kill(self, request, context):
+        sys.stderr.write("killed: " + request.msg + "\n"); sys.stderr.flush()
+        os._exit(1)
+
+server = grpc.server(futures.ThreadPoolExecutor(2))
+torchft_pb2_grpc.add_ManagerServiceServicer_to_server(Manager(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+client = LighthouseClient(sys.argv[1])
+q = client.quorum("victim:1", timeout=30, address=f"http://127.0.0.1:{port}")
+print("joined", q.quorum_id, flush=True)
+server.wait_for_termination()
+"""
+
+
+def test_dashboard_kill_calls_manager_kill(lighthouse, tmp_path):
+    """POST /replica/<id>/kill reaches the member's ManagerService.Kill over gRPC; that process exits."""
+    server = lighthouse(min_replicas=1)
+    script = tmp_path / "manager.py"
+    script.write_text(MANAGER_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), server.address()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "joined 1"
+        code, body = post(server.dashboard_url() + "replica/victim:1/kill")
+        assert code == 200, body
+        assert body["killed"] == "victim:1"
+        assert proc.wait(timeout=30) == 1
+        assert "killed from the Lighthouse dashboard" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_client_unreachable_names_address_and_fix():
+    port = free_port_pair()
+    client = LighthouseClient(f"http://127.0.0.1:{port}", connect_timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"Lighthouse at 127.0.0.1:{port} unreachable.*set --lighthouse"):
+        client.quorum("a", timeout=30)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ConnectionError):
+        client.heartbeat("a", timeout=0.3)
+
+
+def test_address_forms():
+    assert normalize_address("http://h:1") == "h:1"
+    assert normalize_address("h:1") == "h:1"
+    assert normalize_address("http://[::1]:5/") == "[::1]:5"
+    with pytest.raises(ValueError):
+        normalize_address("http://")
+    assert parse_bind("[::]:29510") == ("::", 29510)
+    assert parse_bind("0.0.0.0:1") == ("0.0.0.0", 1)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_bind("nonsense")
+
+
+def test_port_in_use_is_a_clear_error(lighthouse):
+    server = lighthouse()
+    with pytest.raises(OSError, match="another Lighthouse running"):
+        LighthouseServer(bind=f"127.0.0.1:{server.port}")
+
+
+def test_cli_accepts_both_spellings():
+    parser = build_parser("lighthouse")
+    a = parser.parse_args(["lighthouse", "--min_replicas", "3", "--join_timeout_ms", "5", "--quorum_tick_ms", "7",
+                           "--heartbeat_timeout_ms", "9"])
+    b = parser.parse_args(["lighthouse", "--min-replicas", "3", "--join-timeout-ms", "5", "--quorum-tick-ms", "7",
+                           "--heartbeat-timeout-ms", "9"])
+    for args in (a, b):
+        assert (args.min_replicas, args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (3, 5, 7, 9)
+        assert args.bind == "127.0.0.1:29510"
+        assert callable(args.func)
+
+
+def start_cli_lighthouse(port: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}", "--min_replicas", "2",
+         "--join_timeout_ms", "60000", "--quorum_tick_ms", "50", "--heartbeat_timeout_ms", "3000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )
+    seen = []
+    while not (seen and seen[-1].startswith("Lighthouse dashboard:")):
+        line = proc.stdout.readline()
+        assert line, f"lighthouse exited early: {seen}"
+        seen.append(line)
+    assert any(line.startswith(f"Lighthouse gRPC:      http://127.0.0.1:{port}") for line in seen), seen
+    # Drain the rest so the pipe never blocks the server.
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    return proc
+
+
+def test_lighthouse_restart_on_same_address():
+    """kill -9 the Lighthouse process, start a new one on the same port: clients reconnect, a quorum forms."""
+    port = free_port_pair()
+    proc = start_cli_lighthouse(port)
+    client_a = LighthouseClient(f"http://127.0.0.1:{port}", connect_timeout=60)
+    client_b = LighthouseClient(f"127.0.0.1:{port}", connect_timeout=60)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            fa = pool.submit(client_a.quorum, "a", 30, step=5)
+            fb = pool.submit(client_b.quorum, "b", 30, step=5)
+            assert fa.result().quorum_id == fb.result().quorum_id == 1
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        # While it is down, both replicas ask for the next quorum (and keep heartbeating).
+        with ThreadPoolExecutor(2) as pool:
+            fa = pool.submit(client_a.quorum, "a", 60, step=6)
+            fb = pool.submit(client_b.quorum, "b", 60, step=6)
+            time.sleep(1.0)
+            assert not fa.done() and not fb.done()
+            proc = start_cli_lighthouse(port)
+            qa, qb = fa.result(timeout=60), fb.result(timeout=60)
+        # A fresh Lighthouse starts its ids again at 1; members and steps come from the requests.
+        assert qa.quorum_id == qb.quorum_id == 1
+        assert qa.replica_ids() == ["a", "b"]
+        assert [m.step for m in qa.participants] == [6, 6]
+        client_a.heartbeat("a")
+        status = get_json(f"http://127.0.0.1:{port + 1}/status.json")
+        assert status["prev_quorum"]["participants"][0]["replica_id"] == "a"
+    finally:
+        proc.kill()
+        proc.wait()
+        client_a.close()
+        client_b.close()
