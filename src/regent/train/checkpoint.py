@@ -19,6 +19,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,17 @@ class Checkpointer:
         _barrier(self.group)
         no_dist = not dist.is_initialized()
         if not async_save:
-            dcp.save(state, checkpoint_id=str(tmp), process_group=self.group, no_dist=no_dist)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.save(state, checkpoint_id=str(tmp), process_group=self.group, no_dist=no_dist)
             if _is_coordinator(self.group):
                 _finalize(tmp, final, meta)
             _barrier(self.group)
             return
         group = self.async_group if self.async_group is not None else self.group
-        future: Future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, no_dist=no_dist)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            future: Future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=group, no_dist=no_dist)
         coordinator = _is_coordinator(self.group)
 
         def finish() -> None:
@@ -170,7 +175,8 @@ class Checkpointer:
         """Fill `state` (tensors in place, other values replaced) from the checkpoint at `path`."""
         self.wait()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.load(state, checkpoint_id=path, process_group=self.group, no_dist=not dist.is_initialized())
         except Exception as exc:
             raise CheckpointError(

@@ -1,0 +1,162 @@
+"""Single-process Trainer: hooks, state transfer, DCP checkpoints (identity, atomicity, corruption, mismatch)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from regent.train.checkpoint import CheckpointError
+from regent.train.config import TrainConfig
+from regent.train.metrics import read_metrics
+from regent.train.trainer import Trainer
+
+torch.set_num_threads(1)
+
+
+def small_cfg(**overrides) -> TrainConfig:
+    values = dict(seq_len=32, batch_size=2, warmup_steps=2, max_steps=50, data_max_bytes=300_000)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_steps_report_metrics_and_write_jsonl(tmp_path):
+    trainer = Trainer(small_cfg(), run_dir=str(tmp_path))
+    records = [trainer.train_step() for _ in range(3)]
+    trainer.close()
+    keys = {"step", "loss", "tokens", "tokens_per_s", "tokens_per_s_per_device", "mfu", "grad_norm",
+            "peak_mem_bytes", "committed"}
+    assert keys <= set(records[0])
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[0]["tokens"] == 64 and records[0]["mfu"] is None  # CPU: no peak FLOP/s
+    written = read_metrics(str(tmp_path))
+    assert [r["step"] for r in written] == [1, 2, 3] and written[0]["loss"] == records[0]["loss"]
+
+
+def test_commit_false_changes_nothing_and_hooks_see_grads():
+    trainer = Trainer(small_cfg())
+    trainer.train_step()
+    before_hash, before_step = trainer.param_hash(), trainer.step
+    before_lr = trainer.optimizer.param_groups[0]["lr"]
+    seen = []
+
+    def reduce(grads):
+        seen.append(len(grads))
+        for g in grads:
+            g.mul_(0.5)  # in place, as a cross-replica average would
+
+    trainer.grad_reduce_hook = reduce
+    trainer.commit_hook = lambda: False
+    record = trainer.train_step()
+    assert record["committed"] is False and record["step"] == before_step == trainer.step
+    assert trainer.param_hash() == before_hash
+    assert trainer.optimizer.param_groups[0]["lr"] == before_lr
+    assert all(p.grad is None for p in trainer.params)
+    assert seen == [len(trainer.params)]
+    trainer.commit_hook = lambda: True
+    assert trainer.train_step()["step"] == before_step + 1
+    assert trainer.param_hash() != before_hash
+
+
+def test_state_dict_transfer_makes_replicas_identical():
+    """Peer healing in miniature: a fresh trainer loads a trained one's state and both continue identically."""
+    donor = Trainer(small_cfg())
+    for _ in range(3):
+        donor.train_step()
+    healed = Trainer(small_cfg())  # same run config (data order follows the seed), fresh weights
+    with torch.no_grad():
+        healed.params[0].add_(1.0)
+    assert healed.param_hash() != donor.param_hash()
+    healed.load_state_dict(donor.state_dict())
+    assert healed.param_hash() == donor.param_hash() and healed.step == donor.step == 3
+    a, b = donor.train_step(), healed.train_step()
+    assert a["loss"] == b["loss"] and donor.param_hash() == healed.param_hash()
+
+
+def test_state_dict_tensors_are_live_views():
+    trainer = Trainer(small_cfg())
+    sd = trainer.state_dict()
+    name = trainer.param_names[0]
+    sd["model"][name].fill_(0.25)  # writing into the state dict writes the parameter
+    assert torch.all(trainer.params[0] == 0.25)
+    with pytest.raises(ValueError, match="keys differ"):
+        trainer.load_state_dict({**sd, "model": {"nope": torch.zeros(1)}})
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_save_load_gives_identical_next_step(tmp_path, async_save):
+    cfg = small_cfg(async_checkpoint=async_save)
+    trainer = Trainer(cfg)
+    for _ in range(3):
+        trainer.train_step()
+    path = str(tmp_path / "step-3")
+    trainer.save_checkpoint(path)
+    trainer.wait_checkpoint()
+    saved_hash = trainer.param_hash()
+    expected = trainer.train_step()
+
+    restored = Trainer(small_cfg(async_checkpoint=async_save))
+    with torch.no_grad():
+        restored.params[0].add_(1.0)  # make sure the load, not the init, provides the weights
+    restored.load_checkpoint(path)
+    assert restored.step == 3 and restored.param_hash() == saved_hash
+    got = restored.train_step()
+    assert got["loss"] == expected["loss"] and got["grad_norm"] == expected["grad_norm"]
+    assert restored.param_hash() == trainer.param_hash()
+    assert not os.path.exists(path + ".tmp")
+
+
+def test_periodic_checkpoints(tmp_path):
+    trainer = Trainer(small_cfg(checkpoint_dir=str(tmp_path), checkpoint_every=2))
+    for _ in range(4):
+        trainer.train_step()
+    trainer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-4"]
+    manifest = json.loads((tmp_path / "step-4" / "regent_checkpoint.json").read_text())
+    assert manifest["step"] == 4 and ".metadata" in manifest["files"]
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path):
+    trainer = Trainer(small_cfg())
+    trainer.train_step()
+    path = tmp_path / "step-1"
+    trainer.save_checkpoint(str(path))
+
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        trainer.load_checkpoint(str(tmp_path / "missing"))
+
+    (tmp_path / "half.tmp").mkdir()
+    with pytest.raises(CheckpointError, match="never finished"):
+        trainer.load_checkpoint(str(tmp_path / "half"))
+
+    other = Trainer(small_cfg(model="150m", seq_len=8, batch_size=1))
+    with pytest.raises(CheckpointError, match="use the same --model"):
+        other.load_checkpoint(str(path))
+
+    shard = next(p for p in path.iterdir() if p.suffix == ".distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    before = trainer.param_hash()
+    with pytest.raises(CheckpointError, match="corrupt"):
+        trainer.load_checkpoint(str(path))
+    assert trainer.param_hash() == before  # nothing was loaded
+
+    (path / "regent_checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="did not finish"):
+        trainer.load_checkpoint(str(path))
+
+
+def test_config_validation_names_the_fix():
+    with pytest.raises(ValueError, match="--model"):
+        Trainer(TrainConfig(model="huge"))
+    with pytest.raises(ValueError, match="seq_len"):
+        TrainConfig(seq_len=0).validate()
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        TrainConfig(checkpoint_every=5).validate()
+    with pytest.raises(ValueError, match="unknown TrainConfig field"):
+        TrainConfig.from_dict({"modle": "debug"})
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        Trainer(small_cfg(), rank=0, world_size=2)
