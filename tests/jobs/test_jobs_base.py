@@ -16,6 +16,7 @@ from regent.jobs.base import (
     SECRET_ENV,
     JobError,
     address_file,
+    environ_without_secret,
     format_address,
     is_listening,
     launcher_command,
@@ -78,6 +79,13 @@ def test_secret_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(generated) == 64 and os.environ[SECRET_ENV] == generated  # exported for the actor runtime
     with pytest.raises(ValueError, match="without whitespace"):
         resolve_secret("has space")
+
+
+def test_environment_for_schedulers_drops_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, "x")
+    monkeypatch.setenv("REGENT_OTHER", "y")
+    env = environ_without_secret()
+    assert SECRET_ENV not in env and env["REGENT_OTHER"] == "y"
 
 
 def test_secret_file_is_owner_only_and_replaced(tmp_path) -> None:

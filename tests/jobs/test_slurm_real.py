@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from regent.jobs.base import JobError, JobFailedError, JobTimeoutError
+from regent.jobs.base import SECRET_ENV, JobError, JobFailedError, JobTimeoutError
 from regent.jobs.slurm import SlurmJob
 
 
@@ -83,7 +83,8 @@ def _job(tmp_path: Path, **kw) -> SlurmJob:
 
 
 @pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available yet")
-def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path) -> None:
+def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, "slurm-test-secret")  # sbatch copies the environment: it must drop this
     job = _job(tmp_path, name="regent-real")
     renewed = None
     try:
@@ -100,6 +101,7 @@ def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path) -> None:
             assert pids, f"no worker process serves {address}"
             env = _environ(pids[0])
             assert env.get("SLURM_JOB_ID") == job.job_id  # it really runs inside the allocation
+            assert SECRET_ENV not in env  # the secret reached it by file only
         assert job.state()[0] == "RUNNING"
         squeue = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%j"], capture_output=True, text=True)
         assert squeue.stdout.strip() == job.unique_name

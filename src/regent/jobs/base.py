@@ -51,7 +51,7 @@ import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,12 @@ def resolve_secret(secret: str | bytes | None) -> str:
     if not text or any(c.isspace() for c in text):
         raise ValueError(f"job secret must be a non-empty string without whitespace; check {SECRET_ENV}")
     return text
+
+
+def environ_without_secret() -> dict[str, str]:
+    """This process's environment minus the job secret, for schedulers that copy the submitter's
+    environment into the job (sbatch does by default): workers get the secret from a file instead."""
+    return {k: v for k, v in os.environ.items() if k != SECRET_ENV}
 
 
 def write_secret_file(path: str | os.PathLike[str], secret: str) -> Path:
@@ -292,10 +298,13 @@ def wait_until(
         delay = min(delay * 1.5, max_interval)
 
 
-def run_command(args: Sequence[str], *, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
+def run_command(
+    args: Sequence[str], *, timeout: float = 60.0, check: bool = True, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a scheduler CLI command and capture its output; a missing binary or failure says what to do."""
     try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False,
+                              env=None if env is None else dict(env))
     except FileNotFoundError as exc:
         raise JobError(f"`{args[0]}` not found on PATH; install it or run the controller where it exists") from exc
     except subprocess.TimeoutExpired as exc:
