@@ -161,8 +161,13 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor]) -> Any:
     return walk(meta.skeleton)
 
 
-def _targets(meta: StateMeta, into: Any, device: torch.device) -> list[torch.Tensor]:
-    """Receive buffers: the healer's own tensors where path/shape/dtype match (in place), else new ones."""
+def _targets(meta: StateMeta, into: Any, device: torch.device, same_device: bool = False) -> list[torch.Tensor]:
+    """Receive buffers: the healer's own tensors where path/shape/dtype match (in place), else new ones.
+
+    With `same_device`, an own tensor is used only if it lives on `device`: NCCL can only receive into GPU
+    memory, and a trainer keeps some state on the host (AdamW's `step` counters are CPU tensors). Those get
+    a fresh buffer on `device`, which the trainer's `load_state_dict` copies into its own tensor.
+    """
     existing: dict[str, torch.Tensor] = {}
     if into is not None:
         own_meta, own = flatten_state(into, 0)
@@ -170,7 +175,8 @@ def _targets(meta: StateMeta, into: Any, device: torch.device) -> list[torch.Ten
     out = []
     for m in meta.tensors:
         t = existing.get(m.path)
-        if t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous():
+        if (t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous()
+                and (not same_device or t.device == device)):
             out.append(t)
         else:
             out.append(torch.empty(m.shape, dtype=m.dtype, device=device))
@@ -240,7 +246,7 @@ class GroupTransport:
                 f"donor replica rank {src_rank} offered state of step {meta.step}, expected {step}: "
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
-        targets = _targets(meta, into, device)
+        targets = _targets(meta, into, device, same_device=True)
         for i, t in enumerate(targets):
             if t.numel():
                 self._group.recv([_as_bytes(t)], src_rank, tag=3 + i)
