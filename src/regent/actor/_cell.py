@@ -1,0 +1,447 @@
+"""Hosting one actor: its mailbox, running handlers one at a time, failure, stop and supervision.
+
+Async actors run on the process's event loop, one task per actor. Sync actors get a thread of their own,
+so a handler may block (for example on `Future.get()`) without stalling the loop that carries replies.
+Failure rules (Monarch's):
+- an `Exception` from an endpoint with a reply port goes back to the caller as `ActorError`; the actor lives;
+- an exception with no reply port (broadcast, explicit port), a `BaseException`, or a failing `__init__`
+  kills the actor: queued calls get `SupervisionError`, and its owner is sent the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+from typing import Any
+
+from regent.actor._actor import endpoints_of
+from regent.actor._context import Instance, set_current
+from regent.actor._errors import format_remote_traceback
+from regent.actor._pickle import loads
+from regent.actor._runtime import DEAD, ERROR, OK, Runtime
+
+logger = logging.getLogger("regent.actor")
+
+_STOP_WORKER = ("exit",)
+
+
+class Mailbox:
+    """FIFO of work items; supervision items jump the queue. Put on the loop thread, get on the worker."""
+
+    def __init__(self, is_async: bool) -> None:
+        self.items: collections.deque = collections.deque()
+        self.is_async = is_async
+        self.cond = None if is_async else threading.Condition()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item: Any, front: bool = False) -> None:
+        if self.cond is not None:
+            with self.cond:
+                (self.items.appendleft if front else self.items.append)(item)
+                self.cond.notify()
+            return
+        (self.items.appendleft if front else self.items.append)(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get_async(self) -> Any:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+        return self.items.popleft()
+
+    def get_sync(self) -> Any:
+        assert self.cond is not None
+        with self.cond:
+            while not self.items:
+                self.cond.wait()
+            return self.items.popleft()
+
+    def drain(self) -> list:
+        if self.cond is not None:
+            with self.cond:
+                items = list(self.items)
+                self.items.clear()
+                return items
+        items = list(self.items)
+        self.items.clear()
+        return items
+
+
+class Cell:
+    def __init__(self, rt: Runtime, key: str, mesh_id: str, rank: int, point: tuple, name: str,
+                 owner: tuple[str, str], cls: type, args: tuple, kwargs: dict, is_async: bool,
+                 init_reply: tuple | None, proc: Any, creator: Any) -> None:
+        self.rt = rt
+        self.key = key
+        self.mesh_id = mesh_id
+        self.rank = rank
+        self.point = point
+        self.name = name
+        self.owner = owner
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+        self.is_async = is_async
+        self.init_reply = init_reply
+        self.status = "init"
+        self.endpoints = endpoints_of(cls)
+        self.mailbox = Mailbox(is_async)
+        self.instance: Any = None
+        self.owned: list[Any] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.failure_exc: BaseException | None = None
+        self.ctx = Instance(key, name, f"{cls.__module__}.{cls.__qualname__}", point, proc, cell=self,
+                            creator=creator)
+        self.display = f"{cls.__module__}.{cls.__qualname__} {name}{self.ctx.rank}"
+        self.current_reply: tuple | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.status in ("init", "running", "stopping")
+
+    # ---------------------------------------------------------------- starting
+    def start(self) -> None:
+        if self.is_async:
+            task = self.rt.loop.create_task(self._run_async())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        else:
+            threading.Thread(target=self._run_sync, name=f"actor-{self.name}-{self.rank}", daemon=True).start()
+
+    def post(self, item: tuple) -> None:
+        """Loop thread: a message for this actor."""
+        if not self.alive:
+            self._answer_dead(item)
+            return
+        self.mailbox.put(item)
+
+    def _answer_dead(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "m" and item[4] is not None:
+            self.rt.send_reply(item[4], DEAD, self.dead_text())
+        elif kind == "stop" and item[1] is not None:
+            self.rt.send_reply(item[1], OK, None)
+
+    def dead_text(self) -> str:
+        return self.rt.dead_cells.get(self.key) or f"actor {self.display} is not running"
+
+    def _construct(self) -> None:
+        self.instance = self.cls.__new__(self.cls)
+        self.instance.__init__(*self.args, **self.kwargs)
+        self.args = self.kwargs = None
+
+    # ---------------------------------------------------------------- sync actors
+    def _run_sync(self) -> None:
+        set_current(self.ctx, self.point)
+        try:
+            self._construct()
+        except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
+            self.fail(exc, during_init=True)
+            self._cleanup_sync(exc)
+            return
+        self.status = "running"
+        if self.init_reply is not None:
+            self.rt.send_reply(self.init_reply, OK, None)
+        while True:
+            item = self.mailbox.get_sync()
+            kind = item[0]
+            if kind == "m":
+                self._handle_sync(item)
+            elif kind == "sup":
+                self._supervise_sync(item[1])
+            elif kind == "stop":
+                self._stop_sync(item[1], item[2])
+                return
+            elif kind == "exit":
+                self._cleanup_sync(self.failure_exc)
+                return
+            if not self.alive:
+                self._cleanup_sync(self.failure_exc)
+                return
+
+    def _handle_sync(self, item: tuple) -> None:
+        _, method, body, buffers, reply, msg_rank = item
+        set_current(self.ctx, msg_rank)
+        self.current_reply = reply
+        ep = self.endpoints.get(method)
+        try:
+            if ep is None:
+                raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
+            args, kwargs = loads(body, buffers)
+        except Exception as exc:  # noqa: BLE001
+            self._endpoint_raised(exc, reply, method)
+            return
+        if ep.explicit_response_port:
+            port = self._port_for(reply)
+            try:
+                ep.fn(self.instance, port, *args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - explicit-port endpoints die on any exception
+                self.fail(exc, current_reply=reply)
+            return
+        try:
+            result = ep.fn(self.instance, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            self._endpoint_raised(exc, reply, method)
+        except BaseException as exc:  # noqa: BLE001
+            self.fail(exc, current_reply=reply)
+        else:
+            if reply is not None:
+                self.rt.send_reply(reply, OK, result)
+        finally:
+            self.current_reply = None
+
+    def _supervise_sync(self, failure: Any) -> None:
+        set_current(self.ctx, self.point)
+        try:
+            result = self.instance.__supervise__(failure)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+        except BaseException as exc:  # noqa: BLE001
+            self._supervise_raised(failure, exc)
+            return
+        if not result:
+            self.escalate(failure)
+
+    def _stop_sync(self, reply: tuple | None, reason: str) -> None:
+        self.status = "stopping"
+        self._stop_owned_sync()
+        self._cleanup_sync(None)
+        self._finish_stop(reply, reason)
+
+    def _stop_owned_sync(self) -> None:
+        for mesh in reversed(self.owned):
+            try:
+                mesh.stop().get(timeout=self.rt_stop_timeout())
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("stopping %s owned by %s: %s", mesh, self.display, exc)
+        self.owned.clear()
+
+    def rt_stop_timeout(self) -> float:
+        from regent.actor._config import config
+
+        return config.stop_timeout + 5
+
+    def _cleanup_sync(self, exc: BaseException | None) -> None:
+        cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
+        if cleanup is None:
+            return
+        set_current(self.ctx, self.point)
+        try:
+            result = cleanup(exc)
+            if inspect.isawaitable(result):
+                asyncio.run(_await(result))
+        except Exception as err:  # noqa: BLE001
+            logger.error("__cleanup__ of %s raised: %s", self.display, err)
+
+    # ---------------------------------------------------------------- async actors
+    async def _run_async(self) -> None:
+        set_current(self.ctx, self.point)
+        try:
+            self._construct()
+        except BaseException as exc:  # noqa: BLE001
+            self.fail(exc, during_init=True)
+            await self._cleanup_async(exc)
+            return
+        self.status = "running"
+        if self.init_reply is not None:
+            self.rt.send_reply(self.init_reply, OK, None)
+        while True:
+            item = await self.mailbox.get_async()
+            kind = item[0]
+            if kind == "m":
+                await self._handle_async(item)
+            elif kind == "stop":
+                await self._stop_async(item[1], item[2])
+                return
+            elif kind == "exit":
+                await self._cleanup_async(self.failure_exc)
+                return
+            if not self.alive:
+                await self._cleanup_async(self.failure_exc)
+                return
+
+    async def _handle_async(self, item: tuple) -> None:
+        _, method, body, buffers, reply, msg_rank = item
+        set_current(self.ctx, msg_rank)
+        ep = self.endpoints.get(method)
+        try:
+            if ep is None:
+                raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
+            args, kwargs = loads(body, buffers)
+        except Exception as exc:  # noqa: BLE001
+            self._endpoint_raised(exc, reply, method)
+            return
+        if ep.concurrent:
+            task = self.rt.loop.create_task(self._invoke_async(ep, args, kwargs, reply, method))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            return
+        await self._invoke_async(ep, args, kwargs, reply, method)
+
+    async def _invoke_async(self, ep: Any, args: tuple, kwargs: dict, reply: tuple | None, method: str) -> None:
+        if ep.explicit_response_port:
+            port = self._port_for(reply)
+            try:
+                await ep.fn(self.instance, port, *args, **kwargs)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                self.fail(exc, current_reply=reply)
+            return
+        try:
+            result = await ep.fn(self.instance, *args, **kwargs)
+        except asyncio.CancelledError:
+            if self.status == "stopping":
+                raise
+            self.fail(asyncio.CancelledError("endpoint was cancelled"), current_reply=reply)
+        except Exception as exc:  # noqa: BLE001
+            self._endpoint_raised(exc, reply, method)
+        except BaseException as exc:  # noqa: BLE001
+            self.fail(exc, current_reply=reply)
+        else:
+            if reply is not None:
+                self.rt.send_reply(reply, OK, result)
+
+    async def _supervise_async(self, failure: Any) -> None:
+        set_current(self.ctx, self.point)
+        try:
+            handler = self.instance.__supervise__
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(failure)
+            else:
+                result = await self.rt.loop.run_in_executor(None, handler, failure)
+        except BaseException as exc:  # noqa: BLE001
+            self._supervise_raised(failure, exc)
+            return
+        if not result:
+            self.escalate(failure)
+
+    async def _stop_async(self, reply: tuple | None, reason: str) -> None:
+        self.status = "stopping"
+        current = asyncio.current_task()
+        for task in list(self.tasks):
+            if task is not current:
+                task.cancel()
+        for mesh in reversed(self.owned):
+            try:
+                await asyncio.wait_for(mesh.stop(), self.rt_stop_timeout())
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("stopping %s owned by %s: %s", mesh, self.display, exc)
+        self.owned.clear()
+        await self._cleanup_async(None)
+        self._finish_stop(reply, reason)
+
+    async def _cleanup_async(self, exc: BaseException | None) -> None:
+        cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
+        if cleanup is None:
+            return
+        from regent.actor._config import config
+
+        try:
+            result = cleanup(exc)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(_await(result), config.cleanup_timeout)
+        except Exception as err:  # noqa: BLE001
+            logger.error("__cleanup__ of %s raised: %r", self.display, err)
+
+    # ---------------------------------------------------------------- common
+    def _port_for(self, reply: tuple | None) -> Any:
+        from regent.actor._mesh import DroppingPort, Port
+
+        if reply is None:
+            return DroppingPort()
+        return Port(reply[0], reply[1], reply[2])
+
+    def _endpoint_raised(self, exc: Exception, reply: tuple | None, method: str) -> None:
+        if reply is None:
+            self.fail(exc)
+            return
+        message = f"Actor call {self.display}.{method} failed."
+        self.rt.send_reply(reply, ERROR, (exc, message, format_remote_traceback(exc)))
+
+    def fail(self, exc: BaseException | None, current_reply: tuple | None = None, text: str | None = None,
+             during_init: bool = False) -> None:
+        """Any thread: this actor is dead. Reply to what waits on it and tell the owner."""
+        if text is None:
+            detail = format_remote_traceback(exc) if exc is not None else "no reason provided"
+            what = "failed during __init__" if during_init else "failed"
+            text = f"Supervision event: actor {self.display} {what}: {detail}"
+        self.failure_exc = exc
+        self.rt.run_on_loop(self._fail_on_loop, text, current_reply)
+
+    def _fail_on_loop(self, text: str, current_reply: tuple | None) -> None:
+        if self.status in ("failed", "stopped"):
+            return
+        was_running_stop = self.status == "stopping"
+        self.status = "failed"
+        self.rt.dead_cells[self.key] = f"The actor {self.display} and all its descendants have failed: {text}"
+        if current_reply is not None:
+            self.rt.send_reply(current_reply, DEAD, self.rt.dead_cells[self.key])
+        if self.init_reply is not None and self.instance is None:
+            self.rt.send_reply(self.init_reply, DEAD, self.rt.dead_cells[self.key])
+        for item in self.mailbox.drain():
+            self._answer_dead(item)
+        self.mailbox.put(_STOP_WORKER)
+        for task in list(self.tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        for mesh in self.owned:
+            try:
+                mesh.stop()
+            except Exception:  # noqa: BLE001
+                logger.debug("stopping owned mesh after failure", exc_info=True)
+        self.owned.clear()
+        self.rt.cells.pop(self.key, None)
+        if not was_running_stop:
+            self.rt.send(self.owner[0], ("f", self.mesh_id, self.rank, text))
+
+    def _supervise_raised(self, failure: Any, exc: BaseException) -> None:
+        text = (
+            f"Supervision event: actor {self.display} failed: ErrorDuringHandlingSupervision: "
+            f"{format_remote_traceback(exc)}This error occurred while handling another failure: {failure.report()}"
+        )
+        self.fail(exc, text=text)
+
+    def escalate(self, failure: Any) -> None:
+        self.fail(None, text=(
+            f"Supervision event: actor {self.display} failed: UnhandledSupervisionEvent: "
+            f"{failure.report()}"
+        ))
+
+    def supervise(self, failure: Any) -> None:
+        """Loop thread: a mesh this actor owns failed."""
+        handler = getattr(type(self.instance), "__supervise__", None) if self.instance is not None else None
+        if handler is None:
+            self.escalate(failure)
+            return
+        if self.is_async:
+            task = self.rt.loop.create_task(self._supervise_async(failure))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        else:
+            self.mailbox.put(("sup", failure), front=True)
+
+    def request_stop(self, reason: str, reply: tuple | None = None) -> None:
+        self.rt.run_on_loop(self.post, ("stop", reply, reason))
+
+    def _finish_stop(self, reply: tuple | None, reason: str) -> None:
+        def on_loop() -> None:
+            self.status = "stopped"
+            self.rt.dead_cells[self.key] = f"actor {self.display} has status: stopped ({reason})"
+            for item in self.mailbox.drain():
+                self._answer_dead(item)
+            self.rt.cells.pop(self.key, None)
+            if reply is not None:
+                self.rt.send_reply(reply, OK, None)
+
+        self.rt.run_on_loop(on_loop)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

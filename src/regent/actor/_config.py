@@ -1,0 +1,84 @@
+"""Runtime knobs. Each has a default, an environment variable, and can be set with `config.configure(...)`.
+
+Environment variables are read when a knob is first used, so a parent can configure its children by env;
+spawned processes inherit the parent's effective values through `child_env()`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("none", "off", "inf"):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+@dataclass
+class RuntimeConfig:
+    """Knobs of the actor runtime (seconds unless noted). `None` disables a timeout."""
+
+    # A proc whose owner process is unreachable for this long exits by itself (env REGENT_ORPHAN_TIMEOUT).
+    orphan_timeout: float | None = 60.0
+    # Largest accepted frame in bytes (env REGENT_MAX_FRAME_BYTES); larger ones are refused with an error.
+    max_frame_bytes: int = 10 * 1024**3
+    # How long `__cleanup__` may run when an actor stops (env REGENT_CLEANUP_TIMEOUT).
+    cleanup_timeout: float = 3.0
+    # How long a stopping proc may take before it is killed (env REGENT_STOP_TIMEOUT).
+    stop_timeout: float = 10.0
+    # How long a new proc may take to start and connect back (env REGENT_SPAWN_TIMEOUT).
+    spawn_timeout: float = 60.0
+    # Prefix forwarded child output with the proc's rank (env REGENT_PREFIX_OUTPUT=0 disables).
+    prefix_output: bool = True
+    # Prefix log records emitted inside actors with `[actor=...]`.
+    prefix_python_logs_with_actor: bool = True
+
+    @staticmethod
+    def from_env() -> RuntimeConfig:
+        cfg = RuntimeConfig()
+        cfg.orphan_timeout = _env_float("REGENT_ORPHAN_TIMEOUT", cfg.orphan_timeout)
+        cfg.max_frame_bytes = _env_int("REGENT_MAX_FRAME_BYTES", cfg.max_frame_bytes)
+        cfg.cleanup_timeout = _env_float("REGENT_CLEANUP_TIMEOUT", cfg.cleanup_timeout) or cfg.cleanup_timeout
+        cfg.stop_timeout = _env_float("REGENT_STOP_TIMEOUT", cfg.stop_timeout) or cfg.stop_timeout
+        cfg.spawn_timeout = _env_float("REGENT_SPAWN_TIMEOUT", cfg.spawn_timeout) or cfg.spawn_timeout
+        cfg.prefix_output = os.environ.get("REGENT_PREFIX_OUTPUT", "1") not in ("0", "false", "no")
+        return cfg
+
+    def configure(self, **kwargs: object) -> None:
+        names = {f.name for f in fields(self)}
+        for key, value in kwargs.items():
+            if key not in names:
+                raise KeyError(f"unknown runtime knob {key!r}; known knobs: {sorted(names)}")
+            setattr(self, key, value)
+
+    def child_env(self) -> dict[str, str]:
+        """Environment that gives a child process this process's effective knobs."""
+        return {
+            "REGENT_ORPHAN_TIMEOUT": "none" if self.orphan_timeout is None else repr(self.orphan_timeout),
+            "REGENT_MAX_FRAME_BYTES": str(self.max_frame_bytes),
+            "REGENT_CLEANUP_TIMEOUT": repr(self.cleanup_timeout),
+            "REGENT_STOP_TIMEOUT": repr(self.stop_timeout),
+            "REGENT_SPAWN_TIMEOUT": repr(self.spawn_timeout),
+            "REGENT_PREFIX_OUTPUT": "1" if self.prefix_output else "0",
+        }
+
+
+config = RuntimeConfig.from_env()

@@ -1,0 +1,116 @@
+"""`context()`: which actor is running, on which proc, and at which rank the current message was sent."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from regent.actor._shape import Extent, Point
+
+# (Instance, message rank as (labels, sizes, index) or a Point)
+_current: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar("regent_actor", default=None)
+
+_EMPTY = Extent([], [])
+
+
+def _as_point(rank: Any) -> Point:
+    if isinstance(rank, Point):
+        return rank
+    labels, sizes, index = rank
+    return Point(index, Extent(labels, sizes))
+
+
+class Instance:
+    """The running actor (or, outside any actor, this process's client instance)."""
+
+    def __init__(self, key: str, name: str, class_name: str, rank: Any, proc: Any, cell: Any = None,
+                 creator: Instance | None = None) -> None:
+        self.key = key
+        self.name = name
+        self.class_name = class_name
+        self._rank = rank
+        self._proc = proc
+        self._cell = cell
+        self.creator = creator
+
+    @property
+    def rank(self) -> Point:
+        return _as_point(self._rank)
+
+    @property
+    def proc(self) -> Any:
+        if callable(self._proc):
+            self._proc = self._proc()
+        return self._proc
+
+    @property
+    def proc_mesh(self) -> Any:
+        return self.proc
+
+    @property
+    def actor_id(self) -> str:
+        return self.key
+
+    @property
+    def proc_id(self) -> str:
+        from regent.actor._runtime import get_runtime
+
+        return get_runtime().proc_id
+
+    def stop(self, reason: str = "stopped by actor") -> None:
+        if self._cell is not None:
+            self._cell.request_stop(reason)
+
+    def abort(self, reason: str | None = None) -> None:
+        if self._cell is not None:
+            self._cell.fail(None, text=f"Supervision event: actor {self} failed: {reason or 'no reason provided'}")
+
+    kill = abort
+
+    def __str__(self) -> str:
+        if self.key == "<root>":
+            return "<root>"
+        return f"<root>.<{self.class_name} {self.name}{self.rank}>"
+
+    __repr__ = __str__
+
+
+class Context:
+    def __init__(self, instance: Instance, message_rank: Any) -> None:
+        self.actor_instance = instance
+        self._message_rank = message_rank
+
+    @property
+    def message_rank(self) -> Point:
+        return _as_point(self._message_rank)
+
+
+def context() -> Context:
+    """The current actor and message; on the client (outside actors) the root instance."""
+    current = _current.get()
+    if current is not None:
+        return Context(current[0], current[1])
+    from regent.actor._runtime import get_runtime
+
+    inst = get_runtime().proc_context
+    if inst is None:
+        from regent.actor._proc import ensure_proc_context
+
+        inst = ensure_proc_context()
+    return Context(inst, inst._rank)
+
+
+def current_rank() -> Point:
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    return dict(context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    return str(context().actor_instance.actor_id)
+
+
+def set_current(instance: Instance, rank: Any) -> contextvars.Token:
+    return _current.set((instance, rank))

@@ -1,0 +1,644 @@
+"""Actor meshes and messaging: `ActorMesh`, endpoint adverbs, `ValueMesh`, ports and channels.
+
+A call is pickled once (in the caller's thread), then one small envelope per rank carries it to each
+actor's process; replies come back to a port in the caller's process. Every waiting call is registered
+with the runtime under the processes and ranks it waits on, so a death fails it instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import random
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+from regent.actor._actor import EndpointProperty, endpoints_of
+from regent.actor._context import current_rank
+from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
+from regent.actor._future import Future
+from regent.actor._pickle import dumps, loads
+from regent.actor._runtime import DEAD, ERROR, OK, MeshState, PendingReply, Runtime, get_runtime
+from regent.actor._shape import Extent, MeshTrait, Point, Shape
+
+logger = logging.getLogger("regent.actor")
+R = TypeVar("R")
+
+
+# ---------------------------------------------------------------------------------------------- ValueMesh
+class ValueMesh(MeshTrait, Generic[R]):
+    """One value per rank of a mesh: `item(**coords)`, `items()`, `values()`, iteration over (Point, value)."""
+
+    def __init__(self, shape: Shape, values: list) -> None:
+        ranks = shape.ranks()
+        if len(ranks) != len(values):
+            raise ValueError(f"ValueMesh of {len(ranks)} ranks given {len(values)} values")
+        self._shape = shape
+        self._by_rank = dict(zip(ranks, values))
+
+    def _new_with_shape(self, shape: Shape) -> ValueMesh:
+        vm = ValueMesh.__new__(ValueMesh)
+        vm._shape = shape
+        vm._by_rank = {r: self._by_rank[r] for r in shape.ranks()}
+        return vm
+
+    def item(self, **coords: int) -> R:
+        extent = self._shape.extent
+        for label in coords:
+            if label not in extent:
+                raise KeyError(f"ValueMesh has no dimension {label!r}; dimensions are {extent.labels}")
+        missing = [label for label in extent.labels if label not in coords and extent[label] != 1]
+        if missing:
+            raise KeyError(f"item() needs a coordinate for {missing}")
+        shape = self._shape
+        for label in extent.labels:
+            shape = shape.select(label, coords.get(label, 0))
+        return self._by_rank[shape.ranks()[0]]
+
+    def values(self) -> list[R]:
+        return [self._by_rank[r] for r in self._shape.ranks()]
+
+    def items(self) -> list[tuple[Point, R]]:
+        extent = self._shape.extent
+        return [(Point(i, extent), self._by_rank[r]) for i, r in enumerate(self._shape.ranks())]
+
+    def get(self, local_rank: int) -> R:
+        return self._by_rank[self._shape.ranks()[local_rank]]
+
+    def __iter__(self):
+        return iter(self.items())
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({self._shape.extent}, {self.values()!r})"
+
+    def __reduce__(self):
+        return (ValueMesh, (self._shape, self.values()))
+
+
+# ---------------------------------------------------------------------------------------------- replies
+def decode_reply(status: int, body: Any, buffers: list, endpoint: str) -> tuple[bool, Any]:
+    """(ok, value-or-exception) from a reply frame."""
+    if status == OK:
+        return True, loads(body, buffers)
+    if status == ERROR:
+        try:
+            exc, message, tb = loads(body, buffers)
+        except Exception as err:  # noqa: BLE001 - an exception type the caller cannot unpickle
+            return False, ActorError(RuntimeError(f"remote exception could not be unpickled: {err!r}"))
+        if isinstance(exc, ActorError):
+            return False, exc
+        return False, ActorError(exc, message, tb)
+    text = loads(body, buffers)
+    return False, SupervisionError(text, endpoint=endpoint)
+
+
+class Gather(PendingReply):
+    """Collects one reply per rank of a call; resolves a Future with a ValueMesh (or a single value)."""
+
+    def __init__(self, rt: Runtime, future: Future, shape: Shape | None, targets: list, endpoint: str,
+                 single: bool) -> None:
+        self.rt = rt
+        self.future = future
+        self.shape = shape
+        self.targets = targets
+        self.endpoint = endpoint
+        self.single = single
+        self.values: list[Any] = [None] * len(targets)
+        self.remaining = len(targets)
+        self.got = [False] * len(targets)
+        self.port_id = rt.new_port(self)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        if self.future.done() or self.got[index]:
+            return
+        try:
+            ok, value = decode_reply(status, body, buffers, self.endpoint)
+        except Exception as exc:  # noqa: BLE001
+            ok, value = False, ActorError(exc, f"reply to {self.endpoint}() could not be unpickled")
+        if not ok:
+            self._finish(value)
+            return
+        self.got[index] = True
+        self.values[index] = value
+        self.remaining -= 1
+        if self.remaining == 0:
+            self._finish(None)
+
+    def fail_rank(self, index: int, error: BaseException) -> None:
+        if isinstance(error, SupervisionError) and not error.endpoint:
+            error.endpoint = self.endpoint
+        self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        self.rt.untrack(self)
+        if error is not None:
+            self.future._set_exception(error)
+        elif self.single:
+            self.future._set_result(self.values[0])
+        else:
+            self.future._set_result(ValueMesh(self.shape, self.values))
+
+
+class StreamReplies(PendingReply):
+    """Resolves the i-th future with the i-th reply to arrive."""
+
+    def __init__(self, rt: Runtime, futures: list[Future], targets: list, endpoint: str) -> None:
+        self.rt = rt
+        self.futures = futures
+        self.targets = targets
+        self.endpoint = endpoint
+        self.next = 0
+        self.got = [False] * len(targets)
+        self.port_id = rt.new_port(self)
+
+    def _push(self, ok: bool, value: Any) -> None:
+        if self.next >= len(self.futures):
+            return
+        fut = self.futures[self.next]
+        self.next += 1
+        if ok:
+            fut._set_result(value)
+        else:
+            fut._set_exception(value)
+        if self.next == len(self.futures):
+            self.rt.untrack(self)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        if self.got[index]:
+            return
+        self.got[index] = True
+        try:
+            ok, value = decode_reply(status, body, buffers, self.endpoint)
+        except Exception as exc:  # noqa: BLE001
+            ok, value = False, exc
+        self._push(ok, value)
+
+    def fail_rank(self, index: int, error: BaseException) -> None:
+        if self.got[index]:
+            return
+        self.got[index] = True
+        if isinstance(error, SupervisionError) and not error.endpoint:
+            error.endpoint = self.endpoint
+        self._push(False, error)
+
+
+# ---------------------------------------------------------------------------------------------- meshes
+class ActorMeshRef:
+    """Per-process shared part of an actor mesh (all slices of it share one)."""
+
+    def __init__(self, mesh_id: str, name: str, cls: type, extent: Extent, rank_procs: list[str],
+                 owner: tuple[str, str], state: MeshState) -> None:
+        self.mesh_id = mesh_id
+        self.name = name
+        self.cls = cls
+        self.extent = extent
+        self.rank_procs = rank_procs
+        self.owner = owner
+        self.state = state
+        self.endpoints = endpoints_of(cls)
+        self.initialized: Future | None = None
+        self.proc_mesh: Any = None
+
+
+class ActorMesh(MeshTrait, Generic[R]):
+    """A mesh of actors of one class. Endpoints are attributes: `mesh.method.call(...)`."""
+
+    def __init__(self, ref: ActorMeshRef, shape: Shape) -> None:
+        self._ref = ref
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh:
+        return ActorMesh(self._ref, shape)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        ref = self.__dict__.get("_ref")
+        if ref is None:
+            raise AttributeError(name)
+        prop = ref.endpoints.get(name)
+        if prop is not None:
+            return Endpoint(self, name, prop)
+        attr = getattr(ref.cls, name, None)
+        if callable(attr):
+            return NotAnEndpoint(self, name)
+        raise AttributeError(f"{ref.cls.__qualname__} mesh has no endpoint {name!r}")
+
+    @property
+    def initialized(self) -> Future:
+        if self._ref.initialized is None:
+            return Future._resolved(None)
+        return self._ref.initialized
+
+    @property
+    def _name(self) -> Future:
+        return Future._resolved(self._ref.name)
+
+    def stop(self, reason: str = "stopped by client") -> Future:
+        rt = get_runtime()
+        ref = self._ref
+        ranks = self._shape.ranks()
+        fut = Future._new()
+        targets = [(ref.mesh_id, r, ref.rank_procs[r]) for r in ranks]
+
+        def on_loop() -> None:
+            if ref.state.stopped is not None or not ranks:
+                fut._set_result(None)
+                return
+            gather = Gather(rt, Future._new(), self._shape, targets, f"{ref.name}.stop", False)
+            rt.track(gather)
+
+            def done(_: Future) -> None:
+                if len(ranks) == ref.extent.nelements:
+                    ref.state.stopped = f"actor mesh {ref.name} has status: stopped ({reason})"
+                fut._set_result(None)
+
+            gather.future.add_done_callback(done)
+            for i, r in enumerate(ranks):
+                rt.send(ref.rank_procs[r], ("stop_actor", f"{ref.mesh_id}/{r}", reason,
+                                            (rt.proc_id, gather.port_id, i)))
+
+        rt.run_on_loop(on_loop)
+        return fut
+
+    def __reduce_ex__(self, protocol: int):
+        ref = self._ref
+        rt = get_runtime()
+        infos = {pid: rt.directory.get(pid) for pid in set(ref.rank_procs)}
+        if any(v is None for v in infos.values()):
+            infos = _wait_for_infos(rt, ref.rank_procs)
+        return (
+            _rebuild_actor_mesh,
+            (ref.mesh_id, ref.name, ref.cls, ref.extent.labels, ref.extent.sizes, ref.rank_procs, infos,
+             ref.owner, self._shape),
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._ref.name} {self._ref.cls.__qualname__} {self._shape.extent}>"
+
+
+def _wait_for_infos(rt: Runtime, proc_ids: list[str], timeout: float = 60.0) -> dict:
+    """Addresses of procs still being spawned: wait (off the loop thread) until they are known."""
+    import time
+
+    if rt.on_loop_thread():
+        missing = [p for p in proc_ids if p not in rt.directory]
+        raise RuntimeError(
+            f"cannot pass a mesh whose procs {missing[:3]} are still starting from async code; "
+            "`await proc_mesh.initialized` first"
+        )
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = {pid: rt.directory.get(pid) for pid in set(proc_ids)}
+        if all(v is not None for v in infos.values()):
+            return infos
+        if time.monotonic() > deadline:
+            raise TimeoutError("procs of the mesh did not start in time; it cannot be pickled")
+        time.sleep(0.01)
+
+
+def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, owner, shape) -> ActorMesh:
+    rt = get_runtime()
+    for pid, info in infos.items():
+        if info is not None:
+            rt.directory.setdefault(pid, info)
+    ref = actor_mesh_refs.get((id(rt), mesh_id))
+    if ref is None:
+        state = MeshState(mesh_id, name, "actor", list(rank_procs), None)
+        state = _register_state(rt, state)
+        ref = ActorMeshRef(mesh_id, name, cls, Extent(labels, sizes), list(rank_procs), owner, state)
+        actor_mesh_refs[(id(rt), mesh_id)] = ref
+    return ActorMesh(ref, shape)
+
+
+def _register_state(rt: Runtime, state: MeshState) -> MeshState:
+    if rt.on_loop_thread():
+        return rt.register_mesh(state)
+    existing = rt.mesh_states.get(state.mesh_id)
+    if existing is not None:
+        return existing
+    rt.run_on_loop(rt.register_mesh, state)
+    return state
+
+
+actor_mesh_refs: dict[tuple[int, str], ActorMeshRef] = {}
+
+
+class NotAnEndpoint:
+    """A plain method looked up on a mesh: calling it explains how to make it an endpoint."""
+
+    def __init__(self, mesh: ActorMesh, name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"{self._name} is not an endpoint of {self._mesh._ref.cls.__qualname__}; decorate it with @endpoint "
+            f"or call it through as_endpoint(mesh.{self._name}).call(...)"
+        )
+
+
+class Endpoint(Generic[R]):
+    """An endpoint of a mesh, with the adverbs `call`, `call_one`, `choose`, `stream`, `broadcast`."""
+
+    def __init__(self, mesh: ActorMesh, name: str, prop: EndpointProperty) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+
+    @property
+    def _label(self) -> str:
+        return f"{self._mesh._ref.name}.{self._name}"
+
+    def _prepare(self, args: tuple, kwargs: dict, ranks: list[int]) -> tuple[Any, list, str | None]:
+        self._prop.check_args(args, kwargs, self._mesh._ref.name)
+        problem = self._mesh._ref.state.problem(ranks)
+        if problem is not None:
+            return None, [], problem
+        body, buffers = dumps((args, kwargs))
+        return body, buffers, None
+
+    def _send(self, ranks: list[int], body: Any, buffers: list, reply_port: int | None,
+              reply_proc: str | None = None, pending: PendingReply | None = None,
+              fixed_index: int | None = None) -> None:
+        rt = get_runtime()
+        ref = self._mesh._ref
+        extent = self._mesh._shape.extent
+        labels, sizes = extent.labels, extent.sizes
+        view_ranks = self._mesh._shape.ranks()
+        reply_proc = reply_proc or rt.proc_id
+        method = self._name
+
+        def on_loop() -> None:
+            if pending is not None:
+                rt.track(pending)
+            for i, r in enumerate(ranks):
+                local = view_ranks.index(r) if len(ranks) != len(view_ranks) else i
+                reply = None
+                if reply_port is not None:
+                    reply = (reply_proc, reply_port, i if fixed_index is None else fixed_index)
+                env = pickle.dumps(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local)), 5)
+                rt.send_raw(ref.rank_procs[r], env, body, buffers)
+
+        rt.run_on_loop(on_loop)
+
+    def _gather(self, args: tuple, kwargs: dict, ranks: list[int], single: bool, shape: Shape | None) -> Future:
+        fut = Future._new()
+        body, buffers, problem = self._prepare(args, kwargs, ranks)
+        if problem is not None:
+            fut._set_exception(SupervisionError(problem, endpoint=self._label))
+            return fut
+        rt = get_runtime()
+        ref = self._mesh._ref
+        targets = [(ref.mesh_id, r, ref.rank_procs[r]) for r in ranks]
+        gather = Gather(rt, fut, shape, targets, self._label, single)
+        self._send(ranks, body, buffers, gather.port_id, pending=gather)
+        return fut
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Send to every actor of the mesh; the Future gives a ValueMesh of the replies."""
+        return self._gather(args, kwargs, self._mesh._shape.ranks(), False, self._mesh._shape)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        ranks = self._mesh._shape.ranks()
+        if len(ranks) != 1:
+            raise ValueError(f"call_one requires exactly 1 actor, but mesh has {len(ranks)}")
+        return self._gather(args, kwargs, ranks, True, None)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Send to one actor of the mesh (a healthy one, picked at random)."""
+        ranks = self._mesh._shape.ranks()
+        if not ranks:
+            raise ValueError("choose on an empty mesh")
+        healthy = [r for r in ranks if r not in self._mesh._ref.state.failed] or ranks
+        return self._gather(args, kwargs, [random.choice(healthy)], True, None)
+
+    def stream(self, *args: Any, **kwargs: Any):
+        """Send to every actor; yields one Future per reply, in arrival order."""
+        ranks = self._mesh._shape.ranks()
+        futures = [Future._new() for _ in ranks]
+        body, buffers, problem = self._prepare(args, kwargs, ranks)
+        if problem is not None:
+            for f in futures:
+                f._set_exception(SupervisionError(problem, endpoint=self._label))
+            return iter(futures)
+        rt = get_runtime()
+        ref = self._mesh._ref
+        targets = [(ref.mesh_id, r, ref.rank_procs[r]) for r in ranks]
+        stream = StreamReplies(rt, futures, targets, self._label)
+        self._send(ranks, body, buffers, stream.port_id, pending=stream)
+        return iter(futures)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Fire and forget to every actor. If the endpoint raises, the actor dies (supervision)."""
+        ranks = self._mesh._shape.ranks()
+        body, buffers, problem = self._prepare(args, kwargs, ranks)
+        if problem is not None:
+            logger.warning("broadcast %s() to an unhealthy mesh dropped: %s", self._label, problem)
+            return
+        self._send(ranks, body, buffers, None)
+
+    def _send_to_port(self, args: tuple, kwargs: dict, port: Port | None, selection: str) -> None:
+        ranks = self._mesh._shape.ranks()
+        if selection == "choose":
+            ranks = [random.choice(ranks)]
+        elif selection != "all":
+            raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+        body, buffers, problem = self._prepare(args, kwargs, ranks)
+        if problem is not None:
+            if port is not None:
+                port.exception(SupervisionError(problem, endpoint=self._label))
+            return
+        if port is None:
+            self._send(ranks, body, buffers, None)
+        else:
+            self._send(ranks, body, buffers, port._port_id, reply_proc=port._proc_id,
+                       fixed_index=port._index)
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("rref needs Monarch's tensor engine, which Regent does not provide")
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._label}>"
+
+
+def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False) -> Endpoint:
+    """Call a plain (undecorated) actor method through the endpoint machinery."""
+    if isinstance(not_an_endpoint, Endpoint):
+        return not_an_endpoint
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise TypeError("as_endpoint expects mesh.method for a method that is not an endpoint")
+    mesh = not_an_endpoint._mesh
+    fn = getattr(mesh._ref.cls, not_an_endpoint._name)
+    prop = EndpointProperty(fn, propagate, explicit_response_port)
+    return Endpoint(mesh, not_an_endpoint._name, prop)
+
+
+def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None, selection: str = "all") -> None:
+    """Low-level send: replies (one per actor) go to `port`; no port means fire-and-forget."""
+    endpoint._send_to_port(tuple(args), dict(kwargs), port, selection)
+
+
+# ---------------------------------------------------------------------------------------------- ports
+class Port(Generic[R]):
+    """The sending end of a channel. `send` is in order and fire-and-forget; picklable (pass it to actors)."""
+
+    def __init__(self, proc_id: str, port_id: int, index: int | None = None) -> None:
+        self._proc_id = proc_id
+        self._port_id = port_id
+        self._index = index
+
+    @property
+    def return_undeliverable(self) -> bool:
+        return True
+
+    def _index_now(self) -> int:
+        if self._index is not None:
+            return self._index
+        try:
+            return current_rank().rank
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def send(self, obj: R) -> None:
+        body, buffers = dumps(obj)
+        self._emit(OK, body, buffers)
+
+    def exception(self, exc: BaseException) -> None:
+        if isinstance(exc, (ActorError, SupervisionError)):
+            payload = (exc, str(exc), "")
+        else:
+            payload = (exc, "An exception was sent to a port.", format_remote_traceback(exc))
+        body, buffers = dumps(payload)
+        self._emit(ERROR, body, buffers)
+
+    def _emit(self, status: int, body: Any, buffers: list) -> None:
+        rt = get_runtime()
+        env = pickle.dumps(("r", self._port_id, self._index_now(), status), 5)
+        rt.run_on_loop(rt.send_raw, self._proc_id, env, body, buffers)
+
+    def __reduce__(self):
+        rt = get_runtime()
+        return (_rebuild_port, (self._proc_id, self._port_id, self._index, rt.directory.get(self._proc_id)))
+
+    def __repr__(self) -> str:
+        return f"<Port {self._proc_id}:{self._port_id}>"
+
+
+def _rebuild_port(proc_id: str, port_id: int, index: int | None, info: dict | None) -> Port:
+    if info is not None:
+        get_runtime().directory.setdefault(proc_id, info)
+    return Port(proc_id, port_id, index)
+
+
+class DroppingPort:
+    """The port of an explicit-port endpoint called without a reply (broadcast): sends go nowhere."""
+
+    def send(self, obj: Any) -> None:
+        pass
+
+    def exception(self, exc: BaseException) -> None:
+        raise exc
+
+
+class PortReceiver(Generic[R]):
+    """The receiving end of a channel: `recv()` gives a Future of the next message, in order."""
+
+    def __init__(self, rt: Runtime, ranked: bool = False, once: bool = False) -> None:
+        self._rt = rt
+        self._ranked = ranked
+        self._once = once
+        self._items: deque = deque()
+        self._waiters: deque[Future] = deque()
+        self._port_id = rt.new_port(self)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        try:
+            ok, value = decode_reply(status, body, buffers, "port")
+        except Exception as exc:  # noqa: BLE001
+            ok, value = False, exc
+        if ok and self._ranked:
+            value = (index, value)
+        if self._waiters:
+            fut = self._waiters.popleft()
+            fut._set_result(value) if ok else fut._set_exception(value)
+        else:
+            self._items.append((ok, value))
+        if self._once:
+            self._rt.drop_port(self._port_id)
+
+    def recv(self) -> Future[R]:
+        fut = Future._new()
+
+        def on_loop() -> None:
+            if self._items:
+                ok, value = self._items.popleft()
+                fut._set_result(value) if ok else fut._set_exception(value)
+            else:
+                self._waiters.append(fut)
+
+        self._rt.run_on_loop(on_loop)
+        return fut
+
+    def ranked(self) -> PortReceiver:
+        self._ranked = True
+        return self
+
+    def close(self) -> None:
+        self._rt.drop_port(self._port_id)
+
+
+class Channel(Generic[R]):
+    """`Channel.open()` gives `(Port, PortReceiver)`; generic use: `Channel[int].open()`."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port, PortReceiver]:
+        rt = get_runtime()
+        receiver = PortReceiver(rt, once=once)
+        return Port(rt.proc_id, receiver._port_id), receiver
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port, PortReceiver]:
+        rt = get_runtime()
+        receiver = PortReceiver(rt, ranked=True, once=once)
+        return Port(rt.proc_id, receiver._port_id), receiver
+
+
+# ---------------------------------------------------------------------------------------------- Accumulator
+class Accumulator(Generic[R]):
+    """Fold the replies of `endpoint.stream(...)` left to right, starting from `identity`."""
+
+    def __init__(self, endpoint: Endpoint, identity: Any, combine: Any) -> None:
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future:
+        futures = list(self._endpoint.stream(*args, **kwargs))
+        result = Future._new()
+        state = {"acc": self._identity, "left": len(futures)}
+        if not futures:
+            result._set_result(self._identity)
+            return result
+
+        def step(i: int) -> None:
+            def on_done(f: Future) -> None:
+                if result.done():
+                    return
+                try:
+                    state["acc"] = self._combine(state["acc"], f._outcome())
+                except BaseException as exc:  # noqa: BLE001
+                    result._set_exception(exc)
+                    return
+                if i + 1 < len(futures):
+                    step(i + 1)
+                else:
+                    result._set_result(state["acc"])
+
+            futures[i].add_done_callback(on_done)
+
+        step(0)
+        return result

@@ -1,0 +1,96 @@
+"""Serialization of user objects: cloudpickle, protocol 5, with large buffers carried out of band.
+
+Out-of-band buffers are written to the socket as they are and read straight into their own bytearrays on the
+other side, so a 100 MB array is not copied into the pickle stream. NumPy arrays do this by themselves
+(protocol-5 `PickleBuffer`); CPU torch tensors do not (torch pickles storages through `torch.save`), so a
+reducer here turns a dense CPU tensor into a raw byte buffer plus dtype and shape. torch is never imported
+by this module: tensors are recognised only when the user's program already imported torch.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from typing import Any
+
+import cloudpickle
+
+# Buffers smaller than this stay inside the pickle stream (one write, one read: cheaper for small data).
+OUT_OF_BAND_MIN_BYTES = 64 * 1024
+
+
+def _rebuild_tensor(buf: Any, dtype_name: str, shape: tuple, requires_grad: bool, is_param: bool) -> Any:
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    raw = memoryview(buf).cast("B")
+    if raw.nbytes == 0:
+        tensor = torch.empty(shape, dtype=dtype)
+    else:
+        if raw.readonly:
+            raw = memoryview(bytearray(raw))
+        tensor = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    if is_param:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def _tensor_reduction(obj: Any) -> tuple | None:
+    """Reduce a dense CPU tensor to (raw bytes buffer, dtype, shape), or None to let torch pickle it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    cls = type(obj)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter:
+        return None
+    try:
+        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_quantized:
+            return None
+        if obj.grad_fn is not None:
+            return None
+        flat = obj.detach().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8) if flat.element_size() != 1 or flat.dtype != torch.uint8 else flat
+        array = raw.numpy()
+    except Exception:  # noqa: BLE001 - any exotic tensor falls back to torch's own pickling
+        return None
+    dtype_name = str(obj.dtype).split(".", 1)[1]
+    return (
+        _rebuild_tensor,
+        (pickle.PickleBuffer(array), dtype_name, tuple(obj.shape), bool(obj.requires_grad), cls is not torch.Tensor),
+    )
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        reduction = _tensor_reduction(obj)
+        if reduction is not None:
+            return reduction
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle `obj`; returns the pickle stream and the out-of-band buffers (as flat byte memoryviews)."""
+    buffers: list[memoryview] = []
+
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        view = buffer.raw()
+        if view.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True  # in band
+        buffers.append(view)
+        return False
+
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=5, buffer_callback=keep).dump(obj)
+    return stream.getvalue(), buffers
+
+
+def loads(data: bytes | bytearray | memoryview, buffers: list[Any] = ()) -> Any:
+    return pickle.loads(data, buffers=buffers)
+
+
+def dumps_inband(obj: Any) -> bytes:
+    """Pickle with every buffer in band (for places that store one bytes object)."""
+    return cloudpickle.dumps(obj, protocol=5)

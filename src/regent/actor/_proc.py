@@ -1,0 +1,982 @@
+"""Processes and hosts: `HostMesh`, `ProcMesh`, spawning procs (cold or from warm spares), and the
+message handlers every process runs (spawn an actor, deliver a message, stop, configure, host requests).
+
+Who watches whom:
+- the process that starts a proc (its parent) reaps it and reports its exit status ("Killed(sig=9)");
+- a proc watches its owner (the process that asked for it): if the owner has been unreachable for
+  `orphan_timeout` seconds, the proc exits, so trainers never outlive a killed controller;
+- a proc started on a remote host by `regent worker` has the worker as parent and the controller as owner;
+  the worker forwards exit statuses and output to the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from regent.actor._actor import check_constructor_args, validate_actor_class
+from regent.actor._cell import Cell
+from regent.actor._config import config
+from regent.actor._context import Instance, context, set_current
+from regent.actor._errors import ActorError, MeshFailure, format_remote_traceback
+from regent.actor._future import Future
+from regent.actor._mesh import ActorMesh, ActorMeshRef, Gather, actor_mesh_refs
+from regent.actor._pickle import dumps, loads
+from regent.actor._runtime import (
+    CONTROLLERS_KEY,
+    DEAD,
+    ERROR,
+    OK,
+    ROOT_KEY,
+    MeshState,
+    Runtime,
+    get_runtime,
+    new_id,
+)
+from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
+
+logger = logging.getLogger("regent.actor")
+
+
+
+# ============================================================================================ spawner
+class Child:
+    """A process this runtime started (a proc or a warm spare)."""
+
+    def __init__(self, pid: str, process: asyncio.subprocess.Process, label: str, spare: bool) -> None:
+        self.pid = pid
+        self.process = process
+        self.label = label
+        self.spare = spare
+        self.conn: Any = None
+        self.on_exit: Callable[[str, str | None], None] | None = None
+        self.on_output: Callable[[str, str, str], None] | None = None
+        self.exit_reason: str | None = None
+        self.graceful = False
+
+
+class LocalSpawner:
+    """Starts procs on this machine as children of this process, and keeps warm spares."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.children: dict[str, Child] = {}
+        self.spares: collections.deque[Child] = collections.deque()
+        self.starting_spares = 0
+        self.warm_target = 0
+        self.preload: list[str] = []
+
+    def is_child(self, pid: str) -> bool:
+        return pid in self.children
+
+    def forget_spare(self, pid: str) -> None:
+        for child in list(self.spares):
+            if child.pid == pid:
+                self.spares.remove(child)
+                self._replenish()
+
+    async def _start(self, pid: str, env: dict[str, str], label: str, spare: bool, preload: list[str],
+                     on_exit: Callable | None, on_output: Callable | None) -> Child:
+        rt = self.rt
+        boot = {
+            "id": pid,
+            "parent": rt.info,
+            "sys_path": [p for p in sys.path if p],
+            "cwd": os.getcwd(),
+            "preload": list(preload),
+            "tcp_host": rt.tcp_host,
+        }
+        full_env = dict(os.environ)
+        full_env.update(config.child_env())
+        full_env.update(env)
+        full_env["REGENT_BOOT"] = json.dumps(boot)
+        full_env["REGENT_JOB_SECRET"] = rt.secret.hex()
+        full_env.pop("REGENT_JOB_SECRET_FILE", None)
+        full_env["PYTHONUNBUFFERED"] = "1"
+        waiter = rt.loop.create_future()
+        rt.hello_waiters[pid] = waiter
+        rt.held.add(pid)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "regent.actor._proc_main",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=full_env,
+        )
+        child = Child(pid, process, label, spare)
+        child.on_exit = on_exit
+        child.on_output = on_output
+        self.children[pid] = child
+        rt.loop.create_task(self._pump(child, process.stdout, "stdout"))
+        rt.loop.create_task(self._pump(child, process.stderr, "stderr"))
+        exit_task = rt.loop.create_task(self._watch(child))
+        done, _ = await asyncio.wait([waiter, exit_task], timeout=config.spawn_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            rt.hello_waiters.pop(pid, None)
+            if exit_task in done:
+                raise RuntimeError(f"proc {pid} exited during startup: {child.exit_reason}")
+            self.kill(pid)
+            raise TimeoutError(f"proc {pid} did not start within {config.spawn_timeout} s (REGENT_SPAWN_TIMEOUT)")
+        child.conn = waiter.result()
+        return child
+
+    async def _pump(self, child: Child, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                line = await stream.read(65536)
+            if not line:
+                return
+            text = line.decode(errors="replace")
+            if child.on_output is not None:
+                child.on_output(child.pid, name, f"[{child.label}] {text}" if config.prefix_output else text)
+
+    async def _watch(self, child: Child) -> str:
+        rc = await child.process.wait()
+        reason = f"Killed(sig={-rc})" if rc < 0 else f"Exited({rc})"
+        child.exit_reason = reason
+        self.children.pop(child.pid, None)
+        if child in self.spares:
+            self.spares.remove(child)
+            self._replenish()
+        graceful = child.graceful or (rc == 0 and child.pid in self.rt.graceful)
+        if child.on_exit is not None:
+            child.on_exit(child.pid, None if graceful else reason)
+        return reason
+
+    async def configure(self, child: Child, new_pid: str, cfg: dict, bootstrap: bytes) -> None:
+        """Give a started (or spare) process its identity, env and bootstrap; wait until it is ready."""
+        rt = self.rt
+        old_pid = child.pid
+        if child.pid != new_pid:
+            old = child.pid
+            self.children.pop(old, None)
+            rt.hello_waiters.pop(old, None)
+            rt.held.discard(old)
+            child.pid = new_pid
+            self.children[new_pid] = child
+            rt.held.add(new_pid)
+            child.conn.peer = new_pid
+        cfg = dict(cfg, id=new_pid)
+        fut = rt.loop.create_future()
+        port = rt.new_port(_OneShot(fut))
+        child.conn.send(_env(("configure", cfg, (rt.proc_id, port, 0))), bootstrap)
+        try:
+            status, body, buffers = await asyncio.wait_for(fut, config.spawn_timeout)
+        finally:
+            rt.drop_port(port)
+        if status != OK:
+            value = loads(body, buffers)
+            if status == ERROR:
+                exc, message, tb = value
+                raise ActorError(exc, message, tb)
+            raise RuntimeError(str(value))
+        info = dict(rt.directory.get(old_pid) or rt.directory.get(new_pid) or {})
+        info["id"] = new_pid
+        rt.directory[new_pid] = info
+
+    async def spawn(self, specs: list[dict], bootstrap: bytes, on_exit: Callable, on_output: Callable,
+                    release: bool) -> list[dict]:
+        """Start (or claim) one process per spec, configure them, and return their address infos."""
+
+        async def one(spec: dict) -> dict:
+            env = dict(spec.get("env") or {})
+            if spec.get("gpu_index") is not None:
+                env.update(visibility_env(spec["gpu_index"]))
+            if self.spares:
+                child = self.spares.popleft()
+                child.label = spec["label"]
+                self._replenish()
+            else:
+                child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output)
+            child.on_exit = on_exit
+            child.on_output = on_output
+            child.spare = False
+            cfg = dict(spec["cfg"], env=env)
+            try:
+                await self.configure(child, spec["pid"], cfg, bootstrap)
+            except BaseException:
+                self.kill(child.pid)
+                raise
+            info = self.rt.directory.get(child.pid)
+            if release:
+                self.rt.release(child.pid, child.conn)
+            else:
+                self.rt.held.discard(child.pid)
+            return info
+
+        return list(await asyncio.gather(*(one(s) for s in specs)))
+
+    def keep_warm(self, n: int, preload: list[str]) -> None:
+        self.warm_target = n
+        self.preload = list(preload)
+        self._replenish()
+
+    def _replenish(self) -> None:
+        missing = self.warm_target - len(self.spares) - self.starting_spares
+        for _ in range(max(0, missing)):
+            self.starting_spares += 1
+            self.rt.loop.create_task(self._start_spare())
+
+    async def _start_spare(self) -> None:
+        pid = new_id("spare")
+        try:
+            child = await self._start(pid, {}, f"spare {pid}", True, self.preload, None, _write_output)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not start a warm spare: %s", exc)
+            return
+        finally:
+            self.starting_spares -= 1
+        self.rt.held.discard(pid)
+        self.spares.append(child)
+
+    def kill(self, pid: str) -> None:
+        child = self.children.get(pid)
+        if child is not None and child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        self.warm_target = 0
+        for pid in list(self.children):
+            self.kill(pid)
+
+    def os_pid(self, pid: str) -> int | None:
+        child = self.children.get(pid)
+        return child.process.pid if child else None
+
+
+class _OneShot:
+    def __init__(self, fut: asyncio.Future) -> None:
+        self.fut = fut
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        if not self.fut.done():
+            self.fut.set_result((status, body, buffers))
+
+
+def _env(msg: tuple) -> bytes:
+    import pickle
+
+    return pickle.dumps(msg, 5)
+
+
+def visibility_env(index: int) -> dict[str, str]:
+    """Accelerator pinning for the index-th proc of a host, from regent.platform when it is available."""
+    try:
+        from regent.platform import child_visibility_env
+    except (ImportError, AttributeError):
+        return {}
+    try:
+        return dict(child_visibility_env(index))
+    except Exception as exc:  # noqa: BLE001 - pinning is best effort; say why it was skipped
+        logger.warning("accelerator pinning for proc %d skipped: %s", index, exc)
+        return {}
+
+
+def _write_output(pid: str, stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    try:
+        out.write(text)
+        out.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def spawner_of(rt: Runtime) -> LocalSpawner:
+    if rt.spawner is None:
+        rt.spawner = LocalSpawner(rt)
+    return rt.spawner
+
+
+# ============================================================================================ hosts
+class HostMeshState:
+    def __init__(self, kind: str, addresses: list[str], name: str) -> None:
+        self.kind = kind  # "local" or "remote"
+        self.addresses = addresses
+        self.name = name
+        self.agent_pids: dict[int, str] = {}
+        self.shut_down = False
+        self.owned = True
+
+
+class HostMesh(MeshTrait):
+    """Hosts that can start procs. `this_host()` is the local machine (no dimensions); meshes from
+    `attach_to_workers` or a job have one dimension `{"hosts": N}`."""
+
+    def __init__(self, state: HostMeshState, shape: Shape) -> None:
+        self._state = state
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return HostMesh(self._state, shape)
+
+    @property
+    def initialized(self) -> Future:
+        return Future._resolved(None)
+
+    @property
+    def region(self) -> Extent:
+        return self._shape.extent
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        proc_bind: list[dict] | None = None,
+        bootstrap_command: Any = None,
+        env: dict[str, str] | None = None,
+    ) -> ProcMesh:
+        """Start `prod(per_host)` procs on every host of this mesh; returns at once (`initialized` waits).
+
+        `env` (Regent extension) is set in every proc before anything is imported. `bootstrap` runs in
+        every proc before any actor (use `current_rank()` in it for per-rank settings). Procs come from
+        warm spares when `keep_warm` made some.
+        """
+        if self._state.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+        per_host = dict(per_host or {})
+        host_extent = self._shape.extent
+        clash = set(per_host) & set(host_extent.labels)
+        if clash:
+            raise ValueError(f"per_host labels {sorted(clash)} clash with the host mesh dimensions {host_extent.labels}")
+        for label, size in per_host.items():
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"per_host[{label!r}] must be a positive int, got {size!r}")
+        if proc_bind is not None:
+            import math
+
+            if len(proc_bind) != math.prod(per_host.values()):
+                raise ValueError("proc_bind needs one entry per proc of a host")
+        if bootstrap_command is not None:
+            raise NotImplementedError("bootstrap_command is not supported; use env= and bootstrap=")
+        rt = get_runtime()
+        owner_key = context().actor_instance.key
+        extent = Extent(host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values()))
+        name = name or new_id("procs")
+        mesh_id = new_id("pm")
+        proc_ids = [f"{name}-{mesh_id[3:9]}-{r}" for r in range(extent.nelements)]
+        state = ProcMeshState(mesh_id, name, extent, proc_ids, owner_key, self)
+        mesh = ProcMesh(state, Shape.from_extent(extent))
+        bootstrap_body = dumps(bootstrap)[0] if bootstrap is not None else b""
+        per_host_n = extent.nelements // max(host_extent.nelements, 1)
+        host_ranks = self._shape.ranks()
+        specs_by_host: list[list[dict]] = []
+        for h, host_rank in enumerate(host_ranks):
+            specs = []
+            for i in range(per_host_n):
+                r = h * per_host_n + i
+                label = _label(name, Point(r, extent))
+                specs.append({
+                    "pid": proc_ids[r],
+                    "env": dict(env or {}),
+                    "gpu_index": i if "gpus" in per_host else None,
+                    "label": label,
+                    "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
+                            "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info},
+                })
+            specs_by_host.append((host_rank, specs))
+
+        def register() -> None:
+            for pid in proc_ids:
+                rt.held.add(pid)
+            rt.owned_proc_meshes[mesh_id] = mesh
+            state.task = rt.loop.create_task(self._spawn_all(rt, state, specs_by_host, bootstrap_body))
+
+        rt.run_on_loop(register)
+        _register_owned(rt, owner_key, mesh)
+        return mesh
+
+    async def _spawn_all(self, rt: Runtime, state: ProcMeshState, specs_by_host: list, bootstrap: bytes) -> None:
+        try:
+            if self._state.kind == "local":
+                spawner = spawner_of(rt)
+                specs = [s for _, host_specs in specs_by_host for s in host_specs]
+                await spawner.spawn(specs, bootstrap, rt.proc_gone, _write_output, release=True)
+            else:
+                await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap)
+                                       for host_rank, specs in specs_by_host))
+        except BaseException as exc:  # noqa: BLE001 - reported through `initialized`
+            for pid in state.proc_ids:
+                if pid not in rt.routes:
+                    rt.proc_gone(pid, f"proc failed to start: {exc}")
+            if isinstance(exc, ActorError):
+                state.initialized._set_exception(exc)
+            else:
+                state.initialized._set_exception(ActorError(exc, f"spawning procs {state.name} failed",
+                                                            format_remote_traceback(exc)))
+            return
+        state.initialized._set_result(None)
+
+    async def _agent(self, rt: Runtime, host_rank: int) -> str:
+        pid = self._state.agent_pids.get(host_rank)
+        if pid is not None and pid in rt.routes:
+            return pid
+        pid = await rt.connect_address(self._state.addresses[host_rank])
+        self._state.agent_pids[host_rank] = pid
+        return pid
+
+    async def _spawn_remote(self, rt: Runtime, host_rank: int, specs: list[dict], bootstrap: bytes) -> None:
+        agent = await self._agent(rt, host_rank)
+        events = HostEvents(rt)
+        fut = rt.loop.create_future()
+        port = rt.new_port(_OneShot(fut))
+        try:
+            rt.send(agent, ("host_spawn", specs, (rt.proc_id, events.port_id, 0), (rt.proc_id, port, 0)), bootstrap)
+            status, body, buffers = await fut
+        finally:
+            rt.drop_port(port)
+        value = loads(body, buffers)
+        if status != OK:
+            if status == ERROR:
+                raise ActorError(*value)
+            raise RuntimeError(str(value))
+        for spec, info in zip(specs, value):
+            rt.directory[spec["pid"]] = info
+            rt.held.discard(spec["pid"])
+            rt._dial(spec["pid"])
+            self._state.agent_pids.setdefault(host_rank, agent)
+            rt.remote_procs[spec["pid"]] = agent
+
+    def keep_warm(self, n: int, preload: list[str] | tuple[str, ...] = ()) -> Future:
+        """Keep `n` idle procs per host that already imported `preload`; `spawn_procs` claims them."""
+        rt = get_runtime()
+
+        async def run() -> None:
+            if self._state.kind == "local":
+                spawner_of(rt).keep_warm(n, list(preload))
+                return
+            for host_rank in self._shape.ranks():
+                agent = await self._agent(rt, host_rank)
+                rt.send(agent, ("host_keep_warm", n, list(preload)))
+
+        return rt.submit(run())
+
+    def shutdown(self) -> Future:
+        if not self._state.owned:
+            raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of owned")
+        if self._state.shut_down:
+            raise RuntimeError("HostMesh has already been shut down")
+        self._state.shut_down = True
+        return self.stop()
+
+    def stop(self) -> Future:
+        """Stop every proc mesh spawned from this host mesh (the workers stay up)."""
+        rt = get_runtime()
+
+        async def run() -> None:
+            meshes = [pm for pm in list(rt.owned_proc_meshes.values())
+                      if pm._state.host is not None and pm._state.host._state is self._state]
+            await asyncio.gather(*(pm._stop_async() for pm in meshes), return_exceptions=True)
+
+        return rt.submit(run())
+
+    def __reduce__(self):
+        return (_rebuild_host_mesh, (self._state.kind, self._state.addresses, self._state.name, self._shape))
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._state.owned and not self._state.shut_down:
+            await self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._state.name} {self._shape.extent}>"
+
+
+def _rebuild_host_mesh(kind: str, addresses: list[str], name: str, shape: Shape) -> HostMesh:
+    state = HostMeshState(kind, addresses, name)
+    state.owned = False
+    return HostMesh(state, shape)
+
+
+def _label(name: str, point: Point) -> str:
+    coords = ",".join(f"{label}={point[label]}" for label in point) if len(point) else "0"
+    return f"{name} {coords}"
+
+
+class HostEvents:
+    """Receives exit and output events about procs a remote worker started for this process."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.port_id = rt.new_port(self)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        event = loads(body, buffers)
+        if event[0] == "exit":
+            self.rt.proc_gone(event[1], event[2])
+        elif event[0] == "out":
+            _write_output(event[1], event[2], event[3])
+
+
+# ============================================================================================ proc meshes
+class ProcMeshState:
+    def __init__(self, mesh_id: str, name: str, extent: Extent, proc_ids: list[str], owner_key: str,
+                 host: HostMesh | None) -> None:
+        self.mesh_id = mesh_id
+        self.name = name
+        self.extent = extent
+        self.proc_ids = proc_ids
+        self.owner_key = owner_key
+        self.host = host
+        self.initialized: Future = Future._new()
+        self.stopping = False
+        self.stopped = False
+        self.is_self = False
+        self.owned = True
+        self.task: asyncio.Task | None = None
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of processes. `spawn` starts actors on them; `stop` ends them (never hangs)."""
+
+    def __init__(self, state: ProcMeshState, shape: Shape) -> None:
+        self._state = state
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(self._state, shape)
+
+    @property
+    def initialized(self) -> Future:
+        return self._state.initialized
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        if self._state.host is None:
+            return local_host_mesh()
+        return self._state.host
+
+    def spawn(self, name: str, Class: type, *args: Any, **kwargs: Any) -> Any:
+        """Start one `Class(*args, **kwargs)` actor per proc; returns the ActorMesh at once."""
+        if self._state.stopped or self._state.stopping:
+            raise RuntimeError("`ProcMesh` has already been stopped")
+        owner_key = context().actor_instance.key
+        return spawn_actor_mesh(self, name, Class, args, kwargs, owner_key)
+
+    def stop(self, reason: str = "stopped by client") -> Future:
+        if not self._state.owned or len(self._shape) != self._state.extent.nelements and not self._state.is_self:
+            raise ValueError("ProcMesh is not owned; must be stopped by an owner")
+        return get_runtime().submit(self._stop_async())
+
+    async def _stop_async(self, timeout: float | None = None) -> None:
+        state = self._state
+        if state.is_self or state.stopped:
+            return
+        rt = get_runtime()
+        timeout = config.stop_timeout if timeout is None else timeout
+        state.stopping = True
+        exits = []
+        for pid in state.proc_ids:
+            rt.graceful.add(pid)
+            exits.append(rt.exit_future(pid))
+        for pid in state.proc_ids:
+            if pid not in rt.dead:
+                rt.send(pid, ("stop_proc", "stopped by owner", None))
+        if exits:
+            _, pending = await asyncio.wait(exits, timeout=timeout)
+            if pending:
+                for pid in state.proc_ids:
+                    if pid not in rt.dead:
+                        kill_proc(rt, pid)
+                await asyncio.wait(pending, timeout=5.0)
+                for pid in state.proc_ids:
+                    if pid not in rt.dead:
+                        rt.proc_gone(pid, None)
+        if state.task is not None and not state.task.done():
+            state.task.cancel()
+        if not state.initialized.done():
+            state.initialized._set_exception(RuntimeError(f"proc mesh {state.name} was stopped while starting"))
+        state.stopped = True
+        rt.owned_proc_meshes.pop(state.mesh_id, None)
+
+    def __reduce__(self):
+        st = self._state
+        rt = get_runtime()
+        infos = {pid: rt.directory.get(pid) for pid in st.proc_ids}
+        if any(v is None for v in infos.values()) and not st.is_self:
+            from regent.actor._mesh import _wait_for_infos
+
+            infos = _wait_for_infos(rt, st.proc_ids)
+        return (_rebuild_proc_mesh, (st.mesh_id, st.name, st.extent.labels, st.extent.sizes, st.proc_ids, infos,
+                                     self._shape, st.host if st.host is not None else None))
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._state.name} {self._shape.extent}>"
+
+
+def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, host) -> ProcMesh:
+    rt = get_runtime()
+    for pid, info in infos.items():
+        if info is not None:
+            rt.directory.setdefault(pid, info)
+    state = ProcMeshState(mesh_id, name, Extent(labels, sizes), list(proc_ids), "", host)
+    state.owned = False
+    state.initialized._set_result(None)
+    if len(proc_ids) == 1 and proc_ids[0] == rt.proc_id:
+        state.is_self = True
+    return ProcMesh(state, shape)
+
+
+def kill_proc(rt: Runtime, pid: str) -> None:
+    agent = rt.remote_procs.get(pid)
+    if agent is not None:
+        rt.send(agent, ("host_kill", [pid]))
+    elif rt.spawner is not None:
+        rt.spawner.kill(pid)
+
+
+def _register_owned(rt: Runtime, owner_key: str, mesh: Any) -> None:
+    if owner_key == ROOT_KEY or owner_key == CONTROLLERS_KEY:
+        return
+    cell = rt.cells.get(owner_key)
+    if cell is not None:
+        cell.owned.append(mesh)
+
+
+def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: dict, owner_key: str) -> ActorMesh:
+    is_async = validate_actor_class(cls)
+    check_constructor_args(cls, args, kwargs)
+    rt = get_runtime()
+    st = pm._state
+    view_ranks = pm._shape.ranks()
+    extent = pm._shape.extent
+    rank_procs = [st.proc_ids[r] for r in view_ranks]
+    mesh_id = new_id("am")
+    mstate = MeshState(mesh_id, name, "actor", rank_procs, owner_key)
+    for i in range(len(rank_procs)):
+        mstate.display[i] = f"{cls.__module__}.{cls.__qualname__} {name}{Point(i, extent)}"
+    ref = ActorMeshRef(mesh_id, name, cls, extent, rank_procs, (rt.proc_id, owner_key), mstate)
+    ref.proc_mesh = pm
+    actor_mesh_refs[(id(rt), mesh_id)] = ref
+    body, buffers = dumps((cls, args, kwargs))
+    init = Future._new()
+    ref.initialized = init
+    shape = Shape.from_extent(extent)
+    targets = [(mesh_id, i, pid) for i, pid in enumerate(rank_procs)]
+    gather = Gather(rt, Future._new(), shape, targets, f"{name}.__init__", False)
+
+    def init_done(f: Future) -> None:
+        try:
+            f._outcome()
+        except BaseException as exc:  # noqa: BLE001
+            init._set_exception(exc)
+            return
+        init._set_result(None)
+
+    gather.future.add_done_callback(init_done)
+    mesh = ActorMesh(ref, shape)
+
+    def on_loop() -> None:
+        rt.register_mesh(mstate)
+        rt.track(gather)
+        for i, pid in enumerate(rank_procs):
+            rt.send(pid, ("s", f"{mesh_id}/{i}", mesh_id, i, name, (extent.labels, extent.sizes, i),
+                          (rt.proc_id, owner_key), is_async, (rt.proc_id, gather.port_id, i)), body, buffers)
+
+    rt.run_on_loop(on_loop)
+    _register_owned(rt, owner_key, mesh)
+    return mesh
+
+
+# ============================================================================================ this process
+_local_host: dict[int, HostMesh] = {}
+
+
+def local_host_mesh() -> HostMesh:
+    rt = get_runtime()
+    host = _local_host.get(id(rt))
+    if host is None:
+        host = HostMesh(HostMeshState("local", [], "local"), Shape.from_extent(Extent([], [])))
+        _local_host[id(rt)] = host
+    return host
+
+
+def self_proc_mesh(rt: Runtime, rank: Any = None) -> ProcMesh:
+    extent = Extent([], [])
+    state = ProcMeshState("self-" + rt.proc_id, "this_proc", extent, [rt.proc_id], ROOT_KEY, None)
+    state.is_self = True
+    state.owned = False
+    state.initialized._set_result(None)
+    return ProcMesh(state, Shape(extent.labels, Slice(0, [], [])))
+
+
+def ensure_proc_context() -> Instance:
+    rt = get_runtime()
+    if rt.proc_context is None:
+        proc = self_proc_mesh(rt)
+        rt.proc_context = Instance(ROOT_KEY, "<root>", "RootClientActor", Point(0, Extent([], [])), proc)
+        rt.self_proc = proc
+    return rt.proc_context
+
+
+def this_proc() -> ProcMesh:
+    """The proc the current actor runs on (on the client: the client process itself)."""
+    return context().actor_instance.proc
+
+
+def this_host() -> HostMesh:
+    """The host of the current proc, as a 0-dimensional HostMesh (spawns children of this process)."""
+    return local_host_mesh()
+
+
+def attach_to_workers(workers: list[str], name: str | None = None, ca: str = "trust_all_connections",
+                      secret: bytes | None = None) -> HostMesh:
+    """A HostMesh `{"hosts": N}` served by `regent worker --address ...` processes. Returns at once.
+
+    The workers must share this controller's job secret (REGENT_JOB_SECRET / --secret-file).
+    """
+    if ca != "trust_all_connections":
+        raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' is supported")
+    workers = [str(w) for w in workers]
+    for w in workers:
+        if w.startswith("tcp://*"):
+            raise NotImplementedError("tcp://* addresses are not supported; give the worker's host")
+    rt = get_runtime()
+    if secret is not None and secret != rt.secret:
+        raise ValueError("attach_to_workers(secret=...) differs from this runtime's secret; "
+                         "set REGENT_JOB_SECRET before the runtime starts instead")
+    state = HostMeshState("remote", workers, name or "hosts")
+    return HostMesh(state, Shape.from_extent(Extent(["hosts"], [len(workers)])))
+
+
+# ============================================================================================ controllers
+def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -> Future:
+    """A named singleton actor living in the client process, spawned on first request."""
+    rt = get_runtime()
+    if rt.is_controller:
+        return rt.submit(_controller_local(rt, name, Class, args, kwargs))
+    root = rt.root_info
+    if root is None:
+        raise RuntimeError("this process does not know its controller; get_or_spawn_controller needs one")
+    body, buffers = dumps((Class, args, kwargs))
+    fut = Future._new()
+
+    class _Reply:
+        def deliver(self, index: int, status: int, b: Any, bufs: list) -> None:
+            rt.drop_port(port)
+            value = loads(b, bufs)
+            if status == OK:
+                fut._set_result(value)
+            elif status == ERROR:
+                fut._set_exception(value[0])
+            else:
+                fut._set_exception(RuntimeError(str(value)))
+
+    port = rt.new_port(_Reply())
+
+    def on_loop() -> None:
+        rt.directory.setdefault(root["id"], root)
+        rt.send(root["id"], ("goc", name, (rt.proc_id, port, 0)), body, buffers)
+
+    rt.run_on_loop(on_loop)
+    return fut
+
+
+async def _controller_local(rt: Runtime, name: str, cls: type, args: tuple, kwargs: dict) -> ActorMesh:
+    failure = rt.controller_failures.get(name)
+    if failure is not None:
+        raise ValueError(f"Failure on {name}: {failure}")
+    mesh = rt.controllers.get(name)
+    if mesh is None:
+        ensure_proc_context()
+        mesh = spawn_actor_mesh(rt.self_proc, name, cls, args, kwargs, CONTROLLERS_KEY)
+        rt.controllers[name] = mesh
+    return mesh
+
+
+# ============================================================================================ handlers
+def install_handlers(rt: Runtime) -> None:
+    def h_msg(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        key = msg[1]
+        cell = rt.cells.get(key)
+        item = ("m", msg[2], body, buffers, msg[3], msg[4])
+        if cell is not None:
+            cell.post(item)
+            return
+        dead = rt.dead_cells.get(key)
+        if dead is not None:
+            if msg[3] is not None:
+                rt.send_reply(msg[3], DEAD, dead)
+            return
+        # the spawn message may still be on its way (another sender's connection): hold the message
+        rt.unknown.setdefault(key, []).append(item)
+        if len(rt.unknown[key]) == 1:
+            rt.loop.call_later(config.spawn_timeout, expire_unknown, key)
+
+    def expire_unknown(key: str) -> None:
+        for item in rt.unknown.pop(key, []):
+            if item[4] is not None:
+                rt.send_reply(item[4], DEAD, f"no actor {key} in process {rt.proc_id}")
+
+    def h_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, key, mesh_id, rank, name, point, owner, is_async, reply = msg
+        try:
+            cls, args, kwargs = loads(body, buffers)
+        except Exception as exc:  # noqa: BLE001
+            text = f"Supervision event: actor {name}[{rank}] failed during spawn: {format_remote_traceback(exc)}"
+            rt.dead_cells[key] = text
+            rt.send_reply(reply, DEAD, text)
+            rt.send(owner[0], ("f", mesh_id, rank, text))
+            return
+        proc = rt.self_proc or ensure_self_proc(rt)
+        creator = rt.cells.get(owner[1]).ctx if owner[1] in rt.cells else None
+        cell = Cell(rt, key, mesh_id, rank, point, name, owner, cls, args, kwargs, is_async, reply, proc, creator)
+        rt.cells[key] = cell
+        for item in rt.unknown.pop(key, []):
+            cell.post(item)
+        cell.start()
+
+    def h_fail(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, mesh_id, rank, text = msg
+        rt.rank_failed(mesh_id, rank, text)
+
+    def h_stop_actor(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, key, reason, reply = msg
+        cell = rt.cells.get(key)
+        if cell is None:
+            if reply is not None:
+                rt.send_reply(reply, OK, None)
+            return
+        cell.post(("stop", reply, reason))
+
+    def h_configure(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        rt.loop.create_task(configure_self(rt, msg[1], body, buffers, msg[2]))
+
+    def h_stop_proc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        rt.loop.create_task(stop_self(rt, msg[2]))
+
+    def h_host_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, specs, events, reply = msg
+        rt.loop.create_task(host_spawn(rt, specs, bytes(body), events, reply))
+
+    def h_host_kill(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        for pid in msg[1]:
+            spawner_of(rt).kill(pid)
+
+    def h_host_keep_warm(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        spawner_of(rt).keep_warm(msg[1], msg[2])
+
+    def h_goc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, name, reply = msg
+
+        async def run() -> None:
+            try:
+                cls, args, kwargs = loads(body, buffers)
+                mesh = await _controller_local(rt, name, cls, args, kwargs)
+            except Exception as exc:  # noqa: BLE001
+                rt.send_reply(reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
+                return
+            rt.send_reply(reply, OK, mesh)
+
+        rt.loop.create_task(run())
+
+    rt.handlers.update(m=h_msg, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
+                       stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
+                       host_keep_warm=h_host_keep_warm, goc=h_goc)
+
+
+def ensure_self_proc(rt: Runtime) -> ProcMesh:
+    if rt.self_proc is None:
+        rt.self_proc = self_proc_mesh(rt)
+    return rt.self_proc
+
+
+async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
+    """In a new proc: take the identity, env and rank the spawner gives, then run the bootstrap."""
+    new_pid = cfg["id"]
+    if new_pid != rt.proc_id:
+        old = rt.proc_id
+        rt.proc_id = new_pid
+        rt.info["id"] = new_pid
+        rt.directory.pop(old, None)
+        rt.directory[new_pid] = rt.info
+    os.environ.update(cfg.get("env") or {})
+    rt.owner_proc_id = cfg["owner"]
+    rt.root_info = cfg.get("root")
+    if rt.root_info is not None:
+        rt.directory.setdefault(rt.root_info["id"], rt.root_info)
+    rank = (cfg["labels"], cfg["sizes"], cfg["rank"])
+    proc = ensure_self_proc(rt)
+    rt.proc_context = Instance(ROOT_KEY, cfg["name"], "Proc", rank, proc)
+    try:
+        if bytes(body):
+            fn = loads(body, buffers)
+            set_current(rt.proc_context, rank)
+            if inspect.iscoroutinefunction(fn):
+                await fn()
+            else:
+                def run() -> Any:
+                    set_current(rt.proc_context, rank)
+                    return fn()
+
+                result = await rt.loop.run_in_executor(None, run)
+                if inspect.isawaitable(result):
+                    await result
+    except BaseException as exc:  # noqa: BLE001 - reported to the spawner as a bootstrap failure
+        rt.send_reply(reply, ERROR, (exc, f"bootstrap of proc {cfg['name']} rank {cfg['rank']} failed",
+                                     format_remote_traceback(exc)))
+        return
+    rt.send_reply(reply, OK, None)
+
+
+async def stop_self(rt: Runtime, reply: tuple | None) -> None:
+    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
+    waits = []
+    for cell in list(rt.cells.values()):
+        fut = rt.loop.create_future()
+        port = rt.new_port(_OneShot(fut))
+        cell.post(("stop", (rt.proc_id, port, 0), "proc mesh stopped"))
+        waits.append(fut)
+    if waits:
+        await asyncio.wait(waits, timeout=config.stop_timeout)
+    if reply is not None:
+        rt.send_reply(reply, OK, None)
+    await asyncio.sleep(0)
+    for conn in list(rt.connections):
+        with contextlib.suppress(Exception):
+            conn.send(_env(("bye",)), b"")
+            conn.flush()
+    rt.stopping = True
+    if rt.spawner is not None:
+        rt.spawner.kill_all()
+    await asyncio.sleep(0.05)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:
+    """On a worker: start procs for a remote owner; forward their exits and output to it."""
+
+    def on_exit(pid: str, reason: str | None) -> None:
+        rt.send_reply(events, OK, ("exit", pid, reason))
+
+    def on_output(pid: str, stream: str, text: str) -> None:
+        rt.send_reply(events, OK, ("out", pid, stream, text))
+
+    try:
+        infos = await spawner_of(rt).spawn(specs, bootstrap, on_exit, on_output, release=False)
+    except BaseException as exc:  # noqa: BLE001
+        rt.send_reply(reply, ERROR, (exc, f"worker {rt.proc_id} could not spawn procs", format_remote_traceback(exc)))
+        return
+    rt.send_reply(reply, OK, infos)

@@ -1,0 +1,44 @@
+"""Entry point of a proc process (`python -m regent.actor._proc_main`), started by a `LocalSpawner`.
+
+The parent passes everything in the environment: REGENT_BOOT (JSON: id, parent address, sys.path,
+modules to preload for warm spares) and REGENT_JOB_SECRET. The proc listens, connects back to its
+parent (which then sends "configure": identity, env, rank, bootstrap), and serves until stopped or orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+
+
+def main() -> None:
+    boot = json.loads(os.environ.pop("REGENT_BOOT"))
+    missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
+    sys.path[:0] = missing
+    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    for module in boot.get("preload", []):
+        importlib.import_module(module)
+
+    from regent.actor._runtime import Runtime, new_event_loop, set_runtime
+
+    rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"))
+    set_runtime(rt)
+    parent = boot["parent"]
+    rt.owner_proc_id = parent["id"]
+    rt.directory[parent["id"]] = parent
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    rt._bind_loop(loop)
+    loop.run_until_complete(rt.start())
+    rt._dial(parent["id"])
+    loop.create_task(rt.orphan_watch())
+    loop.run_forever()
+
+
+if __name__ == "__main__":
+    main()

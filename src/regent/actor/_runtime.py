@@ -1,0 +1,738 @@
+"""The per-process runtime: one asyncio loop, a listener, direct connections to peers, and bookkeeping.
+
+Every process of a job (the controller, each proc, each `regent worker`) has exactly one `Runtime`. It
+owns all sockets and all shared state, and everything it owns is touched only on its event loop thread.
+Other threads (the user's main thread, sync actors' threads) hand work over with `run_on_loop`, which
+batches wake-ups so a burst of calls costs one loop wake-up, not one per call.
+
+Routing is by process id: `send(proc_id, ...)` uses the connection to that process, dialing it (Unix
+socket on the same machine, TCP otherwise) if needed and queueing meanwhile. Messages between two
+processes always take one connection, which is what gives per-sender FIFO order.
+
+Supervision bookkeeping also lives here, because it is per process: which meshes this process owns, which
+ranks are failed, which calls are waiting on which processes, and what happens when a process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from regent.actor import _future
+from regent.actor._config import config
+from regent.actor._errors import MeshFailure, SupervisionError
+from regent.actor._future import Future
+from regent.actor._transport import Connection, connect, listen
+
+logger = logging.getLogger("regent.actor")
+
+ROOT_KEY = "<root>"
+CONTROLLERS_KEY = "<controllers>"
+# reply status codes carried in "r" envelopes
+OK, ERROR, DEAD = 0, 1, 2
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def machine_id() -> str:
+    """Identifies this machine (and boot), so peers know when a Unix socket path is reachable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "noboot"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def job_secret_from_env() -> bytes | None:
+    raw = os.environ.get("REGENT_JOB_SECRET")
+    if raw:
+        try:
+            return bytes.fromhex(raw)
+        except ValueError:
+            raise ValueError("REGENT_JOB_SECRET must be hex; generate one with `python -c 'import secrets;"
+                             " print(secrets.token_hex(32))'`") from None
+    path = os.environ.get("REGENT_JOB_SECRET_FILE")
+    if path:
+        return read_secret_file(path)
+    return None
+
+
+def read_secret_file(path: str) -> bytes:
+    with open(path) as f:
+        text = f.read().strip()
+    if not text:
+        raise ValueError(f"secret file {path} is empty; write a hex secret into it")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return text.encode()
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime; the first call in a controller starts it on a background thread."""
+    global _runtime
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _runtime_lock:
+        if _runtime is None:
+            rt = Runtime(proc_id=new_id("client"), is_controller=True)
+            rt.start_in_thread()
+            _runtime = rt
+        return _runtime
+
+
+def set_runtime(rt: Runtime) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def runtime_if_started() -> Runtime | None:
+    return _runtime
+
+
+class MeshState:
+    """What this process knows about one actor or proc mesh: failed ranks, stop status, ownership."""
+
+    __slots__ = ("mesh_id", "name", "kind", "failed", "stopped", "owner_key", "rank_procs", "dispatched",
+                 "display")
+
+    def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None) -> None:
+        self.mesh_id = mesh_id
+        self.name = name
+        self.kind = kind
+        self.rank_procs = rank_procs
+        self.owner_key = owner_key
+        self.failed: dict[int, str] = {}
+        self.stopped: str | None = None
+        self.dispatched: set[int] = set()
+        self.display: dict[int, str] = {}
+
+    def problem(self, ranks: list[int]) -> str | None:
+        """Why a message to these ranks cannot succeed, or None."""
+        if self.stopped is not None:
+            return self.stopped
+        if self.failed:
+            bad = [r for r in ranks if r in self.failed]
+            if bad:
+                return (
+                    f'failure on mesh "{self.name}" at ranks [{", ".join(map(str, bad))}] with event: '
+                    f"{self.failed[bad[0]]}"
+                )
+        return None
+
+
+class PendingReply:
+    """Something waiting for replies from specific processes/ranks; failed if they die."""
+
+    port_id: int
+    targets: list[tuple[str, int, str]]  # (mesh_id, rank, proc_id)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def fail_rank(self, index: int, error: BaseException) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Runtime:
+    def __init__(self, proc_id: str, is_controller: bool, secret: bytes | None = None,
+                 tcp_host: str | None = None) -> None:
+        self.proc_id = proc_id
+        self.is_controller = is_controller
+        self.secret = secret or job_secret_from_env() or secrets.token_bytes(32)
+        self.tcp_host = tcp_host or os.environ.get("REGENT_LISTEN_HOST") or "127.0.0.1"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread_id: int | None = None
+        self.sock_dir = tempfile.mkdtemp(prefix="regent-")
+        self.info: dict[str, Any] = {"id": proc_id, "machine": machine_id(), "unix": None, "tcp": None}
+        self.servers: list[Any] = []
+        self.routes: dict[str, Connection] = {}
+        self.directory: dict[str, dict] = {}
+        self.queued: dict[str, list[tuple[bytes, Any, list]]] = {}
+        self.dialing: set[str] = set()
+        self.held: set[str] = set()
+        self.hello_waiters: dict[str, asyncio.Future] = {}
+        self.connections: set[Connection] = set()
+        self.ports: dict[int, Any] = {}
+        self._port_ids = itertools.count(1)
+        self.cells: dict[str, Any] = {}
+        self.dead_cells: dict[str, str] = {}
+        self.unknown: dict[str, list] = {}
+        self.mesh_states: dict[str, MeshState] = {}
+        self.ranks_on_proc: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
+        self.pending_by_proc: dict[str, set[int]] = collections.defaultdict(set)
+        self.dead: dict[str, str] = {}
+        self.graceful: set[str] = set()
+        self.owned_proc_meshes: dict[str, Any] = {}
+        self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
+        self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
+        self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
+        self.handlers: dict[str, Callable] = {}
+        self._inbox: collections.deque = collections.deque()
+        self._inbox_lock = threading.Lock()
+        self._inbox_scheduled = False
+        self.stopping = False
+        self.exit_code: int | None = None
+        self.proc_context: Any = None  # the Instance used outside actors in this process
+        self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
+        self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
+        self.exit_futures: dict[str, asyncio.Future] = {}
+        self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
+        self.controller_failures: dict[str, str] = {}
+        self._register_handlers()
+        from regent.actor._proc import install_handlers
+
+        install_handlers(self)
+
+    # ------------------------------------------------------------------ loop management
+    def start_in_thread(self) -> None:
+        """Controller mode: run the loop on a daemon thread."""
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def main() -> None:
+            loop = new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._bind_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+                errors.append(exc)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+
+        thread = threading.Thread(target=main, name="regent-runtime", daemon=True)
+        thread.start()
+        started.wait()
+        if errors:
+            raise errors[0]
+        atexit.register(self._atexit)
+
+    def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.loop_thread_id = threading.get_ident()
+        _future._loop_thread_checker[:] = [self.on_loop_thread]
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.loop_thread_id
+
+    async def start(self) -> None:
+        if self.loop is None:
+            self._bind_loop(asyncio.get_running_loop())
+        path = os.path.join(self.sock_dir, "rt.sock")
+        server, addr = await listen(f"unix://{path}", self._factory(True), self.loop)
+        self.servers.append(server)
+        self.info["unix"] = addr
+        server, addr = await listen(f"tcp://{self.tcp_host}:0", self._factory(True), self.loop)
+        self.servers.append(server)
+        self.info["tcp"] = addr
+        self.directory[self.proc_id] = self.info
+
+    async def listen_extra(self, address: str) -> str:
+        """Also accept connections on `address` (used by `regent worker --address`)."""
+        server, addr = await listen(address, self._factory(True), self.loop)
+        self.servers.append(server)
+        return addr
+
+    def run_on_loop(self, fn: Callable, *args: Any) -> None:
+        """Run `fn(*args)` on the loop thread: now if already there, else soon (batched wake-ups)."""
+        if threading.get_ident() == self.loop_thread_id:
+            fn(*args)
+            return
+        self._inbox.append((fn, args))
+        with self._inbox_lock:
+            if self._inbox_scheduled:
+                return
+            self._inbox_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain_inbox)
+        except RuntimeError:
+            pass  # loop closed at interpreter exit
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            self._inbox_scheduled = False
+        inbox = self._inbox
+        while inbox:
+            fn, args = inbox.popleft()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - one bad item must not stall the rest
+                logger.exception("error in runtime task %s", getattr(fn, "__name__", fn))
+
+    def submit(self, coro: Coroutine) -> Future:
+        """Run a coroutine on the loop; returns a Future for its outcome."""
+        fut = Future._new()
+
+        def start() -> None:
+            task = self.loop.create_task(coro)
+
+            def done(t: asyncio.Task) -> None:
+                if t.cancelled():
+                    fut._set_exception(asyncio.CancelledError())
+                elif t.exception() is not None:
+                    fut._set_exception(t.exception())
+                else:
+                    fut._set_result(t.result())
+
+            task.add_done_callback(done)
+
+        self.run_on_loop(start)
+        return fut
+
+    def spawn_task(self, coro: Coroutine) -> None:
+        self.run_on_loop(lambda: self.loop.create_task(coro))
+
+    # ------------------------------------------------------------------ connections
+    def _factory(self, is_server: bool) -> Callable[[], Connection]:
+        def make() -> Connection:
+            return Connection(self.secret, is_server, self._on_open, self._on_frame, self._on_close,
+                              config.max_frame_bytes, self.loop)
+
+        return make
+
+    def _on_open(self, conn: Connection) -> None:
+        self.connections.add(conn)
+        conn.send(pickle.dumps(("hello", self.info), 5), b"")
+
+    def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
+        self.connections.discard(conn)
+        peer = conn.peer
+        if peer is None:
+            return
+        if self.routes.get(peer) is conn:
+            del self.routes[peer]
+        if self.stopping:
+            return
+        if peer in self.graceful:
+            self.proc_gone(peer, None)
+        elif self.spawner is not None and self.spawner.is_child(peer):
+            # our own child: its exit watcher reports the real exit status; fall back if it never does
+            self.loop.call_later(3.0, self._connection_lost_fallback, peer)
+        else:
+            self.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
+
+    def _connection_lost_fallback(self, peer: str) -> None:
+        if peer not in self.dead and peer not in self.routes:
+            self.proc_gone(peer, f"lost connection to process {peer}")
+
+    def _on_frame(self, conn: Connection | None, env: bytes, body: Any, buffers: list) -> None:
+        try:
+            msg = pickle.loads(env)
+            handler = self.handlers[msg[0]]
+        except Exception as exc:  # noqa: BLE001 - a bad envelope is dropped, the connection survives
+            logger.error("dropping malformed message from %s: %s", conn.peername if conn else "self", exc)
+            return
+        try:
+            handler(conn, msg, body, buffers)
+        except Exception:  # noqa: BLE001
+            logger.exception("error handling %r message", msg[0])
+
+    def _register_handlers(self) -> None:
+        self.handlers.update(
+            hello=self._h_hello,
+            r=self._h_reply,
+            bye=self._h_bye,
+        )
+
+    def _h_hello(self, conn: Connection, msg: tuple, body: Any, buffers: list) -> None:
+        info = msg[1]
+        peer = info["id"]
+        conn.peer = peer
+        self.directory.setdefault(peer, info)
+        if peer in self.hello_waiters:
+            waiter = self.hello_waiters.pop(peer)
+            if not waiter.done():
+                waiter.set_result(conn)
+        if peer in self.held:
+            return
+        if peer not in self.routes or self.routes[peer].closed:
+            self.routes[peer] = conn
+            self._flush_queue(peer)
+
+    def _h_bye(self, conn: Connection, msg: tuple, body: Any, buffers: list) -> None:
+        if conn is not None and conn.peer is not None:
+            self.graceful.add(conn.peer)
+
+    def release(self, proc_id: str, conn: Connection | None) -> None:
+        """Make a held (still configuring) proc routable and send what was queued for it."""
+        self.held.discard(proc_id)
+        if conn is not None and not conn.closed:
+            self.routes[proc_id] = conn
+        self._flush_queue(proc_id)
+
+    def _flush_queue(self, proc_id: str) -> None:
+        queued = self.queued.pop(proc_id, None)
+        if not queued:
+            return
+        conn = self.routes.get(proc_id)
+        if conn is None:
+            self.queued[proc_id] = queued
+            self._dial(proc_id)
+            return
+        for env, body, bufs in queued:
+            conn.send(env, body, bufs)
+
+    def send(self, proc_id: str, env: tuple, body: Any = b"", buffers: list = ()) -> None:
+        """Send one message to a process (loop thread only). Queues while connecting."""
+        env_bytes = pickle.dumps(env, 5)
+        self.send_raw(proc_id, env_bytes, body, buffers)
+
+    def send_raw(self, proc_id: str, env_bytes: bytes, body: Any, buffers: list = ()) -> None:
+        if proc_id == self.proc_id:
+            local_bufs = [memoryview(bytearray(b)) for b in buffers] if buffers else []
+            self.loop.call_soon(self._on_frame, None, env_bytes, memoryview(bytes(body)), local_bufs)
+            return
+        conn = self.routes.get(proc_id)
+        if conn is not None and not conn.closed:
+            conn.send(env_bytes, body, buffers)
+            return
+        if proc_id in self.dead:
+            self._undeliverable(proc_id, env_bytes)
+            return
+        self.queued.setdefault(proc_id, []).append((env_bytes, body, buffers))
+        if proc_id not in self.held:
+            self._dial(proc_id)
+
+    def _undeliverable(self, proc_id: str, env_bytes: bytes) -> None:
+        """A message to a dead process: answer its reply port, if any, so nobody waits forever."""
+        try:
+            msg = pickle.loads(env_bytes)
+        except Exception:  # noqa: BLE001
+            return
+        reply = reply_of(msg)
+        if reply is not None:
+            reason = self.dead.get(proc_id, "unreachable")
+            self.send_reply(reply, DEAD, f"the process this actor was running on failed: {reason}")
+
+    def _dial(self, proc_id: str) -> None:
+        if proc_id in self.dialing:
+            return
+        info = self.directory.get(proc_id)
+        if info is None:
+            logger.debug("no address yet for %s; queueing", proc_id)
+            return
+        self.dialing.add(proc_id)
+        self.loop.create_task(self._dial_task(proc_id, info))
+
+    def address_for(self, info: dict) -> str:
+        if info.get("unix") and info.get("machine") == self.info["machine"]:
+            return info["unix"]
+        if info.get("tcp"):
+            return info["tcp"]
+        raise ConnectionError(f"process {info.get('id')} has no address reachable from this machine")
+
+    async def _dial_task(self, proc_id: str, info: dict) -> None:
+        try:
+            conn = await connect(self.address_for(info), self._factory(False), self.loop)
+            conn.peer = proc_id
+        except Exception as exc:  # noqa: BLE001 - the peer is unreachable: fail what waits on it
+            self.dialing.discard(proc_id)
+            logger.warning("cannot connect to %s: %s", proc_id, exc)
+            self.proc_gone(proc_id, f"cannot connect to process {proc_id}: {exc}")
+            return
+        self.dialing.discard(proc_id)
+        existing = self.routes.get(proc_id)
+        if existing is None or existing.closed:
+            self.routes[proc_id] = conn
+        self._flush_queue(proc_id)
+
+    async def connect_address(self, address: str, timeout: float = 30.0) -> str:
+        """Dial an address whose process id is unknown (a worker); returns the peer's process id."""
+        conn = await connect(address, self._factory(False), self.loop, timeout)
+        deadline = self.loop.time() + timeout
+        while conn.peer is None:
+            if conn.closed:
+                raise ConnectionError(f"connection to {address} closed before hello")
+            if self.loop.time() > deadline:
+                raise TimeoutError(f"no hello from {address} within {timeout} s")
+            await asyncio.sleep(0.005)
+        return conn.peer
+
+    # ------------------------------------------------------------------ ports and replies
+    def new_port(self, handler: Any) -> int:
+        """Register a reply handler (any thread: the id counter and dict store are atomic)."""
+        port_id = next(self._port_ids)
+        self.ports[port_id] = handler
+        return port_id
+
+    def drop_port(self, port_id: int) -> None:
+        self.ports.pop(port_id, None)
+
+    def _h_reply(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
+        _, port_id, index, status = msg
+        handler = self.ports.get(port_id)
+        if handler is None:
+            return  # late reply to a finished or failed call
+        handler.deliver(index, status, body, buffers)
+
+    def send_reply(self, reply: tuple, status: int, value: Any) -> None:
+        """Send a value (or error) to a reply port `(proc_id, port_id, index)`; any thread."""
+        from regent.actor._pickle import dumps
+
+        try:
+            body, bufs = dumps(value)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result becomes an error for the caller
+            from regent.actor._errors import ActorError
+
+            err = ActorError(RuntimeError(f"result could not be pickled: {exc!r}"), "Actor call failed.")
+            body, bufs = dumps((err.exception, str(exc), ""))
+            status = ERROR
+        env = pickle.dumps(("r", reply[1], reply[2], status), 5)
+        self.run_on_loop(self.send_raw, reply[0], env, body, bufs)
+
+    def track(self, pending: PendingReply) -> None:
+        for _mesh_id, _rank, proc_id in pending.targets:
+            self.pending_by_proc[proc_id].add(pending.port_id)
+            if proc_id in self.dead:
+                self.loop.call_soon(self._fail_pending_for_proc, proc_id)
+
+    def untrack(self, pending: PendingReply) -> None:
+        self.ports.pop(pending.port_id, None)
+        for _mesh_id, _rank, proc_id in pending.targets:
+            s = self.pending_by_proc.get(proc_id)
+            if s is not None:
+                s.discard(pending.port_id)
+
+    def _fail_pending_for_proc(self, proc_id: str) -> None:
+        reason = self.dead.get(proc_id)
+        if reason is None:
+            return
+        for port_id in list(self.pending_by_proc.pop(proc_id, ())):
+            pending = self.ports.get(port_id)
+            if pending is None or not isinstance(pending, PendingReply):
+                continue
+            for idx, (mesh_id, rank, pid) in enumerate(pending.targets):
+                if pid == proc_id:
+                    state = self.mesh_states.get(mesh_id)
+                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
+
+    def _death_text(self, state: MeshState | None, rank: int, reason: str) -> str:
+        if reason.startswith("actor mesh is stopped"):
+            return reason
+        who = state.display.get(rank, f"{state.name}[{rank}]") if state else f"rank {rank}"
+        return f"The actor {who} and all its descendants have failed: {reason}"
+
+    def fail_pending_for_mesh(self, mesh_id: str, rank: int, reason: str) -> None:
+        state = self.mesh_states.get(mesh_id)
+        for port_id in list(self.ports):
+            pending = self.ports.get(port_id)
+            if not isinstance(pending, PendingReply):
+                continue
+            for idx, (mid, r, _pid) in enumerate(pending.targets):
+                if mid == mesh_id and r == rank:
+                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
+
+    # ------------------------------------------------------------------ supervision
+    def register_mesh(self, state: MeshState) -> MeshState:
+        existing = self.mesh_states.get(state.mesh_id)
+        if existing is not None:
+            return existing
+        self.mesh_states[state.mesh_id] = state
+        if state.kind == "actor":
+            for rank, proc_id in enumerate(state.rank_procs):
+                self.ranks_on_proc[proc_id].add((state.mesh_id, rank))
+                if proc_id in self.dead and rank not in state.failed:
+                    state.failed[rank] = f"the process this actor was running on failed: {self.dead[proc_id]}"
+        return state
+
+    def exit_future(self, proc_id: str) -> asyncio.Future:
+        """Resolves when `proc_id` is known to be gone."""
+        fut = self.exit_futures.get(proc_id)
+        if fut is None:
+            fut = self.loop.create_future()
+            if proc_id in self.dead:
+                fut.set_result(self.dead[proc_id])
+            self.exit_futures[proc_id] = fut
+        return fut
+
+    def proc_gone(self, proc_id: str, reason: str | None) -> None:
+        """A process exited or became unreachable. `reason=None` means a graceful stop."""
+        if proc_id in self.dead:
+            return
+        graceful = reason is None or proc_id in self.graceful
+        text = "actor mesh is stopped due to proc mesh shutdown" if graceful else reason
+        self.dead[proc_id] = text
+        fut = self.exit_futures.get(proc_id)
+        if fut is not None and not fut.done():
+            fut.set_result(text)
+        self.held.discard(proc_id)
+        self.routes.pop(proc_id, None)
+        for env, _body, _bufs in self.queued.pop(proc_id, []):
+            self._undeliverable(proc_id, env)
+        self._fail_pending_for_proc(proc_id)
+        if self.spawner is not None:
+            self.spawner.forget_spare(proc_id)
+        owned_actor_mesh_on_proc = False
+        for mesh_id, rank in sorted(self.ranks_on_proc.get(proc_id, ())):
+            state = self.mesh_states.get(mesh_id)
+            if state is None:
+                continue
+            if graceful:
+                state.failed.setdefault(rank, text)
+                continue
+            if state.owner_key is not None:
+                owned_actor_mesh_on_proc = True
+            self.rank_failed(mesh_id, rank, f"the process this actor was running on failed: {reason}")
+        if not graceful:
+            for pm in list(self.owned_proc_meshes.values()):
+                pm_state = pm._state
+                if proc_id in pm_state.proc_ids and not pm_state.stopping and not owned_actor_mesh_on_proc:
+                    rank = pm_state.proc_ids.index(proc_id)
+                    self.dispatch_failure(
+                        pm_state.owner_key,
+                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}"),
+                    )
+
+    def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
+        """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner."""
+        state = self.mesh_states.get(mesh_id)
+        if state is None:
+            return
+        if rank not in state.failed:
+            state.failed[rank] = event
+        self.fail_pending_for_mesh(mesh_id, rank, event)
+        if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
+            return
+        state.dispatched.add(rank)
+        self.dispatch_failure(state.owner_key, MeshFailure(state.name, [rank], event))
+
+    def dispatch_failure(self, owner_key: str, failure: MeshFailure) -> None:
+        if owner_key == CONTROLLERS_KEY:
+            # get_or_spawn_controller singletons: remember the failure, a later request reports it
+            self.controller_failures[failure.mesh_name] = failure.report()
+            self.controllers.pop(failure.mesh_name, None)
+            return
+        if owner_key == ROOT_KEY:
+            if self.is_controller:
+                threading.Thread(target=self._run_fault_hook, args=(failure,), daemon=True,
+                                 name="regent-fault-hook").start()
+            else:
+                logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
+            return
+        cell = self.cells.get(owner_key)
+        if cell is None or not cell.alive:
+            logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
+            return
+        cell.supervise(failure)
+
+    def _run_fault_hook(self, failure: MeshFailure) -> None:
+        import _thread
+
+        import regent.actor as api
+
+        try:
+            api.unhandled_fault_hook(failure)
+        except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
+            try:
+                sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            self.exit_code = 1
+            _thread.interrupt_main()
+
+    # ------------------------------------------------------------------ orphans
+    def owner_connected(self) -> bool:
+        owner = self.owner_proc_id
+        if owner is None:
+            return True
+        return any(c.peer == owner and not c.closed for c in self.connections)
+
+    async def orphan_watch(self) -> None:
+        """Procs only: exit when the owner process has been unreachable for `orphan_timeout` seconds."""
+        timeout = config.orphan_timeout
+        if timeout is None:
+            return
+        last_seen = self.loop.time()
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = self.loop.time()
+            if self.owner_connected():
+                last_seen = now
+                continue
+            if now - last_seen >= timeout:
+                logger.error("owner process %s unreachable for %.1f s; this proc exits (orphan timeout, "
+                             "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(0)
+
+    # ------------------------------------------------------------------ shutdown
+    def _atexit(self) -> None:
+        code = self.exit_code
+        try:
+            self.shutdown(timeout=2.0)
+        except Exception:  # noqa: BLE001
+            logger.debug("error during runtime shutdown", exc_info=True)
+        if code is not None:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop every proc mesh this process owns (bounded by `timeout`), then close sockets."""
+        if self.loop is None or self.loop.is_closed() or self.stopping:
+            return
+
+        async def stop_all() -> None:
+            meshes = list(self.owned_proc_meshes.values())
+            if meshes:
+                await asyncio.wait([asyncio.ensure_future(pm._stop_async(timeout)) for pm in meshes],
+                                   timeout=timeout + 1)
+            if self.spawner is not None:
+                self.spawner.kill_all()
+            self.stopping = True
+            for conn in list(self.connections):
+                conn.close()
+
+        fut = self.submit(stop_all())
+        with contextlib.suppress(Exception):
+            fut.get(timeout + 3)
+
+
+def reply_of(msg: tuple) -> tuple | None:
+    """The reply port carried by a message envelope, if any."""
+    kind = msg[0]
+    if kind == "m":
+        return msg[3]
+    if kind in ("s", "stop_actor", "stop_proc", "configure"):
+        return msg[-1]
+    return None
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed (faster sockets), else the default asyncio loop."""
+    if os.environ.get("REGENT_NO_UVLOOP") != "1":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop()
+        except ImportError:
+            pass
+    return asyncio.new_event_loop()

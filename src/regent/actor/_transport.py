@@ -1,0 +1,385 @@
+"""Authenticated, framed, bidirectional connections over Unix or TCP sockets.
+
+Handshake (before any frame, so nothing is unpickled from a peer that does not know the job secret):
+    server -> client : b"RGNT" + 32-byte nonce_s
+    client -> server : HMAC(secret, b"client" + nonce_s) + 32-byte nonce_c
+    server -> client : HMAC(secret, b"server" + nonce_c)          (only if the client's proof was right)
+Either side closes the connection on a wrong proof, so both ends prove knowledge of the secret.
+
+Frame:  header `<HHIQ` = magic 0x5247, number of out-of-band buffers, envelope length, body length,
+        then one `<Q` length per buffer, then envelope, body and buffers back to back.
+The envelope is a small pickle (routing); the body and buffers are the user payload, unpickled later by its
+receiver. Small frames are parsed out of a staging buffer (many frames per read); a large frame is read
+straight into one bytearray that its buffers then view, so a big tensor is copied once, kernel to array.
+Writes made during one event-loop iteration are flushed together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("regent.actor.transport")
+
+MAGIC = 0x5247
+HEADER = struct.Struct("<HHIQ")
+BUFLEN = struct.Struct("<Q")
+MAX_BUFFERS = 4096
+HELLO_MAGIC = b"RGNT"
+NONCE = 32
+MAC = 32
+STAGING = 256 * 1024
+DIRECT_MIN = 64 * 1024
+_JOIN_MAX = 256 * 1024
+
+
+class FrameError(Exception):
+    """A peer sent bytes that are not a valid frame; the connection is closed, the process carries on."""
+
+
+class AuthenticationError(Exception):
+    """A peer could not prove knowledge of the job secret."""
+
+
+def _mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, role + nonce, hashlib.sha256).digest()
+
+
+def encode_header(env_len: int, body_len: int, buffer_lens: list[int]) -> bytes:
+    head = HEADER.pack(MAGIC, len(buffer_lens), env_len, body_len)
+    if buffer_lens:
+        head += b"".join(BUFLEN.pack(n) for n in buffer_lens)
+    return head
+
+
+def frame_size(env_len: int, body_len: int, buffer_lens: list[int]) -> int:
+    return HEADER.size + BUFLEN.size * len(buffer_lens) + env_len + body_len + sum(buffer_lens)
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One authenticated connection. Callbacks run on the event loop thread."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        is_server: bool,
+        on_open: Callable[[Connection], None],
+        on_frame: Callable[[Connection, bytes | memoryview, memoryview, list[memoryview]], None],
+        on_close: Callable[[Connection, BaseException | None], None],
+        max_frame_bytes: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._secret = secret
+        self._is_server = is_server
+        self._on_open = on_open
+        self._on_frame = on_frame
+        self._on_close = on_close
+        self._max_frame = max_frame_bytes
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.peer: Any = None  # set by the runtime after the hello frame
+        self.peername: str = "?"
+        self.is_open = False
+        self.closed = False
+        self.close_reason: str | None = None
+        self._staging = bytearray(STAGING)
+        self._staging_view = memoryview(self._staging)
+        self._start = 0
+        self._end = 0
+        self._direct: bytearray | None = None
+        self._direct_view: memoryview | None = None
+        self._direct_pos = 0
+        self._direct_layout: tuple[int, int, list[int]] | None = None
+        self._state = "auth0"
+        self._nonce = secrets.token_bytes(NONCE)
+        self._out: list[Any] = []
+        self._out_small = 0
+        self._flush_scheduled = False
+        self.opened = loop.create_future()
+
+    # ---- asyncio protocol ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peername = str(peer) if peer else "unix-socket"
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        if self._is_server:
+            transport.write(HELLO_MAGIC + self._nonce)  # type: ignore[attr-defined]
+            self._state = "server_wait_proof"
+        else:
+            self._state = "client_wait_challenge"
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._direct_view is not None:
+            return self._direct_view[self._direct_pos :]
+        if self._end == len(self._staging):
+            self._compact()
+        return self._staging_view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            if self._direct_view is not None:
+                self._direct_pos += nbytes
+                if self._direct_pos == len(self._direct_view):
+                    self._finish_direct()
+                    self._parse()
+                return
+            self._end += nbytes
+            self._parse()
+        except (FrameError, AuthenticationError) as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.is_open = False
+        if not self.opened.done():
+            self.opened.set_exception(
+                ConnectionError(self.close_reason or f"connection to {self.peername} closed during handshake")
+            )
+        self._on_close(self, exc)
+
+    # ---- reading ----
+    def _compact(self) -> None:
+        if self._start == 0:
+            return
+        n = self._end - self._start
+        self._staging[0:n] = self._staging[self._start : self._end]
+        self._start, self._end = 0, n
+
+    def _fail(self, exc: BaseException) -> None:
+        self.close_reason = str(exc)
+        logger.error("closing connection to %s: %s", self.peername, exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _take(self, n: int) -> bytes | None:
+        if self._end - self._start < n:
+            return None
+        data = bytes(self._staging[self._start : self._start + n])
+        self._start += n
+        return data
+
+    def _parse(self) -> None:
+        while self._state != "open":
+            if not self._handshake_step():
+                return
+        while not self.closed:
+            avail = self._end - self._start
+            if avail < HEADER.size:
+                break
+            magic, nbufs, env_len, body_len = HEADER.unpack_from(self._staging, self._start)
+            if magic != MAGIC:
+                raise FrameError(
+                    f"malformed frame from {self.peername}: bad magic 0x{magic:04x} (expected 0x{MAGIC:04x}); "
+                    "the peer is not a regent runtime or the stream is corrupt"
+                )
+            if nbufs > MAX_BUFFERS:
+                raise FrameError(f"malformed frame from {self.peername}: {nbufs} buffers (limit {MAX_BUFFERS})")
+            head_len = HEADER.size + BUFLEN.size * nbufs
+            if avail < head_len:
+                if head_len > len(self._staging):
+                    raise FrameError(f"malformed frame header from {self.peername}")
+                break
+            buf_lens = [
+                BUFLEN.unpack_from(self._staging, self._start + HEADER.size + 8 * i)[0] for i in range(nbufs)
+            ]
+            payload = env_len + body_len + sum(buf_lens)
+            if head_len + payload > self._max_frame:
+                raise FrameError(
+                    f"oversized frame from {self.peername}: {head_len + payload} bytes exceeds the limit of "
+                    f"{self._max_frame} bytes (raise REGENT_MAX_FRAME_BYTES on the receiver if this is intended)"
+                )
+            if avail >= head_len + payload:
+                base = self._start + head_len
+                env = bytes(self._staging[base : base + env_len])
+                body = memoryview(bytes(self._staging[base + env_len : base + env_len + body_len]))
+                buffers = []
+                off = base + env_len + body_len
+                for n in buf_lens:
+                    buffers.append(memoryview(bytearray(self._staging[off : off + n])))
+                    off += n
+                self._start = off
+                self._on_frame(self, env, body, buffers)
+                continue
+            if payload >= DIRECT_MIN:
+                # Large frame: read the rest straight into its own bytearray.
+                self._direct = bytearray(payload)
+                self._direct_view = memoryview(self._direct)
+                have = avail - head_len
+                self._direct[0:have] = self._staging[self._start + head_len : self._end]
+                self._direct_pos = have
+                self._direct_layout = (env_len, body_len, buf_lens)
+                self._start = self._end = 0
+                return
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > len(self._staging) // 2:
+            self._compact()
+
+    def _finish_direct(self) -> None:
+        assert self._direct_view is not None and self._direct_layout is not None
+        view = self._direct_view
+        env_len, body_len, buf_lens = self._direct_layout
+        self._direct = None
+        self._direct_view = None
+        self._direct_layout = None
+        env = bytes(view[:env_len])
+        body = view[env_len : env_len + body_len]
+        buffers = []
+        off = env_len + body_len
+        for n in buf_lens:
+            buffers.append(view[off : off + n])
+            off += n
+        self._on_frame(self, env, body, buffers)
+
+    def _handshake_step(self) -> bool:
+        assert self.transport is not None
+        if self._state == "client_wait_challenge":
+            data = self._take(len(HELLO_MAGIC) + NONCE)
+            if data is None:
+                return False
+            if data[:4] != HELLO_MAGIC:
+                raise AuthenticationError(f"peer {self.peername} is not a regent runtime (bad greeting)")
+            self.transport.write(_mac(self._secret, b"client", data[4:]) + self._nonce)
+            self._state = "client_wait_proof"
+            return True
+        if self._state == "server_wait_proof":
+            data = self._take(MAC + NONCE)
+            if data is None:
+                return False
+            if not hmac.compare_digest(data[:MAC], _mac(self._secret, b"client", self._nonce)):
+                raise AuthenticationError(
+                    f"refused connection from {self.peername}: it does not know the job secret "
+                    "(check REGENT_JOB_SECRET / --secret-file)"
+                )
+            self.transport.write(_mac(self._secret, b"server", data[MAC:]))
+            self._open()
+            return True
+        if self._state == "client_wait_proof":
+            data = self._take(MAC)
+            if data is None:
+                return False
+            if not hmac.compare_digest(data, _mac(self._secret, b"server", self._nonce)):
+                raise AuthenticationError(
+                    f"server {self.peername} does not know the job secret (check REGENT_JOB_SECRET / --secret-file)"
+                )
+            self._open()
+            return True
+        return False
+
+    def _open(self) -> None:
+        self._state = "open"
+        self.is_open = True
+        if not self.opened.done():
+            self.opened.set_result(self)
+        self._on_open(self)
+
+    # ---- writing (event loop thread only) ----
+    def send(self, env: bytes, body: bytes | memoryview, buffers: list[memoryview] = ()) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionError(f"connection to {self.peername} is closed")
+        lens = [b.nbytes for b in buffers] if buffers else []
+        head = encode_header(len(env), len(body), lens)
+        out = self._out
+        out.append(head)
+        out.append(env)
+        out.append(body)
+        self._out_small += len(head) + len(env) + len(body)
+        if buffers:
+            out.extend(buffers)
+            self._out_small = _JOIN_MAX  # force a flush soon
+        if self._out_small >= _JOIN_MAX:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.transport is None or self.closed:
+            self._out.clear()
+            self._out_small = 0
+            return
+        out, self._out = self._out, []
+        self._out_small = 0
+        pending: list[Any] = []
+        pending_size = 0
+        for part in out:
+            n = len(part) if not isinstance(part, memoryview) else part.nbytes
+            if n >= DIRECT_MIN:
+                if pending:
+                    self.transport.write(b"".join(pending))
+                    pending, pending_size = [], 0
+                self.transport.write(part)
+            else:
+                pending.append(part)
+                pending_size += n
+        if pending:
+            self.transport.write(b"".join(pending) if len(pending) > 1 else pending[0])
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.flush()
+            self.transport.close()
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """`tcp://host:port` -> ("tcp", (host, port)); `unix:///path` or `ipc:///path` -> ("unix", path)."""
+    if address.startswith("tcp://"):
+        rest = address[len("tcp://") :]
+        host, sep, port = rest.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"bad address {address!r}: expected tcp://HOST:PORT")
+        host = host.strip("[]") or "127.0.0.1"
+        return "tcp", (host, int(port))
+    for scheme in ("unix://", "ipc://"):
+        if address.startswith(scheme):
+            return "unix", address[len(scheme) :]
+    raise ValueError(f"bad address {address!r}: expected tcp://HOST:PORT or unix:///PATH")
+
+
+async def connect(
+    address: str,
+    factory: Callable[[], Connection],
+    loop: asyncio.AbstractEventLoop,
+    timeout: float = 30.0,
+) -> Connection:
+    kind, where = parse_address(address)
+    if kind == "tcp":
+        coro = loop.create_connection(factory, where[0], where[1])
+    else:
+        coro = loop.create_unix_connection(factory, where)
+    _, conn = await asyncio.wait_for(coro, timeout)
+    await asyncio.wait_for(asyncio.shield(conn.opened), timeout)
+    return conn
+
+
+async def listen(address: str, factory: Callable[[], Connection], loop: asyncio.AbstractEventLoop) -> tuple[Any, str]:
+    """Start a listener; returns (server, actual address). Port 0 picks a free port."""
+    kind, where = parse_address(address)
+    if kind == "tcp":
+        server = await loop.create_server(factory, where[0], where[1], reuse_address=True, backlog=1024)
+        port = server.sockets[0].getsockname()[1]
+        host = where[0]
+        return server, f"tcp://{host}:{port}"
+    if os.path.exists(where):
+        os.unlink(where)
+    server = await loop.create_unix_server(factory, where, backlog=1024)
+    return server, f"unix://{where}"
