@@ -35,6 +35,8 @@ class EndpointProperty:
         self.name = fn.__name__
         functools.update_wrapper(self, fn)
         self._signature: inspect.Signature | None = None
+        self._fast_arity: tuple[int, int] | None = None
+        self._fast_ready = False
 
     @property
     def signature(self) -> inspect.Signature:
@@ -42,8 +44,23 @@ class EndpointProperty:
             self._signature = inspect.signature(self.fn)
         return self._signature
 
+    def _arity(self) -> tuple[int, int] | None:
+        """(min, max) positional arguments when the signature is plain positional, else None."""
+        if not self._fast_ready:
+            self._fast_ready = True
+            params = list(self.signature.parameters.values())[1 + int(self.explicit_response_port):]
+            kinds = {p.kind for p in params}
+            if kinds <= {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}:
+                required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+                self._fast_arity = (required, len(params))
+        return self._fast_arity
+
     def check_args(self, args: tuple, kwargs: dict, mesh_name: str = "") -> None:
         """Raise TypeError in the caller when the arguments do not fit the endpoint's signature."""
+        if not kwargs:
+            arity = self._arity()
+            if arity is not None and arity[0] <= len(args) <= arity[1]:
+                return
         try:
             if self.explicit_response_port:
                 self.signature.bind(None, None, *args, **kwargs)

@@ -26,7 +26,7 @@ class Future(Generic[R]):
         if _token is not _TOKEN:
             raise TypeError("Future cannot be constructed directly; it is returned by endpoint adverbs")
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._event: threading.Event | None = None  # created only if someone blocks in get()
         self._state = 0  # 0 pending, 1 result, 2 exception
         self._value: Any = None
         self._callbacks: list[Callable[[Future], None]] = []
@@ -68,7 +68,9 @@ class Future(Generic[R]):
             self._state = state
             self._value = value
             callbacks, self._callbacks = self._callbacks, []
-        self._event.set()
+            event = self._event
+        if event is not None:
+            event.set()
         for cb in callbacks:
             cb(self)
         return True
@@ -105,7 +107,13 @@ class Future(Generic[R]):
                 )
             except RuntimeError:
                 pass
-            if not self._event.wait(timeout):
+            with self._lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self._state:
+                        self._event.set()
+                event = self._event
+            if not event.wait(timeout):
                 raise TimeoutError(f"Future not ready after {timeout} s")
         return self._outcome()
 

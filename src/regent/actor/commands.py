@@ -1,0 +1,89 @@
+"""`regent worker --address tcp://HOST:PORT [--secret-file F]`: serve this host to a Regent controller.
+
+A worker starts procs when a controller (`attach_to_workers([...])`) asks, reaps them, and forwards their
+exit status and output to that controller. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from regent.actor._runtime import Runtime, job_secret_from_env, new_event_loop, new_id, read_secret_file, set_runtime
+from regent.actor._transport import parse_address
+
+logger = logging.getLogger("regent.actor.worker")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("worker", help="serve this host to a Regent controller",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", required=True,
+                   help="where to listen, tcp://HOST:PORT (port 0 picks one; the chosen address is printed)")
+    p.add_argument("--secret-file", default=None,
+                   help="file holding the job secret (hex); default: $REGENT_JOB_SECRET or $REGENT_JOB_SECRET_FILE")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="exit when the process that started this worker exits (used by ProcessJob)")
+    p.set_defaults(func=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else job_secret_from_env()
+    except (OSError, ValueError) as exc:
+        print(f"regent worker: cannot read the job secret: {exc}", file=sys.stderr)
+        return 2
+    if secret is None:
+        print("regent worker: no job secret; pass --secret-file FILE or set REGENT_JOB_SECRET "
+              "(the controller's secret)", file=sys.stderr)
+        return 2
+    try:
+        run_worker_loop_forever(args.address, secret=secret, exit_with_parent=args.exit_with_parent)
+    except ValueError as exc:
+        print(f"regent worker: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", secret: bytes | None = None,
+                            exit_with_parent: bool = False) -> None:
+    """Serve `address` until killed (Monarch's name for the worker loop)."""
+    kind, where = parse_address(address)
+    tcp_host = where[0] if kind == "tcp" else None
+    secret = secret or job_secret_from_env()
+    if secret is None:
+        raise ValueError("no job secret: set REGENT_JOB_SECRET or pass secret=")
+    rt = Runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host)
+    set_runtime(rt)
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    rt._bind_loop(loop)
+    loop.run_until_complete(rt.start())
+    served = loop.run_until_complete(rt.listen_extra(address))
+    print(f"regent worker serving {served}", flush=True)
+
+    def terminate(*_: object) -> None:
+        if rt.spawner is not None:
+            rt.spawner.kill_all()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    if exit_with_parent:
+        parent = os.getppid()
+
+        async def watch_parent() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                if os.getppid() != parent:
+                    logger.warning("parent process exited; worker exits")
+                    terminate()
+
+        loop.create_task(watch_parent())
+    loop.run_forever()

@@ -1,0 +1,148 @@
+"""`ProcessJob`: N local `regent worker` processes that simulate N hosts (tests and local runs use it).
+
+    job = ProcessJob(hosts=2)
+    hosts = job.host_mesh()                  # HostMesh {"hosts": 2}; also job.state().hosts
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    ...
+    job.kill()
+
+Workers share the controller's job secret through a 0600 file, listen on loopback TCP, and exit when the
+controller process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from regent.actor import HostMesh, attach_to_workers
+from regent.actor._runtime import get_runtime
+
+
+class JobState:
+    """Host meshes of a job by name: `state.hosts`, or `state["hosts"]`."""
+
+    def __init__(self, meshes: dict[str, HostMesh]) -> None:
+        self._meshes = meshes
+
+    def __getattr__(self, name: str) -> HostMesh:
+        try:
+            return self.__dict__["_meshes"][name]
+        except KeyError:
+            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self._meshes)}") from None
+
+    def __getitem__(self, name: str) -> HostMesh:
+        return self._meshes[name]
+
+
+class ProcessJob:
+    """Local worker processes standing in for hosts. `ProcessJob(hosts=2)` or `ProcessJob({"trainers": 2})`."""
+
+    def __init__(self, meshes: dict[str, int] | None = None, *, hosts: int | None = None,
+                 env: dict[str, str] | None = None, start_timeout: float = 60.0) -> None:
+        if meshes is None:
+            meshes = {"hosts": 1 if hosts is None else int(hosts)}
+        elif hosts is not None:
+            raise ValueError("give either meshes or hosts=, not both")
+        for name, n in meshes.items():
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"mesh {name!r} needs a positive number of hosts, got {n!r}")
+        self.meshes = dict(meshes)
+        self.env = dict(env or {})
+        self.start_timeout = start_timeout
+        self._workers: dict[str, list[subprocess.Popen]] = {}
+        self._addresses: dict[str, list[str]] = {}
+        self._state: JobState | None = None
+        self._secret_file: str | None = None
+
+    def apply(self) -> None:
+        """Start the workers (idempotent)."""
+        if self._state is not None:
+            return
+        rt = get_runtime()
+        fd, self._secret_file = tempfile.mkstemp(prefix="regent-secret-")
+        with os.fdopen(fd, "w") as f:
+            f.write(rt.secret.hex())
+        os.chmod(self._secret_file, 0o600)
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("REGENT_JOB_SECRET", None)
+        meshes: dict[str, HostMesh] = {}
+        try:
+            for name, n in self.meshes.items():
+                procs = []
+                for _ in range(n):
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "regent.cli", "worker", "--address", "tcp://127.0.0.1:0",
+                         "--secret-file", self._secret_file, "--exit-with-parent"],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
+                    ))
+                self._workers[name] = procs
+                self._addresses[name] = [self._read_address(p) for p in procs]
+                meshes[name] = attach_to_workers(self._addresses[name], name=name)
+        except BaseException:
+            self.kill()
+            raise
+        self._state = JobState(meshes)
+
+    def _read_address(self, proc: subprocess.Popen) -> str:
+        deadline = time.monotonic() + self.start_timeout
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if not line.startswith("regent worker serving "):
+            proc.kill()
+            raise RuntimeError(f"regent worker did not start (exit code {proc.poll()}, said {line!r})")
+        if time.monotonic() > deadline:
+            raise TimeoutError("regent worker took too long to start")
+        threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+        return line.split()[-1]
+
+    def state(self, cached_path: str | None = None) -> JobState:
+        """Start if needed and return the host meshes by name."""
+        self.apply()
+        assert self._state is not None
+        return self._state
+
+    def host_mesh(self, name: str | None = None) -> HostMesh:
+        """The HostMesh of mesh `name` (default: the only/first one)."""
+        state = self.state()
+        return state[name or next(iter(self.meshes))]
+
+    def worker_pids(self, name: str | None = None) -> list[int]:
+        return [p.pid for p in self._workers.get(name or next(iter(self.meshes)), [])]
+
+    def kill(self) -> None:
+        """Stop the workers (and with them every proc they started)."""
+        procs = [p for ps in self._workers.values() for p in ps]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._workers.clear()
+        self._state = None
+        if self._secret_file and os.path.exists(self._secret_file):
+            os.unlink(self._secret_file)
+
+    def __enter__(self) -> ProcessJob:
+        self.apply()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+
+def _drain(stream: Any) -> None:
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(line.decode(errors="replace"))
