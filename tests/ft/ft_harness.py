@@ -21,12 +21,12 @@ def free_port() -> int:
 
 def spawn(lighthouse: str, name: str, out: Path, *extra: str, group_rank: int = 0) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    log = open(out.with_suffix(f".{group_rank}.log"), "a")
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), "--lighthouse", lighthouse, "--name", name, "--out", str(out),
-         "--group-rank", str(group_rank), *extra],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(out.with_suffix(f".{group_rank}.log"), "a") as log:
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), "--lighthouse", lighthouse, "--name", name, "--out", str(out),
+             "--group-rank", str(group_rank), *extra],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float = 120) -> list[int]:

@@ -53,6 +53,10 @@ def main() -> None:
     ap.add_argument("--transport", default="group")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--min-replica-size", type=int, default=1)
+    ap.add_argument(
+        "--until-participants", type=int, default=0,
+        help="after --steps, keep going until 3 consecutive commits had this many participants",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"[{args.name}/{args.group_rank}] %(name)s %(message)s")
@@ -60,7 +64,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    out = open(args.out, "a", buffering=1)
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115 (kept open for the whole run; closed at the end)
 
     def record(kind: str, details: dict) -> None:
         out.write(json.dumps({"kind": kind, **{k: v for k, v in details.items() if k != "replica_id"}}) + "\n")
@@ -84,7 +88,8 @@ def main() -> None:
         on_event=record,
     )
     # The target: y = sum(x) with a per-group-rank twist so ranks differ.
-    while manager.current_step() < args.steps:
+    streak = 0
+    while manager.current_step() < args.steps or (args.until_participants and streak < 3):
         step = manager.current_step()
         if step == args.crash_at:
             record("crash", {"step": step})
@@ -105,6 +110,7 @@ def main() -> None:
             f.wait()
         if manager.should_commit():
             opt.step()
+            streak = streak + 1 if manager.num_participants() >= args.until_participants else 0
             record(
                 "state",
                 {

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
+import grpc
 import pytest
 
 from regent.ft.lighthouse import LighthouseServer
-from tests.ft.ft_harness import hashes, logs, records, spawn, wait_all
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from tests.ft.ft_harness import free_port, hashes, logs, records, spawn, wait_all
 
 
 def _lighthouse(min_replicas: int) -> LighthouseServer:
@@ -49,10 +53,11 @@ def test_healthy_replicas_stay_bit_identical_and_initial_sync(lighthouse2, tmp_p
 def test_crash_and_rejoin_heals_from_donor(lighthouse, tmp_path):
     """b crashes at step 4 (a's allreduce fails, no commit, a goes on alone); b restarts and heals from a."""
     a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a = spawn(lighthouse.address(), "a", a_out, "--steps", "40", "--sleep", "0.1", "--timeout", "5")
-    b = spawn(lighthouse.address(), "b", b_out, "--steps", "40", "--crash-at", "4", "--sleep", "0.1")
+    common = ("--steps", "10", "--sleep", "0.1", "--timeout", "5", "--until-participants", "2")
+    a = spawn(lighthouse.address(), "a", a_out, *common)
+    b = spawn(lighthouse.address(), "b", b_out, *common, "--crash-at", "4")
     assert b.wait(timeout=90) == 3, logs(b_out)
-    b2 = spawn(lighthouse.address(), "b", b_out, "--steps", "40", "--sleep", "0.1")
+    b2 = spawn(lighthouse.address(), "b", b_out, *common)
     codes = wait_all([a, b2])
     assert codes == [0, 0], logs(a_out) + logs(b_out)
     ha, hb = hashes(a_out), hashes(b_out)
@@ -62,7 +67,109 @@ def test_crash_and_rejoin_heals_from_donor(lighthouse, tmp_path):
     common = [s for s in hb if s > heal[0]["step"]]
     assert len(common) >= 3, (ha, hb)
     assert all(ha[s] == hb[s] for s in common), (ha, hb)
-    assert ha[40] == hb[40]
+    assert max(ha) == max(hb) and ha[max(ha)] == hb[max(hb)]
     # a saw the crash as a failed (or lonely) step and reconfigured into a new quorum.
     quorum_ids = [r["quorum_id"] for r in records(a_out) if r["kind"] == "quorum"]
     assert len(quorum_ids) >= 3 and quorum_ids == sorted(quorum_ids)
+
+
+def _wait_for_step(path, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(s >= step for s in hashes(path)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never reached step {step}")
+
+
+@pytest.mark.slow
+def test_multi_rank_group_heals_from_round_robin_donors(lighthouse2, tmp_path):
+    """3 replicas x 2 group ranks. a and b start together (initial sync: each group rank pulls from its own
+    primary); c joins late and its two ranks heal from different donors (round-robin offset by group rank)."""
+    lh = lighthouse2.address()
+    procs = []
+
+    def start(name: str) -> None:
+        port = str(free_port())
+        for rank in range(2):
+            out = tmp_path / f"{name}{rank}.jsonl"
+            procs.append(
+                spawn(lh, name, out, "--steps", "6", "--sleep", "0.1", "--group-world-size", "2",
+                      "--until-participants", "3",
+                      "--store-port", port, group_rank=rank)
+            )
+
+    start("a")
+    start("b")
+    _wait_for_step(tmp_path / "a0.jsonl", 3)
+    start("c")
+    codes = wait_all(procs, timeout=150)
+    assert codes == [0] * 6, "\n".join(logs(tmp_path / f"{n}{r}.jsonl") for n in "abc" for r in range(2))
+    for rank in range(2):
+        h = [hashes(tmp_path / f"{n}{rank}.jsonl") for n in "abc"]
+        assert h[0] == h[1]
+        last = max(h[2])
+        assert max(h[0]) == last and h[2][last] == h[0][last]
+        init = [r for n in "ab" for r in records(tmp_path / f"{n}{rank}.jsonl") if r["kind"] == "heal_done"]
+        assert len(init) == 1 and init[0]["step"] == 0
+    # Initial sync: group rank 0's primary and group rank 1's primary are different replicas.
+    init_donors = {
+        rank: next(r["donor"] for n in "ab" for r in records(tmp_path / f"{n}{rank}.jsonl") if r["kind"] == "heal_done")
+        for rank in range(2)
+    }
+    assert init_donors[0] != init_donors[1]
+    late = {
+        rank: [r["donor"] for r in records(tmp_path / f"c{rank}.jsonl") if r["kind"] == "heal_done"]
+        for rank in range(2)
+    }
+    assert len(late[0]) == 1 and len(late[1]) == 1
+    assert {late[0][0].split(":")[0], late[1][0].split(":")[0]} == {"a", "b"}
+
+
+def test_injected_allreduce_failure_no_commit_reconfigure_converge(lighthouse2, tmp_path):
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    procs = [
+        spawn(lighthouse2.address(), "a", a_out, "--steps", "12", "--abort-at", "3", "--timeout", "5"),
+        spawn(lighthouse2.address(), "b", b_out, "--steps", "12", "--abort-at", "3", "--timeout", "5"),
+    ]
+    assert wait_all(procs) == [0, 0], logs(a_out) + logs(b_out)
+    ra, rb = records(a_out), records(b_out)
+    assert any(r["kind"] == "inject_abort" for r in ra + rb)
+    for recs in (ra, rb):
+        failed = [r for r in recs if r["kind"] == "commit" and not r["committed"]]
+        assert failed and failed[0]["step"] == 3, recs
+        assert any(r["kind"] == "error" for r in recs)
+        quorums = [r["quorum_id"] for r in recs if r["kind"] == "quorum"]
+        assert len(quorums) >= 2 and quorums[-1] > quorums[0]  # commit failure forced a new quorum
+    ha, hb = hashes(a_out), hashes(b_out)
+    assert ha == hb and sorted(ha) == list(range(1, 13))
+    losses = [r["loss"] for r in ra if r["kind"] == "state"]
+    assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_late_joiner_heals_over_tcp_in_sync_mode(lighthouse, tmp_path):
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--steps", "6", "--sleep", "0.1", "--sync", "--transport", "tcp", "--until-participants", "2")
+    a = spawn(lighthouse.address(), "a", a_out, *common)
+    _wait_for_step(a_out, 3)
+    b = spawn(lighthouse.address(), "b", b_out, *common, "--seed", "5")
+    assert wait_all([a, b]) == [0, 0], logs(a_out) + logs(b_out)
+    ha, hb = hashes(a_out), hashes(b_out)
+    heal = [r for r in records(b_out) if r["kind"] == "heal_done"]
+    assert len(heal) == 1 and heal[0]["step"] >= 3
+    # Sync mode: the healer loads before the forward pass and participates in the very step it healed in.
+    first_b = min(hb)
+    assert first_b == heal[0]["step"] + 1
+    assert all(ha[s] == hb[s] for s in hb)
+
+
+def test_kill_rpc_exits_the_replica(lighthouse, tmp_path):
+    out = tmp_path / "a.jsonl"
+    proc = spawn(lighthouse.address(), "a", out, "--steps", "1000", "--sleep", "0.05")
+    _wait_for_step(out, 2)
+    status = lighthouse.status()
+    members = status["prev_quorum"]["participants"] if status.get("prev_quorum") else []
+    assert members, status
+    with grpc.insecure_channel(members[0]["address"]) as channel:
+        torchft_pb2_grpc.ManagerServiceStub(channel).Kill(torchft_pb2.KillRequest(msg="test"), timeout=10)
+    assert proc.wait(timeout=30) == 1

@@ -7,9 +7,10 @@ Step lifecycle (what each call does, and what happens on every error path):
    the whole replica. On the answer each rank computes its recovery plan (`compute_quorum_results`):
    if the quorum id changed it rebuilds the replicated group; a donor sends its state to its healers; a
    healer receives the donor's state (applied before the forward pass in sync mode, at `should_commit`
-   in async mode). Any error here is *reported* (`errored()`), never raised — except a quorum timeout,
-   which is raised from `wait_quorum()` because a replica that cannot reach a quorum cannot do anything
-   useful; its launcher restarts it and it heals on rejoin.
+   in async mode). Any error here is *reported* (`errored()`), never raised. A quorum that does not form
+   within `quorum_timeout` raises `TimeoutError` from `start_quorum()` in sync mode and from an explicit
+   `wait_quorum()`; inside `allreduce`/`should_commit` it is reported like any other error, so the step
+   does not commit and the next `start_quorum()` simply asks again.
 2. `allreduce(tensor)` — average across participating replicas; healing or spare replicas contribute
    zeros. Errors are swallowed and reported; the returned future always resolves (to the input on error).
 3. `should_commit()` — a group-wide AND of "no error and at least `min_replica_size` participants". On

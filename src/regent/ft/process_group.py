@@ -102,6 +102,7 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+_GRAVEYARD_SIZE = 8
 
 
 class ReplicatedGroup:
@@ -130,6 +131,7 @@ class ReplicatedGroup:
         self._rank = -1
         self._world_size = 0
         self.replica_id = ""
+        self._graveyard: list[Any] = []
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -165,19 +167,27 @@ class ReplicatedGroup:
             self.replica_id = replica_id
         logger.info("replicated group configured at %s: rank %d of %d", store_addr, rank, world_size)
 
-    def abort(self, reason: Exception | None = None) -> None:
-        """Tear the communicator down now (interrupts a hung collective); `errored()` reports `reason`."""
+    def abort(self, reason: Exception | None = None, wait: bool = True) -> None:
+        """Tear the communicator down (interrupts a hung collective); `errored()` reports `reason`.
+
+        `wait=False` aborts on a helper thread: needed when called from a backend callback thread, which
+        the abort would otherwise try to join (C++ terminates the process on that self-join).
+        """
         with self._lock:
             pg, self._pg = self._pg, None
             self._store = None
             self._generation += 1
             if reason is not None and self._error is None:
                 self._error = reason
-        if pg is not None:
-            try:
-                pg.abort()
-            except Exception as err:  # the communicator may already be broken; we drop it anyway
-                logger.debug("abort of old communicator failed: %s", err)
+        if pg is None:
+            return
+        # Keep the dead communicator referenced for a while: if its last reference died with an in-flight
+        # work object on one of its own worker threads, its destructor would join that very thread.
+        self._graveyard = (self._graveyard + [pg])[-_GRAVEYARD_SIZE:]
+        if wait:
+            _abort_communicator(pg)
+        else:
+            threading.Thread(target=_abort_communicator, args=(pg,), name="regent-ft-abort", daemon=True).start()
 
     def shutdown(self) -> None:
         self.abort(reason=None)
@@ -214,7 +224,7 @@ class ReplicatedGroup:
             if generation != self._generation:
                 return
         logger.warning("replicated group error (rank %d): %s; aborting communicator", self._rank, err)
-        self.abort(reason=err)
+        self.abort(reason=err, wait=False)
 
     def allreduce(
         self, tensors: torch.Tensor | list[torch.Tensor], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
@@ -295,6 +305,13 @@ class ReplicatedGroup:
             if "Timed out" in str(err):
                 raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
             raise
+
+
+def _abort_communicator(pg: Any) -> None:
+    try:
+        pg.abort()
+    except Exception as err:  # the communicator may already be broken; we drop it anyway
+        logger.debug("abort of old communicator failed: %s", err)
 
 
 def _seconds(value: float | datetime.timedelta) -> float:
