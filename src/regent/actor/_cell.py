@@ -100,6 +100,7 @@ class Cell:
                             creator=creator)
         self.display = f"{cls.__module__}.{cls.__qualname__} {name}{self.ctx.rank}"
         self.current_reply: tuple | None = None
+        self.supervise_lock: asyncio.Lock | None = None  # one __supervise__ at a time
 
     @property
     def alive(self) -> bool:
@@ -169,7 +170,7 @@ class Cell:
         _, method, body, buffers, reply, msg_rank = item
         set_current(self.ctx, msg_rank)
         self.current_reply = reply
-        ep = self.endpoints.get(method)
+        ep = self.endpoints.get(method) or self._plain_endpoint(method)
         try:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
@@ -197,6 +198,8 @@ class Cell:
             self.current_reply = None
 
     def _supervise_sync(self, failure: Any) -> None:
+        if self.rt.failure_is_stale(failure):
+            return
         set_current(self.ctx, self.point)
         try:
             result = self.instance.__supervise__(failure)
@@ -269,7 +272,7 @@ class Cell:
     async def _handle_async(self, item: tuple) -> None:
         _, method, body, buffers, reply, msg_rank = item
         set_current(self.ctx, msg_rank)
-        ep = self.endpoints.get(method)
+        ep = self.endpoints.get(method) or self._plain_endpoint(method)
         try:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
@@ -309,6 +312,14 @@ class Cell:
                 self.rt.send_reply(reply, OK, result)
 
     async def _supervise_async(self, failure: Any) -> None:
+        if self.supervise_lock is None:
+            self.supervise_lock = asyncio.Lock()
+        async with self.supervise_lock:
+            await self._supervise_async_locked(failure)
+
+    async def _supervise_async_locked(self, failure: Any) -> None:
+        if self.rt.failure_is_stale(failure) or not self.alive:
+            return
         set_current(self.ctx, self.point)
         try:
             handler = self.instance.__supervise__
@@ -351,6 +362,17 @@ class Cell:
             logger.error("__cleanup__ of %s raised: %r", self.display, err)
 
     # ---------------------------------------------------------------- common
+    def _plain_endpoint(self, method: str) -> Any:
+        """A plain method called through `as_endpoint(mesh.method)`."""
+        from regent.actor._actor import EndpointProperty
+
+        fn = getattr(self.cls, method, None)
+        if fn is None or not callable(fn) or method.startswith("__"):
+            return None
+        ep = EndpointProperty(fn)
+        self.endpoints[method] = ep
+        return ep
+
     def _port_for(self, reply: tuple | None) -> Any:
         from regent.actor._mesh import DroppingPort, Port
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import traceback
 
 
@@ -22,7 +23,10 @@ class ActorError(Exception):
     def __str__(self) -> str:
         text = self.message
         if self.remote_traceback:
-            text += "\nTraceback of where the remote call failed (most recent call last):\n" + self.remote_traceback
+            tb = self.remote_traceback
+            if tb.startswith("Traceback (most recent call last):\n"):
+                tb = tb[len("Traceback (most recent call last):\n"):]
+            text += "\nTraceback of where the remote call failed (most recent call last):\n" + tb
         else:
             text += f"\n{type(self.exception).__name__}: {self.exception}"
         return text
@@ -55,7 +59,8 @@ class MeshFailure:
         self.mesh_name = mesh_name
         self.crashed_ranks = list(crashed_ranks)
         self.event = event
-        self.mesh = mesh
+        self.mesh = mesh  # Regent: the failed mesh object when the owner holds it (Monarch leaves None)
+        self._mesh_id: str | None = None
 
     def report(self) -> str:
         ranks = ", ".join(str(r) for r in self.crashed_ranks)
@@ -70,6 +75,24 @@ class MeshFailure:
         raise TypeError("MeshFailure is not picklable; send failure.report() instead")
 
 
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_plumbing(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _RUNTIME_DIR or (
+        os.sep + "concurrent" + os.sep + "futures" + os.sep in path
+    ) or (os.sep + "asyncio" + os.sep in path)
+
+
 def format_remote_traceback(exc: BaseException) -> str:
-    """The traceback text of `exc`, with its `__cause__`/`__context__` chain, for shipping to the caller."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The traceback text of `exc` (with its `__cause__`/`__context__` chain) for shipping to the caller.
+
+    Frames of the runtime itself (this package, thread pools, asyncio) are left out: the user wants to
+    see their own code.
+    """
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    kept = [frame for frame in te.stack if not _is_plumbing(frame.filename)]
+    if kept:
+        te.stack = traceback.StackSummary.from_list(kept)
+    return "".join(te.format())

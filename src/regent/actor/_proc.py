@@ -406,7 +406,8 @@ class HostMesh(MeshTrait):
             else:
                 await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap)
                                        for host_rank, specs in specs_by_host))
-        except BaseException as exc:  # noqa: BLE001 - reported through `initialized`
+        except BaseException as exc:  # noqa: BLE001 - reported through `initialized`, not supervision
+            state.stopping = True
             for pid in state.proc_ids:
                 if pid not in rt.routes:
                     rt.proc_gone(pid, f"proc failed to start: {exc}")
@@ -578,6 +579,10 @@ class ProcMesh(MeshTrait):
         rt = get_runtime()
         timeout = config.stop_timeout if timeout is None else timeout
         state.stopping = True
+        procs = set(state.proc_ids)
+        for ms in list(rt.mesh_states.values()):
+            if ms.kind == "actor" and ms.stopped is None and procs.intersection(ms.rank_procs):
+                ms.stopped = "actor mesh is stopped due to proc mesh shutdown"
         exits = []
         for pid in state.proc_ids:
             rt.graceful.add(pid)
@@ -684,6 +689,7 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
 
     gather.future.add_done_callback(init_done)
     mesh = ActorMesh(ref, shape)
+    mstate.mesh = mesh
 
     def on_loop() -> None:
         rt.register_mesh(mstate)

@@ -115,7 +115,7 @@ class MeshState:
     """What this process knows about one actor or proc mesh: failed ranks, stop status, ownership."""
 
     __slots__ = ("mesh_id", "name", "kind", "failed", "stopped", "owner_key", "rank_procs", "dispatched",
-                 "display")
+                 "display", "mesh")
 
     def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None) -> None:
         self.mesh_id = mesh_id
@@ -127,6 +127,7 @@ class MeshState:
         self.stopped: str | None = None
         self.dispatched: set[int] = set()
         self.display: dict[int, str] = {}
+        self.mesh: Any = None  # the mesh object, in the owner's process
 
     def problem(self, ranks: list[int]) -> str | None:
         """Why a message to these ranks cannot succeed, or None."""
@@ -533,6 +534,8 @@ class Runtime:
     def _death_text(self, state: MeshState | None, rank: int, reason: str) -> str:
         if reason.startswith("actor mesh is stopped"):
             return reason
+        if not reason.startswith(("Supervision event", "the process")):
+            reason = f"the process this actor was running on failed: {reason}"
         who = state.display.get(rank, f"{state.name}[{rank}]") if state else f"rank {rank}"
         return f"The actor {who} and all its descendants have failed: {reason}"
 
@@ -604,7 +607,7 @@ class Runtime:
                     rank = pm_state.proc_ids.index(proc_id)
                     self.dispatch_failure(
                         pm_state.owner_key,
-                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}"),
+                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm),
                     )
 
     def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
@@ -618,7 +621,14 @@ class Runtime:
         if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
             return
         state.dispatched.add(rank)
-        self.dispatch_failure(state.owner_key, MeshFailure(state.name, [rank], event))
+        failure = MeshFailure(state.name, [rank], event, mesh=state.mesh)
+        failure._mesh_id = mesh_id
+        self.dispatch_failure(state.owner_key, failure)
+
+    def failure_is_stale(self, failure: MeshFailure) -> bool:
+        """True when the failed mesh was stopped since (its owner already dealt with it)."""
+        state = self.mesh_states.get(failure._mesh_id) if failure._mesh_id else None
+        return state is not None and state.stopped is not None
 
     def dispatch_failure(self, owner_key: str, failure: MeshFailure) -> None:
         if owner_key == CONTROLLERS_KEY:
