@@ -30,6 +30,7 @@ from regent.jobs.base import (
     worker_command,
     write_secret_file,
 )
+from regent.jobs.slurm import SlurmJob
 
 
 def test_registry_knows_every_backend_and_aliases() -> None:
@@ -69,16 +70,30 @@ def test_invalid_job_names_are_rejected_before_launch(name: str) -> None:
         validate_job_name(name)
 
 
-def test_secret_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SECRET_ENV, "from-env")
-    assert resolve_secret("explicit") == "explicit"
-    assert resolve_secret(b"bytes") == "bytes"
-    assert resolve_secret(None) == "from-env"
-    monkeypatch.delenv(SECRET_ENV)
-    generated = resolve_secret(None)
-    assert len(generated) == 64 and os.environ[SECRET_ENV] == generated  # exported for the actor runtime
-    with pytest.raises(ValueError, match="without whitespace"):
-        resolve_secret("has space")
+def test_explicit_secrets_are_hex_text() -> None:
+    assert resolve_secret("ABCD01") == "abcd01"
+    assert resolve_secret(b"\x01\xff") == "01ff"
+    for bad in ("has space", "not-hex", "", b""):
+        with pytest.raises(ValueError, match="secret"):
+            resolve_secret(bad)
+    with pytest.raises(ValueError, match="token_hex"):
+        SlurmJob(1, secret="slurm-secret")  # rejected at construction, before anything launches
+
+
+def test_default_secret_is_the_controller_runtimes(tmp_path) -> None:
+    """Without secret=, a job uses the actor runtime's secret (itself from $REGENT_JOB_SECRET), so
+    host_mesh() attaches with no configuration. Run in a fresh process: it starts a runtime."""
+    code = (
+        "from regent.jobs.slurm import SlurmJob\n"
+        f"job = SlurmJob(1, shared_dir={str(tmp_path)!r})\n"
+        "assert job._secret is None  # constructing starts nothing\n"
+        "from regent.actor._runtime import get_runtime\n"
+        "print(job.secret, get_runtime().secret.hex())\n"
+    )
+    env = dict(os.environ, **{SECRET_ENV: "00aa11bb"})
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["00aa11bb", "00aa11bb"]
 
 
 def test_environment_for_schedulers_drops_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,13 +167,15 @@ def _worker_available() -> bool:
 @pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available yet")
 def test_launcher_publishes_address_only_once_listening_and_forwards_sigterm(tmp_path) -> None:
     env = dict(os.environ, SLURM_PROCID="3", OMP_NUM_THREADS="1")
-    secret = write_secret_file(tmp_path / "secret", "launcher-test-secret")
+    secret = write_secret_file(tmp_path / "secret", "0123456789abcdef")
     proc = subprocess.Popen(
         launcher_command(sys.executable, ["--address-dir", str(tmp_path), "--host", "127.0.0.1",
                                           "--secret-file", str(secret)]),
         env=env, stdout=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()  # blocks until the marker
+        line = proc.stdout.readline()  # the worker's own output may come first
+        while line and not line.startswith(ADDRESS_MARKER):
+            line = proc.stdout.readline()
         assert line.startswith(f"{ADDRESS_MARKER} rank=3 address=tcp://127.0.0.1:"), line
         address = address_file(tmp_path, 3).read_text().strip()
         assert line.split("address=")[1].strip() == address

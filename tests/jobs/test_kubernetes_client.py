@@ -179,7 +179,7 @@ def _kubeconfig(tmp_path: Path, url: str) -> str:
 
 
 def _job(tmp_path: Path, api: FakeApiServer, **kw: Any) -> KubernetesJob:
-    opts: dict[str, Any] = dict(image="registry.local/regent:test", namespace="ml", secret="k8s-secret",
+    opts: dict[str, Any] = dict(image="registry.local/regent:test", namespace="ml", secret="6b38732d736563726574",
                                 kubeconfig=_kubeconfig(tmp_path, api.url), gpus_per_host=2, platform="rocm")
     opts.update(kw)
     return KubernetesJob(3, **opts)
@@ -193,7 +193,7 @@ def test_start_wait_and_kill_through_the_rest_api(tmp_path: Path, api: FakeApiSe
     assert api.names("services") == [name]
     assert api.names("jobs") == [name]
     secret = api.objects[("secrets", "ml", f"{name}-secret")]
-    assert base64.b64decode(secret["data"]["secret"]) == b"k8s-secret"
+    assert base64.b64decode(secret["data"]["secret"]) == b"6b38732d736563726574"
     created = api.objects[("jobs", "ml", name)]
     container = created["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"] == {"amd.com/gpu": "2"}
@@ -276,6 +276,6 @@ def test_a_forbidden_create_names_the_cause(tmp_path: Path, api: FakeApiServer) 
 
 def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    job = KubernetesJob(1, image="img", secret="s", kubeconfig=str(tmp_path / "none"))
+    job = KubernetesJob(1, image="img", secret="ab12", kubeconfig=str(tmp_path / "none"))
     with pytest.raises(JobError, match="cannot load a kubeconfig"):
         job.start()

@@ -67,7 +67,7 @@ def test_gpu_platform_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ValueError, match="use 'cuda' or 'rocm'"):
         gpu_resource_name("tpu")
     with pytest.raises(ValueError, match="use 'cuda' or 'rocm'"):
-        KubernetesJob(2, image="img", gpus_per_host=1, platform="cpu", secret="s")
+        KubernetesJob(2, image="img", gpus_per_host=1, platform="cpu", secret="ab12")
 
 
 def test_optional_pod_settings() -> None:
@@ -101,7 +101,7 @@ def test_secret_and_service_manifests() -> None:
 
 def test_image_is_required() -> None:
     with pytest.raises(ValueError, match="needs image="):
-        KubernetesJob(2, secret="s")
+        KubernetesJob(2, secret="ab12")
 
 
 def _pod(index: int, ready: bool = True, ip: str | None = "10.1.0.1", **status) -> dict:

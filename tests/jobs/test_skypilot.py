@@ -48,9 +48,9 @@ def test_run_step_starts_the_launcher_on_the_node_ip() -> None:
 
 
 def test_yaml_is_valid_and_carries_no_secret_value(tmp_path) -> None:
-    job = SkyPilotJob(2, secret="sky-secret-value", env={"HF_HOME": "/data/hf"}, setup=["pip install -e ."])
+    job = SkyPilotJob(2, secret="c0ffee0042", env={"HF_HOME": "/data/hf"}, setup=["pip install -e ."])
     text = build_task_yaml(job.spec)
-    assert "sky-secret-value" not in text
+    assert "c0ffee0042" not in text
     task = json.loads(text)  # JSON is a YAML subset
     assert task["envs"]["HF_HOME"] == "/data/hf"
     yaml = pytest.importorskip("yaml")
@@ -90,7 +90,7 @@ def test_addresses_come_from_marker_lines_in_sky_logs() -> None:
 
 
 def test_missing_sky_cli_is_a_clear_error() -> None:
-    job = SkyPilotJob(2, secret="s", sky="regent-no-such-sky")
+    job = SkyPilotJob(2, secret="ab12", sky="regent-no-such-sky")
     with pytest.raises(JobError, match="SkyPilot CLI `regent-no-such-sky` is not installed.*pip install"):
         job.start()
     assert not job.is_alive()

@@ -76,7 +76,7 @@ def _wait_gone(job: SlurmJob, addresses: list[str], timeout: float = 60) -> None
 
 
 def _job(tmp_path: Path, **kw) -> SlurmJob:
-    opts = dict(ntasks_per_node=2, cpus_per_task=1, shared_dir=tmp_path, secret="slurm-test-secret",
+    opts = dict(ntasks_per_node=2, cpus_per_task=1, shared_dir=tmp_path, secret="5eed0123",
                 python=sys.executable, env={"OMP_NUM_THREADS": "1"})
     opts.update(kw)
     return SlurmJob(2, **opts)
@@ -84,8 +84,8 @@ def _job(tmp_path: Path, **kw) -> SlurmJob:
 
 @pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available yet")
 def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SECRET_ENV, "slurm-test-secret")  # sbatch copies the environment: it must drop this
-    job = _job(tmp_path, name="regent-real")
+    job = _job(tmp_path, name="regent-real", secret=None)  # the controller runtime's secret
+    monkeypatch.setenv(SECRET_ENV, job.secret)  # sbatch copies the environment: the job must drop this
     renewed = None
     try:
         job.start()
@@ -106,10 +106,7 @@ def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatc
         squeue = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%j"], capture_output=True, text=True)
         assert squeue.stdout.strip() == job.unique_name
 
-        import regent.actor as actor
-
-        if hasattr(actor, "attach_to_workers"):
-            _call_an_actor_on(job)
+        _call_an_actor_on(job)
 
         renewed = job.renew()
         assert not job.is_alive() and renewed.job_id != job.job_id
@@ -145,13 +142,9 @@ def _call_an_actor_on(job: SlurmJob) -> None:
     try:
         where = procs.spawn("where", WhereAmI)
         values = list(where.where.call().get(timeout=120).values())
-        assert values == [job.job_id, job.job_id]
+        assert values == [job.job_id, job.job_id]  # the actors' processes run inside the allocation
     finally:
-        stop = getattr(procs, "stop", None)
-        if stop is not None:
-            result = stop()
-            if hasattr(result, "get"):
-                result.get(timeout=60)
+        procs.stop().get(timeout=60)
 
 
 def test_a_job_that_cannot_start_workers_fails_fast_with_its_log(tmp_path: Path) -> None:

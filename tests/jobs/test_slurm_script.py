@@ -78,9 +78,9 @@ def test_bad_options_fail_before_submission() -> None:
     with pytest.raises(ValueError, match="not valid"):
         build_sbatch_script(_spec(env={"BAD-NAME": "1"}))
     with pytest.raises(ValueError, match="not a multiple of ntasks_per_node=2"):
-        SlurmJob(3, ntasks_per_node=2, secret="s")
+        SlurmJob(3, ntasks_per_node=2, secret="ab12")
     with pytest.raises(ValueError, match="hosts must be a positive integer"):
-        SlurmJob(0, secret="s")
+        SlurmJob(0, secret="ab12")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
@@ -91,9 +91,9 @@ def test_script_is_valid_bash() -> None:
 
 
 def test_job_script_carries_no_secret(tmp_path) -> None:
-    job = SlurmJob(2, secret="top-secret-value", shared_dir=tmp_path, partition="debug")
+    job = SlurmJob(2, secret="deadbeef0011", shared_dir=tmp_path, partition="debug")
     script = build_sbatch_script(job.spec)
-    assert "top-secret-value" not in script
+    assert "deadbeef0011" not in script
     assert job.spec.job_dir == str(tmp_path / job.unique_name)
     assert job.spec.nodes == 2 and job.spec.ntasks_per_node == 1
 
@@ -118,7 +118,7 @@ def test_parse_squeue_state() -> None:
 
 
 def test_unstarted_job_is_not_alive_and_kill_is_idempotent(tmp_path) -> None:
-    job = SlurmJob(1, secret="s", shared_dir=tmp_path)
+    job = SlurmJob(1, secret="ab12", shared_dir=tmp_path)
     assert not job.is_alive()
     job.kill()
     job.kill()

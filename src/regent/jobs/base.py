@@ -25,9 +25,10 @@ Lifecycle and failure rules (the contract every backend follows):
   job keeps the same secret, so a controller that already trusts it needs no new configuration.
 
 The job secret: every connection to a worker proves knowledge of a per-job secret before anything is
-unpickled. The controller owns it: it is taken from the `secret=` argument, else from `REGENT_JOB_SECRET`
-in the controller's environment, else generated (and then exported to `REGENT_JOB_SECRET` so the actor
-runtime in this process uses the same one). Backends hand it to workers as a file with mode 0600 or a
+unpickled. The controller owns it: by default it is the secret of this process's actor runtime (which
+takes `REGENT_JOB_SECRET` when set, else generates one), so `host_mesh()` can attach without any
+configuration; `secret=` (hex text or raw bytes) overrides it and must then match the runtime's. It is
+resolved on first use, so constructing a job starts nothing. Backends hand it to workers as a file with mode 0600 or a
 mounted Kubernetes Secret, never on a command line.
 
 Workers that cannot know their address in advance (a SLURM task does not know its node before it runs)
@@ -89,18 +90,48 @@ def validate_job_name(name: str) -> str:
     return name
 
 
+def normalize_secret(secret: str | bytes) -> str:
+    """The secret as the hex text workers read from --secret-file / $REGENT_JOB_SECRET.
+
+    Bytes are the raw secret; a string must already be hex (what `secrets.token_hex(32)` prints)."""
+    if isinstance(secret, (bytes, bytearray)):
+        if not secret:
+            raise ValueError("job secret must not be empty")
+        return bytes(secret).hex()
+    text = str(secret).strip().lower()
+    try:
+        if text and bytes.fromhex(text):
+            return text
+    except ValueError:
+        pass
+    raise ValueError(
+        "job secret must be non-empty hex text (the actor runtime's format); generate one with "
+        "`python -c 'import secrets; print(secrets.token_hex(32))'`"
+    )
+
+
+def _runtime_secret() -> bytes | None:
+    """The controller runtime's secret: the one attach_to_workers will present to the workers."""
+    try:
+        from regent.actor._runtime import get_runtime
+    except ImportError:  # pragma: no cover - the actor runtime ships with regent
+        return None
+    return get_runtime().secret
+
+
 def resolve_secret(secret: str | bytes | None) -> str:
-    """Pick the job secret: explicit argument, else $REGENT_JOB_SECRET, else a fresh one (exported)."""
+    """Pick the job secret (hex): explicit argument, else this controller's actor runtime secret (which
+    itself honours $REGENT_JOB_SECRET), else $REGENT_JOB_SECRET, else a fresh one (exported)."""
     if secret is not None:
-        text = secret.decode() if isinstance(secret, bytes) else str(secret)
-    elif os.environ.get(SECRET_ENV):
-        text = os.environ[SECRET_ENV]
-    else:
-        text = _secrets.token_hex(32)
-        os.environ[SECRET_ENV] = text
-        logger.debug("generated a job secret and exported it as %s", SECRET_ENV)
-    if not text or any(c.isspace() for c in text):
-        raise ValueError(f"job secret must be a non-empty string without whitespace; check {SECRET_ENV}")
+        return normalize_secret(secret)
+    from_runtime = _runtime_secret()
+    if from_runtime is not None:
+        return normalize_secret(from_runtime)
+    if os.environ.get(SECRET_ENV):
+        return normalize_secret(os.environ[SECRET_ENV])
+    text = _secrets.token_hex(32)
+    os.environ[SECRET_ENV] = text
+    logger.debug("generated a job secret and exported it as %s", SECRET_ENV)
     return text
 
 
@@ -173,7 +204,10 @@ class Job(ABC):
         self.hosts = hosts
         self.name = validate_job_name(name)
         self.gpus_per_host = gpus_per_host
-        self.secret = resolve_secret(secret)
+        # Validated now (a bad secret fails before launch), resolved on first use: constructing a job
+        # must not start the actor runtime.
+        self._secret_arg = normalize_secret(secret) if secret is not None else None
+        self._secret: str | None = None
         # A short id keeps concurrent and renewed allocations of the same name apart.
         self.job_uid = uuid.uuid4().hex[:8]
         self._backend_opts = dict(backend_opts)
@@ -229,6 +263,13 @@ class Job(ABC):
         return f"{self.name}-{self.job_uid}"
 
     @property
+    def secret(self) -> str:
+        """The job secret as hex text (see the module docstring for where it comes from)."""
+        if self._secret is None:
+            self._secret = resolve_secret(self._secret_arg)
+        return self._secret
+
+    @property
     def started(self) -> bool:
         return self._started
 
@@ -254,9 +295,7 @@ class Job(ABC):
 
 
 def _call_attach(attach_to_workers: Any, addresses: list[str], secret: str, name: str) -> Any:
-    """Call the actor runtime's attach_to_workers, passing the secret if it takes one.
-
-    If it does not take `secret=`, the runtime reads $REGENT_JOB_SECRET, so make sure that matches."""
+    """Call the actor runtime's attach_to_workers with the job's secret, explaining a mismatch."""
     import inspect
 
     try:
@@ -265,18 +304,18 @@ def _call_attach(attach_to_workers: Any, addresses: list[str], secret: str, name
         params = {}
     kwargs: dict[str, Any] = {"workers": addresses}
     if "secret" in params:
-        kwargs["secret"] = secret
-    else:
-        current = os.environ.get(SECRET_ENV)
-        if current is not None and current != secret:
-            raise JobError(
-                f"this controller's {SECRET_ENV} differs from the job's secret, so the workers would refuse "
-                f"it; create the job without secret= or set {SECRET_ENV} to the job's secret"
-            )
-        os.environ[SECRET_ENV] = secret
+        kwargs["secret"] = bytes.fromhex(secret)
     if "name" in params:
         kwargs["name"] = name
-    return attach_to_workers(**kwargs)
+    try:
+        return attach_to_workers(**kwargs)
+    except ValueError as exc:
+        if "secret" not in str(exc):
+            raise
+        raise JobError(
+            f"the workers of this job use a different secret than this controller's actor runtime ({exc}); "
+            f"create the job without secret=, or set {SECRET_ENV} to the job's secret before the runtime starts"
+        ) from exc
 
 
 def wait_until(
