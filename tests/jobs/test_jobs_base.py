@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from regent.jobs import JOB_BACKENDS, get_job_class
+from regent.jobs import JOB_BACKENDS, get_job_class, make_job
 from regent.jobs.base import (
     ADDRESS_MARKER,
     SECRET_ENV,
@@ -49,6 +49,22 @@ def test_local_backend_is_the_actor_runtimes_process_job() -> None:
     except ImportError as exc:
         pytest.skip(f"regent.jobs.local not written yet: {exc}")
     assert cls.__name__ == "ProcessJob"
+
+
+def test_make_job_passes_options_and_rejects_typos(tmp_path) -> None:
+    job = make_job("slurm", 2, name="regent-replica-0", partition="gpu", shared_dir=tmp_path, secret="ab")
+    assert job.hosts == 2 and job.name == "regent-replica-0" and job.spec.partition == "gpu"
+    assert not job.started  # constructed, not launched
+    with pytest.raises(TypeError, match="partiton"):
+        make_job("slurm", 2, partiton="gpu")
+
+
+def test_make_job_local_drops_contract_options_it_does_not_need() -> None:
+    try:
+        job = make_job("local", 2, name="regent-replica-1", gpus_per_host=None)
+    except ImportError as exc:
+        pytest.skip(f"regent.jobs.local not available: {exc}")
+    assert type(job).__name__ == "ProcessJob"
 
 
 def test_importing_regent_jobs_pulls_in_no_backend_or_torch() -> None:

@@ -8,6 +8,7 @@ importing this package needs neither torch nor the `kubernetes` client.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 # registry name -> (module, class)
@@ -35,9 +36,26 @@ def get_job_class(name: str) -> type:
     return getattr(module, class_name)
 
 
-def make_job(name: str, hosts: int, **options: Any) -> Any:
-    """Construct (not start) a job of backend `name`: `make_job("slurm", 4, partition="gpu")`."""
-    return get_job_class(name)(hosts, **options)
+# Options of the Job contract that a backend may legitimately not need (the local backend has no
+# scheduler job name and no GPUs to request); make_job drops them for such a backend instead of failing.
+_GENERIC_OPTIONS = ("name", "gpus_per_host")
+
+
+def make_job(backend: str, hosts: int, /, **options: Any) -> Any:
+    """Construct (not start) a job: `make_job("slurm", 4, name="regent-replica-0", partition="gpu")`.
+
+    Backend-specific options go straight to the class, so a misspelt one fails with TypeError here,
+    before anything is launched."""
+    cls = get_job_class(backend)
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # pragma: no cover - classes with C signatures
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for generic in _GENERIC_OPTIONS:
+        if generic in options and generic not in params and not takes_any:
+            options.pop(generic)
+    return cls(hosts=hosts, **options)
 
 
 _LAZY = {
