@@ -3,13 +3,20 @@ that speaks the part of the Kubernetes REST API the backend uses (create/read/de
 and Jobs, and listing Pods by label). The server plays the Job controller too: creating a Job makes one pod
 per completion index, which turns Ready after a few polls (or gets stuck, as the test asks).
 
-This checks request shapes, polling, error handling and cleanup. It is not a cluster: scheduling, image
-pulls and the readiness probe are not exercised."""
+This checks request shapes, polling, error handling and cleanup. In "run" mode the server also acts as a
+tiny kubelet: it runs each pod's container command as a local process (pod IPs are distinct loopback
+addresses, the Secret volume is written to a temp dir) so the generated worker command is exercised for
+real. It is not a cluster: scheduling, images and networking are not exercised."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,7 +27,14 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from regent.jobs.base import JobError, JobFailedError, JobTimeoutError  # noqa: E402
+from regent.jobs.base import (  # noqa: E402
+    SECRET_ENV,
+    JobError,
+    JobFailedError,
+    JobTimeoutError,
+    is_listening,
+    pick_free_port,
+)
 from regent.jobs.kubernetes import INDEX_ANNOTATION, JOB_LABEL, KubernetesJob  # noqa: E402
 
 KINDS = {("api/v1", "secrets"), ("api/v1", "services"), ("apis/batch/v1", "jobs"), ("api/v1", "pods")}
@@ -32,7 +46,9 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
-        self.pod_mode = "ready"  # "ready" | "image_pull_backoff" | "unschedulable"
+        self.pod_mode = "ready"  # "ready" | "image_pull_backoff" | "unschedulable" | "run"
+        self.kubelet_dir: Path | None = None  # "run" mode: where pod volumes are materialised
+        self.processes: dict[str, subprocess.Popen] = {}
         self.ready_after_lists = 1
         self.forbid_creates = False
         self.lists = 0
@@ -66,6 +82,8 @@ class FakeApiServer:
     def __exit__(self, *exc: object) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        for name in list(self.processes):
+            self.stop_pod(name)
 
     def names(self, resource: str) -> list[str]:
         return sorted(name for (res, _ns, name) in self.objects if res == resource)
@@ -131,6 +149,7 @@ class FakeApiServer:
                 for pod_key in [k for k, o in self.objects.items()
                                 if k[0] == "pods" and o["metadata"]["labels"].get("job-name") == name]:
                     del self.objects[pod_key]
+                    self.stop_pod(pod_key[2])
             return 200, obj
         return self.status(405, "MethodNotAllowed", f"{method} {'/'.join(parts)}")
 
@@ -143,6 +162,57 @@ class FakeApiServer:
                                 "annotations": {INDEX_ANNOTATION: str(index)}},
                    "spec": job["spec"]["template"]["spec"], "_index": index}
             self.objects[("pods", ns, pod["metadata"]["name"])] = pod
+            if self.pod_mode == "run":
+                self.run_pod(ns, pod, f"127.0.0.{index + 10}")
+
+    # --- "run" mode: a minimal kubelet that runs each pod's container as a local process --------------
+    def run_pod(self, ns: str, pod: dict[str, Any], pod_ip: str) -> None:
+        """Materialise secret volumes, expand $(VAR) from the env (downward API included), start it."""
+        assert self.kubelet_dir is not None
+        name = pod["metadata"]["name"]
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        env: dict[str, str] = {}
+        fields = {"status.podIP": pod_ip, "metadata.name": name}
+        for item in container.get("env", []):
+            env[item["name"]] = item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        mounts: dict[str, str] = {}
+        for volume in spec["volumes"]:
+            if "secret" not in volume:
+                continue  # emptyDir /dev/shm: the host's is fine
+            secret = self.objects[("secrets", ns, volume["secret"]["secretName"])]
+            vol_dir = self.kubelet_dir / name / volume["name"]
+            vol_dir.mkdir(parents=True)
+            for key, value in secret["data"].items():
+                path = vol_dir / key
+                path.write_bytes(base64.b64decode(value))
+                path.chmod(volume["secret"]["defaultMode"])
+            for mount in container["volumeMounts"]:
+                if mount["name"] == volume["name"]:
+                    mounts[mount["mountPath"]] = str(vol_dir)
+
+        def expand(arg: str) -> str:
+            arg = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+            for mount_path, local in mounts.items():
+                arg = arg.replace(mount_path, local)
+            return arg
+
+        argv = [expand(a) for a in container["command"] + container["args"]]
+        argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
+        full_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+        full_env.update(env, OMP_NUM_THREADS="1")
+        pod["_ip"], pod["_port"] = pod_ip, container["readinessProbe"]["tcpSocket"]["port"]
+        self.processes[name] = subprocess.Popen(argv, env=full_env, stdout=subprocess.DEVNULL)
+
+    def stop_pod(self, name: str) -> None:
+        proc = self.processes.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def pod_status(self, pod: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in pod.items() if k != "_index"}
@@ -155,6 +225,17 @@ class FakeApiServer:
             out["status"] = {"phase": "Pending", "podIP": f"10.8.0.{index + 10}", "containerStatuses": [
                 {"name": "worker", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
                  "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}}}]}
+        elif self.pod_mode == "run":
+            proc = self.processes[pod["metadata"]["name"]]
+            if proc.poll() is not None:
+                out["status"] = {"phase": "Failed", "podIP": pod["_ip"], "containerStatuses": [
+                    {"name": "worker", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
+                     "state": {"terminated": {"exitCode": proc.returncode, "reason": "Error"}}}]}
+            else:
+                ready = is_listening(pod["_ip"], pod["_port"])  # what a tcpSocket readiness probe sees
+                out["status"] = {"phase": "Running", "podIP": pod["_ip"], "conditions": [
+                    {"type": "Ready", "status": "True" if ready else "False"}]}
+            out = {k: v for k, v in out.items() if not k.startswith("_")}
         else:
             ready = self.lists > self.ready_after_lists
             out["status"] = {"phase": "Running", "podIP": f"10.8.0.{index + 10}", "conditions": [
@@ -279,3 +360,37 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
     job = KubernetesJob(1, image="img", secret="ab12", kubeconfig=str(tmp_path / "none"))
     with pytest.raises(JobError, match="cannot load a kubeconfig"):
         job.start()
+
+
+def _worker_available() -> bool:
+    try:
+        import regent.actor.commands  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available")
+def test_pods_run_the_generated_worker_command_and_serve_actors(tmp_path: Path, api: FakeApiServer) -> None:
+    import cloudpickle
+
+    from regent.actor import Actor, endpoint
+
+    class PodName(Actor):
+        @endpoint
+        def pod(self) -> str:
+            return os.environ["POD_NAME"]
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    api.pod_mode, api.kubelet_dir = "run", tmp_path / "kubelet"
+    job = _job(tmp_path, api, secret=None, gpus_per_host=None, port=pick_free_port("127.0.0.1"))
+    try:
+        hosts = job.host_mesh(timeout=120)
+        procs = hosts.spawn_procs(per_host={"procs": 1})
+        names = list(procs.spawn("pod", PodName).pod.call().get(timeout=120).values())
+        assert [n.rsplit("-", 2)[-2] for n in names] == ["0", "1", "2"]  # ranks follow completion indices
+        assert all(n.startswith(job.spec.name) for n in names)
+        procs.stop().get(timeout=60)
+    finally:
+        job.kill()
+    assert all(p.poll() is not None for p in api.processes.values()) and not api.processes
