@@ -150,7 +150,12 @@ class ReplicatedGroup:
         )
         prefixed = dist.PrefixStore(prefix, store)
         if self.backend == "gloo":
-            pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            # Rendezvous may wait for a peer that is still starting (connect timeout); operations then
+            # use the (usually shorter) collective timeout.
+            pg = dist.ProcessGroupGloo(
+                prefixed, rank, world_size, datetime.timedelta(seconds=max(self.connect_timeout, self.timeout))
+            )
+            pg._set_default_timeout(timeout)
         else:
             opts = dist.ProcessGroupNCCL.Options()
             opts.config.blocking = False
@@ -248,24 +253,21 @@ class ReplicatedGroup:
         settled = threading.Lock()
         state = {"done": False}
 
-        def settle(result: Any = None, error: Exception | None = None) -> bool:
+        def claim() -> bool:
             with settled:
                 if state["done"]:
                     return False
                 state["done"] = True
-            if error is not None:
-                out.set_exception(error)
-            else:
-                out.set_result(result)
-            return True
+                return True
 
         def on_timeout() -> None:
             err = TimeoutError(
                 f"{what} on the replicated group timed out after {self.timeout:.3g} s "
                 "(a peer replica stopped responding); the group is aborted and rebuilt at the next quorum"
             )
-            if settle(error=err):
-                self._fail(generation, err)
+            if claim():
+                self._fail(generation, err)  # errored() is set before anyone sees the failed future
+                out.set_exception(err)
 
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
 
@@ -274,10 +276,12 @@ class ReplicatedGroup:
             try:
                 fut.value()
             except Exception as err:
-                if settle(error=err):
+                if claim():
                     self._fail(generation, err)
+                    out.set_exception(err)
                 return
-            settle(result=value)
+            if claim():
+                out.set_result(value)
 
         inner.add_done_callback(on_done)
         return out

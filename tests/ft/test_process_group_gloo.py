@@ -1,0 +1,98 @@
+"""The replicated group on Gloo: a peer that stops responding makes the collective fail within the timeout,
+the group reports errored(), and the next configure works. The peer is a real process, frozen with SIGSTOP."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from regent.ft.process_group import ReplicatedGroup, _Watchdog, parse_store_address
+
+PEER = Path(__file__).with_name("pg_peer.py")
+
+
+def test_parse_store_address():
+    assert parse_store_address("127.0.0.1:29500/regent/3/1") == ("127.0.0.1", 29500, "/regent/3/1")
+    assert parse_store_address("[::1]:5/x") == ("::1", 5, "/x")
+    with pytest.raises(ValueError, match="host:port/prefix"):
+        parse_store_address("nohost/x")
+
+
+def test_watchdog_fires_and_cancels():
+    dog = _Watchdog()
+    fired = threading.Event()
+    cancelled = threading.Event()
+    dog.schedule(0.05, fired.set)
+    token = dog.schedule(0.05, cancelled.set)
+    dog.cancel(token)
+    assert fired.wait(5)
+    time.sleep(0.2)
+    assert not cancelled.is_set()
+
+
+def test_unconfigured_group_names_the_fix():
+    group = ReplicatedGroup("gloo")
+    with pytest.raises(RuntimeError, match="not configured"):
+        group.allreduce(torch.zeros(1))
+
+
+def test_hung_peer_errors_within_timeout_then_reconfigure_works():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    base = f"127.0.0.1:{store.port}"
+    peer = subprocess.Popen(
+        [sys.executable, str(PEER), "2.0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+    def tell(cmd: str) -> None:
+        peer.stdin.write(cmd + "\n")
+        peer.stdin.flush()
+
+    group = ReplicatedGroup("gloo", timeout=2.0, connect_timeout=30)
+    try:
+        tell(f"configure {base}/regent/1/0")
+        group.configure(f"{base}/regent/1/0", "me", 0, 2)
+        assert peer.stdout.readline().strip() == "configured"
+        tell("allreduce")
+        t = torch.full((4,), 1.0)
+        group.allreduce(t).wait()
+        assert t.tolist() == [3.0] * 4
+        assert peer.stdout.readline().split() == ["result", "3.0"]
+
+        os.kill(peer.pid, signal.SIGSTOP)  # the peer stops responding (alive, sockets open)
+        start = time.monotonic()
+        with pytest.raises(Exception, match="(?i)time"):
+            group.allreduce(torch.ones(4)).wait()
+        assert time.monotonic() - start < 15
+        assert group.errored() is not None
+        with pytest.raises(RuntimeError, match="not configured"):
+            group.allreduce(torch.ones(4))
+        os.kill(peer.pid, signal.SIGCONT)
+
+        tell(f"configure {base}/regent/2/0")
+        group.configure(f"{base}/regent/2/0", "me", 0, 2)
+        assert peer.stdout.readline().strip() == "configured"
+        assert group.errored() is None
+        tell("allreduce")
+        t = torch.full((4,), 5.0)
+        group.allreduce(t).wait()
+        assert t.tolist() == [7.0] * 4
+        assert peer.stdout.readline().split() == ["result", "7.0"]
+        tell("quit")
+        assert peer.wait(timeout=30) == 0
+    finally:
+        if peer.poll() is None:
+            os.kill(peer.pid, signal.SIGCONT)
+            peer.kill()
+        group.shutdown()
