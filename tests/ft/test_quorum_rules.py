@@ -15,6 +15,7 @@ from regent.ft.quorum import (
     next_quorum_id,
     quorum_changed,
     quorum_compute,
+    quorum_possible,
 )
 from regent.ft.types import Quorum, QuorumMember
 
@@ -312,3 +313,28 @@ def test_options_validation():
         QuorumOptions(quorum_tick_ms=0)
     with pytest.raises(ValueError, match="heartbeat_timeout_ms"):
         QuorumOptions(heartbeat_timeout_ms=-1)
+
+
+def test_quorum_possible_never_hides_a_quorum():
+    """`quorum_possible` is a pre-filter: wherever quorum_compute issues members, it must say True."""
+    import random
+
+    rng = random.Random(1234)
+    ids = [f"r{i}" for i in range(6)]
+    checked = 0
+    for _ in range(3000):
+        opts = QuorumOptions(
+            min_replicas=rng.randint(1, 5), join_timeout_ms=rng.choice([0, 500, HOUR_MS]), heartbeat_timeout_ms=5000
+        )
+        state = LighthouseState()
+        if rng.random() < 0.7:
+            state.prev_quorum = prev(*(member(r) for r in rng.sample(ids, rng.randint(1, 5))))
+        for rid in rng.sample(ids, rng.randint(0, 6)):
+            join(state, member(rid, shrink_only=rng.random() < 0.2), at=NOW - rng.choice([0, 1, 6, 3600]))
+        for rid in rng.sample(ids, rng.randint(0, 6)):
+            state.heartbeats[rid] = NOW - rng.choice([0, 1, 6])
+        members, reason = quorum_compute(NOW, state, opts)
+        if members is not None:
+            checked += 1
+            assert quorum_possible(state, opts), reason
+    assert checked > 100

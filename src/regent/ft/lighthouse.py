@@ -46,6 +46,7 @@ from regent.ft.quorum import (
     healthy_replicas,
     issue_quorum,
     quorum_compute,
+    quorum_possible,
 )
 from regent.ft.types import Quorum, QuorumMember
 
@@ -85,6 +86,15 @@ def advertised_host(host: str) -> str:
     if host in ("", "0.0.0.0", "::"):
         return socket.gethostname()
     return host
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (the `fast` extra): it shortens every gRPC call's hop through the loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class _DashboardHTTPServer(ThreadingHTTPServer):
@@ -131,12 +141,13 @@ class LighthouseServer:
         self._state = LighthouseState()
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
-        self._waiters: set[asyncio.Queue] = set()
+        # One future per Quorum call waiting for the next issued quorum; all are resolved when one is issued.
+        self._waiters: list[asyncio.Future] = []
         self._last_reason = ""
         self._quorums_issued = 0
         self._stopped = threading.Event()
 
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="regent-lighthouse", daemon=True)
         self._thread.start()
         try:
@@ -279,21 +290,22 @@ class LighthouseServer:
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
         self._state.heartbeats[rid] = time.monotonic()  # a Quorum request is an implicit heartbeat
-        inbox: asyncio.Queue = asyncio.Queue()
-        self._waiters.add(inbox)
+        loop = asyncio.get_running_loop()
         mine = self._join(wire, member)
         logger.debug("quorum request from %s (step %d)", rid, member.step)
         try:
-            self._tick()
             while True:
-                ids, response = await inbox.get()
+                issued = loop.create_future()
+                self._waiters.append(issued)
+                if quorum_possible(self._state, self._opts):
+                    self._tick()
+                ids, response = await issued
                 if rid in ids:
                     return response
-                # Issued without us (e.g. shrink_only): wait for the next one.
+                # Issued without us (e.g. shrink_only): re-insert ourselves and wait for the next one.
                 logger.info("replica %s not in quorum %d; waiting for the next", rid, response.quorum.quorum_id)
                 mine = self._join(wire, member)
         finally:
-            self._waiters.discard(inbox)
             if self._state.participants.get(rid) is mine:
                 # The caller stopped waiting (deadline, cancel, disconnect): withdraw it.
                 del self._state.participants[rid]
@@ -319,8 +331,10 @@ class LighthouseServer:
         ids = frozenset(m.replica_id for m in members)
         if quorum.quorum_id != previous_id:
             logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
-        for inbox in self._waiters:
-            inbox.put_nowait((ids, response))
+        waiters, self._waiters = self._waiters, []
+        for issued in waiters:
+            if not issued.done():  # a cancelled call's future is done already
+                issued.set_result((ids, response))
 
     async def _tick_forever(self) -> None:
         period = self._opts.quorum_tick_ms / 1000.0
