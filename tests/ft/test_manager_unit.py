@@ -1,0 +1,95 @@
+"""Manager pieces tested in one process: quorum timeout, env timeouts, config validation, server barrier."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from regent.ft.config import FTConfig, env_timeout
+from regent.ft.lighthouse import LighthouseServer
+from regent.ft.manager import Manager
+
+
+def test_env_timeouts_win_and_accept_torchft_names():
+    assert env_timeout("timeout", 60, {}) == 60
+    assert env_timeout("timeout", 60, {"TORCHFT_TIMEOUT_SEC": "5"}) == 5
+    assert env_timeout("quorum_timeout", 60, {"REGENT_FT_QUORUM_TIMEOUT_SEC": "7", "TORCHFT_QUORUM_TIMEOUT_SEC": "9"}) == 7
+    with pytest.raises(ValueError, match="REGENT_FT_CONNECT_TIMEOUT_SEC"):
+        env_timeout("connect_timeout", 60, {"REGENT_FT_CONNECT_TIMEOUT_SEC": "soon"})
+
+
+def test_ftconfig_validation_names_the_field():
+    FTConfig().validate()
+    FTConfig(fragments=4, sync_every=20, fragment_sync_delay=4).validate()
+    with pytest.raises(ValueError, match="multiple of ft.fragments"):
+        FTConfig(fragments=3, sync_every=20).validate()
+    with pytest.raises(ValueError, match="fragment_sync_delay"):
+        FTConfig(fragments=2, sync_every=20, fragment_sync_delay=10).validate()
+    with pytest.raises(ValueError, match="fragment_update_alpha"):
+        FTConfig(fragment_update_alpha=2).validate()
+
+
+def test_missing_lighthouse_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("REGENT_FT_LIGHTHOUSE", raising=False)
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ValueError, match="Lighthouse"):
+        Manager(group_world_size=1, group_rank=0)
+
+
+def test_group_of_two_needs_a_store(monkeypatch):
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="store_port"):
+        Manager(group_world_size=2, group_rank=0, lighthouse_addr="127.0.0.1:1")
+
+
+def test_quorum_timeout_sync_raises_and_async_reports():
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=100)
+    w = torch.zeros(3)
+    manager = Manager(
+        load_state_dict=lambda sd: w.copy_(sd["w"]), state_dict=lambda: {"w": w},
+        use_async_quorum=False, quorum_timeout=1.0, connect_timeout=5, timeout=5,
+        lighthouse_addr=lighthouse.address(), replica_id="lonely",
+    )
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="quorum"):
+            manager.start_quorum()
+        assert time.monotonic() - start < 10
+        manager.use_async_quorum = True
+        manager.start_quorum(timeout=1.0)
+        fut = manager.allreduce(torch.ones(2))
+        assert fut.wait().tolist() == [1.0, 1.0]  # never raises; the input comes back untouched
+        assert isinstance(manager.errored(), TimeoutError)
+        assert manager.should_commit() is False
+        assert manager.current_step() == 0
+    finally:
+        manager.shutdown()
+        lighthouse.shutdown()
+
+
+def test_single_replica_steps_and_max_retries():
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
+    events = []
+    manager = Manager(
+        min_replica_size=2, max_retries=1, lighthouse_addr=lighthouse.address(), replica_id="solo",
+        on_event=lambda kind, d: events.append((kind, d)), timeout=5, quorum_timeout=10,
+    )
+    try:
+        manager.start_quorum()
+        t = torch.full((2,), 4.0)
+        manager.allreduce(t).wait()
+        assert t.tolist() == [4.0, 4.0]  # average over one participant
+        assert manager.num_participants() == 1 and manager.is_participating()
+        assert manager.should_commit() is False  # min_replica_size=2 not met
+        manager.start_quorum()
+        with pytest.raises(RuntimeError, match="max_retries"):
+            manager.should_commit()
+        kinds = [k for k, _ in events]
+        assert kinds.count("commit") == 2 and "quorum" in kinds
+        assert manager.replica_id.startswith("solo:")
+        assert manager.state_dict() == {"step": 0, "batches_committed": 0}
+    finally:
+        manager.shutdown()
+        lighthouse.shutdown()

@@ -1,0 +1,173 @@
+"""Peer state transfer: in-place receive, several healers, and the three faults (stale step, timeout,
+donor stops serving). Real sockets; the group transport runs over a real Gloo group (two threads)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from regent.ft.process_group import ReplicatedGroup
+from regent.ft.transfer import GroupTransport, RWLock, StreamTransport, flatten_state, unflatten_state
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g).to(torch.bfloat16)},
+        "optim": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(64, 32, generator=g)}},
+                  "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "empty": torch.empty(0),
+        "extra": ("text", 5),
+    }
+
+
+def _assert_same(a, b):
+    ma, ta = flatten_state(a, 0)
+    mb, tb = flatten_state(b, 0)
+    assert [m.path for m in ma.tensors] == [m.path for m in mb.tensors]
+    assert all(torch.equal(x, y) for x, y in zip(ta, tb))
+    assert unflatten_state(ma, ta)["extra"] == b["extra"]
+
+
+def test_flatten_roundtrip_keeps_structure():
+    s = _state(0)
+    meta, tensors = flatten_state(s, 9)
+    assert meta.step == 9 and len(tensors) == 5
+    back = unflatten_state(meta, tensors)
+    assert back["optim"]["param_groups"] == s["optim"]["param_groups"]
+    _assert_same(back, s)
+
+
+def test_stream_transfer_in_place_to_several_healers():
+    donor_state = _state(1)
+    donor = StreamTransport(num_chunks=3, timeout=20)
+    healers = [StreamTransport(num_chunks=2, timeout=20) for _ in range(3)]
+    try:
+        donor.send_checkpoint([1, 2, 3], step=7, state_dict=donor_state, timeout=20)
+        targets = [_state(10 + i) for i in range(3)]
+        ptrs = [t["model"]["w"].data_ptr() for t in targets]
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(
+                lambda i: healers[i].recv_checkpoint(0, donor.metadata(), 7, 20, into=targets[i]), range(3)
+            ))
+        for g, target, ptr in zip(got, targets, ptrs):
+            _assert_same(g, donor_state)
+            assert g["model"]["w"].data_ptr() == ptr  # received in place
+            _assert_same(target, donor_state)
+        # Without a template the healer allocates.
+        fresh = healers[0].recv_checkpoint(0, donor.metadata(), 7, 20)
+        _assert_same(fresh, donor_state)
+    finally:
+        donor.shutdown()
+        for h in healers:
+            h.shutdown()
+
+
+def test_stream_stale_step_is_refused():
+    donor = StreamTransport(timeout=10)
+    healer = StreamTransport(timeout=10)
+    try:
+        donor.send_checkpoint([1], step=7, state_dict=_state(1), timeout=10)
+        with pytest.raises(RuntimeError, match="stale step"):
+            healer.recv_checkpoint(0, donor.metadata(), 6, 10)
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_stream_donor_stops_serving_once_weights_change():
+    donor = StreamTransport(timeout=10)
+    healer = StreamTransport(timeout=10)
+    try:
+        donor.send_checkpoint([1], step=7, state_dict=_state(1), timeout=10)
+        healer.recv_checkpoint(0, donor.metadata(), 7, 10)
+        donor.disallow_checkpoint()
+        with pytest.raises(RuntimeError, match="not serving"):
+            healer.recv_checkpoint(0, donor.metadata(), 7, 10)
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_stream_receive_timeout_raises():
+    # A "donor" that accepts connections and never answers.
+    silent = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
+    healer = StreamTransport(timeout=10)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            healer.recv_checkpoint(0, f"tcp://127.0.0.1:{silent.getsockname()[1]}", 1, timeout=1.0)
+        assert time.monotonic() - start < 10
+    finally:
+        healer.shutdown()
+        silent.close()
+
+
+def test_rwlock_writer_waits_for_readers():
+    lock = RWLock()
+    assert lock.acquire_read()
+    assert not lock.acquire_write(timeout=0.1)  # a reader (serving) holds it
+    lock.release_read()
+    assert lock.acquire_write(timeout=1)
+    assert not lock.acquire_read(timeout=0.1)  # no reads while the optimizer steps
+    lock.release_write()
+
+
+def _pair(timeout: float = 5.0):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    groups = [ReplicatedGroup("gloo", timeout=timeout, connect_timeout=30) for _ in range(2)]
+    addr = f"127.0.0.1:{store.port}/regent/1/0"
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+    return store, groups
+
+
+def test_group_transfer_in_place_and_stale_refused():
+    store, groups = _pair()
+    try:
+        donor, healer = GroupTransport(groups[0]), GroupTransport(groups[1])
+        src = _state(1)
+        into = _state(2)
+        ptr = into["optim"]["state"][0]["exp_avg"].data_ptr()
+        with ThreadPoolExecutor(2) as pool:
+            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
+            got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
+            f.result()
+        _assert_same(got, src)
+        assert got["optim"]["state"][0]["exp_avg"].data_ptr() == ptr
+        # Stale: the donor offers step 4, the healer wants 5 -> refused before any tensor is received.
+        with ThreadPoolExecutor(2) as pool:
+            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
+            with pytest.raises(RuntimeError, match="stale"):
+                healer.recv_checkpoint(0, "<group>", 5, 5)
+            groups[1].abort(RuntimeError("healer gave up"))
+            with pytest.raises(Exception):  # noqa: B017 (the donor's send fails in whatever way gloo reports)
+                f.result()
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store
+
+
+def test_group_receive_timeout_raises():
+    store, groups = _pair(timeout=1.0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 1, 1.0)  # nobody sends
+        assert time.monotonic() - start < 10
+        assert groups[1].errored() is not None
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store
