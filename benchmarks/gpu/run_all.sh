@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run the GPU benchmarks in one go on a machine with 2 GPUs (CUDA or ROCm), from the repository root:
+#
+#   bash benchmarks/gpu/run_all.sh transfer speed1 overhead recovery speed2 case_ddp case_diloco
+#
+# Each stage has its own time limit (seconds, STAGE_LIMIT_<stage> overrides) so that a stuck stage cannot eat
+# the others' time. Figures are appended to $OUT/results.jsonl (OUT defaults to runs/gpu-bench); all output
+# goes to $OUT/run.log; per-stage logs and run directories are packed into $OUT/details.tgz at the end.
+# Optional: wheels for packages the machine lacks in .whl/ are installed to /tmp/site first.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-runs/gpu-bench}
+mkdir -p "$OUT"
+WORK=${WORK:-/tmp/regent-gpu-bench}
+mkdir -p "$WORK"
+PY=${PYTHON:-python3}
+if [ "${SKIP_WHEELS:-0}" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed" >&2; exit 1; }
+  export PYTHONPATH=src:/tmp/site
+else
+  export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+fi
+MODEL=${MODEL:-1b}
+B=benchmarks/gpu
+
+stage() {  # stage NAME DEFAULT_LIMIT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local var="STAGE_LIMIT_${name}"; limit=${!var:-$limit}
+  echo "=== $(date -u +%H:%M:%S) stage $name (limit ${limit}s): $*" | tee -a "$OUT/run.log"
+  local t0=$SECONDS
+  timeout -k 15 "$limit" "$@" >"$WORK/$name.log" 2>&1
+  local rc=$?
+  grep -v -E " INFO: | INFO " "$WORK/$name.log" | tail -n 60 >>"$OUT/run.log"
+  echo "=== stage $name rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/run.log"
+}
+
+{ echo "=== $(date -u)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null \
+    || rocm-smi 2>/dev/null; $PY -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__,
+  "gpus", torch.cuda.device_count(), "grpc", grpc.__version__, "protobuf", p.__version__)'; } >>"$OUT/run.log" 2>&1
+
+for s in "$@"; do
+  case $s in
+    speed1) stage speed1 110 $PY $B/train_speed.py --model "$MODEL" --gpus 1 --steps 15 --warmup 3 \
+              --batch-size "${SPEED_BATCH:-4,8}" --compile "${SPEED_COMPILE:-0}" --out "$OUT" ;;
+    speed1c) stage speed1c 200 $PY $B/train_speed.py --model "$MODEL" --gpus 1 --steps 15 --warmup 3 \
+              --batch-size "${SPEED_BATCH:-8}" --compile 1 --out "$OUT" ;;
+    speed2) stage speed2 120 $PY $B/train_speed.py --model "$MODEL" --gpus 2 --steps 15 --warmup 3 \
+              --batch-size "${SPEED_BATCH2:-8}" --compile "${SPEED_COMPILE:-0}" --out "$OUT" ;;
+    transfer) stage transfer 150 $PY $B/peer_transfer.py --shape "${TRANSFER_SHAPES:-1b,8b}" \
+              --http-shapes "${HTTP_SHAPES:-1b}" --p2p-gb "${P2P_GB:-4}" --out "$OUT" ;;
+    overhead) stage overhead 170 $PY $B/ft_overhead.py --model "$MODEL" --steps "${OVERHEAD_STEPS:-40}" \
+              --batch-size "${OVERHEAD_BATCH:-4}" --modes "${OVERHEAD_MODES:-local,ddp,fsdp,ft_step,ft_diloco}" \
+              --out "$OUT" ;;
+    recovery) stage recovery 150 $PY $B/recovery_timeline.py --model "$MODEL" --trials cold,warm \
+              --events-dir "$WORK/recovery" --out "$OUT" ;;
+    case_ddp|case_diloco)
+      mode=${s#case_}
+      stage "$s" "${CASE_LIMIT:-300}" $PY -m regent.cli train --replicas 2 --procs-per-replica 1 --model "$MODEL" \
+        --duration "${CASE_DURATION:-150s}" --fault-kinds kill,exception,comm --ft.mode "$mode" \
+        --ft.sync-every 20 --train.seq-len "${SEQ_LEN:-2048}" --train.batch-size "${CASE_BATCH:-4}" \
+        --train.lr 3e-4 --no-live --run-dir "$WORK/$s"
+      [ -f "$WORK/$s/summary.json" ] && cp "$WORK/$s/summary.json" "$OUT/summary_$s.json" ;;
+    *) echo "unknown stage $s" | tee -a "$OUT/run.log" ;;
+  esac
+done
+tar czf "$OUT/details.tgz" --exclude='*.pt' --exclude='*.distcp' --exclude=checkpoints -C "$WORK" . 2>/dev/null
+echo "=== done $(date -u +%H:%M:%S)" | tee -a "$OUT/run.log"
