@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -18,10 +19,12 @@ from regent.jobs.base import (
     address_file,
     environ_without_secret,
     format_address,
+    interface_ip,
     is_listening,
     launcher_command,
     listening_ports,
     parse_address_markers,
+    parse_interface_addresses,
     pick_free_port,
     read_published_addresses,
     resolve_secret,
@@ -157,6 +160,25 @@ def test_listening_detection_sees_a_real_listener() -> None:
         assert ports is None or port in ports
 
 
+IP_ADDR = """\
+2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever preferred_lft forever
+2: eth0    inet 10.1.2.3/16 brd 10.1.255.255 scope global eth0\\       valid_lft forever preferred_lft forever
+2: eth0    inet6 fd00::5/64 scope global \\       valid_lft forever preferred_lft forever
+"""
+
+
+def test_interface_addresses_prefer_ipv4_and_skip_link_local() -> None:
+    assert parse_interface_addresses(IP_ADDR) == ["10.1.2.3", "fd00::5"]
+    assert parse_interface_addresses("") == []
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2 not installed")
+def test_interface_ip_reads_a_real_interface() -> None:
+    assert interface_ip("lo") == "127.0.0.1"
+    with pytest.raises(JobError, match="interface 'regent-nope0' has no usable address"):
+        interface_ip("regent-nope0")
+
+
 def test_run_command_names_a_missing_binary() -> None:
     with pytest.raises(JobError, match="`regent-no-such-tool` not found on PATH"):
         run_command(["regent-no-such-tool"])
@@ -185,7 +207,7 @@ def test_launcher_publishes_address_only_once_listening_and_forwards_sigterm(tmp
     env = dict(os.environ, SLURM_PROCID="3", OMP_NUM_THREADS="1")
     secret = write_secret_file(tmp_path / "secret", "0123456789abcdef")
     proc = subprocess.Popen(
-        launcher_command(sys.executable, ["--address-dir", str(tmp_path), "--host", "127.0.0.1",
+        launcher_command(sys.executable, ["--address-dir", str(tmp_path), "--interface", "lo",
                                           "--secret-file", str(secret)]),
         env=env, stdout=subprocess.PIPE, text=True)
     try:

@@ -49,12 +49,14 @@ def test_minimal_script_launches_one_worker_per_task() -> None:
 def test_all_options_become_directives() -> None:
     script = build_sbatch_script(_spec(
         partition="gpu", time="02:00:00", account="proj", qos="high", gpus_per_host=8, cpus_per_task=96,
-        mem="0", exclusive=True, sbatch_args=("--constraint=h100", "--reservation=r1"), port=29600))
+        mem="0", exclusive=True, sbatch_args=("--constraint=h100", "--reservation=r1"), port=29600,
+        interface="ib0"))
     directives = _directives(script)
     for expected in ("--partition=gpu", "--time=02:00:00", "--account=proj", "--qos=high", "--gpus-per-node=8",
                      "--cpus-per-task=96", "--mem=0", "--exclusive", "--constraint=h100", "--reservation=r1"):
         assert expected in directives
     assert "--port 29600" in script
+    assert "--interface ib0" in script
     assert "srun --kill-on-bad-exit=1 --cpus-per-task=96 " in script
 
 

@@ -433,59 +433,98 @@ def launch_worker(argv: Sequence[str] | None = None) -> int:
     """Entry point run on each allocated host: start `regent worker`, publish its address once it listens.
 
     Stays as the worker's parent so it can report a worker that dies before listening, forwards SIGTERM,
-    SIGINT and SIGHUP (what `scancel` and `sky down` send), and exits with the worker's exit code."""
+    SIGINT and SIGHUP (what `scancel` and `sky down` send), and exits with the worker's exit code. With an
+    automatically picked port, a worker that exits before listening (the port was taken in between) is
+    retried on another port."""
     parser = argparse.ArgumentParser(prog="regent-launch-worker")
     parser.add_argument("--address-dir", help="shared directory to publish worker-<rank>.addr in")
     parser.add_argument("--rank-env", default="SLURM_PROCID", help="env var holding this worker's rank")
     parser.add_argument("--local-rank-env", default=None, help="env var holding the rank within the node")
     parser.add_argument("--host", default=None, help="address to serve on (default: first of hostname -I)")
+    parser.add_argument("--interface", default=None, help="serve on this network interface's address")
     parser.add_argument("--port", type=int, default=0, help="base port; 0 = any free port")
     parser.add_argument("--secret-file", default=None, help="file holding the job secret")
     parser.add_argument("--listen-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
 
+    def fail(message: str, code: int = 1) -> int:
+        print(f"regent-launch-worker: {message}", file=sys.stderr, flush=True)
+        return code
+
     rank_text = os.environ.get(args.rank_env)
     if rank_text is None:
-        print(f"regent-launch-worker: ${args.rank_env} is not set; is this running under the scheduler?",
-              file=sys.stderr)
-        return 2
+        return fail(f"${args.rank_env} is not set; is this running under the scheduler?", 2)
     rank = int(rank_text)
     local_rank = int(os.environ.get(args.local_rank_env, "0")) if args.local_rank_env else 0
-    host = args.host or detect_host_ip()
-    port = args.port + local_rank if args.port else pick_free_port(host)
-    address = format_address(host, port)
+    try:
+        host = args.host or (interface_ip(args.interface) if args.interface else detect_host_ip())
+    except JobError as exc:
+        return fail(f"rank {rank}: {exc}", 2)
 
-    child = subprocess.Popen(worker_command(address, args.secret_file))
+    child: subprocess.Popen | None = None
+    stopping = False
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+        nonlocal stopping
+        stopping = True
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
 
+    attempts = 1 if args.port else 3
     deadline = time.monotonic() + args.listen_timeout
-    while not is_listening(host, port):
-        if child.poll() is not None:
-            print(f"regent-launch-worker: rank {rank}: worker exited with code {child.returncode} before "
-                  f"listening on {address}", file=sys.stderr)
-            return child.returncode or 1
-        if time.monotonic() > deadline:
-            print(f"regent-launch-worker: rank {rank}: worker not listening on {address} after "
-                  f"{args.listen_timeout:.0f} s; stopping it", file=sys.stderr)
+    for attempt in range(1, attempts + 1):
+        port = args.port + local_rank if args.port else pick_free_port(host)
+        address = format_address(host, port)
+        child = subprocess.Popen(worker_command(address, args.secret_file))
+        while not is_listening(host, port) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if child.poll() is None and is_listening(host, port):
+            break
+        if child.poll() is None:  # still not listening at the deadline
             child.terminate()
             child.wait()
-            return 1
-        time.sleep(0.1)
+            return fail(f"rank {rank}: worker not listening on {address} after {args.listen_timeout:.0f} s")
+        if stopping or attempt == attempts:
+            return fail(f"rank {rank}: worker exited with code {child.returncode} before listening on {address}",
+                        child.returncode or 1)
+        fail(f"rank {rank}: worker exited before listening on {address}; retrying on another port")
 
+    assert child is not None
     if args.address_dir:
         _write_atomically(address_file(args.address_dir, rank), address + "\n")
     print(f"{ADDRESS_MARKER} rank={rank} address={address}", flush=True)
-    while True:
-        try:
-            return child.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
-            continue
+    return child.wait()
+
+
+def parse_interface_addresses(text: str) -> list[str]:
+    """Addresses in `ip -o addr show` output, IPv4 first (what most clusters route between nodes)."""
+    v4, v6 = [], []
+    for line in text.splitlines():
+        fields = line.split()
+        for kind, bucket in (("inet", v4), ("inet6", v6)):
+            if kind in fields:
+                address = fields[fields.index(kind) + 1].split("/")[0]
+                if not address.startswith("fe80"):  # link-local needs a scope id; useless across hosts
+                    bucket.append(address)
+    return v4 + v6
+
+
+def interface_ip(interface: str) -> str:
+    """The first address of a network interface (e.g. the InfiniBand or cluster-network one)."""
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show", "dev", interface], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JobError(f"cannot list addresses of interface {interface!r} (`ip` failed: {exc})") from exc
+    addresses = parse_interface_addresses(out.stdout)
+    if out.returncode != 0 or not addresses:
+        raise JobError(f"network interface {interface!r} has no usable address on this host "
+                       f"({(out.stderr or out.stdout).strip() or 'no inet lines'}); check `ip addr`")
+    return addresses[0]
 
 
 def launcher_command(python: str, args: Sequence[str]) -> list[str]:

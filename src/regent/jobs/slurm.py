@@ -74,6 +74,7 @@ class SlurmScriptSpec:
     venv: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     port: int = 0
+    interface: str | None = None
     setup: Sequence[str] = ()
 
 
@@ -137,6 +138,8 @@ def build_sbatch_script(spec: SlurmScriptSpec) -> str:
     ]
     if spec.port:
         launcher_args += ["--port", str(spec.port)]
+    if spec.interface:
+        launcher_args += ["--interface", spec.interface]
     srun = ["srun", "--kill-on-bad-exit=1", *spec.srun_args]
     if spec.cpus_per_task:
         srun.append(f"--cpus-per-task={spec.cpus_per_task}")
@@ -177,7 +180,8 @@ class SlurmJob(Job):
     default 1; `hosts` must be a multiple), `cpus_per_task`, `mem`, `exclusive`, `sbatch_args` (extra
     `--opt=value` directives), `srun_args`, `python` (interpreter on the nodes with regent installed;
     default: this one), `venv` (activated first), `env` (exported to workers), `setup` (shell lines run
-    before srun), `port` (0 = free port), `shared_dir` (parent of the job directory)."""
+    before srun), `port` (0 = free port), `interface` (serve on this NIC's address instead of the first of
+    `hostname -I`), `shared_dir` (parent of the job directory)."""
 
     backend = "slurm"
 
@@ -203,13 +207,15 @@ class SlurmJob(Job):
         env: Mapping[str, str] | None = None,
         setup: Sequence[str] = (),
         port: int = 0,
+        interface: str | None = None,
         shared_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             hosts, name=name, gpus_per_host=gpus_per_host, secret=secret, partition=partition, time=time,
             account=account, qos=qos, ntasks_per_node=ntasks_per_node, cpus_per_task=cpus_per_task, mem=mem,
             exclusive=exclusive, sbatch_args=tuple(sbatch_args), srun_args=tuple(srun_args), python=python,
-            venv=venv, env=dict(env or {}), setup=tuple(setup), port=port, shared_dir=shared_dir,
+            venv=venv, env=dict(env or {}), setup=tuple(setup), port=port, interface=interface,
+            shared_dir=shared_dir,
         )
         if ntasks_per_node < 1 or hosts % ntasks_per_node:
             raise ValueError(
@@ -237,6 +243,7 @@ class SlurmJob(Job):
             venv=venv,
             env=dict(env or {}),
             port=port,
+            interface=interface,
             setup=tuple(setup),
         )
         self.job_id: str | None = None
