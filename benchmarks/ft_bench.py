@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+os.environ.setdefault("RUST_LOG", "error")  # TorchFT's Rust clients log every connection at INFO otherwise
 
 
 # ---- helpers shared by sections ---------------------------------------------------------------------------------

@@ -363,3 +363,53 @@ def test_lighthouse_restart_on_same_address():
         proc.wait()
         client_a.close()
         client_b.close()
+
+
+DOM_SHIM = r"""
+const [url, scriptPath] = process.argv.slice(2);
+class FakeNode { constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.textContent = ""; }
+  append(...c) { this.children.push(...c); } setAttribute(k, v) { this.attrs[k] = v; }
+  replaceChildren(...c) { this.children = c; } }
+global.Node = FakeNode;
+const els = {};
+global.document = { getElementById: id => (els[id] ||= new FakeNode("div")), createElement: t => new FakeNode(t),
+  createTextNode: t => Object.assign(new FakeNode("#text"), { textContent: t }) };
+const realFetch = fetch;
+global.fetch = (p, o) => realFetch(new URL(p, url), o);
+global.setInterval = () => 0;
+const text = n => n.tag === "#text" ? n.textContent : (n.textContent || n.children.map(text).join(" "));
+eval(require("fs").readFileSync(scriptPath, "utf8"));
+setTimeout(() => { const out = {}; for (const k in els) out[k] = text(els[k]);
+  for (const n of els.members.children) out["class:" + n.children[0].children[0].textContent] = n.attrs.class;
+  console.log(JSON.stringify(out)); }, 1500);
+"""
+
+
+def test_dashboard_page_renders_live_status(lighthouse, tmp_path):
+    """Run the page's own script (in node, with a minimal DOM) against a live Lighthouse."""
+    import re
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not installed")
+    server = lighthouse(min_replicas=2)
+    client = LighthouseClient(server.address())
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(client.quorum, "rep_0:aa", 20, address="http://127.0.0.1:1", step=10)
+        fb = pool.submit(client.quorum, "rep_1:bb", 20, address="http://127.0.0.1:2", step=4)
+        fa.result(), fb.result()
+    with urllib.request.urlopen(server.dashboard_url(), timeout=10) as resp:
+        page = resp.read().decode()
+    (tmp_path / "page.js").write_text(re.search(r"<script>(.*)</script>", page, re.S).group(1))
+    (tmp_path / "shim.js").write_text(DOM_SHIM)
+    out = subprocess.run([node, str(tmp_path / "shim.js"), server.dashboard_url(), str(tmp_path / "page.js")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert str(view["quorum_id"]) == "1"
+    assert "need min_replicas 2" in view["reason"]
+    assert "rep_0:aa" in view["members"] and "rep_1:bb" in view["members"]
+    assert "recovering" in view["class:rep_1:bb"] and "recovering" not in view["class:rep_0:aa"]
+    assert "rep_0:aa" in view["heartbeats"] and "yes" in view["heartbeats"]
+    assert view["error"] == ""
