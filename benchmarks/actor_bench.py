@@ -1,6 +1,7 @@
 """Actor-runtime benchmark: Regent against Monarch and Ray, in one run, on this machine.
 
-    .venv/bin/python benchmarks/actor_bench.py [--quick] [--runtimes regent,monarch,ray]
+    .venv/bin/python benchmarks/actor_bench.py [--quick] [--runtimes regent,monarch,ray] [--only call_one,...]
+    .venv/bin/python benchmarks/actor_bench.py --profile benchmarks/results/profile   # where Regent's time goes
 
 Regent runs in this process (the .venv). Monarch and Ray run as subprocesses under the benchmark venv
 (`.venv-bench`, never installed into .venv), each printing one JSON object. Monarch and Regent execute the
@@ -10,15 +11,21 @@ never compete for the 2 cores.
 
 The table goes to the terminal; everything (all rounds, machine, versions, load) goes to
 benchmarks/results/actor_bench.json. Targets come from issue 2.
+
+--profile DIR runs each Regent measure on its own under py-spy (`pip install py-spy`), sampling the
+controller and every proc it spawns, and writes DIR/<measure>.txt (raw collapsed stacks, loadable in
+speedscope or flamegraph.pl) and DIR/<measure>_top.txt (the top frames per process, self and inclusive).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
-import platform
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +38,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR / "anchors"))
 
-from mesh_api_measures import log, run_measures  # noqa: E402
+from mesh_api_measures import MEASURES, log, run_measures  # noqa: E402
 
 BENCH_VENV_PYTHON = REPO_DIR / ".venv-bench" / "bin" / "python"
 BENCH_VENV_HOWTO = ("python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 torchmonarch ray "
@@ -103,7 +110,7 @@ def fmt_target(row: Row) -> str:
     return ("≥ " if row.higher_is_better else "≤ ") + fmt(row.target, row.unit)
 
 
-def run_anchor(name: str, quick: bool) -> dict[str, Any]:
+def run_anchor(name: str, quick: bool, only: set[str] | None) -> dict[str, Any]:
     """Run benchmarks/anchors/<name>_bench.py under the benchmark venv and parse its JSON line."""
     if not BENCH_VENV_PYTHON.exists():
         msg = f"{BENCH_VENV_PYTHON} is missing; create it with: {BENCH_VENV_HOWTO}"
@@ -111,6 +118,8 @@ def run_anchor(name: str, quick: bool) -> dict[str, Any]:
         return {"runtime": name, "error": msg}
     script = BENCH_DIR / "anchors" / f"{name}_bench.py"
     cmd = [str(BENCH_VENV_PYTHON), str(script)] + (["--quick"] if quick else [])
+    if only:
+        cmd += ["--only", ",".join(sorted(only))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     log(f"{name}: {' '.join(cmd)}")
     t0 = time.perf_counter()
@@ -126,7 +135,7 @@ def run_anchor(name: str, quick: bool) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def run_regent(quick: bool) -> dict[str, Any]:
+def run_regent(quick: bool, only: set[str] | None) -> dict[str, Any]:
     """Regent in this process, through the same measure code Monarch ran."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -144,21 +153,27 @@ def run_regent(quick: bool) -> dict[str, Any]:
     if missing:
         return {"runtime": "regent", "error": f"regent.actor lacks {', '.join(missing)} (runtime not landed yet)"}
     log("regent: in-process")
-    results = run_measures(api, quick=quick)
+    results = run_measures(api, quick=quick, only=only)
     return {"runtime": "regent", "version": git_commit(), "results": results}
 
 
-def git_commit() -> str:
+def command_output(cmd: list[str]) -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(cmd, cwd=REPO_DIR, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return ""
+
+
+def git_commit() -> str:
+    """HEAD, marked '+dirty' when src/regent/actor has uncommitted changes (then HEAD is not what ran)."""
+    head = command_output(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
+    dirty = command_output(["git", "status", "--porcelain", "--", "src/regent/actor"])
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict[str, Any]:
-    return {"uname": " ".join(platform.uname()), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    return {"uname": command_output(["uname", "-a"]), "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "loadavg": os.getloadavg()}
 
 
@@ -197,25 +212,102 @@ def summary_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def summarize_collapsed(text: str, top: int = 15) -> dict[str, dict[str, Any]]:
+    """Top frames per process from py-spy's raw collapsed stacks (`--format raw --subprocesses`).
+
+    Each line is `frame;frame;... count`; with --subprocesses a child's stack is nested under its parent's,
+    each process marked by a `process PID:"cmdline"` frame, so a sample belongs to the innermost one.
+    Import frames are dropped (start-up, not the hot path). Line numbers are folded away so a function's
+    samples add up. Returns {process: {"samples", "self": [(pct, frame)], "inclusive": [(pct, frame)]}}.
+    """
+    procs: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = stack.split(";")
+        marks = [i for i, f in enumerate(frames) if f.startswith("process ")]
+        start = marks[-1] if marks else 0
+        proc = frames[start].split(":", 1)[-1] if marks else "?"
+        body = [re.sub(r":\d+\)$", ")", f) for f in frames[start + 1 :]]
+        if not body or any(f.startswith("_find_and_load") for f in body):
+            continue
+        entry = procs.setdefault(proc, {"samples": 0, "self": collections.Counter(),
+                                        "inclusive": collections.Counter()})
+        count = int(count_text)
+        entry["samples"] += count
+        entry["self"][body[-1]] += count
+        for frame in set(body):
+            entry["inclusive"][frame] += count
+    out = {}
+    for proc, entry in procs.items():
+        total = entry["samples"]
+        out[proc] = {"samples": total,
+                     "self": [(round(100 * c / total, 1), f) for f, c in entry["self"].most_common(top)],
+                     "inclusive": [(round(100 * c / total, 1), f) for f, c in entry["inclusive"].most_common(top)]}
+    return out
+
+
+def format_summary(summary: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for proc, entry in sorted(summary.items(), key=lambda kv: -kv[1]["samples"]):
+        lines.append(f"== {proc}  ({entry['samples']} samples)")
+        for kind in ("self", "inclusive"):
+            lines.append(f"  {kind}:")
+            lines += [f"    {pct:5.1f}%  {frame}" for pct, frame in entry[kind]]
+    return "\n".join(lines) + "\n"
+
+
+def profile_regent(out_dir: Path, quick: bool, measures: list[str]) -> None:
+    """Run each Regent measure alone under py-spy (controller and procs) and summarise the top frames."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        raise SystemExit("py-spy is not installed; run `.venv/bin/pip install py-spy` (Linux needs ptrace "
+                         "permission: run as root or set kernel.yama.ptrace_scope=0)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for measure in measures:
+        raw = out_dir / f"{measure}.txt"
+        cmd = [py_spy, "record", "--subprocesses", "--format", "raw", "--rate", "250", "--output", str(raw),
+               "--", sys.executable, str(Path(__file__).resolve()), "--runtimes", "regent", "--only", measure,
+               "--out", str(out_dir / f"{measure}.json")] + (["--quick"] if quick else [])
+        log(f"profiling {measure}: {' '.join(cmd)}")
+        subprocess.run(cmd, cwd=REPO_DIR, check=False, stdout=subprocess.DEVNULL)
+        if not raw.exists():
+            log(f"{measure}: py-spy wrote no profile")
+            continue
+        text = format_summary(summarize_collapsed(raw.read_text()))
+        (out_dir / f"{measure}_top.txt").write_text(text)
+        print(f"######## {measure}\n{text}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter rounds (a smoke run, not for the record)")
     parser.add_argument("--runtimes", default=",".join(RUNTIMES),
                         help="comma-separated subset of monarch,ray,regent (default: all three)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(MEASURES)}")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "actor_bench.json"),
                         help="where to write the JSON results")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="profile each Regent measure with py-spy into DIR instead of benchmarking")
     args = parser.parse_args(argv)
     chosen = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     unknown = sorted(set(chosen) - set(RUNTIMES))
     if unknown:
         parser.error(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
+    only = {m.strip() for m in args.only.split(",") if m.strip()} or None
+    if only and only - set(MEASURES):
+        parser.error(f"unknown measure(s) {sorted(only - set(MEASURES))}; choose from {', '.join(MEASURES)}")
+    if args.profile:
+        profile_regent(Path(args.profile), args.quick, sorted(only) if only else list(MEASURES))
+        return
 
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "monarch": lambda: run_anchor("monarch", args.quick),
-        "ray": lambda: run_anchor("ray", args.quick),
-        "regent": lambda: run_regent(args.quick),
+        "monarch": lambda: run_anchor("monarch", args.quick, only),
+        "ray": lambda: run_anchor("ray", args.quick, only),
+        "regent": lambda: run_regent(args.quick, only),
     }
     runs: dict[str, dict[str, Any]] = {}
     for name in RUNTIMES:  # anchors first: Regent's runtime lives in this process until exit

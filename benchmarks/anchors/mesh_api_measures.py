@@ -62,8 +62,14 @@ def timed_calls(call: Callable[[], Any], warmup: int, n: int) -> list[float]:
     return out
 
 
-def guarded(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
+MEASURES = ("call_one", "call_2procs", "pipelined", "broadcast", "tensor_100mb", "ndarray_100mb",
+            "spawn8_first_reply")
+
+
+def guarded(results: dict[str, Any], key: str, fn: Callable[[], Any], only: set[str] | None = None) -> None:
     """Run one measure; a failure is recorded as an error string and the other measures still run."""
+    if only is not None and key not in only:
+        return
     log(f"{key} ...")
     t0 = time.perf_counter()
     try:
@@ -123,8 +129,8 @@ def stop_mesh(mesh: Any) -> None:
             fut.get(timeout=GET_TIMEOUT_S)
 
 
-def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
-    """Every actor measure of the benchmark, against the Monarch-compatible module `api`."""
+def run_measures(api: Any, quick: bool = False, only: set[str] | None = None) -> dict[str, Any]:
+    """Every actor measure of the benchmark (or those in `only`), against the Monarch-compatible `api`."""
     c = counts(quick)
     echo_cls = define_actors(api)
     results: dict[str, Any] = {}
@@ -139,7 +145,7 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
                               c["warmup"], c["rtt"])
         return latency_stats(samples)
 
-    guarded(results, "call_one", call_one_rtt)
+    guarded(results, "call_one", call_one_rtt, only)
 
     def call_two_procs() -> dict[str, float]:
         procs2 = host.spawn_procs(per_host={"gpus": 2})
@@ -152,7 +158,7 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
         finally:
             stop_mesh(procs2)
 
-    guarded(results, "call_2procs", call_two_procs)
+    guarded(results, "call_2procs", call_two_procs, only)
 
     def pipelined() -> dict[str, Any]:
         n = c["pipelined"]
@@ -165,7 +171,7 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
             rates.append(n / (time.perf_counter() - t0))
         return {**rate_stats(rates), "in_flight": n}
 
-    guarded(results, "pipelined", pipelined)
+    guarded(results, "pipelined", pipelined, only)
 
     def broadcast() -> dict[str, Any]:
         n = c["broadcast"]
@@ -182,7 +188,7 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
             rates.append(n / elapsed)
         return {**rate_stats(rates), "messages": n}
 
-    guarded(results, "broadcast", broadcast)
+    guarded(results, "broadcast", broadcast, only)
 
     def big_argument(make: Callable[[], Any]) -> Callable[[], dict[str, Any]]:
         def measure() -> dict[str, Any]:
@@ -199,8 +205,8 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
 
         return measure
 
-    guarded(results, "tensor_100mb", big_argument(make_tensor))
-    guarded(results, "ndarray_100mb", big_argument(make_ndarray))
+    guarded(results, "tensor_100mb", big_argument(make_tensor), only)
+    guarded(results, "ndarray_100mb", big_argument(make_ndarray), only)
     stop_mesh(procs1)
 
     def spawn8() -> dict[str, Any]:
@@ -216,5 +222,5 @@ def run_measures(api: Any, quick: bool = False) -> dict[str, Any]:
             stop_mesh(procs8)
         return {"median_s": statistics.median(times), "rounds": times}
 
-    guarded(results, "spawn8_first_reply", spawn8)
+    guarded(results, "spawn8_first_reply", spawn8, only)
     return results

@@ -22,7 +22,9 @@ from mesh_api_measures import log, run_measures  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter run (smoke test)")
+    parser.add_argument("--only", default="", help="comma-separated measures (default: all)")
     args = parser.parse_args()
+    only = {m for m in args.only.split(",") if m} or None
     import torch
 
     torch.set_num_threads(1)
@@ -33,7 +35,7 @@ def main() -> None:
                          " && .venv-bench/bin/pip install torch==2.13.0 torchmonarch ray torchft-nightly") from exc
     version = metadata.version("torchmonarch")
     log(f"monarch {version}")
-    results = run_measures(api, quick=args.quick)
+    results = run_measures(api, quick=args.quick, only=only)
     out = {"runtime": "monarch", "version": version, "results": results}
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()

@@ -40,7 +40,7 @@ from mesh_api_measures import (  # noqa: E402
 GET_TIMEOUT_S = 120.0
 
 
-def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
+def run_ray_measures(ray: Any, quick: bool, only: set[str] | None = None) -> dict[str, Any]:
     c = counts(quick)
 
     # num_cpus=0: Ray reserves one CPU per actor for scheduling by default, and this machine has 2
@@ -68,8 +68,10 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
     one = Echo.remote()
     get(one.ping.remote(0))
 
-    guarded(results, "call_one", lambda: latency_stats(
-        timed_calls(lambda: get(one.ping.remote(SMALL_PAYLOAD)), c["warmup"], c["rtt"])))
+    def call_one() -> dict[str, Any]:
+        return latency_stats(timed_calls(lambda: get(one.ping.remote(SMALL_PAYLOAD)), c["warmup"], c["rtt"]))
+
+    guarded(results, "call_one", call_one, only)
 
     def call_two() -> dict[str, Any]:
         pair = [Echo.remote(), Echo.remote()]
@@ -82,7 +84,7 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
             for a in pair:
                 ray.kill(a)
 
-    guarded(results, "call_2procs", call_two)
+    guarded(results, "call_2procs", call_two, only)
 
     def pipelined() -> dict[str, Any]:
         n = c["pipelined"]
@@ -93,7 +95,7 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
             rates.append(n / (time.perf_counter() - t0))
         return {**rate_stats(rates), "in_flight": n}
 
-    guarded(results, "pipelined", pipelined)
+    guarded(results, "pipelined", pipelined, only)
 
     def broadcast() -> dict[str, Any]:
         n = c["broadcast"]
@@ -110,7 +112,7 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
             rates.append(n / elapsed)
         return {**rate_stats(rates), "messages": n, "analogue": "remote() with the ObjectRef dropped"}
 
-    guarded(results, "broadcast", broadcast)
+    guarded(results, "broadcast", broadcast, only)
 
     def big_argument(make: Any) -> Any:
         def measure() -> dict[str, Any]:
@@ -127,8 +129,8 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
 
         return measure
 
-    guarded(results, "tensor_100mb", big_argument(make_tensor))
-    guarded(results, "ndarray_100mb", big_argument(make_ndarray))
+    guarded(results, "tensor_100mb", big_argument(make_tensor), only)
+    guarded(results, "ndarray_100mb", big_argument(make_ndarray), only)
     ray.kill(one)
 
     def spawn8() -> dict[str, Any]:
@@ -146,14 +148,16 @@ def run_ray_measures(ray: Any, quick: bool) -> dict[str, Any]:
         return {"median_s": statistics.median(times), "rounds": times,
                 "analogue": "8 new actors (8 worker processes), ray.init already done"}
 
-    guarded(results, "spawn8_first_reply", spawn8)
+    guarded(results, "spawn8_first_reply", spawn8, only)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter run (smoke test)")
+    parser.add_argument("--only", default="", help="comma-separated measures (default: all)")
     args = parser.parse_args()
+    only = {m for m in args.only.split(",") if m} or None
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import torch
@@ -171,7 +175,7 @@ def main() -> None:
              log_to_driver=False)
     init_s = time.perf_counter() - t0
     try:
-        results = run_ray_measures(ray, quick=args.quick)
+        results = run_ray_measures(ray, quick=args.quick, only=only)
     finally:
         ray.shutdown()
     out = {"runtime": "ray", "version": version, "ray_init_s": init_s, "results": results}
