@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+from pathlib import Path
 
 import pytest
 
-from regent.jobs.base import ADDRESS_MARKER, JobError, parse_address_markers
+from regent.jobs.base import ADDRESS_MARKER, JobError, JobFailedError, parse_address_markers
 from regent.jobs.skypilot import (
     REMOTE_SECRET,
     SkyPilotJob,
@@ -96,3 +98,19 @@ def test_missing_sky_cli_is_a_clear_error() -> None:
     assert not job.is_alive()
     job.kill()
     job.kill()
+
+
+@pytest.mark.skipif(shutil.which("false") is None, reason="no `false` binary")
+def test_a_failed_background_launch_is_reported_and_leaves_no_secret_copy() -> None:
+    """`false` stands in for a `sky` whose launch fails: start() returns at once (launch runs in the
+    background), and the wait reports the failure instead of polling logs of a cluster that never came up."""
+    job = SkyPilotJob(2, secret="ab12", sky="false")
+    job.start()
+    try:
+        assert Path(job.spec.secret_path).exists()  # while launching, the file mount source must exist
+        with pytest.raises(JobFailedError, match=r"`sky launch` for SkyPilot cluster regent-\w+ failed with exit code 1"):
+            job.worker_addresses(timeout=60)
+        assert not Path(job.spec.secret_path).exists()
+    finally:
+        job.kill()
+    assert not job.is_alive()

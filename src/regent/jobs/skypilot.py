@@ -2,9 +2,9 @@
 
 Driven through the `sky` CLI (`pip install skypilot[<cloud>]`), so Regent does not depend on SkyPilot's
 Python API, which changes between releases:
-- `start()` writes a task YAML (see `build_task_yaml`) and runs `sky launch -y -d -c <cluster> task.yaml`.
-  `-d` (detach) returns once the run step is submitted; provisioning itself happens inside `sky launch`,
-  which is why `start()` here blocks until the nodes exist (the one backend where it does).
+- `start()` writes a task YAML (see `build_task_yaml`) and starts `sky launch -y -d -c <cluster> task.yaml`
+  in the background (provisioning takes minutes); `worker_addresses()` waits for it and reports its log
+  if it fails. `-d` (detach) makes `sky launch` return once the run step is submitted.
 - The secret travels as a file mount of a local 0600 file; setup `chmod 600`s the remote copy.
 - Each node's run step calls `regent.jobs.base.launch_worker`, which serves on the node's IP and `port`
   and prints a `REGENT_WORKER_READY rank=<SKYPILOT_NODE_RANK> address=tcp://ip:port` line once listening.
@@ -23,7 +23,9 @@ import json
 import logging
 import shlex
 import shutil
+import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from regent.jobs.base import (
     JobError,
     JobFailedError,
     JobTimeoutError,
+    environ_without_secret,
     launcher_command,
     parse_address_markers,
     run_command,
@@ -187,6 +190,9 @@ class SkyPilotJob(Job):
         self._launch_timeout = launch_timeout
         # Holds the task YAML and, only while `sky launch` uploads it, a copy of the secret.
         self._local_dir = Path(tempfile.gettempdir()) / f"regent-sky-{self.cluster}"
+        self._launch: subprocess.Popen | None = None
+        self._launch_log = self._local_dir / "launch.log"
+        self._launch_started = 0.0
         self.spec = SkyPilotSpec(
             name=self.cluster, hosts=hosts, port=port, gpus_per_host=gpus_per_host, accelerator=accelerator,
             cloud=cloud, region=region, instance_type=instance_type, image_id=image_id, use_spot=use_spot,
@@ -208,6 +214,7 @@ class SkyPilotJob(Job):
         return path
 
     def start(self) -> None:
+        """Run `sky launch` in the background (provisioning takes minutes); worker_addresses() waits for it."""
         if self._started:
             return
         if self._killed:
@@ -221,15 +228,39 @@ class SkyPilotJob(Job):
         if self._idle_minutes is not None:
             cmd += ["-i", str(self._idle_minutes), "--down"]
         cmd.append(str(task_path))
+        self._launch_log = self._local_dir / "launch.log"
+        with open(self._launch_log, "w") as log:
+            self._launch = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            env=environ_without_secret())
+        self._launch_started = time.monotonic()
         self._started = True  # a partly provisioned cluster must still be torn down by kill()
-        logger.info("launching %s (%d nodes); this provisions the nodes and can take minutes",
-                    self.describe(), self.hosts)
+        logger.info("launching %s (%d nodes) in the background; log: %s", self.describe(), self.hosts,
+                    self._launch_log)
+
+    def _launch_finished(self) -> bool:
+        """True once `sky launch` succeeded; raises if it failed or overran `launch_timeout`."""
+        launch = self._launch
+        if launch is None:
+            return True
+        code = launch.poll()
+        if code is None:
+            if time.monotonic() - self._launch_started > self._launch_timeout:
+                launch.terminate()
+                raise JobFailedError(f"`sky launch` for {self.describe()} ran over {self._launch_timeout:.0f} s; "
+                                     f"see {self._launch_log}")
+            return False
+        self._launch = None
+        Path(self.spec.secret_path).unlink(missing_ok=True)  # uploaded (or never will be): no local copy
+        if code != 0:
+            raise JobFailedError(f"`sky launch` for {self.describe()} failed with exit code {code}; run "
+                                 f"`sky check`. Last lines of {self._launch_log}:\n{self._launch_tail()}")
+        return True
+
+    def _launch_tail(self, lines: int = 20) -> str:
         try:
-            run_command(cmd, timeout=self._launch_timeout)
-        except JobError as exc:
-            raise JobError(f"`sky launch` for {self.describe()} failed; run `sky check` and see above: {exc}") from exc
-        finally:
-            Path(self.spec.secret_path).unlink(missing_ok=True)  # uploaded by now; keep no local copy
+            return "\n".join(self._launch_log.read_text(errors="replace").splitlines()[-lines:])
+        except (OSError, AttributeError):
+            return ""
 
     def status(self) -> str | None:
         proc = run_command([self._require_sky(), "status", self.cluster], timeout=300, check=False)
@@ -249,6 +280,9 @@ class SkyPilotJob(Job):
         def poll() -> list[str] | None:
             if self._killed:
                 raise JobFailedError(f"{self.describe()} was killed")
+            if not self._launch_finished():
+                last_log[0] = self._launch_tail()
+                return None
             proc = run_command([sky, "logs", "--no-follow", self.cluster], timeout=300, check=False)
             last_log[0] = proc.stdout + proc.stderr
             found = parse_address_markers(last_log[0])
@@ -274,6 +308,13 @@ class SkyPilotJob(Job):
         if self._killed:
             return
         self._killed = True
+        if self._launch is not None and self._launch.poll() is None:
+            self._launch.terminate()  # stop provisioning more; `sky down` below removes what exists
+            try:
+                self._launch.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._launch.kill()
+                self._launch.wait()
         if self._started:
             proc = run_command([self._require_sky(), "down", "-y", self.cluster], timeout=1800, check=False)
             if proc.returncode != 0:
