@@ -227,3 +227,24 @@ def test_launcher_publishes_address_only_once_listening_and_forwards_sigterm(tmp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_attaching_with_a_secret_the_runtime_does_not_share_is_explained() -> None:
+    code = (
+        "from regent.actor import attach_to_workers\n"
+        "from regent.actor._runtime import get_runtime\n"
+        "from regent.jobs.base import JobError, _call_attach\n"
+        "mesh = _call_attach(attach_to_workers, ['tcp://127.0.0.1:9'], get_runtime().secret.hex(), 'ok')\n"
+        "print(type(mesh).__name__)\n"
+        "try:\n"
+        "    _call_attach(attach_to_workers, ['tcp://127.0.0.1:9'], 'ab12', 'bad')\n"
+        "except JobError as exc:\n"
+        "    print('JobError:', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "HostMesh"
+    assert lines[1].startswith("JobError: the workers of this job use a different secret")
+    assert "create the job without secret=" in lines[1]
