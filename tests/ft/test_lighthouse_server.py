@@ -341,6 +341,19 @@ def test_lighthouse_restart_on_same_address():
             fb = pool.submit(client_b.quorum, "b", 30, step=5)
             assert fa.result().quorum_id == fb.result().quorum_id == 1
 
+        # Like a Manager: a heartbeat loop shares client_a with the quorum calls and shrugs off failures.
+        stop_beats = threading.Event()
+        beat_errors: list[Exception] = []
+
+        def beat() -> None:
+            while not stop_beats.wait(0.1):
+                try:
+                    client_a.heartbeat("a", timeout=0.5)
+                except (ConnectionError, TimeoutError) as err:
+                    beat_errors.append(err)
+
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         # While it is down, both replicas ask for the next quorum (and keep heartbeating).
@@ -355,6 +368,10 @@ def test_lighthouse_restart_on_same_address():
         assert qa.quorum_id == qb.quorum_id == 1
         assert qa.replica_ids() == ["a", "b"]
         assert [m.step for m in qa.participants] == [6, 6]
+        stop_beats.set()
+        beater.join(timeout=10)
+        assert beat_errors, "heartbeats should have failed while the Lighthouse was down"
+        assert all(isinstance(e, (ConnectionError, TimeoutError)) for e in beat_errors)
         client_a.heartbeat("a")
         status = get_json(f"http://127.0.0.1:{port + 1}/status.json")
         assert status["prev_quorum"]["participants"][0]["replica_id"] == "a"

@@ -1,10 +1,14 @@
 """Client for a Lighthouse (Regent's or TorchFT's: both speak the same gRPC protocol).
 
 Why a retry loop of our own: the Lighthouse may restart on the same address. While it is down every call
-fails fast with UNAVAILABLE; we retry with exponential backoff (100 ms -> 10 s, x1.5, jitter, as TorchFT's
-client does) until the call's own deadline or `connect_timeout`, whichever comes first. A Quorum request that
-was in flight when the server died is simply sent again to the new server, which is how a fresh quorum forms
-after a Lighthouse restart.
+fails fast with UNAVAILABLE; we retry with exponential backoff (100 ms x1.5 up to 1 s, plus jitter; TorchFT's
+client goes up to 10 s, we stay at 1 s so a restarted Lighthouse is found within about a second) until the
+call's own deadline or `connect_timeout`, whichever comes first. A Quorum request that was in flight when the
+server died is simply sent again to the new server, which is how a fresh quorum forms after a restart. The
+channel itself redials with the same short backoff, so one channel serves across restarts.
+
+Unlike TorchFT's client, the constructor does not dial: an unreachable Lighthouse is reported by the first
+call, after `connect_timeout` (or the call's own timeout, if shorter).
 
 Errors: DEADLINE_EXCEEDED / CANCELLED -> TimeoutError; unreachable -> ConnectionError naming the address and
 the fix; anything else -> RuntimeError.
@@ -42,7 +46,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 BACKOFF_START_S = 0.1
-BACKOFF_MAX_S = 10.0
+BACKOFF_MAX_S = 1.0
 BACKOFF_FACTOR = 1.5
 BACKOFF_JITTER_S = 0.1
 
@@ -60,7 +64,7 @@ def normalize_address(addr: str) -> str:
 
 
 def next_backoff(current: float) -> float:
-    """Exponential backoff step: x1.5 up to 10 s."""
+    """Exponential backoff step: x1.5 up to BACKOFF_MAX_S."""
     return min(current * BACKOFF_FACTOR, BACKOFF_MAX_S)
 
 
@@ -86,15 +90,8 @@ class LighthouseClient:
                 self._stub = torchft_pb2_grpc.LighthouseServiceStub(self._channel)
             return self._stub
 
-    def _reconnect(self) -> None:
-        """Drop the channel so the next call dials afresh (a restarted server may be on a new socket)."""
-        with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-            self._channel = None
-            self._stub = None
-
     def close(self) -> None:
+        """Close the channel; calls in flight on it end with TimeoutError (gRPC CANCELLED)."""
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
@@ -185,9 +182,6 @@ class LighthouseClient:
                 backoff = next_backoff(backoff)
                 if pause > 0:
                     time.sleep(pause)
-                if backoff >= 1.0:
-                    # After a few failed attempts dial afresh rather than trusting the old channel's state.
-                    self._reconnect()
 
     def _unreachable(self, waited: float, detail: str) -> ConnectionError:
         return ConnectionError(
