@@ -232,7 +232,6 @@ def test_arguments_checked_at_send_time(counter):
     with pytest.raises(TypeError):
         counter.incr.broadcast(nope=1)
     with pytest.raises(TypeError):
-        this_host().spawn_procs  # attribute access is fine
         counter._ref.proc_mesh.spawn("bad", Counter, 1, 2, 3)
 
 

@@ -18,7 +18,7 @@ from regent.actor._context import current_rank
 from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
 from regent.actor._future import Future
 from regent.actor._pickle import dumps, loads
-from regent.actor._runtime import DEAD, ERROR, OK, MeshState, PendingReply, Runtime, get_runtime
+from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
 
 logger = logging.getLogger("regent.actor")

@@ -27,7 +27,7 @@ from regent.actor._actor import check_constructor_args, validate_actor_class
 from regent.actor._cell import Cell
 from regent.actor._config import config
 from regent.actor._context import Instance, context, set_current
-from regent.actor._errors import ActorError, MeshFailure, format_remote_traceback
+from regent.actor._errors import ActorError, format_remote_traceback
 from regent.actor._future import Future
 from regent.actor._mesh import ActorMesh, ActorMeshRef, Gather, actor_mesh_refs
 from regent.actor._pickle import dumps, loads
@@ -650,7 +650,7 @@ def kill_proc(rt: Runtime, pid: str) -> None:
 
 
 def _register_owned(rt: Runtime, owner_key: str, mesh: Any) -> None:
-    if owner_key == ROOT_KEY or owner_key == CONTROLLERS_KEY:
+    if owner_key in (ROOT_KEY, CONTROLLERS_KEY):
         return
     cell = rt.cells.get(owner_key)
     if cell is not None:

@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import secrets
+import signal
 import socket
 import sys
 import tempfile
@@ -195,6 +196,7 @@ class Runtime:
         self._inbox_scheduled = False
         self.stopping = False
         self.exit_code: int | None = None
+        self._sigint_installed = False
         self.proc_context: Any = None  # the Instance used outside actors in this process
         self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
         self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
@@ -231,6 +233,28 @@ class Runtime:
         if errors:
             raise errors[0]
         atexit.register(self._atexit)
+        self._install_sigint()
+
+    def _install_sigint(self) -> None:
+        """On the main thread, wrap SIGINT so an unhandled fault can make the client exit with code 1."""
+        self._sigint_installed = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self.exit_code is not None:
+                raise SystemExit(self.exit_code)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                raise KeyboardInterrupt
+
+        try:
+            signal.signal(signal.SIGINT, on_sigint)
+            self._sigint_installed = True
+        except ValueError:
+            pass
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -663,7 +687,11 @@ class Runtime:
             except Exception:  # noqa: BLE001
                 pass
             self.exit_code = 1
-            _thread.interrupt_main()
+            if self._sigint_installed:
+                # the main thread raises SystemExit(1) wherever it is (even blocked in sleep or get())
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            else:
+                _thread.interrupt_main()
 
     # ------------------------------------------------------------------ orphans
     def owner_connected(self) -> bool:
@@ -694,16 +722,10 @@ class Runtime:
 
     # ------------------------------------------------------------------ shutdown
     def _atexit(self) -> None:
-        code = self.exit_code
         try:
             self.shutdown(timeout=2.0)
         except Exception:  # noqa: BLE001
             logger.debug("error during runtime shutdown", exc_info=True)
-        if code is not None:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Stop every proc mesh this process owns (bounded by `timeout`), then close sockets."""
