@@ -181,3 +181,23 @@ def test_sbatch_rejection_is_a_job_error(tmp_path: Path) -> None:
         assert job.job_id is None and not job.is_alive()
     finally:
         job.kill()
+
+
+@pytest.mark.parametrize("kill_on_exit", [True, False])
+def test_controller_exit_releases_the_allocation_unless_told_not_to(tmp_path: Path, kill_on_exit: bool) -> None:
+    code = (
+        "from regent.jobs.slurm import SlurmJob\n"
+        f"job = SlurmJob(1, secret='ab12', shared_dir={str(tmp_path)!r}, sbatch_args=['--begin=now+1hour'])\n"
+        f"job.kill_on_exit = {kill_on_exit}\n"
+        "job.start()\n"
+        "print(job.job_id)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True).stdout.strip()
+    try:
+        assert state == ("CANCELLED" if kill_on_exit else "PENDING")
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)

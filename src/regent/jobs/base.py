@@ -23,6 +23,9 @@ Lifecycle and failure rules (the contract every backend follows):
 - `is_alive()` is False once the scheduler says the allocation ended, or after `kill()`.
 - `renew()` kills this allocation and returns a new, started job of the same shape and options. The new
   job keeps the same secret, so a controller that already trusts it needs no new configuration.
+- When the controller process exits, allocations it started and did not kill are released (atexit), unless
+  `job.kill_on_exit = False`. A controller killed with SIGKILL cannot do this; the scheduler's time limit
+  (or the worker's own orphan handling) must then end the allocation.
 
 The job secret: every connection to a worker proves knowledge of a per-job secret before anything is
 unpickled. The controller owns it: by default it is the secret of this process's actor runtime (which
@@ -39,6 +42,7 @@ listens, and only then publishes the address (a file in a shared directory and a
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copy
 import logging
@@ -51,6 +55,7 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -213,6 +218,9 @@ class Job(ABC):
         self._backend_opts = dict(backend_opts)
         self._started = False
         self._killed = False
+        #: Kill the allocation when the controller exits (normally or by an exception), so an abandoned
+        #: run does not hold nodes until the scheduler's time limit. Set False to keep it running.
+        self.kill_on_exit = True
 
     # --- the contract -------------------------------------------------------------------------------
     @abstractmethod
@@ -253,6 +261,11 @@ class Job(ABC):
         return fresh
 
     # --- shared helpers ------------------------------------------------------------------------------
+    def _mark_started(self) -> None:
+        """Backends call this once the scheduler holds something that kill() must release."""
+        self._started = True
+        _LIVE_JOBS.add(self)
+
     def describe(self) -> str:
         """A short human name used in logs and errors, e.g. "SLURM job 42 (regent-1a2b3c4d)"."""
         return f"{self.backend or type(self).__name__} job {self.unique_name}"
@@ -292,6 +305,20 @@ class Job(ABC):
     def __repr__(self) -> str:
         state = "killed" if self._killed else ("started" if self._started else "new")
         return f"{type(self).__name__}(hosts={self.hosts}, name={self.name!r}, uid={self.job_uid}, {state})"
+
+
+_LIVE_JOBS: weakref.WeakSet[Job] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_jobs_at_exit() -> None:
+    for job in list(_LIVE_JOBS):
+        if job.kill_on_exit and job.started and not job._killed:
+            logger.info("controller exiting: releasing %s", job.describe())
+            try:
+                job.kill()
+            except Exception as exc:  # keep releasing the others
+                logger.warning("could not release %s at exit: %s", job.describe(), exc)
 
 
 def _call_attach(attach_to_workers: Any, addresses: list[str], secret: str, name: str) -> Any:

@@ -378,7 +378,7 @@ class KubernetesJob(Job):
             raise JobError(f"{self.describe()} was killed; call renew() for a fresh allocation")
         core, batch, api_exception = self._clients()
         ns = self.spec.namespace
-        self._started = True  # from here on kill() must clean up whatever got created
+        self._mark_started()  # from here on kill() must clean up whatever got created
         try:
             core.create_namespaced_secret(ns, build_secret_manifest(self.spec, self.secret))
             core.create_namespaced_service(ns, build_service_manifest(self.spec))

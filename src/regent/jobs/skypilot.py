@@ -233,7 +233,7 @@ class SkyPilotJob(Job):
             self._launch = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             env=environ_without_secret())
         self._launch_started = time.monotonic()
-        self._started = True  # a partly provisioned cluster must still be torn down by kill()
+        self._mark_started()  # a partly provisioned cluster must still be torn down by kill()
         logger.info("launching %s (%d nodes) in the background; log: %s", self.describe(), self.hosts,
                     self._launch_log)
 

@@ -269,7 +269,7 @@ class SlurmJob(Job):
         script_path.write_text(script)
         proc = run_command(["sbatch", "--parsable", str(script_path)], timeout=120, env=environ_without_secret())
         self.job_id = parse_sbatch_output(proc.stdout)
-        self._started = True
+        self._mark_started()
         logger.info("submitted %s for %d hosts; logs in %s", self.describe(), self.hosts, self.log_path)
 
     def state(self) -> tuple[str, str] | None:
