@@ -83,7 +83,7 @@ def test_valid_job_names(name: str) -> None:
     assert validate_job_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "Regent", "-x", "x-", "under_score", "x" * 41, "dot.ted"])
+@pytest.mark.parametrize("name", ["", "Regent", "-x", "x-", "under_score", "x" * 41, "dot.ted", "2fast"])
 def test_invalid_job_names_are_rejected_before_launch(name: str) -> None:
     with pytest.raises(ValueError, match="lowercase letters, digits"):
         validate_job_name(name)

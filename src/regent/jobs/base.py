@@ -31,8 +31,8 @@ The job secret: every connection to a worker proves knowledge of a per-job secre
 unpickled. The controller owns it: by default it is the secret of this process's actor runtime (which
 takes `REGENT_JOB_SECRET` when set, else generates one), so `host_mesh()` can attach without any
 configuration; `secret=` (hex text or raw bytes) overrides it and must then match the runtime's. It is
-resolved on first use, so constructing a job starts nothing. Backends hand it to workers as a file with mode 0600 or a
-mounted Kubernetes Secret, never on a command line.
+resolved on first use, so constructing a job starts nothing. Backends hand it to workers as a file with
+mode 0600 or a mounted Kubernetes Secret, never on a command line (nor in the environment sbatch copies).
 
 Workers that cannot know their address in advance (a SLURM task does not know its node before it runs)
 start through `launch_worker`, which picks the host's IP and a port, starts `regent worker`, waits until it
@@ -67,7 +67,7 @@ SECRET_ENV = "REGENT_JOB_SECRET"
 # Printed by launch_worker once the worker listens; backends without a shared filesystem parse it from logs.
 ADDRESS_MARKER = "REGENT_WORKER_READY"
 _MARKER_RE = re.compile(rf"{ADDRESS_MARKER} rank=(\d+) address=(tcp://\S+)")
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 
 
 class JobError(RuntimeError):
@@ -85,12 +85,12 @@ class JobTimeoutError(JobError, TimeoutError):
 def validate_job_name(name: str) -> str:
     """Job names become SLURM job names, Kubernetes object names and SkyPilot cluster names.
 
-    The strictest of those is an RFC 1123 label, so that is the rule everywhere (checked before launch,
-    not by the scheduler halfway through)."""
+    The strictest of those is a Kubernetes Service name (an RFC 1035 label), so that is the rule everywhere
+    (checked before launch, not by the scheduler halfway through)."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 40:
         raise ValueError(
-            f"job name {name!r} is not usable: use 1-40 lowercase letters, digits and '-', starting and "
-            f"ending with a letter or digit (e.g. 'regent-replica-0')"
+            f"job name {name!r} is not usable: use 1-40 lowercase letters, digits and '-', starting with a "
+            f"letter and ending with a letter or digit (e.g. 'regent-replica-0')"
         )
     return name
 
