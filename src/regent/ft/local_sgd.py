@@ -1,0 +1,258 @@
+"""LocalSGD, DiLoCo and Streaming DiLoCo on top of the Manager.
+
+Replicas train independently for `sync_every` inner steps and then synchronise, so the cross-replica
+network is used once per `sync_every` steps instead of every step.
+
+- `LocalSGD`: average the parameters themselves.
+- `DiLoCo` (arXiv 2311.08105): average the *pseudo-gradient* `last_global - local` and apply it with an
+  outer optimizer (SGD with Nesterov momentum by default) to the last global parameters.
+- Streaming DiLoCo (arXiv 2501.18512) is `DiLoCo` with several fragments: one fragment syncs every
+  `sync_every / len(fragments)` inner steps; its allreduce starts `fragment_sync_delay` steps before it is
+  applied (overlapping communication with compute); the result is mixed with the local parameters by
+  `fragment_update_alpha` (0 = take the global parameters).
+
+Fault tolerance: the last global parameters and the outer optimizer state of every fragment are registered
+with the Manager (`register_state_dict_fn`), so a replica that heals receives them, outer momentum
+included. The Manager step counts successful fragment syncs; every replica picks fragment
+`step % len(fragments)`, so a failed sync (no commit) rolls the fragment back to its last global
+parameters and the same fragment is retried at the next sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from regent.ft.manager import Manager
+
+logger = logging.getLogger(__name__)
+
+
+class _StepHooks:
+    """Optimizer pre/post step hooks: lock the state while the inner optimizer changes the weights."""
+
+    def __init__(self, manager: Manager, optimizer: torch.optim.Optimizer, on_step: Any) -> None:
+        self._manager = manager
+        self._handles = [
+            optimizer.register_step_pre_hook(lambda *_: manager.disallow_state_dict_read()),
+            optimizer.register_step_post_hook(self._post),
+        ]
+        self._on_step = on_step
+
+    def _post(self, *_: Any) -> None:
+        self._manager.allow_state_dict_read()
+        self._on_step()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class LocalSGD:
+    """Average the model parameters across replicas every `sync_every` optimizer steps.
+
+    Use as a context manager around the training loop; it hooks `optimizer.step()`.
+    """
+
+    def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int):
+        if sync_every < 1:
+            raise ValueError(f"sync_every={sync_every}: must be >= 1")
+        self._manager = manager
+        self._model = model
+        self._sync_every = sync_every
+        self._local_step = 0
+        self._hooks = _StepHooks(manager, optimizer, self._after_step)
+
+    def __enter__(self) -> LocalSGD:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.remove()
+
+    def _after_step(self) -> None:
+        self._local_step += 1
+        if self._local_step >= self._sync_every:
+            self.sync()
+
+    def sync(self) -> bool:
+        """Average parameters now; returns whether the sync committed (if not, local params are kept)."""
+        self._local_step = 0
+        self._manager.start_quorum()
+        params = [p for p in self._model.parameters()]
+        averaged = [p.detach().clone() for p in params]
+        futures = [self._manager.allreduce(a) for a in averaged]
+        for f in futures:
+            f.wait()
+        if not self._manager.should_commit():
+            return False
+        with torch.no_grad():
+            for p, a in zip(params, averaged):
+                p.copy_(a)
+        return True
+
+
+class _Fragment:
+    """One model fragment: its last global parameters, its outer optimizer, its in-flight allreduce."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        index: int,
+        module: nn.Module,
+        outer_optimizer: torch.optim.Optimizer,
+        backup_device: torch.device | None,
+        alpha: float,
+    ) -> None:
+        self.index = index
+        self.module = module
+        self.outer = outer_optimizer
+        self.alpha = alpha
+        self._manager = manager
+        self.params = dict(module.named_parameters())
+        self.backup_device = backup_device
+        self.original: dict[str, torch.Tensor] = {
+            name: p.detach().to(backup_device or p.device, copy=True) for name, p in self.params.items()
+        }
+        self._pseudo: dict[str, torch.Tensor] = {}
+        self._futures: list[torch.futures.Future] = []
+        manager.register_state_dict_fn(f"DiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"outer_optimizer": self.outer.state_dict(), "original_parameters": self.original}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for name, t in state["original_parameters"].items():
+                if self.original[name].data_ptr() != t.data_ptr():
+                    self.original[name].copy_(t)
+        self.outer.load_state_dict(state["outer_optimizer"])
+
+    def save_global(self) -> None:
+        with torch.no_grad():
+            for name, p in self.params.items():
+                self.original[name].copy_(p.detach())
+
+    def prepare_sync(self) -> None:
+        """Pseudo-gradient = last global - local; launch its average (asynchronously)."""
+        with torch.no_grad():
+            self._pseudo = {
+                name: self.original[name].to(p.device) - p.detach() for name, p in self.params.items()
+            }
+        self._futures = [self._manager.allreduce(t) for t in self._pseudo.values()]
+
+    def perform_sync(self) -> bool:
+        """Wait for the average, restore the global params, vote, and (on commit) take the outer step."""
+        for f in self._futures:
+            f.wait()
+        self._futures = []
+        with torch.no_grad():
+            local = {name: p.detach().clone() for name, p in self.params.items()} if self.alpha > 0 else {}
+            for name, p in self.params.items():
+                p.copy_(self.original[name])
+        committed = self._manager.should_commit()
+        if committed:
+            self._manager.disallow_state_dict_read()
+            try:
+                for name, p in self.params.items():
+                    p.grad = self._pseudo[name]
+                self.outer.step()
+                self.save_global()
+                if self.alpha > 0:
+                    with torch.no_grad():
+                        for name, p in self.params.items():
+                            p.lerp_(local[name], self.alpha)
+            finally:
+                self._manager.allow_state_dict_read()
+        else:
+            logger.warning(
+                "fragment %d sync did not commit: rolled back to the last global parameters; retrying next time",
+                self.index,
+            )
+        self.outer.zero_grad(set_to_none=True)
+        for p in self.params.values():
+            p.grad = None
+        self._pseudo = {}
+        return committed
+
+
+class DiLoCo:
+    """DiLoCo / Streaming DiLoCo. Use as a context manager around the inner training loop.
+
+    Args:
+        manager: must use `use_async_quorum=False` (the heal must land before the pseudo-gradient is taken).
+        model_fragments: modules whose parameters are synced together (one = plain DiLoCo).
+        inner_optimizer: the local optimizer; its `step()` drives the schedule through hooks.
+        outer_optimizer: one optimizer, or one per fragment, over the fragments' parameters
+            (typically `SGD(lr=0.7, momentum=0.9, nesterov=True)`).
+        sync_every: inner steps between two syncs of the same fragment.
+        fragment_sync_delay: start a fragment's allreduce this many inner steps before applying it.
+        fragment_update_alpha: 0 = take the new global params; >0 mixes in the local ones.
+    """
+
+    def __init__(
+        self,
+        manager: Manager,
+        model_fragments: list[nn.Module],
+        inner_optimizer: torch.optim.Optimizer,
+        outer_optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer],
+        sync_every: int,
+        backup_device: torch.device | None = None,
+        fragment_sync_delay: int = 0,
+        fragment_update_alpha: float = 0.0,
+    ) -> None:
+        if manager.use_async_quorum:
+            raise ValueError("DiLoCo needs Manager(use_async_quorum=False): healing must finish before syncing")
+        n = len(model_fragments)
+        if n < 1:
+            raise ValueError("DiLoCo needs at least one model fragment")
+        if sync_every < n or sync_every % n:
+            raise ValueError(f"sync_every={sync_every} must be a multiple of the number of fragments ({n})")
+        self._period = sync_every // n
+        if not 0 <= fragment_sync_delay < self._period:
+            raise ValueError(
+                f"fragment_sync_delay={fragment_sync_delay} must be in [0, sync_every/fragments={self._period})"
+            )
+        if not 0.0 <= fragment_update_alpha <= 1.0:
+            raise ValueError(f"fragment_update_alpha={fragment_update_alpha} must be in [0, 1]")
+        outers = outer_optimizer if isinstance(outer_optimizer, list) else [outer_optimizer] * n
+        if len(outers) != n:
+            raise ValueError(f"got {len(outers)} outer optimizers for {n} fragments; pass one or one per fragment")
+        self._manager = manager
+        self._delay = fragment_sync_delay
+        self.fragments = [
+            _Fragment(manager, i, m, outers[i], backup_device, fragment_update_alpha)
+            for i, m in enumerate(model_fragments)
+        ]
+        self._local_step = 0
+        self._pending: _Fragment | None = None
+        self._hooks = _StepHooks(manager, inner_optimizer, self._after_step)
+        self.last_sync: dict[str, Any] = {}
+
+    def __enter__(self) -> DiLoCo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.remove()
+
+    @property
+    def local_step(self) -> int:
+        return self._local_step
+
+    def _after_step(self) -> None:
+        self._local_step += 1
+        if self._local_step == self._period - self._delay:
+            self._manager.start_quorum()
+            # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
+            self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
+            self._pending.prepare_sync()
+        if self._local_step >= self._period:
+            fragment, self._pending = self._pending, None
+            self._local_step = 0
+            if fragment is None:
+                return
+            committed = fragment.perform_sync()
+            self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
