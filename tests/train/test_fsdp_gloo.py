@@ -67,9 +67,11 @@ def test_run_no_ft_two_processes_loss_falls(tmp_path, monkeypatch):
 
 def test_run_no_ft_failing_rank_returns_its_code(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_PLATFORM", "cpu")
-    cfg = TrainConfig(seq_len=64, batch_size=4, data="/nonexistent/*.txt")
-    # the glob matches nothing: every rank fails at startup with a clear error; the launcher reports it
-    assert run_no_ft(cfg, procs=2, steps=2, run_dir=str(tmp_path)) != 0
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too short for one batch")
+    cfg = TrainConfig(seq_len=64, batch_size=4, data=str(tiny))
+    # every rank fails at startup (corpus smaller than one global batch); the launcher returns the failure
+    assert run_no_ft(cfg, procs=2, steps=2, run_dir=str(tmp_path / "run")) != 0
 
 
 @pytest.mark.parametrize("procs,steps,run_dir,match", [
@@ -83,3 +85,7 @@ def test_launch_arguments_are_checked_before_launch(procs, steps, run_dir, match
         validate_launch(TrainConfig(), procs, steps, run_dir)
     with pytest.raises(ValueError, match="--model"):
         validate_launch(TrainConfig(model="70b"), 1, 1, "runs/x")
+    with pytest.raises(ValueError, match="matched no files"):
+        validate_launch(TrainConfig(data="/nonexistent/*.txt"), 1, 1, "runs/x")
+    with pytest.raises(ValueError, match="--tokenizer"):
+        validate_launch(TrainConfig(tokenizer="/nonexistent/tokenizer.json"), 1, 1, "runs/x")

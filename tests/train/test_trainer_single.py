@@ -30,7 +30,9 @@ def test_steps_report_metrics_and_write_jsonl(tmp_path):
             "peak_mem_bytes", "committed"}
     assert keys <= set(records[0])
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert records[0]["tokens"] == 64 and records[0]["mfu"] is None  # CPU: no peak FLOP/s
+    assert records[0]["tokens"] == 64
+    if trainer.device.type == "cpu":
+        assert records[0]["mfu"] is None  # no peak FLOP/s for CPUs
     written = read_metrics(str(tmp_path))
     assert [r["step"] for r in written] == [1, 2, 3] and written[0]["loss"] == records[0]["loss"]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from regent import platform
 from regent.train.config import TrainConfig
+from regent.train.data import corpus_files
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ def validate_launch(cfg: TrainConfig, procs: int, steps: int, run_dir: str) -> s
         raise ValueError("--run-dir is required: the directory for metrics.jsonl and summary.json")
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ValueError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
+    if cfg.data is not None:
+        corpus_files(cfg.data)  # raises ValueError naming the glob when it matches nothing
+    if cfg.tokenizer is not None and not Path(cfg.tokenizer).is_file():
+        raise ValueError(f"--tokenizer {cfg.tokenizer!r} does not exist; pass a tokenizer.json or leave it unset")
     plat = platform.detect_platform()
     if plat != "cpu":
         import torch

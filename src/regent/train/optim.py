@@ -21,12 +21,17 @@ def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps
 
     Eager state means `state_dict()` has the same tensors at step 0 as at step 1000, so a healing peer can
     receive optimizer state in place at any time.
+
+    On GPU the fused kernel is used (one launch for all parameters), which keeps its step counters on the
+    GPU; on CPU the foreach path keeps them on the CPU, as torch does.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+    fused = bool(params) and params[0].device.type == "cuda"
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                  fused=fused or None, foreach=None if fused else True)
     for p in params:
         state = optimizer.state[p]
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else "cpu")
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     return optimizer
