@@ -77,6 +77,7 @@ class Row:
 ROWS = (
     Row("call_one round trip, median", "call_one", "median_ms", "ms", target=0.25),
     Row("call_one round trip, p99", "call_one", "p99_ms", "ms"),
+    Row("call_one, async endpoint, median", "call_one_async", "median_ms", "ms"),
     Row("call to 2 procs, median", "call_2procs", "median_ms", "ms", target=0.4),
     Row("call to 2 procs, p99", "call_2procs", "p99_ms", "ms"),
     Row("pipelined calls (1000 in flight)", "pipelined", "median", "calls/s", target=20_000,

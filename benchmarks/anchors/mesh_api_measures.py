@@ -62,7 +62,7 @@ def timed_calls(call: Callable[[], Any], warmup: int, n: int) -> list[float]:
     return out
 
 
-MEASURES = ("call_one", "call_2procs", "pipelined", "broadcast", "tensor_100mb", "ndarray_100mb",
+MEASURES = ("call_one", "call_one_async", "call_2procs", "pipelined", "broadcast", "tensor_100mb", "ndarray_100mb",
             "spawn8_first_reply")
 
 
@@ -92,6 +92,17 @@ def make_ndarray() -> Any:
     import numpy
 
     return numpy.ones(TENSOR_BYTES // 8, dtype=numpy.float64)
+
+
+def define_async_actor(api: Any) -> type:
+    """An async-endpoint echo: it runs on the proc's event loop, with no hand-off to an actor thread."""
+
+    class AsyncEcho(api.Actor):
+        @api.endpoint
+        async def ping(self, payload: Any) -> Any:
+            return payload
+
+    return AsyncEcho
 
 
 def define_actors(api: Any) -> type:
@@ -146,6 +157,19 @@ def run_measures(api: Any, quick: bool = False, only: set[str] | None = None) ->
         return latency_stats(samples)
 
     guarded(results, "call_one", call_one_rtt, only)
+
+    def call_one_async_rtt() -> dict[str, float]:
+        procs = host.spawn_procs(per_host={"gpus": 1})
+        try:
+            aecho = procs.spawn("aecho", define_async_actor(api))
+            aecho.ping.call_one(0).get(timeout=GET_TIMEOUT_S)
+            samples = timed_calls(lambda: aecho.ping.call_one(SMALL_PAYLOAD).get(timeout=GET_TIMEOUT_S),
+                                  c["warmup"], c["rtt"] // 2)
+            return latency_stats(samples)
+        finally:
+            stop_mesh(procs)
+
+    guarded(results, "call_one_async", call_one_async_rtt, only)
 
     def call_two_procs() -> dict[str, float]:
         procs2 = host.spawn_procs(per_host={"gpus": 2})

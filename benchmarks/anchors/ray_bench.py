@@ -73,6 +73,22 @@ def run_ray_measures(ray: Any, quick: bool, only: set[str] | None = None) -> dic
 
     guarded(results, "call_one", call_one, only)
 
+    @ray.remote(num_cpus=0)
+    class AsyncEcho:
+        async def ping(self, payload: Any) -> Any:
+            return payload
+
+    def call_one_async() -> dict[str, Any]:
+        aecho = AsyncEcho.remote()
+        try:
+            get(aecho.ping.remote(0))
+            samples = timed_calls(lambda: get(aecho.ping.remote(SMALL_PAYLOAD)), c["warmup"], c["rtt"] // 2)
+            return {**latency_stats(samples), "analogue": "async actor (asyncio)"}
+        finally:
+            ray.kill(aecho)
+
+    guarded(results, "call_one_async", call_one_async, only)
+
     def call_two() -> dict[str, Any]:
         pair = [Echo.remote(), Echo.remote()]
         try:
