@@ -78,6 +78,17 @@ class ValueMesh(MeshTrait, Generic[R]):
         return (ValueMesh, (self._shape, self.values()))
 
 
+def check_frame_size(nbytes: int, what: str) -> None:
+    """Refuse, in the caller, a message the receiver would reject as oversized."""
+    from regent.actor._config import config
+
+    if nbytes + 4096 > config.max_frame_bytes:
+        raise ValueError(
+            f"message for {what}() is {nbytes} bytes, over the frame limit of {config.max_frame_bytes} bytes; "
+            "send less per call or raise REGENT_MAX_FRAME_BYTES on every process"
+        )
+
+
 # ---------------------------------------------------------------------------------------------- replies
 def decode_reply(status: int, body: Any, buffers: list, endpoint: str) -> tuple[bool, Any]:
     """(ok, value-or-exception) from a reply frame."""
@@ -359,6 +370,7 @@ class Endpoint(Generic[R]):
         if problem is not None:
             return None, [], problem
         body, buffers = dumps((args, kwargs))
+        check_frame_size(len(body) + sum(b.nbytes for b in buffers), self._label)
         return body, buffers, None
 
     def _send(self, ranks: list[int], body: Any, buffers: list, reply_port: int | None,

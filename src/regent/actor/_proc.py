@@ -85,12 +85,13 @@ class LocalSpawner:
                 self._replenish()
 
     async def _start(self, pid: str, env: dict[str, str], label: str, spare: bool, preload: list[str],
-                     on_exit: Callable | None, on_output: Callable | None) -> Child:
+                     on_exit: Callable | None, on_output: Callable | None,
+                     sys_path: list[str] | None = None) -> Child:
         rt = self.rt
         boot = {
             "id": pid,
             "parent": rt.info,
-            "sys_path": [p for p in sys.path if p],
+            "sys_path": list(dict.fromkeys(list(sys_path or []) + [p for p in sys.path if p])),
             "cwd": os.getcwd(),
             "preload": list(preload),
             "tcp_host": rt.tcp_host,
@@ -197,7 +198,8 @@ class LocalSpawner:
                 child.label = spec["label"]
                 self._replenish()
             else:
-                child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output)
+                child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output,
+                                          spec.get("sys_path"))
             child.on_exit = on_exit
             child.on_output = on_output
             child.spare = False
@@ -217,8 +219,15 @@ class LocalSpawner:
         return list(await asyncio.gather(*(one(s) for s in specs)))
 
     def keep_warm(self, n: int, preload: list[str]) -> None:
+        if n < 0:
+            raise ValueError(f"keep_warm needs n >= 0, got {n}")
+        if list(preload) != self.preload:
+            while self.spares:  # spares that preloaded other modules are replaced
+                self.kill(self.spares.popleft().pid)
         self.warm_target = n
         self.preload = list(preload)
+        while len(self.spares) > n:
+            self.kill(self.spares.pop().pid)
         self._replenish()
 
     def _replenish(self) -> None:
@@ -382,8 +391,10 @@ class HostMesh(MeshTrait):
                     "env": dict(env or {}),
                     "gpu_index": i if "gpus" in per_host else None,
                     "label": label,
+                    "sys_path": [p for p in sys.path if p],
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
-                            "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info},
+                            "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
+                            "sys_path": [p for p in sys.path if p]},
                 })
             specs_by_host.append((host_rank, specs))
 
@@ -916,6 +927,7 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
         rt.directory.pop(old, None)
         rt.directory[new_pid] = rt.info
     os.environ.update(cfg.get("env") or {})
+    sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
     rt.owner_proc_id = cfg["owner"]
     rt.root_info = cfg.get("root")
     if rt.root_info is not None:

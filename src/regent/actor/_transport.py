@@ -149,9 +149,11 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self.is_open = False
         if not self.opened.done():
-            self.opened.set_exception(
-                ConnectionError(self.close_reason or f"connection to {self.peername} closed during handshake")
+            reason = self.close_reason or (
+                f"{self.peername} closed the connection during the handshake; it probably does not share this "
+                "job's secret (REGENT_JOB_SECRET / --secret-file)"
             )
+            self.opened.set_exception(ConnectionError(reason))
         self._on_close(self, exc)
 
     # ---- reading ----

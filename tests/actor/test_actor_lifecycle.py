@@ -1,0 +1,232 @@
+"""Stop and cleanup, orphan exit, ProcessJob hosts, warm spares, and the `regent worker` command."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from regent.actor import Actor, SupervisionError, current_rank, endpoint, this_host
+from regent.actor._runtime import get_runtime
+from regent.jobs.local import ProcessJob
+
+TIMEOUT = 60
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = next(line for line in f if line.startswith("State:"))
+        return "Z" not in state.split()[1]
+    except (FileNotFoundError, StopIteration, ProcessLookupError):
+        return False
+
+
+class Leaf(Actor):
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+    def __cleanup__(self, exc):
+        with open(self.path, "a") as f:
+            f.write(f"leaf{current_rank()} exc={exc}\n")
+
+
+class Parent(Actor):
+    def __init__(self, path: str):
+        self.path = path
+        self.procs = this_host().spawn_procs(per_host={"gpus": 2})
+        self.leaves = self.procs.spawn("leaf", Leaf, path)
+
+    @endpoint
+    def leaves_ok(self) -> list:
+        return self.leaves.ok.call().get(timeout=TIMEOUT).values()
+
+    def __cleanup__(self, exc):
+        with open(self.path, "a") as f:
+            f.write("parent\n")
+
+
+def test_proc_mesh_stop_runs_cleanup_children_first(tmp_path):
+    path = str(tmp_path / "cleanup.log")
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    parent = pm.spawn("parent", Parent, path)
+    assert parent.leaves_ok.call_one().get(timeout=TIMEOUT) == ["ok", "ok"]
+    pm.stop().get(timeout=TIMEOUT)
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[-1] == "parent"
+    assert sorted(lines[:-1]) == ["leaf{'gpus': 0/2} exc=None", "leaf{'gpus': 1/2} exc=None"]
+    with pytest.raises(SupervisionError, match="stopped"):
+        parent.leaves_ok.call_one().get(timeout=TIMEOUT)
+    with pytest.raises(RuntimeError, match="already been stopped"):
+        pm.spawn("late", Leaf, path)
+
+
+def test_actor_mesh_stop_runs_cleanup_and_later_calls_fail(tmp_path):
+    path = str(tmp_path / "leaf.log")
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        leaves = pm.spawn("leaves", Leaf, path)
+        assert leaves.ok.call().get(timeout=TIMEOUT).values() == ["ok", "ok"]
+        leaves.stop().get(timeout=TIMEOUT)
+        with open(path) as f:
+            assert len(f.read().splitlines()) == 2
+        with pytest.raises(SupervisionError, match="stopped"):
+            leaves.ok.call().get(timeout=TIMEOUT)
+        # the procs are still there for other actors
+        assert pm.spawn("more", Leaf, path).ok.call().get(timeout=TIMEOUT).values() == ["ok", "ok"]
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+
+
+def test_slice_of_proc_mesh_cannot_be_stopped():
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        with pytest.raises(ValueError, match="not owned"):
+            pm.slice(gpus=0).stop()
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+
+
+@pytest.mark.slow
+def test_orphaned_procs_exit_after_controller_is_killed(tmp_path):
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys, time
+        from regent.actor import Actor, endpoint, this_host
+        from regent.jobs.local import ProcessJob
+
+        class P(Actor):
+            @endpoint
+            def pid(self):
+                return os.getpid()
+
+        local = this_host().spawn_procs(per_host={"gpus": 2}).spawn("p", P)
+        job = ProcessJob(hosts=1)
+        remote = job.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("r", P)
+        pids = local.pid.call().get(timeout=60).values() + remote.pid.call().get(timeout=60).values()
+        print(json.dumps(pids), flush=True)
+        time.sleep(600)
+    """))
+    env = dict(os.environ, REGENT_ORPHAN_TIMEOUT="2", OMP_NUM_THREADS="1")
+    ctl = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = json.loads(ctl.stdout.readline())
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30), [
+            p for p in pids if pid_alive(p)
+        ]
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> tuple:
+        import sys as _sys
+
+        return (str(current_rank()), os.getpid(), os.getppid(), os.environ.get("WARM_ENV"),
+                "xml.dom.minidom" in _sys.modules)
+
+
+@pytest.mark.slow
+def test_process_job_with_two_hosts(monkeypatch):
+    import regent.actor
+
+    faults = []
+    monkeypatch.setattr(regent.actor, "unhandled_fault_hook", faults.append)
+    job = ProcessJob(hosts=2)
+    try:
+        hosts = job.host_mesh()
+        assert hosts.extent.labels == ["hosts"] and len(hosts) == 2
+        assert job.state().hosts is hosts
+        pm = hosts.spawn_procs(per_host={"gpus": 2})
+        w = pm.spawn("w", Where)
+        vm = w.where.call().get(timeout=TIMEOUT)
+        assert [v[0] for v in vm.values()] == [
+            "{'hosts': 0/2, 'gpus': 0/2}", "{'hosts': 0/2, 'gpus': 1/2}",
+            "{'hosts': 1/2, 'gpus': 0/2}", "{'hosts': 1/2, 'gpus': 1/2}",
+        ]
+        workers = job.worker_pids()
+        assert [v[2] for v in vm.values()] == [workers[0], workers[0], workers[1], workers[1]]
+        assert w.slice(hosts=1, gpus=0).where.call_one().get(timeout=TIMEOUT)[0] == "{}"
+        # a proc on a worker host dies: the controller (owner) sees it through the worker
+        victim = vm.item(hosts=1, gpus=1)[1]
+        inflight = w.slice(hosts=1, gpus=1).where.call_one()
+        inflight.get(timeout=TIMEOUT)
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: faults)
+        assert faults[0].crashed_ranks == [3] and "Killed(sig=9)" in faults[0].report()
+        pm.stop().get(timeout=TIMEOUT)
+        assert not any(pid_alive(v[1]) for v in vm.values())
+    finally:
+        job.kill()
+    assert not any(pid_alive(p) for p in workers)
+
+
+def test_warm_spare_is_claimed_by_spawn_procs():
+    rt = get_runtime()
+    this_host().keep_warm(1, preload=["xml.dom.minidom"]).get(timeout=TIMEOUT)
+    assert wait_for(lambda: rt.spawner is not None and len(rt.spawner.spares) == 1, timeout=TIMEOUT)
+    spare = rt.spawner.spares[0]
+    spare_os_pid = spare.process.pid
+    started_before = time.monotonic()
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, env={"WARM_ENV": "claimed"})
+    try:
+        rank, pid, ppid, warm_env, preloaded = pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
+        assert pid == spare_os_pid and ppid == os.getpid()
+        assert warm_env == "claimed" and preloaded
+        assert rank == "{'gpus': 0/1}"
+        assert time.monotonic() - started_before < TIMEOUT
+        # a replacement spare is started in the background
+        assert wait_for(lambda: len(rt.spawner.spares) == 1 and rt.spawner.spares[0].process.pid != pid,
+                        timeout=TIMEOUT)
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+        this_host().keep_warm(0).get(timeout=TIMEOUT)
+    assert wait_for(lambda: not rt.spawner.spares)
+
+
+def test_worker_command_requires_a_secret(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
+    proc = subprocess.run([sys.executable, "-m", "regent.cli", "worker", "--address", "tcp://127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "secret" in proc.stderr
+
+
+def test_worker_with_wrong_secret_is_refused(tmp_path):
+    secret = tmp_path / "wrong.secret"
+    secret.write_text("00" * 32)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "regent.cli", "worker", "--address", "tcp://127.0.0.1:0",
+         "--secret-file", str(secret)], stdout=subprocess.PIPE, text=True)
+    try:
+        address = worker.stdout.readline().split()[-1]
+        from regent.actor import attach_to_workers
+
+        pm = attach_to_workers([address]).spawn_procs(per_host={"gpus": 1})
+        with pytest.raises(Exception, match="secret"):
+            pm.initialized.get(timeout=TIMEOUT)
+    finally:
+        worker.terminate()
+        worker.wait(10)
