@@ -430,3 +430,25 @@ def test_dashboard_page_renders_live_status(lighthouse, tmp_path):
     assert "recovering" in view["class:rep_1:bb"] and "recovering" not in view["class:rep_0:aa"]
     assert "rep_0:aa" in view["heartbeats"] and "yes" in view["heartbeats"]
     assert view["error"] == ""
+
+
+def test_quorum_without_requester_is_rejected(lighthouse):
+    import grpc
+
+    from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+
+    server = lighthouse()
+    with grpc.insecure_channel(normalize_address(server.address())) as channel:
+        stub = torchft_pb2_grpc.LighthouseServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Quorum(torchft_pb2.LighthouseQuorumRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "missing requester" in info.value.details()
+        # The raw wire form round-trips: the generated stub decodes our pre-encoded responses.
+        reply = stub.Quorum(
+            torchft_pb2.LighthouseQuorumRequest(requester=torchft_pb2.QuorumMember(replica_id="w", data="not json")),
+            timeout=10,
+        )
+        assert reply.quorum.participants[0].data == "not json"
+        assert reply.quorum.HasField("created")
+    assert server.status()["prev_quorum"]["participants"][0]["data"] == {"raw": "not json"}

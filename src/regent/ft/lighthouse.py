@@ -106,18 +106,33 @@ class _DashboardHTTPServer6(_DashboardHTTPServer):
     address_family = socket.AF_INET6
 
 
-class _LighthouseServicer(torchft_pb2_grpc.LighthouseServiceServicer):
-    def __init__(self, lighthouse: LighthouseServer) -> None:
-        self._lh = lighthouse
+EMPTY_HEARTBEAT_RESPONSE = torchft_pb2.LighthouseHeartbeatResponse().SerializeToString()
 
-    async def Quorum(self, request, context):  # noqa: N802 (gRPC method name)
+
+def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
+    """`torchft.LighthouseService` with pre-serialized responses: an issued quorum is encoded once, not once
+    per waiting replica (the generated servicer would re-serialize it for each of them)."""
+
+    async def quorum(request: torchft_pb2.LighthouseQuorumRequest, context: aio.ServicerContext) -> bytes:
         if not request.HasField("requester"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing requester")
-        return await self._lh._quorum(request.requester)
+        return await lighthouse._quorum(request.requester)
 
-    async def Heartbeat(self, request, context):  # noqa: N802
-        self._lh._state.heartbeats[request.replica_id] = time.monotonic()
-        return torchft_pb2.LighthouseHeartbeatResponse()
+    async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
+        lighthouse._state.heartbeats[request.replica_id] = time.monotonic()
+        return EMPTY_HEARTBEAT_RESPONSE
+
+    return grpc.method_handlers_generic_handler(
+        "torchft.LighthouseService",
+        {
+            "Quorum": grpc.unary_unary_rpc_method_handler(
+                quorum, request_deserializer=torchft_pb2.LighthouseQuorumRequest.FromString
+            ),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(
+                heartbeat, request_deserializer=torchft_pb2.LighthouseHeartbeatRequest.FromString
+            ),
+        },
+    )
 
 
 class LighthouseServer:
@@ -263,7 +278,7 @@ class LighthouseServer:
 
     async def _create_grpc_server(self, port: int) -> None:
         server = aio.server(options=SERVER_OPTIONS)
-        torchft_pb2_grpc.add_LighthouseServiceServicer_to_server(_LighthouseServicer(self), server)
+        server.add_generic_rpc_handlers((_service_handler(self),))
         bound = server.add_insecure_port(format_hostport(self._host, port))
         if bound != port:
             raise OSError(f"gRPC bound port {bound}, wanted {port}")
@@ -286,7 +301,8 @@ class LighthouseServer:
         self._wire[member.replica_id] = wire
         return participant
 
-    async def _quorum(self, wire: torchft_pb2.QuorumMember) -> torchft_pb2.LighthouseQuorumResponse:
+    async def _quorum(self, wire: torchft_pb2.QuorumMember) -> bytes:
+        """Serve one Quorum call: join, then wait for a quorum that includes us. Returns the encoded response."""
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
         self._state.heartbeats[rid] = time.monotonic()  # a Quorum request is an implicit heartbeat
@@ -299,11 +315,11 @@ class LighthouseServer:
                 self._waiters.append(issued)
                 if quorum_possible(self._state, self._opts):
                     self._tick()
-                ids, response = await issued
+                ids, quorum_id, payload = await issued
                 if rid in ids:
-                    return response
+                    return payload
                 # Issued without us (e.g. shrink_only): re-insert ourselves and wait for the next one.
-                logger.info("replica %s not in quorum %d; waiting for the next", rid, response.quorum.quorum_id)
+                logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
                 mine = self._join(wire, member)
         finally:
             if self._state.participants.get(rid) is mine:
@@ -328,13 +344,14 @@ class LighthouseServer:
             quorum=torchft_pb2.Quorum(quorum_id=quorum.quorum_id, participants=wires)
         )
         response.quorum.created.FromDatetime(quorum.created)
+        payload = response.SerializeToString()
         ids = frozenset(m.replica_id for m in members)
         if quorum.quorum_id != previous_id:
             logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
         waiters, self._waiters = self._waiters, []
         for issued in waiters:
             if not issued.done():  # a cancelled call's future is done already
-                issued.set_result((ids, response))
+                issued.set_result((ids, quorum.quorum_id, payload))
 
     async def _tick_forever(self) -> None:
         period = self._opts.quorum_tick_ms / 1000.0
