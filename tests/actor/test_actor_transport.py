@@ -43,15 +43,15 @@ def recv_exact(sock, n):
     return data
 
 
-def raw_client(secret: bytes):
-    """Connect to this process's runtime and answer its challenge with `secret`."""
+def raw_client(secret: bytes, then: bytes = b""):
+    """Connect to this process's runtime, answer its challenge with `secret`, then send `then` at once."""
     path = parse_address(get_runtime().info["unix"])[1]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(path)
     greeting = recv_exact(sock, 36)
     assert greeting[:4] == b"RGNT"
-    sock.sendall(hmac.new(secret, b"client" + greeting[4:], hashlib.sha256).digest() + os.urandom(32))
+    sock.sendall(hmac.new(secret, b"client" + greeting[4:], hashlib.sha256).digest() + os.urandom(32) + then)
     return sock
 
 
@@ -81,8 +81,7 @@ class _Evil:
 
 def test_wrong_secret_is_refused_before_unpickling(tmp_path, echo):
     marker = tmp_path / "unpickled"
-    sock = raw_client(b"not the job secret")
-    sock.sendall(frame(pickle.dumps(("hello", _Evil(str(marker))))))
+    sock = raw_client(b"not the job secret", then=frame(pickle.dumps(("hello", _Evil(str(marker))))))
     assert wait_closed(sock)
     time.sleep(0.2)
     assert not marker.exists()
