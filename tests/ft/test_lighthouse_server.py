@@ -311,11 +311,12 @@ def test_cli_accepts_both_spellings():
         assert callable(args.func)
 
 
-def start_cli_lighthouse(port: int) -> subprocess.Popen:
+def start_cli_lighthouse(port: int, state_file: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}", "--min_replicas", "2",
-         "--join_timeout_ms", "60000", "--quorum_tick_ms", "50", "--heartbeat_timeout_ms", "3000"],
+         "--join_timeout_ms", "60000", "--quorum_tick_ms", "50", "--heartbeat_timeout_ms", "3000",
+         "--state-file", str(state_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
     )
     seen = []
@@ -329,10 +330,11 @@ def start_cli_lighthouse(port: int) -> subprocess.Popen:
     return proc
 
 
-def test_lighthouse_restart_on_same_address():
+def test_lighthouse_restart_on_same_address(tmp_path):
     """kill -9 the Lighthouse process, start a new one on the same port: clients reconnect, a quorum forms."""
     port = free_port_pair()
-    proc = start_cli_lighthouse(port)
+    state_file = tmp_path / "lighthouse.json"
+    proc = start_cli_lighthouse(port, state_file)
     client_a = LighthouseClient(f"http://127.0.0.1:{port}", connect_timeout=60)
     client_b = LighthouseClient(f"127.0.0.1:{port}", connect_timeout=60)
     try:
@@ -362,10 +364,11 @@ def test_lighthouse_restart_on_same_address():
             fb = pool.submit(client_b.quorum, "b", 60, step=6)
             time.sleep(1.0)
             assert not fa.done() and not fb.done()
-            proc = start_cli_lighthouse(port)
+            proc = start_cli_lighthouse(port, state_file)
             qa, qb = fa.result(timeout=60), fb.result(timeout=60)
-        # A fresh Lighthouse starts its ids again at 1; members and steps come from the requests.
-        assert qa.quorum_id == qb.quorum_id == 1
+        # The restarted Lighthouse continues the ids from its state file (never reusing 1); members and steps
+        # come from the requests.
+        assert qa.quorum_id == qb.quorum_id == 2
         assert qa.replica_ids() == ["a", "b"]
         assert [m.step for m in qa.participants] == [6, 6]
         stop_beats.set()
@@ -430,6 +433,28 @@ def test_dashboard_page_renders_live_status(lighthouse, tmp_path):
     assert "recovering" in view["class:rep_1:bb"] and "recovering" not in view["class:rep_0:aa"]
     assert "rep_0:aa" in view["heartbeats"] and "yes" in view["heartbeats"]
     assert view["error"] == ""
+
+
+def test_state_file_keeps_quorum_ids_increasing_across_restarts(tmp_path):
+    state_file = tmp_path / "sub" / "lighthouse.json"
+    first = LighthouseServer(min_replicas=1, state_file=state_file)
+    try:
+        client = LighthouseClient(first.address())
+        assert client.quorum("a", timeout=10).quorum_id == 1
+        assert client.quorum("a", timeout=10, commit_failures=1).quorum_id == 2
+        assert client.quorum("a", timeout=10).quorum_id == 2
+    finally:
+        first.shutdown()
+    assert json.loads(state_file.read_text())["quorum_id"] == 2
+    second = LighthouseServer(min_replicas=1, state_file=state_file)
+    try:
+        assert LighthouseClient(second.address()).quorum("a", timeout=10).quorum_id == 3
+        assert second.status()["state_file"] == str(state_file)
+    finally:
+        second.shutdown()
+    state_file.write_text("garbage")
+    with pytest.raises(ValueError, match="delete it"):
+        LighthouseServer(state_file=state_file)
 
 
 def test_quorum_without_requester_is_rejected(lighthouse):

@@ -44,6 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--heartbeat-timeout-ms", "--heartbeat_timeout_ms", dest="heartbeat_timeout_ms", type=int, default=5000,
         help="a replica without a heartbeat for this long is considered dead (default 5000)",
     )
+    parser.add_argument(
+        "--state-file", "--state_file", dest="state_file", default=None,
+        help="save the last quorum id here so a restarted Lighthouse keeps ids increasing (recommended)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.set_defaults(func=run_lighthouse)
     return parser
@@ -63,6 +67,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             join_timeout_ms=args.join_timeout_ms,
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            state_file=args.state_file,
         )
     except (OSError, ValueError) as err:
         print(f"regent lighthouse: {err}", file=sys.stderr)

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -33,6 +34,7 @@ from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -86,6 +88,30 @@ def advertised_host(host: str) -> str:
     if host in ("", "0.0.0.0", "::"):
         return socket.gethostname()
     return host
+
+
+def load_quorum_id(path: Path) -> int:
+    """The last quorum id a previous Lighthouse saved at `path` (0 if there is none yet)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0
+    try:
+        quorum_id = int(json.loads(text)["quorum_id"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"Lighthouse state file {path} is not valid ({err}); delete it to start quorum ids from 1"
+        ) from None
+    logger.info("resuming quorum ids after %d (from %s)", quorum_id, path)
+    return quorum_id
+
+
+def save_quorum_id(path: Path, quorum_id: int) -> None:
+    """Atomically record the latest quorum id (write a sibling file, then rename over)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"quorum_id": quorum_id, "saved": datetime.now(timezone.utc).isoformat()}))
+    os.replace(tmp, path)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -145,7 +171,11 @@ class LighthouseServer:
         join_timeout_ms: int = 60000,
         quorum_tick_ms: int = 100,
         heartbeat_timeout_ms: int = 5000,
+        state_file: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
+        id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
+        again at 1, and managers could meet an id they already used (a stale rendezvous prefix)."""
         self._opts = QuorumOptions(
             min_replicas=min_replicas,
             join_timeout_ms=join_timeout_ms,
@@ -154,6 +184,9 @@ class LighthouseServer:
         )
         self._host, requested_port = parse_bind(bind)
         self._state = LighthouseState()
+        self._state_file = Path(state_file) if state_file is not None else None
+        if self._state_file is not None:
+            self._state.quorum_id = load_quorum_id(self._state_file)
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
         # One future per Quorum call waiting for the next issued quorum; all are resolved when one is issued.
@@ -346,6 +379,11 @@ class LighthouseServer:
         response.quorum.created.FromDatetime(quorum.created)
         payload = response.SerializeToString()
         ids = frozenset(m.replica_id for m in members)
+        if quorum.quorum_id != previous_id and self._state_file is not None:
+            try:
+                save_quorum_id(self._state_file, quorum.quorum_id)
+            except OSError:
+                logger.exception("could not save quorum id to %s; ids may repeat after a restart", self._state_file)
         if quorum.quorum_id != previous_id:
             logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
         waiters, self._waiters = self._waiters, []
@@ -398,6 +436,7 @@ class LighthouseServer:
             },
             "next_quorum": {"ready": members is not None, "reason": reason},
             "quorums_issued": self._quorums_issued,
+            "state_file": str(self._state_file) if self._state_file is not None else None,
             "max_step": max_step,
             "prev_quorum": prev_json,
             "waiting": [
