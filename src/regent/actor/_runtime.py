@@ -354,8 +354,8 @@ class Runtime:
             return
         if peer in self.graceful:
             self.proc_gone(peer, None)
-        elif self.spawner is not None and self.spawner.is_child(peer):
-            # our own child: its exit watcher reports the real exit status; fall back if it never does
+        elif (self.spawner is not None and self.spawner.is_child(peer)) or peer in self.remote_procs:
+            # a child of ours or of a worker: the parent reports the real exit status; fall back if it never does
             self.loop.call_later(3.0, self._connection_lost_fallback, peer)
         else:
             self.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
