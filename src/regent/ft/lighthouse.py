@@ -477,7 +477,10 @@ class LighthouseServer:
                 stub.Kill(torchft_pb2.KillRequest(msg=msg), timeout=KILL_TIMEOUT_S)
             except grpc.RpcError as err:
                 detail = err.details() or ""
-                if err.code() == grpc.StatusCode.UNAVAILABLE and "connect" not in detail.lower():
+                never_reached = any(
+                    marker in detail.lower() for marker in ("failed to connect", "connection refused", "dns")
+                )
+                if err.code() == grpc.StatusCode.UNAVAILABLE and not never_reached:
                     # The manager exits inside the call, so the connection usually drops before a reply.
                     logger.info("kill sent to %s at %s (connection closed: %s)", replica_id, address, detail)
                     return f"kill sent to {replica_id} at {address}; connection closed as the manager exited"
