@@ -159,7 +159,9 @@ class ReplicatedGroup:
         else:
             opts = dist.ProcessGroupNCCL.Options()
             opts.config.blocking = False
-            opts._timeout = timeout
+            # torch's own NCCL watchdog tears the whole process down on a timeout; keep it far behind ours,
+            # which aborts just this communicator and lets training go on.
+            opts._timeout = datetime.timedelta(seconds=max(600.0, 10 * self.timeout))
             pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
             pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
         with self._lock:
