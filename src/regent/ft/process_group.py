@@ -251,7 +251,11 @@ class ReplicatedGroup:
     def _guard(
         self, inner: torch.futures.Future, generation: int, what: str, value: Any
     ) -> torch.futures.Future:
-        out: torch.futures.Future = torch.futures.Future()
+        # NCCL completes its work future as soon as the collective is *enqueued*: the result is ready only on
+        # NCCL's stream. A CUDA-aware future (devices=...) completed from the callback below (whose current
+        # stream already waits on the collective) records an event, and every later `wait()` or `then()`
+        # waits on it. With a plain Future the caller could read the tensor before the all-reduce has run.
+        out: torch.futures.Future = torch.futures.Future(devices=[self.device] if self.backend == "nccl" else None)
         settled = threading.Lock()
         state = {"done": False}
 
