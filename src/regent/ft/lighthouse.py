@@ -15,7 +15,12 @@ Differences from TorchFT, on purpose:
 - a Quorum call that ends (client deadline, cancel, disconnect) withdraws its participant, so a replica that
   stopped waiting is never put into a quorum it will not hear about;
 - heartbeat entries older than `max(60 s, 10 x heartbeat_timeout)` are forgotten (TorchFT keeps them forever);
-- `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members.
+- `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members;
+- `GET /status.json` (machine-readable) next to the live page; `GET /status` is an alias;
+- `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves).
+
+The dashboard's kill action is unauthenticated, like TorchFT's: keep the Lighthouse on loopback or a trusted
+network (the default bind is 127.0.0.1).
 """
 
 from __future__ import annotations
