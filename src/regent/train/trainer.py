@@ -246,7 +246,8 @@ class Trainer:
         _copy_tree(mine["model"], sd["model"], "model")
         _copy_tree(mine["optimizer"]["state"], sd["optimizer"]["state"], "optimizer.state")
         for group, incoming in zip(self.optimizer.param_groups, sd["optimizer"]["param_groups"]):
-            group.update({k: v for k, v in incoming.items() if k != "params"})
+            # hyperparameters only: implementation flags (fused/foreach) belong to this process's device
+            group.update({k: v for k, v in incoming.items() if k in ("lr", "betas", "eps", "weight_decay")})
         self.lr_scheduler.load_state_dict(sd["lr_scheduler"])
         self.dataloader.load_state_dict(sd["data"])
         self.step = int(sd["step"])
