@@ -129,3 +129,10 @@ def test_activation_checkpointing_gives_same_gradients():
     model.set_activation_checkpointing(True)
     for a, b in zip(plain, grads()):
         torch.testing.assert_close(a, b)
+
+
+def test_config_model_names_match_model_table():
+    from regent.train.config import MODEL_NAMES
+    from regent.train.models.llama3 import MODEL_CONFIGS
+
+    assert tuple(MODEL_CONFIGS) == MODEL_NAMES

@@ -1,4 +1,7 @@
-"""TrainConfig: every knob of one training run, as a plain dataclass with up-front validation."""
+"""TrainConfig: every knob of one training run, as a plain dataclass with up-front validation.
+
+Importing this module does not import torch, so a CLI can parse and validate a config cheaply.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from regent.train.models.llama3 import MODEL_CONFIGS
+MODEL_NAMES: tuple[str, ...] = ("debug", "150m", "1b", "8b")  # = llama3.MODEL_CONFIGS (kept torch-free here)
 
 
 @dataclass
@@ -38,8 +41,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field and the fix; called before anything is launched."""
-        if self.model not in MODEL_CONFIGS:
-            raise ValueError(f"model={self.model!r} is unknown; use --model with one of {', '.join(MODEL_CONFIGS)}")
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"model={self.model!r} is unknown; use --model with one of {', '.join(MODEL_NAMES)}")
         positive = {"seq_len": self.seq_len, "batch_size": self.batch_size, "max_steps": self.max_steps,
                     "data_max_bytes": self.data_max_bytes, "log_every": self.log_every}
         for name, value in positive.items():
