@@ -16,7 +16,7 @@ from regent.train.trainer import Trainer
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group(os.environ.get("REGENT_TEST_BACKEND", "gloo"), rank=rank, world_size=world)
     cfg = TrainConfig(seq_len=32, batch_size=2, warmup_steps=2, max_steps=50, data_max_bytes=300_000,
                       async_checkpoint=True)
     result: dict = {}
