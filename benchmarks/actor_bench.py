@@ -204,6 +204,23 @@ def print_table(runs: dict[str, dict[str, Any]]) -> None:
             console.print(f"[red]{name} not measured:[/] {runs[name]['error']}")
 
 
+def markdown_table(runs: dict[str, dict[str, Any]]) -> str:
+    """The same table as the terminal's, in Markdown, for RESULTS.md."""
+    lines = ["| measure | Monarch | Ray | Regent | target | met? |", "|---|---:|---:|---:|---:|:---:|"]
+    for row in ROWS:
+        cells = [row.label]
+        for name in RUNTIMES:
+            value = row.value(runs.get(name, {}).get("results"))
+            text = fmt(value, row.unit)
+            if name == "ray" and row.key in RAY_ANALOGUES and value is not None:
+                text += "*"
+            cells.append(text)
+        met = row.met(row.value(runs.get("regent", {}).get("results")))
+        cells += [fmt_target(row), {True: "yes", False: "**no**", None: "–"}[met]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def summary_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for row in ROWS:
@@ -330,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    log(f"wrote {out}")
+    out.with_suffix(".md").write_text(markdown_table(runs))
+    log(f"wrote {out} and {out.with_suffix('.md')}")
     sys.stdout.flush()
     sys.stderr.flush()
     # Regent's runtime thread and its procs are torn down by its own atexit hooks; leave promptly.
