@@ -17,12 +17,13 @@ from regent.jobs.base import (
     SECRET_ENV,
     JobError,
     address_file,
+    decode_proc_net_address,
     environ_without_secret,
     format_address,
     interface_ip,
     is_listening,
     launcher_command,
-    listening_ports,
+    listening_sockets,
     parse_address_markers,
     parse_interface_addresses,
     pick_free_port,
@@ -149,15 +150,24 @@ def test_format_address_brackets_ipv6() -> None:
     assert format_address("fd00::2", 80) == "tcp://[fd00::2]:80"
 
 
-def test_listening_detection_sees_a_real_listener() -> None:
+def test_listening_detection_sees_a_real_listener_on_its_own_address() -> None:
     port = pick_free_port("127.0.0.1")
     assert not is_listening("127.0.0.1", port)
     with socket.socket() as server:
         server.bind(("127.0.0.1", port))
         server.listen()
         assert is_listening("127.0.0.1", port)
-        ports = listening_ports()
-        assert ports is None or port in ports
+        # Another address with the same port is a different socket (pods on one host share ports).
+        assert not is_listening("127.0.0.2", port)
+        sockets = listening_sockets()
+        assert sockets is None or ("127.0.0.1", port) in sockets
+
+
+def test_proc_net_addresses_decode() -> None:
+    if sys.byteorder != "little":
+        pytest.skip("the sample lines are from a little-endian host")
+    assert decode_proc_net_address("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert decode_proc_net_address("00000000000000000000000001000000:0050") == ("::1", 80)
 
 
 IP_ADDR = """\

@@ -110,6 +110,7 @@ def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatc
 
         renewed = job.renew()
         assert not job.is_alive() and renewed.job_id != job.job_id
+        assert not (job.job_dir / "secret").exists() and job.log_path.exists()
         assert renewed.secret == job.secret and renewed.hosts == 2
         _wait_gone(job, addresses)
         new_addresses = renewed.worker_addresses(timeout=180)
@@ -179,6 +180,8 @@ def test_sbatch_rejection_is_a_job_error(tmp_path: Path) -> None:
         with pytest.raises(JobError, match="sbatch.*exit code.*[Ii]nvalid partition"):
             job.start()
         assert job.job_id is None and not job.is_alive()
+        job.kill()
+        assert not (job.job_dir / "secret").exists()
     finally:
         job.kill()
 

@@ -412,31 +412,45 @@ def pick_free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def listening_ports() -> set[int] | None:
-    """Local TCP ports in LISTEN state, read from /proc (no connection is made); None if /proc is absent."""
-    ports: set[int] = set()
-    found_any = False
+def decode_proc_net_address(field: str) -> tuple[str, int]:
+    """("ip", port) from a /proc/net/tcp{,6} address like "0100007F:1F90" (IP in host byte order words)."""
+    hex_ip, hex_port = field.rsplit(":", 1)
+    raw = bytes.fromhex(hex_ip)
+    # The kernel prints each 32-bit word of the address in host (little-endian) order.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(hex_port, 16)
+
+
+def listening_sockets() -> set[tuple[str, int]] | None:
+    """Local TCP (ip, port) pairs in LISTEN state, read from /proc (no connection is made); None without /proc."""
+    found: set[tuple[str, int]] = set()
+    readable = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 lines = f.readlines()[1:]
         except OSError:
             continue
-        found_any = True
+        readable = True
         for line in lines:
             fields = line.split()
             if len(fields) > 3 and fields[3] == "0A":  # 0A = TCP_LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports if found_any else None
+                found.add(decode_proc_net_address(fields[1]))
+    return found if readable else None
 
 
 def is_listening(host: str, port: int) -> bool:
-    """Whether something listens on host:port; uses /proc when possible so the worker sees no stray connect."""
-    ports = listening_ports()
-    if ports is not None:
-        return port in ports
+    """Whether something listens on host:port (or on a wildcard address at that port).
+
+    Uses /proc when possible, so the worker never sees a stray connection before its controller's."""
+    sockets = listening_sockets()
+    if sockets is not None:
+        bare = host.strip("[]")
+        wanted = {bare, f"::ffff:{bare}", "0.0.0.0", "::"}  # its own address, IPv4-mapped, or a wildcard
+        return any((ip, port) in sockets for ip in wanted)
     try:
-        with socket.create_connection((host, port), timeout=1.0):
+        with socket.create_connection((host.strip("[]"), port), timeout=1.0):
             return True
     except OSError:
         return False

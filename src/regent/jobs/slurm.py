@@ -293,12 +293,19 @@ class SlurmJob(Job):
         if not self._started:
             raise JobError(f"{self.describe()} was not started; call start() first")
         last_state: list[tuple[str, str] | None] = [None]
+        squeue_error: list[str] = []
 
         def poll() -> list[str] | None:
             found = read_published_addresses(self.job_dir, self.hosts)
             if len(found) == self.hosts:
                 return [found[rank] for rank in range(self.hosts)]
-            current = self.state()
+            try:
+                current = self.state()
+            except JobError as exc:  # a busy slurmctld times out now and then; keep waiting
+                logger.warning("%s", exc)
+                squeue_error[:] = [str(exc)]
+                return None
+            squeue_error.clear()
             last_state[0] = current
             if self._killed or current is None or current[0] in TERMINAL_STATES:
                 what = "was killed" if self._killed else (
@@ -320,6 +327,8 @@ class SlurmJob(Job):
                 detail = f"{current[0]}, but only {len(found)}/{self.hosts} workers reported"
             else:
                 detail = f"in an unknown state with {len(found)}/{self.hosts} workers reported"
+            if squeue_error:
+                detail += f" (squeue last failed: {squeue_error[0]})"
             raise JobTimeoutError(
                 f"{self.describe()} is {detail} after {timeout:.0f} s; see {self.log_path}, "
                 f"or raise the timeout{self._log_tail()}"
@@ -337,6 +346,7 @@ class SlurmJob(Job):
         if self._killed:
             return
         self._killed = True
+        (self.job_dir / "secret").unlink(missing_ok=True)  # workers read it at start; logs stay for debugging
         if self.job_id is None:
             return
         proc = run_command(["scancel", self.job_id], timeout=60, check=False)
