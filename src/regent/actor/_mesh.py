@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any, Generic, TypeVar
 
 from regent.actor._actor import EndpointProperty, endpoints_of
+from regent.actor._config import config
 from regent.actor._context import current_rank
 from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
 from regent.actor._future import Future
@@ -80,8 +81,6 @@ class ValueMesh(MeshTrait, Generic[R]):
 
 def check_frame_size(nbytes: int, what: str) -> None:
     """Refuse, in the caller, a message the receiver would reject as oversized."""
-    from regent.actor._config import config
-
     if nbytes + 4096 > config.max_frame_bytes:
         raise ValueError(
             f"message for {what}() is {nbytes} bytes, over the frame limit of {config.max_frame_bytes} bytes; "
@@ -220,6 +219,9 @@ class ActorMesh(MeshTrait, Generic[R]):
     def __init__(self, ref: ActorMeshRef, shape: Shape) -> None:
         self._ref = ref
         self._shape = shape
+        self._ranks = shape.ranks()  # root ranks of this view, computed once (hot path)
+        extent = shape.extent
+        self._labels, self._sizes = extent.labels, extent.sizes
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh:
         return ActorMesh(self._ref, shape)
@@ -232,7 +234,9 @@ class ActorMesh(MeshTrait, Generic[R]):
             raise AttributeError(name)
         prop = ref.endpoints.get(name)
         if prop is not None:
-            return Endpoint(self, name, prop)
+            ep = Endpoint(self, name, prop)
+            self.__dict__[name] = ep  # later lookups skip __getattr__
+            return ep
         attr = getattr(ref.cls, name, None)
         if callable(attr):
             return NotAnEndpoint(self, name)
@@ -359,10 +363,7 @@ class Endpoint(Generic[R]):
         self._mesh = mesh
         self._name = name
         self._prop = prop
-
-    @property
-    def _label(self) -> str:
-        return f"{self._mesh._ref.name}.{self._name}"
+        self._label = f"{mesh._ref.name}.{name}"
 
     def _prepare(self, args: tuple, kwargs: dict, ranks: list[int]) -> tuple[Any, list, str | None]:
         self._prop.check_args(args, kwargs, self._mesh._ref.name)
@@ -378,9 +379,8 @@ class Endpoint(Generic[R]):
               fixed_index: int | None = None) -> None:
         rt = get_runtime()
         ref = self._mesh._ref
-        extent = self._mesh._shape.extent
-        labels, sizes = extent.labels, extent.sizes
-        view_ranks = self._mesh._shape.ranks()
+        labels, sizes = self._mesh._labels, self._mesh._sizes
+        view_ranks = self._mesh._ranks
         reply_proc = reply_proc or rt.proc_id
         method = self._name
 
@@ -412,17 +412,17 @@ class Endpoint(Generic[R]):
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Send to every actor of the mesh; the Future gives a ValueMesh of the replies."""
-        return self._gather(args, kwargs, self._mesh._shape.ranks(), False, self._mesh._shape)
+        return self._gather(args, kwargs, self._mesh._ranks, False, self._mesh._shape)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
-        ranks = self._mesh._shape.ranks()
+        ranks = self._mesh._ranks
         if len(ranks) != 1:
             raise ValueError(f"call_one requires exactly 1 actor, but mesh has {len(ranks)}")
         return self._gather(args, kwargs, ranks, True, None)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to one actor of the mesh (a healthy one, picked at random)."""
-        ranks = self._mesh._shape.ranks()
+        ranks = self._mesh._ranks
         if not ranks:
             raise ValueError("choose on an empty mesh")
         healthy = [r for r in ranks if r not in self._mesh._ref.state.failed] or ranks
@@ -430,7 +430,7 @@ class Endpoint(Generic[R]):
 
     def stream(self, *args: Any, **kwargs: Any):
         """Send to every actor; yields one Future per reply, in arrival order."""
-        ranks = self._mesh._shape.ranks()
+        ranks = self._mesh._ranks
         futures = [Future._new() for _ in ranks]
         body, buffers, problem = self._prepare(args, kwargs, ranks)
         if problem is not None:
@@ -446,7 +446,7 @@ class Endpoint(Generic[R]):
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Fire and forget to every actor. If the endpoint raises, the actor dies (supervision)."""
-        ranks = self._mesh._shape.ranks()
+        ranks = self._mesh._ranks
         body, buffers, problem = self._prepare(args, kwargs, ranks)
         if problem is not None:
             logger.warning("broadcast %s() to an unhealthy mesh dropped: %s", self._label, problem)
@@ -454,7 +454,7 @@ class Endpoint(Generic[R]):
         self._send(ranks, body, buffers, None)
 
     def _send_to_port(self, args: tuple, kwargs: dict, port: Port | None, selection: str) -> None:
-        ranks = self._mesh._shape.ranks()
+        ranks = self._mesh._ranks
         if selection == "choose":
             ranks = [random.choice(ranks)]
         elif selection != "all":
