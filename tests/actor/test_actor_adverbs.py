@@ -374,3 +374,17 @@ def test_worker_output_is_forwarded_with_rank_prefix(capfd, counter):
             break
         time.sleep(0.05)
     assert "gpus=0] marker-from-actor" in seen and "gpus=1] marker-from-actor" in seen
+
+
+def test_actor_log_records_carry_actor_prefix(capfd, counter):
+    import logging
+
+    counter.slice(gpus=1).call_fn.call_one(lambda: logging.getLogger("user").warning("log-marker")).get(
+        timeout=TIMEOUT)
+    deadline = time.monotonic() + 10
+    seen = ""
+    while time.monotonic() < deadline and "log-marker" not in seen:
+        seen += capfd.readouterr().err
+        time.sleep(0.05)
+    line = next(line for line in seen.splitlines() if "log-marker" in line)
+    assert "gpus=1]" in line and "[actor=<root>.<test_actor_adverbs.Counter counter{'gpus': 1/2}>]" in line

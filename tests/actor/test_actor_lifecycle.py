@@ -230,3 +230,28 @@ def test_worker_with_wrong_secret_is_refused(tmp_path):
     finally:
         worker.terminate()
         worker.wait(10)
+
+
+@pytest.mark.slow
+def test_worker_host_keeps_warm_spares_and_shuts_down():
+    job = ProcessJob(hosts=1)
+    try:
+        hosts = job.host_mesh()
+        worker = job.worker_pids()[0]
+        hosts.keep_warm(1, preload=["xml.dom.minidom"]).get(timeout=TIMEOUT)
+        claimed = None
+        deadline = time.monotonic() + TIMEOUT
+        while claimed is None and time.monotonic() < deadline:
+            pm = hosts.spawn_procs(per_host={"gpus": 1}, env={"WARM_ENV": "remote"})
+            _, pid, ppid, warm_env, preloaded = pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
+            assert ppid == worker and warm_env == "remote"
+            if preloaded:
+                claimed = pid
+            pm.stop().get(timeout=TIMEOUT)
+        assert claimed is not None, "no warm spare was ever claimed"
+        hosts.shutdown().get(timeout=TIMEOUT)
+        assert wait_for(lambda: not pid_alive(worker))
+        with pytest.raises(RuntimeError, match="already been shut down"):
+            hosts.spawn_procs(per_host={"gpus": 1})
+    finally:
+        job.kill()

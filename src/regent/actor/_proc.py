@@ -475,12 +475,25 @@ class HostMesh(MeshTrait):
         return rt.submit(run())
 
     def shutdown(self) -> Future:
+        """Stop its procs and, for worker hosts, end the `regent worker` processes too."""
         if not self._state.owned:
             raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of owned")
         if self._state.shut_down:
             raise RuntimeError("HostMesh has already been shut down")
         self._state.shut_down = True
-        return self.stop()
+        rt = get_runtime()
+        stopped = self.stop()
+
+        async def run() -> None:
+            await stopped
+            if self._state.kind == "remote":
+                for host_rank in self._shape.ranks():
+                    pid = self._state.agent_pids.get(host_rank)
+                    if pid is not None and pid not in rt.dead:
+                        rt.graceful.add(pid)
+                        rt.send(pid, ("host_shutdown",))
+
+        return rt.submit(run())
 
     def stop(self) -> Future:
         """Stop every proc mesh spawned from this host mesh (the workers stay up)."""
@@ -892,6 +905,11 @@ def install_handlers(rt: Runtime) -> None:
     def h_host_keep_warm(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         spawner_of(rt).keep_warm(msg[1], msg[2])
 
+    def h_host_shutdown(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        logger.warning("worker %s shutting down at its controller's request", rt.proc_id)
+        spawner_of(rt).kill_all()
+        rt.loop.call_later(0.2, os._exit, 0)
+
     def h_goc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         _, name, reply = msg
 
@@ -908,7 +926,7 @@ def install_handlers(rt: Runtime) -> None:
 
     rt.handlers.update(m=h_msg, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
                        stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
-                       host_keep_warm=h_host_keep_warm, goc=h_goc)
+                       host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc)
 
 
 def ensure_self_proc(rt: Runtime) -> ProcMesh:

@@ -21,6 +21,7 @@ def main() -> None:
     sys.path[:0] = missing
     logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")
+    install_log_prefix()
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
@@ -38,6 +39,24 @@ def main() -> None:
     rt._dial(parent["id"])
     loop.create_task(rt.orphan_watch())
     loop.run_forever()
+
+
+def install_log_prefix() -> None:
+    """Log records emitted inside an actor get `[actor=<...>]` in front (config knob
+    `prefix_python_logs_with_actor`)."""
+    from regent.actor._config import config
+    from regent.actor._context import _current
+
+    make_record = logging.getLogRecordFactory()
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        current = _current.get()
+        if current is not None and config.prefix_python_logs_with_actor:
+            record.msg = f"[actor={current[0]}] {record.msg}"
+        return record
+
+    logging.setLogRecordFactory(factory)
 
 
 if __name__ == "__main__":
