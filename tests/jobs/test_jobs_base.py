@@ -214,11 +214,12 @@ def _worker_available() -> bool:
 
 @pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available yet")
 def test_launcher_publishes_address_only_once_listening_and_forwards_sigterm(tmp_path) -> None:
-    env = dict(os.environ, SLURM_PROCID="3", OMP_NUM_THREADS="1")
-    secret = write_secret_file(tmp_path / "secret", "0123456789abcdef")
+    # HOME points at tmp_path so "~/secret" exercises the expansion SkyPilot's run step relies on.
+    env = dict(os.environ, SLURM_PROCID="3", OMP_NUM_THREADS="1", HOME=str(tmp_path))
+    write_secret_file(tmp_path / "secret", "0123456789abcdef")
     proc = subprocess.Popen(
         launcher_command(sys.executable, ["--address-dir", str(tmp_path), "--interface", "lo",
-                                          "--secret-file", str(secret)]),
+                                          "--secret-file", "~/secret"]),
         env=env, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # the worker's own output may come first

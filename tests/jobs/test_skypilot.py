@@ -31,8 +31,8 @@ def _spec(**kw) -> SkyPilotSpec:
 def test_task_has_one_node_per_host_and_opens_the_worker_port() -> None:
     task = build_task(_spec(gpus_per_host=8, accelerator="MI300X", cloud="kubernetes", use_spot=True))
     assert task["name"] == "regent-1234abcd" and task["num_nodes"] == 4
-    assert task["resources"] == {"ports": [26600], "accelerators": "MI300X:8", "cloud": "kubernetes",
-                                 "use_spot": True}
+    assert task["resources"] == {"accelerators": "MI300X:8", "cloud": "kubernetes", "use_spot": True}
+    assert build_task(_spec(open_port=True))["resources"]["ports"] == [26600]  # public only when asked
     assert task["file_mounts"] == {REMOTE_SECRET: "/tmp/regent-sky/secret"}
     assert f"chmod 600 {REMOTE_SECRET}" in task["setup"]
     assert "pip install regent-ml" in task["setup"]

@@ -484,7 +484,7 @@ def launch_worker(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default=None, help="address to serve on (default: first of hostname -I)")
     parser.add_argument("--interface", default=None, help="serve on this network interface's address")
     parser.add_argument("--port", type=int, default=0, help="base port; 0 = any free port")
-    parser.add_argument("--secret-file", default=None, help="file holding the job secret")
+    parser.add_argument("--secret-file", default=None, help="file holding the job secret (~ is expanded)")
     parser.add_argument("--listen-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
 
@@ -496,6 +496,7 @@ def launch_worker(argv: Sequence[str] | None = None) -> int:
     if rank_text is None:
         return fail(f"${args.rank_env} is not set; is this running under the scheduler?", 2)
     rank = int(rank_text)
+    secret_file = os.path.expanduser(args.secret_file) if args.secret_file else None
     local_rank = int(os.environ.get(args.local_rank_env, "0")) if args.local_rank_env else 0
     try:
         host = args.host or (interface_ip(args.interface) if args.interface else detect_host_ip())
@@ -520,7 +521,7 @@ def launch_worker(argv: Sequence[str] | None = None) -> int:
     for attempt in range(1, attempts + 1):
         port = args.port + local_rank if args.port else pick_free_port(host)
         address = format_address(host, port)
-        child = subprocess.Popen(worker_command(address, args.secret_file))
+        child = subprocess.Popen(worker_command(address, secret_file))
         while not is_listening(host, port) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if child.poll() is None and is_listening(host, port):

@@ -75,13 +75,18 @@ class SkyPilotSpec:
     file_mounts: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     secret_path: str = ""
+    # SkyPilot's `ports` opens the port to the internet; nodes of one cluster reach each other without it,
+    # and the controller must be on the cluster's network anyway (it dials private IPs).
+    open_port: bool = False
 
 
 def build_task(spec: SkyPilotSpec) -> dict[str, Any]:
     """The SkyPilot task as a dict (the YAML's structure). Pure; the secret itself is never in it."""
     if spec.hosts < 1:
         raise ValueError("hosts must be >= 1")
-    resources: dict[str, Any] = {"ports": [spec.port]}
+    resources: dict[str, Any] = {}
+    if spec.open_port:
+        resources["ports"] = [spec.port]
     if spec.gpus_per_host:
         accelerator = spec.accelerator or "H100"
         resources["accelerators"] = f"{accelerator}:{spec.gpus_per_host}"
@@ -147,7 +152,9 @@ class SkyPilotJob(Job):
     Options: `accelerator` ("H100", "MI300X", ...), `cloud`, `region`, `instance_type`, `image_id`,
     `use_spot`, `cpus`, `memory`, `disk_size`, `python`, `setup` (shell lines that install regent; default
     `pip install regent-ml`), `workdir`, `file_mounts`, `env`, `port`, `idle_minutes_to_autostop`,
-    `launch_timeout` (seconds for `sky launch`), `sky` (the CLI executable)."""
+    `launch_timeout` (seconds for `sky launch`), `open_port` (expose the worker port publicly; off by
+    default: the workers authenticate every connection, but there is no reason to invite the internet),
+    `sky` (the CLI executable)."""
 
     backend = "skypilot"
 
@@ -175,6 +182,7 @@ class SkyPilotJob(Job):
         port: int = DEFAULT_PORT,
         idle_minutes_to_autostop: int | None = None,
         launch_timeout: float = 3600.0,
+        open_port: bool = False,
         sky: str = "sky",
     ) -> None:
         super().__init__(
@@ -182,7 +190,8 @@ class SkyPilotJob(Job):
             region=region, instance_type=instance_type, image_id=image_id, use_spot=use_spot, cpus=cpus,
             memory=memory, disk_size=disk_size, python=python, setup=tuple(setup), workdir=workdir,
             file_mounts=dict(file_mounts or {}), env=dict(env or {}), port=port,
-            idle_minutes_to_autostop=idle_minutes_to_autostop, launch_timeout=launch_timeout, sky=sky,
+            idle_minutes_to_autostop=idle_minutes_to_autostop, launch_timeout=launch_timeout, open_port=open_port,
+            sky=sky,
         )
         self.cluster = self.unique_name
         self._sky = sky
@@ -198,7 +207,7 @@ class SkyPilotJob(Job):
             cloud=cloud, region=region, instance_type=instance_type, image_id=image_id, use_spot=use_spot,
             cpus=cpus, memory=memory, disk_size=disk_size, python=python, setup=tuple(setup), workdir=workdir,
             file_mounts=dict(file_mounts or {}), env=dict(env or {}),
-            secret_path=str(self._local_dir / "secret"),
+            secret_path=str(self._local_dir / "secret"), open_port=open_port,
         )
 
     def describe(self) -> str:
