@@ -114,3 +114,13 @@ def test_a_failed_background_launch_is_reported_and_leaves_no_secret_copy() -> N
     finally:
         job.kill()
     assert not job.is_alive()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_setup_and_run_are_valid_bash() -> None:
+    import subprocess
+
+    task = build_task(_spec(setup=("pip install 'regent-ml[k8s]'",), env={"A": "b c"}))
+    for script in (task["setup"], task["run"]):
+        proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
