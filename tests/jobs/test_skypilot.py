@@ -124,3 +124,43 @@ def test_setup_and_run_are_valid_bash() -> None:
     for script in (task["setup"], task["run"]):
         proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
+
+
+def _worker_available() -> bool:
+    try:
+        import regent.actor.commands  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _worker_available() or shutil.which("bash") is None,
+                    reason="needs bash and regent worker (regent.actor.commands)")
+def test_run_step_serves_a_worker_as_it_would_on_a_node(tmp_path: Path) -> None:
+    """Run the generated run step with the variables SkyPilot sets on node 1 of 2 (no cloud needed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from regent.jobs.base import is_listening, pick_free_port, write_secret_file
+
+    port = pick_free_port("127.0.0.1")
+    task = build_task(_spec(hosts=2, port=port, python=sys.executable))
+    write_secret_file(tmp_path / ".regent" / "job-secret", "00ff00ff")
+    env = dict(os.environ, HOME=str(tmp_path), SKYPILOT_NODE_RANK="1", SKYPILOT_NODE_IPS="10.9.9.9\n127.0.0.1",
+               OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(["bash", "-c", task["run"]], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        while line and ADDRESS_MARKER not in line:
+            line = proc.stdout.readline()
+        assert parse_address_markers(line) == {1: f"tcp://127.0.0.1:{port}"}
+        assert is_listening("127.0.0.1", port)
+        proc.send_signal(signal.SIGTERM)  # what `sky down` delivers; exec made bash the launcher itself
+        proc.wait(timeout=30)
+        assert not is_listening("127.0.0.1", port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

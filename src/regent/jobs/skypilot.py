@@ -13,8 +13,9 @@ Python API, which changes between releases:
 
 The controller must reach the nodes' private IPs (same VPC or network), as with Monarch's SkyPilot example.
 
-Testing: `build_task_yaml`, the status parser and the log parser are unit-tested. SkyPilot and cloud
-credentials are not available here, so the live `sky launch/logs/status/down` path is untested.
+Testing: `build_task_yaml`, the status parser and the log parser are unit-tested, and the generated run
+step is executed locally with the variables SkyPilot sets on a node (it serves a real worker). SkyPilot
+and cloud credentials are not available here, so `sky launch/logs/status/down` themselves are untested.
 """
 
 from __future__ import annotations
