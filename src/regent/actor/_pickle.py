@@ -9,6 +9,7 @@ by this module: tensors are recognised only when the user's program already impo
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import sys
@@ -63,6 +64,24 @@ def _tensor_reduction(obj: Any) -> tuple | None:
     )
 
 
+_tables: dict[int, dict] = {}
+
+
+def _reduce_tensor(obj: Any) -> Any:
+    reduction = _tensor_reduction(obj)
+    return reduction if reduction is not None else obj.__reduce_ex__(5)
+
+
+def _dispatch_table(torch: Any) -> dict:
+    table = _tables.get(id(torch))
+    if table is None:
+        table = dict(copyreg.dispatch_table)
+        table[torch.Tensor] = _reduce_tensor
+        table[torch.nn.Parameter] = _reduce_tensor
+        _tables[id(torch)] = table
+    return table
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle (functions and classes by value when needed) plus out-of-band CPU tensors."""
 
@@ -85,12 +104,20 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         return False
 
     # Fast path: the C pickler (several times cheaper than cloudpickle per call). Anything it would get
-    # wrong goes the slow way: objects it cannot pickle by reference (lambdas, local classes) raise,
-    # references into __main__ (which the receiver does not have) and tensors pickled by torch's own
-    # reducer (copied in band) are spotted in the output.
+    # wrong goes the slow way: objects it cannot pickle by reference (lambdas, local classes) raise, and
+    # references into __main__ (which the receiver does not have) are spotted in the output. Once torch
+    # is imported, a dispatch table sends tensors out of band (looked up by exact type, in C).
     try:
-        data = pickle.dumps(obj, 5, buffer_callback=keep)
-        if b"__main__" not in data and b"torch" not in data:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            data = pickle.dumps(obj, 5, buffer_callback=keep)
+        else:
+            stream = io.BytesIO()
+            pickler = pickle.Pickler(stream, protocol=5, buffer_callback=keep)
+            pickler.dispatch_table = _dispatch_table(torch)
+            pickler.dump(obj)
+            data = stream.getvalue()
+        if b"__main__" not in data:
             return data, buffers
     except Exception:  # noqa: BLE001 - any failure: let cloudpickle try (it raises a clear error)
         pass
