@@ -300,12 +300,29 @@ class ReplicatedGroup:
         """Blocking point-to-point receive into `tensors` (in place); raises after `timeout`."""
         self._p2p("recv", tensors, src, tag)
 
+    def send_many(self, tensors: list[torch.Tensor], dst: int, first_tag: int = 0) -> None:
+        """Send each tensor as its own message (tags first_tag, first_tag+1, ...), all issued before any is
+        waited for; raises after `timeout` for the whole batch. On NCCL a host round-trip per message costs
+        about a millisecond, more than moving a small tensor, so a state of hundreds of tensors goes as one
+        batch (the receiver posts `recv_many` with the same tensors' shapes in the same order)."""
+        self._p2p_batch("send", [[t] for t in tensors], dst, first_tag)
+
+    def recv_many(self, tensors: list[torch.Tensor], src: int, first_tag: int = 0) -> None:
+        """Receive into each tensor in place, in order (the counterpart of `send_many`)."""
+        self._p2p_batch("recv", [[t] for t in tensors], src, first_tag)
+
     def _p2p(self, what: str, tensors: list[torch.Tensor], peer: int, tag: int) -> None:
+        self._p2p_batch(what, [tensors], peer, tag)
+
+    def _p2p_batch(self, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> None:
         pg, generation = self._current()
+        deadline = time.monotonic() + self.timeout
         try:
-            work = getattr(pg, what)(tensors, peer, tag)
-            if not work.wait(datetime.timedelta(seconds=self.timeout)):
-                raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+            works = [getattr(pg, what)(tensors, peer, first_tag + i) for i, tensors in enumerate(batch)]
+            for work in works:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
+                    raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
             if self.backend == "nccl":
                 torch.cuda.current_stream().synchronize()
         except Exception as err:

@@ -208,7 +208,8 @@ class CheckpointTransport(Protocol):
 class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
-    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then each tensor raw.
+    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then each tensor raw
+    (one message per non-empty tensor, issued as one batch: no host round-trip between tensors).
     The receiver checks the step before receiving any tensor and refuses a stale one.
     """
 
@@ -227,9 +228,7 @@ class GroupTransport:
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
-            for i, t in enumerate(staged):
-                if t.numel():
-                    self._group.send([_as_bytes(t)], dst, tag=3 + i)
+            self._group.send_many([_as_bytes(t) for t in staged if t.numel()], dst, first_tag=3)
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
@@ -247,9 +246,7 @@ class GroupTransport:
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
         targets = _targets(meta, into, device, same_device=True)
-        for i, t in enumerate(targets):
-            if t.numel():
-                self._group.recv([_as_bytes(t)], src_rank, tag=3 + i)
+        self._group.recv_many([_as_bytes(t) for t in targets if t.numel()], src_rank, first_tag=3)
         return unflatten_state(meta, targets)
 
     def shutdown(self) -> None:
