@@ -66,13 +66,13 @@ def _environ(pid: int) -> dict[str, str]:
 def _wait_gone(job: SlurmJob, addresses: list[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = job.state()
+        state = job.scheduler_state()
         if (state is None or state[0] not in ("RUNNING", "COMPLETING", "PENDING")) and not any(
             _worker_pids(a) for a in addresses
         ):
             return
         time.sleep(0.5)
-    raise AssertionError(f"{job.describe()} still has workers after scancel: state {job.state()}")
+    raise AssertionError(f"{job.describe()} still has workers after scancel: state {job.scheduler_state()}")
 
 
 def _job(tmp_path: Path, **kw) -> SlurmJob:
@@ -102,7 +102,7 @@ def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatc
             env = _environ(pids[0])
             assert env.get("SLURM_JOB_ID") == job.job_id  # it really runs inside the allocation
             assert SECRET_ENV not in env  # the secret reached it by file only
-        assert job.state()[0] == "RUNNING"
+        assert job.scheduler_state()[0] == "RUNNING"
         squeue = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%j"], capture_output=True, text=True)
         assert squeue.stdout.strip() == job.unique_name
 
@@ -139,6 +139,8 @@ def _call_an_actor_on(job: SlurmJob) -> None:
             return os.environ.get("SLURM_JOB_ID")
 
     hosts = job.host_mesh(timeout=180)
+    assert job.host_mesh() is hosts and job.state().hosts is hosts  # attached once, Monarch-style state()
+    assert hosts.extent["hosts"] == 2
     procs = hosts.spawn_procs(per_host={"procs": 1})
     try:
         where = procs.spawn("where", WhereAmI)
@@ -169,9 +171,9 @@ def test_a_pending_job_times_out_naming_the_reason(tmp_path: Path) -> None:
     finally:
         job.kill()
     deadline = time.monotonic() + 30
-    while job.state() is not None and job.state()[0] == "PENDING" and time.monotonic() < deadline:
+    while job.scheduler_state() is not None and job.scheduler_state()[0] == "PENDING" and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert job.state() is None or job.state()[0] == "CANCELLED"
+    assert job.scheduler_state() is None or job.scheduler_state()[0] == "CANCELLED"
 
 
 def test_sbatch_rejection_is_a_job_error(tmp_path: Path) -> None:

@@ -126,3 +126,5 @@ def test_unstarted_job_is_not_alive_and_kill_is_idempotent(tmp_path) -> None:
     job.kill()
     with pytest.raises(JobError, match="was killed; call renew"):
         job.start()
+    with pytest.raises(JobError, match="was killed; call renew"):
+        job.host_mesh()

@@ -21,6 +21,8 @@ Lifecycle and failure rules (the contract every backend follows):
   "SLURM job 42 still PENDING: Resources") and where the logs are.
 - `kill()` releases everything the job created; calling it again, or on a job that never started, is fine.
 - `is_alive()` is False once the scheduler says the allocation ended, or after `kill()`.
+- `host_mesh(timeout)` = start if needed + `worker_addresses` + `attach_to_workers`, cached per job.
+  `apply()` and `state().hosts` are the same in Monarch's vocabulary.
 - `renew()` kills this allocation and returns a new, started job of the same shape and options. The new
   job keeps the same secret, so a controller that already trusts it needs no new configuration.
 - When the controller process exits, allocations it started and did not kill are released (atexit), unless
@@ -187,6 +189,22 @@ def format_address(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+class JobState:
+    """Host meshes of a job by name (`state.hosts` or `state["hosts"]`), as Monarch's JobState."""
+
+    def __init__(self, meshes: dict[str, Any]) -> None:
+        self._meshes = dict(meshes)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_meshes"][name]
+        except KeyError:
+            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self._meshes)}") from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._meshes[name]
+
+
 class Job(ABC):
     """One allocation of `hosts` hosts, each serving one `regent worker`. See the module docstring."""
 
@@ -221,6 +239,7 @@ class Job(ABC):
         #: Kill the allocation when the controller exits (normally or by an exception), so an abandoned
         #: run does not hold nodes until the scheduler's time limit. Set False to keep it running.
         self.kill_on_exit = True
+        self._host_mesh: Any = None
 
     # --- the contract -------------------------------------------------------------------------------
     @abstractmethod
@@ -240,7 +259,13 @@ class Job(ABC):
         """True while the allocation is pending or running and `kill()` has not been called."""
 
     def host_mesh(self, timeout: float = 600.0) -> Any:
-        """Wait for the workers and attach to them: a HostMesh with extent {"hosts": self.hosts}."""
+        """Wait for the workers and attach to them: a HostMesh with extent {"hosts": self.hosts}.
+
+        Starts the job if needed. The mesh is cached: calling again returns the same HostMesh."""
+        if self._killed:
+            raise JobError(f"{self.describe()} was killed; call renew() for a fresh allocation")
+        if self._host_mesh is not None:
+            return self._host_mesh
         if not self._started:
             self.start()
         addresses = self.worker_addresses(timeout)
@@ -250,7 +275,17 @@ class Job(ABC):
             raise JobError(
                 f"cannot attach to {self.describe()}: regent.actor.attach_to_workers is unavailable ({exc})"
             ) from exc
-        return _call_attach(attach_to_workers, addresses, self.secret, self.name)
+        self._host_mesh = _call_attach(attach_to_workers, addresses, self.secret, self.name)
+        return self._host_mesh
+
+    # Monarch's job vocabulary, so code written against `monarch.job` / `regent.jobs.local` reads the same.
+    def apply(self) -> None:
+        """Monarch's name for start()."""
+        self.start()
+
+    def state(self, cached_path: str | None = None) -> JobState:
+        """Monarch-style: start if needed, wait, and return the meshes by name (`state.hosts`)."""
+        return JobState({"hosts": self.host_mesh()})
 
     def renew(self) -> Job:
         """Kill this allocation and return a fresh, started one of the same shape (same options, secret)."""

@@ -272,7 +272,7 @@ class SlurmJob(Job):
         self._mark_started()
         logger.info("submitted %s for %d hosts; logs in %s", self.describe(), self.hosts, self.log_path)
 
-    def state(self) -> tuple[str, str] | None:
+    def scheduler_state(self) -> tuple[str, str] | None:
         """(state, reason) as squeue reports it, or None once SLURM has forgotten the job."""
         if self.job_id is None:
             return None
@@ -286,7 +286,7 @@ class SlurmJob(Job):
     def is_alive(self) -> bool:
         if not self._started or self._killed:
             return False
-        current = self.state()
+        current = self.scheduler_state()
         return current is not None and current[0] in ALIVE_STATES
 
     def worker_addresses(self, timeout: float) -> list[str]:
@@ -300,7 +300,7 @@ class SlurmJob(Job):
             if len(found) == self.hosts:
                 return [found[rank] for rank in range(self.hosts)]
             try:
-                current = self.state()
+                current = self.scheduler_state()
             except JobError as exc:  # a busy slurmctld times out now and then; keep waiting
                 logger.warning("%s", exc)
                 squeue_error[:] = [str(exc)]
