@@ -63,6 +63,7 @@ _LAZY = {
     "JobError": "regent.jobs.base",
     "JobFailedError": "regent.jobs.base",
     "JobTimeoutError": "regent.jobs.base",
+    "JobState": "regent.jobs.base",
     "SlurmJob": "regent.jobs.slurm",
     "KubernetesJob": "regent.jobs.kubernetes",
     "SkyPilotJob": "regent.jobs.skypilot",
