@@ -388,3 +388,27 @@ def test_actor_log_records_carry_actor_prefix(capfd, counter):
         time.sleep(0.05)
     line = next(line for line in seen.splitlines() if "log-marker" in line)
     assert "gpus=1]" in line and "[actor=<root>.<test_actor_adverbs.Counter counter{'gpus': 1/2}>]" in line
+
+
+class MeshUser(Actor):
+    @endpoint
+    async def use(self, mesh) -> int:
+        return await mesh.value.call_one()
+
+
+class MeshMaker(Actor):
+    @endpoint
+    async def spawn_and_share(self, user) -> int:
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        mesh = pm.spawn("inner", Counter, 5)
+        try:
+            # passed on before its proc is even up: the receiver asks us for the address
+            return await user.use.call_one(mesh)
+        finally:
+            await pm.stop()
+
+
+def test_mesh_passed_before_its_procs_are_up(procs):
+    user = procs.slice(gpus=1).spawn("mesh_user", MeshUser)
+    maker = procs.slice(gpus=0).spawn("mesh_maker", MeshMaker)
+    assert maker.spawn_and_share.call_one(user).get(timeout=TIMEOUT) == 5

@@ -283,43 +283,37 @@ class ActorMesh(MeshTrait, Generic[R]):
         ref = self._ref
         rt = get_runtime()
         infos = {pid: rt.directory.get(pid) for pid in set(ref.rank_procs)}
-        if any(v is None for v in infos.values()):
-            infos = _wait_for_infos(rt, ref.rank_procs)
         return (
             _rebuild_actor_mesh,
             (ref.mesh_id, ref.name, ref.cls, ref.extent.labels, ref.extent.sizes, ref.rank_procs, infos,
-             ref.owner, self._shape),
+             ref.owner, self._shape, rt.info),
         )
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._ref.name} {self._ref.cls.__qualname__} {self._shape.extent}>"
 
 
-def _wait_for_infos(rt: Runtime, proc_ids: list[str], timeout: float = 60.0) -> dict:
-    """Addresses of procs still being spawned: wait (off the loop thread) until they are known."""
-    import time
+def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None) -> None:
+    """Addresses that came with a mesh reference; unknown ones (procs still starting) are asked of
+    `referrer`, the process that pickled the reference, when first needed."""
 
-    if rt.on_loop_thread():
-        missing = [p for p in proc_ids if p not in rt.directory]
-        raise RuntimeError(
-            f"cannot pass a mesh whose procs {missing[:3]} are still starting from async code; "
-            "`await proc_mesh.initialized` first"
-        )
-    deadline = time.monotonic() + timeout
-    while True:
-        infos = {pid: rt.directory.get(pid) for pid in set(proc_ids)}
-        if all(v is not None for v in infos.values()):
-            return infos
-        if time.monotonic() > deadline:
-            raise TimeoutError("procs of the mesh did not start in time; it cannot be pickled")
-        time.sleep(0.01)
+    def on_loop() -> None:
+        if referrer is not None and referrer["id"] != rt.proc_id:
+            rt.directory.setdefault(referrer["id"], referrer)
+        for pid, info in infos.items():
+            if info is not None:
+                if pid not in rt.directory:
+                    rt.learn(pid, info)
+            elif referrer is not None and pid not in rt.directory:
+                rt.ask_via.setdefault(pid, referrer["id"])
+
+    rt.run_on_loop(on_loop)
 
 
-def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, owner, shape) -> ActorMesh:
+def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, owner, shape,
+                        referrer=None) -> ActorMesh:
     rt = get_runtime()
-    for pid, info in infos.items():
-        if info is not None:
-            rt.directory.setdefault(pid, info)
+    learn_addresses(rt, infos, referrer)
     ref = actor_mesh_refs.get((id(rt), mesh_id))
     if ref is None:
         state = MeshState(mesh_id, name, "actor", list(rank_procs), None)
@@ -534,15 +528,16 @@ class Port(Generic[R]):
 
     def __reduce__(self):
         rt = get_runtime()
-        return (_rebuild_port, (self._proc_id, self._port_id, self._index, rt.directory.get(self._proc_id)))
+        return (_rebuild_port, (self._proc_id, self._port_id, self._index, rt.directory.get(self._proc_id),
+                                rt.info))
 
     def __repr__(self) -> str:
         return f"<Port {self._proc_id}:{self._port_id}>"
 
 
-def _rebuild_port(proc_id: str, port_id: int, index: int | None, info: dict | None) -> Port:
-    if info is not None:
-        get_runtime().directory.setdefault(proc_id, info)
+def _rebuild_port(proc_id: str, port_id: int, index: int | None, info: dict | None,
+                  referrer: dict | None = None) -> Port:
+    learn_addresses(get_runtime(), {proc_id: info}, referrer)
     return Port(proc_id, port_id, index)
 
 

@@ -183,7 +183,7 @@ class LocalSpawner:
             raise RuntimeError(str(value))
         info = dict(rt.directory.get(old_pid) or rt.directory.get(new_pid) or {})
         info["id"] = new_pid
-        rt.directory[new_pid] = info
+        rt.learn(new_pid, info)
 
     async def spawn(self, specs: list[dict], bootstrap: bytes, on_exit: Callable, on_output: Callable,
                     release: bool) -> list[dict]:
@@ -454,8 +454,8 @@ class HostMesh(MeshTrait):
                 raise ActorError(*value)
             raise RuntimeError(str(value))
         for spec, info in zip(specs, value):
-            rt.directory[spec["pid"]] = info
             rt.held.discard(spec["pid"])
+            rt.learn(spec["pid"], info)
             rt._dial(spec["pid"])
             self._state.agent_pids.setdefault(host_rank, agent)
             rt.remote_procs[spec["pid"]] = agent
@@ -635,12 +635,8 @@ class ProcMesh(MeshTrait):
         st = self._state
         rt = get_runtime()
         infos = {pid: rt.directory.get(pid) for pid in st.proc_ids}
-        if any(v is None for v in infos.values()) and not st.is_self:
-            from regent.actor._mesh import _wait_for_infos
-
-            infos = _wait_for_infos(rt, st.proc_ids)
         return (_rebuild_proc_mesh, (st.mesh_id, st.name, st.extent.labels, st.extent.sizes, st.proc_ids, infos,
-                                     self._shape, st.host if st.host is not None else None))
+                                     self._shape, st.host if st.host is not None else None, rt.info))
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -652,11 +648,11 @@ class ProcMesh(MeshTrait):
         return f"<ProcMesh {self._state.name} {self._shape.extent}>"
 
 
-def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, host) -> ProcMesh:
+def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, host, referrer=None) -> ProcMesh:
+    from regent.actor._mesh import learn_addresses
+
     rt = get_runtime()
-    for pid, info in infos.items():
-        if info is not None:
-            rt.directory.setdefault(pid, info)
+    learn_addresses(rt, infos, referrer)
     state = ProcMeshState(mesh_id, name, Extent(labels, sizes), list(proc_ids), "", host)
     state.owned = False
     state.initialized._set_result(None)

@@ -174,6 +174,9 @@ class Runtime:
         self.queued: dict[str, list[tuple[bytes, Any, list]]] = {}
         self.dialing: set[str] = set()
         self.held: set[str] = set()
+        self.where_waiters: dict[str, list[tuple]] = {}  # proc id -> replies waiting for its address
+        self.ask_via: dict[str, str] = {}  # proc id -> process to ask for its address
+        self.asking: set[str] = set()
         self.hello_waiters: dict[str, asyncio.Future] = {}
         self.connections: set[Connection] = set()
         self.ports: dict[int, Any] = {}
@@ -379,15 +382,65 @@ class Runtime:
     def _register_handlers(self) -> None:
         self.handlers.update(
             hello=self._h_hello,
+            whereis=self._h_whereis,
             r=self._h_reply,
             bye=self._h_bye,
         )
+
+    def learn(self, proc_id: str, info: dict) -> None:
+        """Record a process's address and answer whoever asked for it ("whereis")."""
+        self.directory[proc_id] = info
+        for reply in self.where_waiters.pop(proc_id, []):
+            self.send_reply(reply, OK, info)
+        if proc_id in self.queued and proc_id not in self.held and proc_id not in self.routes:
+            self._dial(proc_id)
+
+    def _h_whereis(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
+        _, proc_id, reply = msg
+        info = self.directory.get(proc_id)
+        if info is not None and proc_id not in self.held:
+            self.send_reply(reply, OK, info)
+        elif proc_id in self.dead:
+            self.send_reply(reply, OK, None)
+        else:
+            self.where_waiters.setdefault(proc_id, []).append(reply)
+            self.loop.call_later(config.spawn_timeout, self._whereis_timeout, proc_id, reply)
+
+    def _whereis_timeout(self, proc_id: str, reply: tuple) -> None:
+        waiters = self.where_waiters.get(proc_id, [])
+        if reply in waiters:
+            waiters.remove(reply)
+            self.send_reply(reply, OK, None)
+
+    def _ask_where(self, proc_id: str) -> None:
+        """We hold a reference to a proc whose address we do not know: ask the process that gave it to us."""
+        via = self.ask_via.get(proc_id)
+        if via is None or proc_id in self.asking:
+            return
+        self.asking.add(proc_id)
+        rt = self
+
+        class _Answer:
+            def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+                from regent.actor._pickle import loads
+
+                rt.drop_port(port)
+                rt.asking.discard(proc_id)
+                info = loads(body, buffers) if status == OK else None
+                if info is None:
+                    rt.proc_gone(proc_id, f"no address known for process {proc_id}")
+                else:
+                    rt.learn(proc_id, info)
+
+        port = self.new_port(_Answer())
+        self.send(via, ("whereis", proc_id, (self.proc_id, port, 0)))
 
     def _h_hello(self, conn: Connection, msg: tuple, body: Any, buffers: list) -> None:
         info = msg[1]
         peer = info["id"]
         conn.peer = peer
-        self.directory.setdefault(peer, info)
+        if peer not in self.directory:
+            self.learn(peer, info)
         if peer in self.hello_waiters:
             waiter = self.hello_waiters.pop(peer)
             if not waiter.done():
@@ -405,6 +458,10 @@ class Runtime:
     def release(self, proc_id: str, conn: Connection | None) -> None:
         """Make a held (still configuring) proc routable and send what was queued for it."""
         self.held.discard(proc_id)
+        info = self.directory.get(proc_id)
+        if info is not None:
+            for reply in self.where_waiters.pop(proc_id, []):
+                self.send_reply(reply, OK, info)
         if conn is not None and not conn.closed:
             self.routes[proc_id] = conn
         self._flush_queue(proc_id)
@@ -458,7 +515,7 @@ class Runtime:
             return
         info = self.directory.get(proc_id)
         if info is None:
-            logger.debug("no address yet for %s; queueing", proc_id)
+            self._ask_where(proc_id)
             return
         self.dialing.add(proc_id)
         self.loop.create_task(self._dial_task(proc_id, info))
