@@ -285,3 +285,61 @@ def test_default_fault_hook_exits_with_code_1(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "nobody handles this" in proc.stderr
     assert "ATEXIT-RAN" in proc.stdout and "NOT-REACHED" not in proc.stdout
+
+
+class SyncOwner(Actor):
+    def __init__(self):
+        self.seen = []
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1})
+        self.child = self.procs.spawn("sync_child", Worker)
+
+    def __supervise__(self, failure):
+        self.seen.append(failure.report())
+        return True
+
+    @endpoint
+    def child_pid(self) -> int:
+        return self.child.pid.call_one().get(timeout=TIMEOUT)
+
+    @endpoint
+    def seen_failures(self) -> list:
+        return self.seen
+
+
+def test_sync_owner_supervise(faults):
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = pm.spawn("sync_owner", SyncOwner)
+        os.kill(owner.child_pid.call_one().get(timeout=TIMEOUT), signal.SIGKILL)
+        assert wait_for(lambda: owner.seen_failures.call_one().get(timeout=TIMEOUT))
+        assert "Killed(sig=9)" in owner.seen_failures.call_one().get(timeout=TIMEOUT)[0]
+        assert faults == []
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+
+
+class BrokenController(Actor):
+    def __init__(self):
+        raise RuntimeError("controller cannot start")
+
+    @endpoint
+    def hello(self) -> str:
+        return "hi"
+
+
+def test_failed_controller_is_reported_on_next_lookup(faults):
+    from regent.actor import get_or_spawn_controller
+
+    ctl = get_or_spawn_controller("broken_ctl", BrokenController).get(timeout=TIMEOUT)
+    with pytest.raises(SupervisionError):
+        ctl.hello.call_one().get(timeout=TIMEOUT)
+
+    def failed():
+        try:
+            get_or_spawn_controller("broken_ctl", BrokenController).get(timeout=TIMEOUT)
+        except ValueError as exc:
+            return "Failure on broken_ctl" in str(exc) and "controller cannot start" in str(exc)
+        return False
+
+    assert wait_for(failed)
+    assert faults == []
