@@ -1,11 +1,63 @@
 """regent.actor: a single-controller actor runtime with Monarch's API (`from regent.actor import ...`).
 
-One program (the controller) spawns processes (`this_host().spawn_procs(...)`), starts actors on them
-(`procs.spawn(name, Cls, ...)`) and talks to them through endpoint adverbs (`call`, `call_one`, `choose`,
-`stream`, `broadcast`). Failures are supervised: the creator of a mesh (its owner) gets `__supervise__`
-calls; on the client, unhandled ones go to `regent.actor.unhandled_fault_hook`.
+One program (the controller) starts processes, starts actors on them, and talks to them:
 
-Regent extensions: `spawn_procs(env=...)`, `HostMesh.keep_warm(n, preload)`, `SupervisionError` exported.
+    procs = this_host().spawn_procs(per_host={"gpus": 2})       # returns at once
+    acc = procs.spawn("acc", Accum, 10)                         # __init__ runs in the background
+    acc.add.broadcast(1)                                        # fire-and-forget, FIFO per sender
+    print(acc.add.call(5).get().values())                       # Future[ValueMesh]
+    procs.stop().get()
+
+Processes. Every process (controller, proc, `regent worker`) runs one asyncio loop (uvloop when installed)
+and talks to its peers over direct connections: Unix sockets on one machine, TCP across machines.
+Listeners bind to loopback unless REGENT_LISTEN_HOST (or a worker's --address) says otherwise. Every
+connection first proves knowledge of the job secret (HMAC challenge, both directions) before anything is
+unpickled. The controller makes the secret (or takes REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) and
+hands it to children through the environment; `regent worker --secret-file F` reads it from a file.
+Frames larger than REGENT_MAX_FRAME_BYTES (10 GiB) are refused by the sender (ValueError) and the
+receiver (connection closed, error logged, process carries on). Arguments are pickled once per call
+(C pickler, cloudpickle for lambdas and `__main__` code); NumPy arrays and CPU torch tensors of 64 KiB or
+more travel out of band (written from their memory, read into their own buffer). Do not modify a tensor
+passed to `broadcast` until the receiver has used it.
+
+Hosts. `this_host()` is this machine (no dimensions): procs become children of the calling process.
+`attach_to_workers(["tcp://h:p", ...])` (or `regent.jobs.local.ProcessJob(hosts=N).host_mesh()`) gives
+`{"hosts": N}`; procs then start under those `regent worker` processes, which report their exit status
+and forward their output. `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={...})`:
+- proc i of a host gets its accelerator pinned with `regent.platform.child_visibility_env(i)`;
+- `env` (Regent extension) is set before anything is imported;
+- `bootstrap` runs in every proc before any actor (`current_rank()` works there); if it raises,
+  `proc_mesh.initialized` raises ActorError.
+Warm spares (Regent extension): `host_mesh.keep_warm(n, preload=["torch", ...])` keeps n idle procs per
+host that already imported `preload`; `spawn_procs` claims them (env and accelerator pinning are applied
+at claim, before any CUDA initialisation) and starts replacements in the background. `keep_warm(0)`
+ends them. Worker stdout/stderr reach the controller prefixed with `[<proc mesh name> gpus=i]`.
+
+Supervision (Monarch's rules). The owner of a mesh is the actor that created it (the client's root
+for meshes made outside actors); references and slices own nothing.
+- An `Exception` from an endpoint called with a reply port reaches the caller as `ActorError` (remote
+  traceback in `str()`); the actor lives on.
+- An exception with no reply port (`broadcast`, explicit-port endpoints), any `BaseException`, a failing
+  `__init__`, or the death of the process (SIGKILL, `os._exit`, SIGSEGV; report says e.g.
+  "Killed(sig=9)") kills the actor. Calls in flight and later calls raise `SupervisionError`, never hang.
+  Slices containing a failed rank are poisoned; other slices keep working.
+- The owner's `__supervise__(failure: MeshFailure)` runs (sync or async; one at a time per actor; not
+  called again for a mesh the owner has since stopped). Truthy: handled. Falsy/None or no
+  `__supervise__`: the owner fails too and its owner is told. `failure.mesh` is the failed mesh object
+  (Regent extension), `failure.report()` the text with the remote traceback.
+- On the client, unhandled failures go to `regent.actor.unhandled_fault_hook(failure)`, looked up at
+  fault time. The default prints the report and exits with code 1 (the main thread gets SystemExit(1),
+  atexit handlers run, owned procs are stopped).
+- `stop()` runs `__cleanup__(None)` (an error stop passes the exception), children's before the owner's.
+  `ProcMesh.stop()` never hangs: procs that do not exit within REGENT_STOP_TIMEOUT are killed.
+- Orphans: a proc whose owner process has been unreachable for REGENT_ORPHAN_TIMEOUT seconds (default
+  60, `config.configure(orphan_timeout=...)` before spawning) exits by itself.
+
+Futures: `get(timeout)` (TimeoutError leaves the future usable), `await fut` on any asyncio loop; results
+are cached. `get()` on the runtime's own loop (inside an async endpoint) raises instead of deadlocking:
+use `await` there. Sync actors run on a thread of their own, so `get()` inside them is fine.
+
+Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `bootstrap_command`.
 This package does not import torch.
 """
 
