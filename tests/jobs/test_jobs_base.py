@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -238,6 +239,30 @@ def test_launcher_publishes_address_only_once_listening_and_forwards_sigterm(tmp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not _worker_available() or not sys.platform.startswith("linux"),
+                    reason="needs regent worker and Linux (parent-death signal)")
+def test_worker_does_not_outlive_a_sigkilled_launcher(tmp_path) -> None:
+    env = dict(os.environ, SLURM_PROCID="0", OMP_NUM_THREADS="1")
+    write_secret_file(tmp_path / "secret", "0123456789abcdef")
+    proc = subprocess.Popen(
+        launcher_command(sys.executable, ["--address-dir", str(tmp_path), "--host", "127.0.0.1",
+                                          "--secret-file", str(tmp_path / "secret")]),
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith(ADDRESS_MARKER):
+            line = proc.stdout.readline()
+        port = int(line.rsplit(":", 1)[1])
+        assert is_listening("127.0.0.1", port)
+    finally:
+        proc.kill()  # SIGKILL: the launcher cannot forward anything
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while is_listening("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not is_listening("127.0.0.1", port)
 
 
 def test_attaching_with_a_secret_the_runtime_does_not_share_is_explained() -> None:

@@ -505,6 +505,16 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _die_with_parent() -> None:
+    """In the worker, before exec: ask Linux to SIGTERM it if the launcher dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 def launch_worker(argv: Sequence[str] | None = None) -> int:
     """Entry point run on each allocated host: start `regent worker`, publish its address once it listens.
 
@@ -556,7 +566,7 @@ def launch_worker(argv: Sequence[str] | None = None) -> int:
     for attempt in range(1, attempts + 1):
         port = args.port + local_rank if args.port else pick_free_port(host)
         address = format_address(host, port)
-        child = subprocess.Popen(worker_command(address, secret_file))
+        child = subprocess.Popen(worker_command(address, secret_file), preexec_fn=_die_with_parent)
         while not is_listening(host, port) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if child.poll() is None and is_listening(host, port):
