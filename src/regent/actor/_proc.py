@@ -388,7 +388,7 @@ class HostMesh(MeshTrait):
                 label = _label(name, Point(r, extent))
                 specs.append({
                     "pid": proc_ids[r],
-                    "env": dict(env or {}),
+                    "env": {**config.child_env(), **(env or {})},
                     "gpu_index": i if "gpus" in per_host else None,
                     "label": label,
                     "sys_path": [p for p in sys.path if p],
@@ -941,6 +941,9 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
         rt.directory.pop(old, None)
         rt.directory[new_pid] = rt.info
     os.environ.update(cfg.get("env") or {})
+    from regent.actor._config import RuntimeConfig
+
+    vars(config).update(vars(RuntimeConfig.from_env()))  # a claimed spare takes its owner's knobs
     sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
     rt.owner_proc_id = cfg["owner"]
     rt.root_info = cfg.get("root")
