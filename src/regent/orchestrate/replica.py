@@ -70,6 +70,8 @@ class ReplicaActor(Actor):
         """Spawn the first generation of trainers and start them training; returns the generation."""
         self.self_ref = self_ref
         self.host = this_host()
+        # Several replicas share this host: this replica's trainers must not land on another replica's GPUs.
+        os.environ.update(replica_gpu_env(self.index, self.cfg.procs_per_replica, dict(os.environ)))
         if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
             self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
         await self._start_attempt()
@@ -268,3 +270,34 @@ async def _as_awaitable(x: Any) -> Any:
     if hasattr(x, "__await__"):
         return await x
     return x
+
+
+def replica_gpu_env(replica_index: int, procs_per_replica: int, environ: dict[str, str],
+                    device_count: int | None = None) -> dict[str, str]:
+    """The visibility list that gives replica i of a shared host GPUs [i*G, (i+1)*G) of the host's GPUs.
+
+    The process spawner pins trainer g to entry g of its own process's visibility list
+    (`regent.platform.child_visibility_env`), so setting this list in the replica's process before spawning
+    is enough, for warm spares too. Without it every replica's rank g would use GPU g, and two replicas on
+    one GPU cannot build an NCCL group ("duplicate GPU"). Entries wrap around when replicas x G exceeds the
+    GPUs. Empty on CPU. ROCm builds honour CUDA_VISIBLE_DEVICES as HIP does.
+    """
+    from regent import platform
+
+    forced = environ.get(platform.PLATFORM_ENV, "").strip().lower()
+    if (forced or platform.torch_build_platform()) == "cpu":
+        return {}
+    names = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    name = next((n for n in names if environ.get(n, "").strip()), "CUDA_VISIBLE_DEVICES")
+    if environ.get(name, "").strip():
+        visible = [v.strip() for v in environ[name].split(",") if v.strip()]
+    else:
+        if device_count is None:
+            import torch
+
+            device_count = torch.cuda.device_count()
+        visible = [str(i) for i in range(device_count)]
+    if not visible:
+        return {}
+    chosen = [visible[(replica_index * procs_per_replica + g) % len(visible)] for g in range(procs_per_replica)]
+    return {name: ",".join(chosen)}
