@@ -70,9 +70,18 @@ def _time_steps(step, device, warmup: int, steps: int) -> tuple[float, list[dict
         step()
     _common.sync(device)
     start = time.perf_counter()
-    records = [step() for _ in range(steps)]
+    records = []
+    for _ in range(steps):
+        begin = time.perf_counter()
+        record = step()
+        record["outer_step_s"] = time.perf_counter() - begin  # the whole step, hooks and syncs included
+        records.append(record)
     _common.sync(device)
     return time.perf_counter() - start, records
+
+
+def _step_times(records: list[dict]) -> list[float]:
+    return [round(r["outer_step_s"], 4) for r in records]
 
 
 def _run_mode(mode: str, args: argparse.Namespace, rank: int, device, out_dir: str) -> dict:
@@ -92,14 +101,16 @@ def _run_mode(mode: str, args: argparse.Namespace, rank: int, device, out_dir: s
             elapsed, records = _time_steps(trainer.train_step, device, args.warmup, args.steps)
         finally:
             trainer.close()
-        return {"seconds": elapsed, "committed": sum(bool(r["committed"]) for r in records)}
+        return {"seconds": elapsed, "committed": sum(bool(r["committed"]) for r in records),
+                "step_times": _step_times(records)}
     if mode == "fsdp":
         trainer = Trainer(cfg, rank=rank, world_size=2, device=device)
         try:
             elapsed, records = _time_steps(trainer.train_step, device, args.warmup, args.steps)
         finally:
             trainer.close()
-        return {"seconds": elapsed, "committed": sum(bool(r["committed"]) for r in records)}
+        return {"seconds": elapsed, "committed": sum(bool(r["committed"]) for r in records),
+                "step_times": _step_times(records)}
 
     # Fault-tolerant modes: the real per-rank session the orchestrator drives.
     from regent.ft.config import FTConfig
@@ -116,12 +127,16 @@ def _run_mode(mode: str, args: argparse.Namespace, rank: int, device, out_dir: s
     dist.barrier()  # both replicas constructed before anyone asks for a quorum
     try:
         elapsed, records = _time_steps(session.step, device, args.warmup, args.steps)
-        digest = session.param_hash() if mode == "ft_step" or session.at_boundary() else None
+        extra = 0
+        while not session.at_boundary() and extra < args.sync_every:  # DiLoCo replicas agree only after a sync
+            session.step()
+            extra += 1
+        digest = session.param_hash()
     finally:
         session.close()
     heals = [d for k, d in events if k == "heal_done"]
     return {"seconds": elapsed, "committed": sum(bool(r.get("committed", True)) for r in records),
-            "param_hash": digest, "heals": heals, "quorums": sum(1 for k, _ in events if k == "quorum"),
+            "step_times": _step_times(records), "param_hash": digest, "heals": heals, "quorums": sum(1 for k, _ in events if k == "quorum"),
             "participants_last": records[-1].get("participants") if records else None}
 
 
@@ -180,13 +195,15 @@ def worker(args: argparse.Namespace) -> int:
             for base in ("ddp", "local", "fsdp"):
                 if rate(ft_mode) and rate(base):
                     summary[f"overhead_{ft_mode}_vs_{base}"] = 1 - rate(ft_mode) / rate(base)
-        _common.append_result(args.out, summary)
         for key, value in summary.items():
             if key.startswith("overhead_"):
                 print(f"{key}: {100 * value:+.2f}%", flush=True)
-        hashes = {r.get("param_hash") for r in results.get("ft_step", {}).get("ranks", []) or [] if r}
-        if hashes and None not in hashes:
-            print(f"ft_step replicas bit-identical at the end: {len(hashes) == 1}", flush=True)
+        for ft_mode in ("ft_step", "ft_diloco"):
+            hashes = {r.get("param_hash") for r in results.get(ft_mode, {}).get("ranks", []) or [] if r}
+            if hashes and None not in hashes:
+                summary[f"{ft_mode}_replicas_identical"] = len(hashes) == 1
+                print(f"{ft_mode}: replicas bit-identical at the end: {len(hashes) == 1}", flush=True)
+        _common.append_result(args.out, summary)
     dist.barrier()
     dist.destroy_process_group()
     return 0

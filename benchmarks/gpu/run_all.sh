@@ -47,7 +47,7 @@ for s in "$@"; do
               --batch-size "${SPEED_BATCH:-8}" --compile 1 --out "$OUT" ;;
     speed2) stage speed2 120 $PY $B/train_speed.py --model "$MODEL" --gpus 2 --steps 15 --warmup 3 \
               --batch-size "${SPEED_BATCH2:-8}" --compile "${SPEED_COMPILE:-0}" --out "$OUT" ;;
-    transfer) stage transfer 150 $PY $B/peer_transfer.py --shape "${TRANSFER_SHAPES:-1b,8b}" \
+    transfer) stage transfer 120 $PY $B/peer_transfer.py --shape "${TRANSFER_SHAPES:-1b,8b}" \
               --http-shapes "${HTTP_SHAPES:-1b}" --p2p-gb "${P2P_GB:-4}" --out "$OUT" ;;
     overhead) stage overhead 170 $PY $B/ft_overhead.py --model "$MODEL" --steps "${OVERHEAD_STEPS:-40}" \
               --batch-size "${OVERHEAD_BATCH:-4}" --modes "${OVERHEAD_MODES:-local,ddp,fsdp,ft_step,ft_diloco}" \
@@ -59,7 +59,7 @@ for s in "$@"; do
       stage "$s" "${CASE_LIMIT:-300}" $PY -m regent.cli train --replicas 2 --procs-per-replica 1 --model "$MODEL" \
         --duration "${CASE_DURATION:-150s}" --fault-kinds kill,exception,comm --ft.mode "$mode" \
         --ft.sync-every 20 --train.seq-len "${SEQ_LEN:-2048}" --train.batch-size "${CASE_BATCH:-4}" \
-        --train.lr 3e-4 --no-live --run-dir "$WORK/$s"
+        --train.lr 3e-4 --no-live ${CASE_EXTRA:-} --run-dir "$WORK/$s"
       [ -f "$WORK/$s/summary.json" ] && cp "$WORK/$s/summary.json" "$OUT/summary_$s.json" ;;
     *) echo "unknown stage $s" | tee -a "$OUT/run.log" ;;
   esac
