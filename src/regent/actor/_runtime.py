@@ -772,6 +772,8 @@ class Runtime:
             if now - last_seen >= timeout:
                 logger.error("owner process %s unreachable for %.1f s; this proc exits (orphan timeout, "
                              "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
+                if self.spawner is not None:
+                    self.spawner.kill_all()  # what this proc owns cannot outlive it
                 with contextlib.suppress(Exception):
                     sys.stdout.flush()
                     sys.stderr.flush()
