@@ -12,10 +12,13 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 
 
 def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     boot = json.loads(os.environ.pop("REGENT_BOOT"))
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
