@@ -18,7 +18,7 @@ import sys
 
 def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it for children
     boot = json.loads(os.environ.pop("REGENT_BOOT"))
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
