@@ -1,147 +1,359 @@
-"""Micro-benchmarks of regent.actor: latency, pipelining, broadcast, large arguments, spawn time.
+"""Actor-runtime benchmark: Regent against Monarch and Ray, in one run, on this machine.
 
-    python benchmarks/actor_bench.py [--quick] [--json out.json]
+    .venv/bin/python benchmarks/actor_bench.py [--quick] [--runtimes regent,monarch,ray] [--only call_one,...]
+    .venv/bin/python benchmarks/actor_bench.py --profile benchmarks/results/profile   # where Regent's time goes
 
-Prints a Markdown table. Numbers depend heavily on the machine and its load; run on an idle machine.
+Regent runs in this process (the .venv). Monarch and Ray run as subprocesses under the benchmark venv
+(`.venv-bench`, never installed into .venv), each printing one JSON object. Monarch and Regent execute the
+very same measure code (benchmarks/anchors/mesh_api_measures.py) because their APIs are the same; Ray's
+idiom is in benchmarks/anchors/ray_bench.py. The anchors run first, one at a time, so the three runtimes
+never compete for the 2 cores.
+
+The table goes to the terminal; everything (all rounds, machine, versions, load) goes to
+benchmarks/results/actor_bench.json. Targets come from issue 2.
+
+--profile DIR runs each Regent measure on its own under py-spy (`pip install py-spy`), sampling the
+controller and every proc it spawns, and writes DIR/<measure>.txt (raw collapsed stacks, loadable in
+speedscope or flamegraph.pl) and DIR/<measure>_top.txt (the top frames per process, self and inclusive).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import collections
+import datetime
 import json
 import os
-import statistics
+import re
+import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR / "anchors"))
 
-from regent.actor import Actor, endpoint, this_host  # noqa: E402
+from mesh_api_measures import MEASURES, log, run_measures  # noqa: E402
 
-
-class SyncPong(Actor):
-    @endpoint
-    def pong(self, x):
-        return x
-
-    @endpoint
-    def count(self, n: int) -> None:
-        self.n = getattr(self, "n", 0) + n
-
-    @endpoint
-    def total(self) -> int:
-        return getattr(self, "n", 0)
-
-    @endpoint
-    def nbytes(self, arr) -> int:
-        return memoryview(arr).nbytes if not hasattr(arr, "nbytes") else int(arr.nbytes)
+BENCH_VENV_PYTHON = REPO_DIR / ".venv-bench" / "bin" / "python"
+BENCH_VENV_HOWTO = ("python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 torchmonarch ray "
+                    "torchft-nightly")
+ANCHOR_TIMEOUT_S = 900
+RUNTIMES = ("monarch", "ray", "regent")
 
 
-class AsyncPong(Actor):
-    @endpoint
-    async def pong(self, x):
-        return x
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: where its number sits in a runtime's results and what counts as good."""
+
+    label: str
+    key: str
+    field: str
+    unit: str
+    target: float | None = None
+    higher_is_better: bool = False
+
+    def value(self, results: dict[str, Any] | None) -> float | str | None:
+        if results is None:
+            return None
+        entry = results.get(self.key)
+        if entry is None:
+            return None
+        if "error" in entry:
+            return "error"
+        return entry.get(self.field)
+
+    def met(self, value: float | str | None) -> bool | None:
+        if self.target is None or not isinstance(value, (int, float)):
+            return None
+        return value >= self.target if self.higher_is_better else value <= self.target
 
 
-def median_us(fn, n: int) -> float:
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
+ROWS = (
+    Row("call_one round trip, median", "call_one", "median_ms", "ms", target=0.25),
+    Row("call_one round trip, p99", "call_one", "p99_ms", "ms"),
+    Row("call_one, async endpoint, median", "call_one_async", "median_ms", "ms"),
+    Row("call_one awaited from an asyncio client, median", "call_one_awaited", "median_ms", "ms"),
+    Row("call to 2 procs, median", "call_2procs", "median_ms", "ms", target=0.4),
+    Row("call to 2 procs, p99", "call_2procs", "p99_ms", "ms"),
+    Row("pipelined calls (1000 in flight)", "pipelined", "median", "calls/s", target=20_000,
+        higher_is_better=True),
+    Row("broadcast (fire-and-forget)", "broadcast", "median", "msg/s", target=50_000, higher_is_better=True),
+    Row("100 MB torch tensor argument", "tensor_100mb", "median", "GB/s", target=1.0, higher_is_better=True),
+    Row("100 MB numpy array argument", "ndarray_100mb", "median", "GB/s"),
+    Row("8-proc mesh: spawn to first reply (cold)", "spawn8_first_reply", "median_s", "s"),
+)
+# Ray has no meshes; these rows are measured with the nearest Ray idiom (see anchors/ray_bench.py).
+RAY_ANALOGUES = {"call_2procs", "broadcast", "spawn8_first_reply"}
 
 
-def run(quick: bool) -> list[tuple[str, str, str]]:
-    n = 300 if quick else 2000
-    rows = []
+def fmt(value: float | str | None, unit: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        return value
+    if unit in ("calls/s", "msg/s"):
+        return f"{value / 1000:.3g}k {unit}" if value >= 1000 else f"{value:.0f} {unit}"
+    if unit == "ms":
+        return f"{value:.3f} ms" if value < 1 else f"{value:.2f} ms"
+    return f"{value:.2f} {unit}"
+
+
+def fmt_target(row: Row) -> str:
+    if row.target is None:
+        return "–"
+    if row.unit == "ms":
+        return ("≥ " if row.higher_is_better else "≤ ") + f"{row.target:g} ms"
+    return ("≥ " if row.higher_is_better else "≤ ") + fmt(row.target, row.unit)
+
+
+def run_anchor(name: str, quick: bool, only: set[str] | None) -> dict[str, Any]:
+    """Run benchmarks/anchors/<name>_bench.py under the benchmark venv and parse its JSON line."""
+    if not BENCH_VENV_PYTHON.exists():
+        msg = f"{BENCH_VENV_PYTHON} is missing; create it with: {BENCH_VENV_HOWTO}"
+        log(msg)
+        return {"runtime": name, "error": msg}
+    script = BENCH_DIR / "anchors" / f"{name}_bench.py"
+    cmd = [str(BENCH_VENV_PYTHON), str(script)] + (["--quick"] if quick else [])
+    if only:
+        cmd += ["--only", ",".join(sorted(only))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    log(f"{name}: {' '.join(cmd)}")
     t0 = time.perf_counter()
-    pm8 = this_host().spawn_procs(per_host={"gpus": 8})
-    m8 = pm8.spawn("p8", SyncPong)
-    m8.pong.call(0).get(timeout=300)
-    rows.append(("spawn 8 procs + actors to first reply", f"{time.perf_counter() - t0:.2f} s", "-"))
-    pm8.stop().get(timeout=120)
-
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    sync = pm.spawn("sync", SyncPong)
-    asyn = pm.spawn("async", AsyncPong)
-    one, one_async = sync.slice(gpus=0), asyn.slice(gpus=0)
-    for _ in range(200):
-        one.pong.call_one(1).get()
-        one_async.pong.call_one(1).get()
-        sync.pong.call(1).get()
-
-    rows.append(("call_one round trip, sync actor (median)", f"{median_us(lambda: one.pong.call_one(1).get(), n):.0f} us",
-                 "<= 250 us"))
-    rows.append(("call_one round trip, async actor (median)",
-                 f"{median_us(lambda: one_async.pong.call_one(1).get(), n):.0f} us", "<= 250 us"))
-
-    async def await_loop() -> float:
-        samples = []
-        for _ in range(n):
-            t = time.perf_counter()
-            await one_async.pong.call_one(1)
-            samples.append(time.perf_counter() - t)
-        return statistics.median(samples) * 1e6
-
-    rows.append(("await call_one from asyncio client (median)", f"{asyncio.run(await_loop()):.0f} us", "-"))
-    rows.append(("call to 2 procs (median)", f"{median_us(lambda: sync.pong.call(1).get(), n):.0f} us", "<= 400 us"))
-
-    k = 2000 if quick else 20000
-    t = time.perf_counter()
-    futures = [one_async.pong.call_one(i) for i in range(k)]
-    for f in futures:
-        f.get(timeout=300)
-    rows.append(("pipelined call_one", f"{k / (time.perf_counter() - t):,.0f} calls/s", ">= 20k/s"))
-
-    t = time.perf_counter()
-    for _ in range(k):
-        one.count.broadcast(1)
-    assert one.total.call_one().get(timeout=300) == k
-    rows.append(("broadcast (fire-and-forget)", f"{k / (time.perf_counter() - t):,.0f} msg/s", ">= 50k/s"))
-
     try:
-        import numpy as np
+        proc = subprocess.run(cmd, cwd=REPO_DIR, env=env, stdout=subprocess.PIPE, stderr=None, text=True,
+                              timeout=ANCHOR_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"runtime": name, "error": f"timed out after {ANCHOR_TIMEOUT_S} s"}
+    log(f"{name}: finished in {time.perf_counter() - t0:.0f} s (exit {proc.returncode})")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"runtime": name, "error": f"no JSON on stdout (exit code {proc.returncode}); see stderr above"}
+    return json.loads(lines[-1])
 
-        arr = np.ones(100 * 1024 * 1024 // 8)
-        label = "100 MB numpy argument"
-        try:
-            import torch
 
-            torch.set_num_threads(1)
-            arr = torch.ones(100 * 1024 * 1024 // 4)
-            label = "100 MB torch tensor argument"
-        except ImportError:
-            pass
-        one.nbytes.call_one(arr).get(timeout=300)
-        times = []
-        for _ in range(3 if quick else 5):
-            t = time.perf_counter()
-            one.nbytes.call_one(arr).get(timeout=300)
-            times.append(time.perf_counter() - t)
-        rows.append((label, f"{0.1 / statistics.median(times) * 1.048576:.2f} GB/s", ">= 1 GB/s"))
+def run_regent(quick: bool, only: set[str] | None) -> dict[str, Any]:
+    """Regent in this process, through the same measure code Monarch ran."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
     except ImportError:
-        rows.append(("100 MB argument", "numpy missing", ">= 1 GB/s"))
-    pm.stop().get(timeout=120)
-    return rows
+        pass
+    try:
+        import regent.actor as api
+    except ImportError as exc:
+        return {"runtime": "regent", "error": f"regent.actor is not importable: {exc}; run "
+                                              "`.venv/bin/pip install -e . --no-deps`"}
+    missing = [n for n in ("this_host", "Actor", "endpoint") if not hasattr(api, n)]
+    if missing:
+        return {"runtime": "regent", "error": f"regent.actor lacks {', '.join(missing)} (runtime not landed yet)"}
+    log("regent: in-process")
+    results = run_measures(api, quick=quick, only=only)
+    return {"runtime": "regent", "version": git_commit(), "results": results}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    rows = run(args.quick)
-    print(f"\nregent.actor on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}\n")
-    print("| measure | Regent | target |\n|---|---|---|")
-    for name, value, target in rows:
-        print(f"| {name} | {value} | {target} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+def command_output(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, cwd=REPO_DIR, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def git_commit() -> str:
+    """HEAD, marked '+dirty' when src/regent/actor has uncommitted changes (then HEAD is not what ran)."""
+    head = command_output(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
+    dirty = command_output(["git", "status", "--porcelain", "--", "src/regent/actor"])
+    return head + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    return {"uname": command_output(["uname", "-a"]), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "loadavg": os.getloadavg()}
+
+
+def print_table(runs: dict[str, dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Actor runtime: Monarch vs Ray vs Regent (median of rounds)")
+    for col in ("measure", "Monarch", "Ray", "Regent", "target", "met?"):
+        table.add_column(col, justify="left" if col == "measure" else "right")
+    for row in ROWS:
+        cells = [row.label]
+        for name in RUNTIMES:
+            value = row.value(runs.get(name, {}).get("results"))
+            text = fmt(value, row.unit)
+            if name == "ray" and row.key in RAY_ANALOGUES and value is not None:
+                text += "*"
+            cells.append(text)
+        met = row.met(row.value(runs.get("regent", {}).get("results")))
+        cells += [fmt_target(row), {True: "[green]yes[/]", False: "[red]no[/]", None: "–"}[met]]
+        table.add_row(*cells)
+    console = Console(width=max(130, Console().width))  # wrapped cells are unreadable in a narrow terminal
+    console.print(table)
+    console.print("* Ray analogue (no meshes): see benchmarks/anchors/ray_bench.py")
+    for name in RUNTIMES:
+        if "error" in runs.get(name, {}):
+            console.print(f"[red]{name} not measured:[/] {runs[name]['error']}")
+
+
+def markdown_table(runs: dict[str, dict[str, Any]]) -> str:
+    """The same table as the terminal's, in Markdown, for RESULTS.md."""
+    lines = ["| measure | Monarch | Ray | Regent | target | met? |", "|---|---:|---:|---:|---:|:---:|"]
+    for row in ROWS:
+        cells = [row.label]
+        for name in RUNTIMES:
+            value = row.value(runs.get(name, {}).get("results"))
+            text = fmt(value, row.unit)
+            if name == "ray" and row.key in RAY_ANALOGUES and value is not None:
+                text += "*"
+            cells.append(text)
+        met = row.met(row.value(runs.get("regent", {}).get("results")))
+        cells += [fmt_target(row), {True: "yes", False: "**no**", None: "–"}[met]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in ROWS:
+        values = {name: row.value(runs.get(name, {}).get("results")) for name in RUNTIMES}
+        out.append({"measure": row.label, "unit": row.unit, **values, "target": row.target,
+                    "higher_is_better": row.higher_is_better, "met": row.met(values["regent"])})
+    return out
+
+
+def summarize_collapsed(text: str, top: int = 15) -> dict[str, dict[str, Any]]:
+    """Top frames per process from py-spy's raw collapsed stacks (`--format raw --subprocesses`).
+
+    Each line is `frame;frame;... count`; with --subprocesses a child's stack is nested under its parent's,
+    each process marked by a `process PID:"cmdline"` frame, so a sample belongs to the innermost one.
+    Import frames are dropped (start-up, not the hot path). Line numbers are folded away so a function's
+    samples add up. Returns {process: {"samples", "self": [(pct, frame)], "inclusive": [(pct, frame)]}}.
+    """
+    procs: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = stack.split(";")
+        marks = [i for i, f in enumerate(frames) if f.startswith("process ")]
+        start = marks[-1] if marks else 0
+        proc = frames[start].split(":", 1)[-1] if marks else "?"
+        body = [re.sub(r":\d+\)$", ")", f) for f in frames[start + 1 :]]
+        if not body or any(f.startswith("_find_and_load") for f in body):
+            continue
+        entry = procs.setdefault(proc, {"samples": 0, "self": collections.Counter(),
+                                        "inclusive": collections.Counter()})
+        count = int(count_text)
+        entry["samples"] += count
+        entry["self"][body[-1]] += count
+        for frame in set(body):
+            entry["inclusive"][frame] += count
+    out = {}
+    for proc, entry in procs.items():
+        total = entry["samples"]
+        out[proc] = {"samples": total,
+                     "self": [(round(100 * c / total, 1), f) for f, c in entry["self"].most_common(top)],
+                     "inclusive": [(round(100 * c / total, 1), f) for f, c in entry["inclusive"].most_common(top)]}
+    return out
+
+
+def format_summary(summary: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for proc, entry in sorted(summary.items(), key=lambda kv: -kv[1]["samples"]):
+        lines.append(f"== {proc}  ({entry['samples']} samples)")
+        for kind in ("self", "inclusive"):
+            lines.append(f"  {kind}:")
+            lines += [f"    {pct:5.1f}%  {frame}" for pct, frame in entry[kind]]
+    return "\n".join(lines) + "\n"
+
+
+def profile_regent(out_dir: Path, quick: bool, measures: list[str]) -> None:
+    """Run each Regent measure alone under py-spy (controller and procs) and summarise the top frames."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        raise SystemExit("py-spy is not installed; run `.venv/bin/pip install py-spy` (Linux needs ptrace "
+                         "permission: run as root or set kernel.yama.ptrace_scope=0)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for measure in measures:
+        raw = out_dir / f"{measure}.txt"
+        cmd = [py_spy, "record", "--subprocesses", "--format", "raw", "--rate", "250", "--output", str(raw),
+               "--", sys.executable, str(Path(__file__).resolve()), "--runtimes", "regent", "--only", measure,
+               "--out", str(out_dir / f"{measure}.json")] + (["--quick"] if quick else [])
+        log(f"profiling {measure}: {' '.join(cmd)}")
+        subprocess.run(cmd, cwd=REPO_DIR, check=False, stdout=subprocess.DEVNULL)
+        if not raw.exists():
+            log(f"{measure}: py-spy wrote no profile")
+            continue
+        text = format_summary(summarize_collapsed(raw.read_text()))
+        (out_dir / f"{measure}_top.txt").write_text(text)
+        print(f"######## {measure}\n{text}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter rounds (a smoke run, not for the record)")
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES),
+                        help="comma-separated subset of monarch,ray,regent (default: all three)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(MEASURES)}")
+    parser.add_argument("--out", default=str(BENCH_DIR / "results" / "actor_bench.json"),
+                        help="where to write the JSON results")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="profile each Regent measure with py-spy into DIR instead of benchmarking")
+    args = parser.parse_args(argv)
+    chosen = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    unknown = sorted(set(chosen) - set(RUNTIMES))
+    if unknown:
+        parser.error(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
+    only = {m.strip() for m in args.only.split(",") if m.strip()} or None
+    if only and only - set(MEASURES):
+        parser.error(f"unknown measure(s) {sorted(only - set(MEASURES))}; choose from {', '.join(MEASURES)}")
+    if args.profile:
+        profile_regent(Path(args.profile), args.quick, sorted(only) if only else list(MEASURES))
+        return
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "monarch": lambda: run_anchor("monarch", args.quick, only),
+        "ray": lambda: run_anchor("ray", args.quick, only),
+        "regent": lambda: run_regent(args.quick, only),
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    for name in RUNTIMES:  # anchors first: Regent's runtime lives in this process until exit
+        if name in chosen:
+            runs[name] = runners[name]()
+            runs[name]["loadavg_after"] = os.getloadavg()
+
+    print_table(runs)
+    record = {
+        "bench": "actor",
+        "date_utc": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([".venv/bin/python", "benchmarks/actor_bench.py", *(argv or sys.argv[1:])]),
+        "quick": args.quick,
+        "machine": {**machine(), "loadavg_before": load_before},
+        "regent_commit": git_commit(),
+        "table": summary_rows(runs),
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown_table(runs))
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Regent's runtime thread and its procs are torn down by its own atexit hooks; leave promptly.
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

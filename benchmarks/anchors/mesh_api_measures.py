@@ -10,6 +10,7 @@ Only the standard library and torch/numpy are used, because this file runs under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import statistics
 import sys
@@ -62,7 +63,7 @@ def timed_calls(call: Callable[[], Any], warmup: int, n: int) -> list[float]:
     return out
 
 
-MEASURES = ("call_one", "call_one_async", "call_2procs", "pipelined", "broadcast", "tensor_100mb", "ndarray_100mb",
+MEASURES = ("call_one", "call_one_async", "call_one_awaited", "call_2procs", "pipelined", "broadcast", "tensor_100mb", "ndarray_100mb",
             "spawn8_first_reply")
 
 
@@ -170,6 +171,21 @@ def run_measures(api: Any, quick: bool = False, only: set[str] | None = None) ->
             stop_mesh(procs)
 
     guarded(results, "call_one_async", call_one_async_rtt, only)
+
+    def call_one_awaited_rtt() -> dict[str, float]:
+        async def calls() -> list[float]:
+            for _ in range(c["warmup"]):
+                await one.ping.call_one(SMALL_PAYLOAD)
+            samples = []
+            for _ in range(c["rtt"] // 2):
+                t0 = time.perf_counter()
+                await one.ping.call_one(SMALL_PAYLOAD)
+                samples.append(time.perf_counter() - t0)
+            return samples
+
+        return latency_stats(asyncio.run(asyncio.wait_for(calls(), GET_TIMEOUT_S)))
+
+    guarded(results, "call_one_awaited", call_one_awaited_rtt, only)
 
     def call_two_procs() -> dict[str, float]:
         procs2 = host.spawn_procs(per_host={"gpus": 2})

@@ -14,6 +14,7 @@ with the ObjectRef dropped, flushed by one `ray.get(a.count.remote())`. Ray runs
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -88,6 +89,21 @@ def run_ray_measures(ray: Any, quick: bool, only: set[str] | None = None) -> dic
             ray.kill(aecho)
 
     guarded(results, "call_one_async", call_one_async, only)
+
+    def call_one_awaited() -> dict[str, Any]:
+        async def calls() -> list[float]:
+            for _ in range(c["warmup"]):
+                await one.ping.remote(SMALL_PAYLOAD)
+            samples = []
+            for _ in range(c["rtt"] // 2):
+                t0 = time.perf_counter()
+                await one.ping.remote(SMALL_PAYLOAD)
+                samples.append(time.perf_counter() - t0)
+            return samples
+
+        return latency_stats(asyncio.run(asyncio.wait_for(calls(), GET_TIMEOUT_S)))
+
+    guarded(results, "call_one_awaited", call_one_awaited, only)
 
     def call_two() -> dict[str, Any]:
         pair = [Echo.remote(), Echo.remote()]
