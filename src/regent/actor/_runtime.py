@@ -684,7 +684,10 @@ class Runtime:
         if not graceful:
             for pm in list(self.owned_proc_meshes.values()):
                 pm_state = pm._state
-                if proc_id in pm_state.proc_ids and not pm_state.stopping and not owned_actor_mesh_on_proc:
+                started = pm_state.initialized.done() and pm_state.initialized._state == 1
+                # a proc that dies while its mesh is starting is reported through `initialized`
+                if proc_id in pm_state.proc_ids and started and not pm_state.stopping \
+                        and not owned_actor_mesh_on_proc:
                     rank = pm_state.proc_ids.index(proc_id)
                     self.dispatch_failure(
                         pm_state.owner_key,
