@@ -43,7 +43,7 @@ from regent.ft.config import env_timeout
 from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.recovery import QuorumResult, compute_quorum_results
-from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock
+from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, local_view
 
 logger = logging.getLogger(__name__)
 
@@ -588,6 +588,8 @@ class Manager:
         """
         if self._errored is not None:
             return _completed(tensor)
+        result = tensor
+        tensor = local_view(tensor)  # a DTensor (FSDP shard) is reduced shard by shard, in place
         try:
             self.wait_quorum()
             num = self.num_participants()
@@ -596,7 +598,7 @@ class Manager:
             fut = self._pg.allreduce([tensor], dist.ReduceOp.SUM)
         except Exception as err:
             self.report_error(err)
-            return _completed(tensor)
+            return _completed(result)
 
         def finish(f: torch.futures.Future) -> torch.Tensor:
             try:
@@ -604,7 +606,7 @@ class Manager:
                 tensor.div_(max(1, num))
             except Exception as err:
                 self.report_error(err)
-            return tensor
+            return result
 
         return fut.then(finish)
 

@@ -123,14 +123,43 @@ class _Slot:
         return (_Slot, (self.index,))
 
 
+def _is_dtensor(t: Any) -> bool:
+    return hasattr(t, "to_local") and hasattr(t, "placements")
+
+
+def local_view(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (sharing its storage), or the tensor itself. Peers of the same group
+    rank hold the same shard layout, so shards move between them as plain tensors."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _tensors_by_path(state: Any) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, torch.Tensor):
+            out[path] = node
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+            for i, v in enumerate(node):
+                walk(v, f"{path}/{i}")
+
+    walk(state, "")
+    return out
+
+
 def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]:
-    """Split a nested state (dicts, lists, tuples, tensors, plain values) into metadata and tensors."""
+    """Split a nested state (dicts, lists, tuples, tensors, plain values) into metadata and tensors.
+
+    DTensors are sent as their local shard (see `local_view`)."""
     tensors: list[torch.Tensor] = []
     metas: list[TensorMeta] = []
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
-            t = node.detach()
+            t = local_view(node).detach()
             metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size()))
             tensors.append(t)
             return _Slot(len(tensors) - 1)
@@ -146,10 +175,27 @@ def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]
     return StateMeta(step=step, skeleton=skeleton, tensors=metas), tensors
 
 
-def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor]) -> Any:
+def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = None) -> Any:
+    """Rebuild the state. Where `like` (the receiver's own state) holds a DTensor at the same path, the
+    result is that DTensor (filled in place) or a DTensor wrapped around the received shard."""
+    own = _tensors_by_path(like) if like is not None else {}
+
+    def restore(index: int) -> torch.Tensor:
+        t = tensors[index]
+        mine = own.get(meta.tensors[index].path)
+        if mine is None or not _is_dtensor(mine):
+            return t
+        local = mine.to_local()
+        if local.data_ptr() == t.data_ptr() and local.shape == t.shape:
+            return mine
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(t.to(local.device), mine.device_mesh, mine.placements, run_check=False,
+                                  shape=mine.shape, stride=mine.stride())
+
     def walk(node: Any) -> Any:
         if isinstance(node, _Slot):
-            return tensors[node.index]
+            return restore(node.index)
         if isinstance(node, dict):
             return {k: walk(v) for k, v in node.items()}
         if isinstance(node, list):
@@ -247,7 +293,7 @@ class GroupTransport:
             )
         targets = _targets(meta, into, device, same_device=True)
         self._group.recv_many([_as_bytes(t) for t in targets if t.numel()], src_rank, first_tag=3)
-        return unflatten_state(meta, targets)
+        return unflatten_state(meta, targets, like=into)
 
     def shutdown(self) -> None:
         pass
@@ -413,7 +459,7 @@ class StreamTransport:
             if h is not t:
                 t.copy_(h)
             out.append(t)
-        return unflatten_state(meta, out)
+        return unflatten_state(meta, out, like=into)
 
     def shutdown(self) -> None:
         self._closed = True
