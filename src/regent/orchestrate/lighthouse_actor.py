@@ -12,7 +12,7 @@ class LighthouseActor(Actor):
         self._server: Any = None
 
     @endpoint
-    def start(self, bind: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
+    def start_lighthouse(self, bind: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
               heartbeat_timeout_ms: int) -> dict[str, str]:
         from regent.ft.lighthouse import LighthouseServer
 
@@ -31,7 +31,7 @@ class LighthouseActor(Actor):
         return self._server.status() if self._server is not None else {}
 
     @endpoint
-    def stop(self) -> None:
+    def stop_lighthouse(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server = None

@@ -70,7 +70,7 @@ class RunView:
             if rv:
                 rv.status, rv.healthy_since = "failed", None
             summary = (e.get("error") or "").strip().splitlines()
-            line = f"failure detected on replica {r}: {summary[-1] if summary else ''}"[:160]
+            line = f"failure detected on replica {r}: {summary[0] if summary else ''}"[:160]
         elif kind == "restart_started":
             if rv:
                 rv.status = "restarting"

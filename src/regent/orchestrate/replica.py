@@ -84,6 +84,7 @@ class ReplicaActor(Actor):
         env = {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
+            "REGENT_FT_STORE_PORT": str(free_port()),
             "WORLD_SIZE": str(cfg.procs_per_replica),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "REGENT_REPLICA": str(self.index),
@@ -196,18 +197,26 @@ class ReplicaActor(Actor):
             return time.time() - t0
 
     async def _liveness_watchdog(self) -> None:
-        """A trainer that stops answering (SIGSTOP, a thread holding the GIL) is a failure too."""
+        """A trainer that stops answering (SIGSTOP, a thread holding the GIL) is a failure too.
+
+        Until a generation has answered once, it gets a longer start-up allowance: a cold process importing
+        torch can hold the GIL for many seconds on a loaded machine.
+        """
         timeout = self.cfg.faults.hang_timeout
+        startup = max(90.0, 4 * timeout)
+        answered: set[int] = set()
         while not self.finished:
             await asyncio.sleep(min(2.0, timeout / 4))
             trainers, gen = self.trainers, self.policy.generation
             if trainers is None or self.policy.restarting:
                 continue
+            limit = timeout if gen in answered else startup
             try:
-                await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=timeout)
+                await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=limit)
+                answered.add(gen)
             except asyncio.TimeoutError:
-                if trainers is self.trainers:
-                    self._on_failure(gen, f"trainer unresponsive for {timeout:.0f}s (hung)", "")
+                if trainers is self.trainers and not self.finished:
+                    self._on_failure(gen, f"trainer unresponsive for {limit:.0f}s (hung)", "")
             except Exception:
                 pass  # a dead mesh: __supervise__ handles it
 

@@ -87,7 +87,7 @@ class OrchestrationManager:
         if lc.address:
             addr, dashboard = lc.address, ""
         else:
-            info = await lighthouse.start.call_one(lc.bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms,
+            info = await lighthouse.start_lighthouse.call_one(lc.bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms,
                                                    lc.quorum_tick_ms, lc.heartbeat_timeout_ms)
             addr, dashboard = info["address"], info["dashboard"]
         self.view.dashboard = dashboard

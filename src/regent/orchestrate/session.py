@@ -71,6 +71,8 @@ class TrainingSession:
             connect_timeout=ft.connect_timeout_s,
             group_rank=rank,
             group_world_size=world_size,
+            store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            store_port=int(os.environ["REGENT_FT_STORE_PORT"]) if "REGENT_FT_STORE_PORT" in os.environ else None,
             lighthouse_addr=lighthouse_addr,
             replica_id=f"replica_{replica_index}",
             init_sync=ft.init_sync,
