@@ -381,11 +381,11 @@ def bench_transfer(args: argparse.Namespace) -> list[dict]:
 
 
 def _gpu_transfer_rank(rank: int, port: int, sizes_gb: list[float], timeout: float, results) -> None:
-    """One GPU of the pair: raw NCCL send/recv vs GroupTransport (in place) for the same bytes, then a
-    hung-peer check (rank 1 stays away; rank 0's allreduce must fail within the timeout and the next
-    configure must work)."""
+    """One GPU of the pair: raw NCCL send/recv vs GroupTransport (in place) for the same bytes."""
+    import faulthandler
     from datetime import timedelta
 
+    faulthandler.dump_traceback_later(150, exit=True)
     import torch
     import torch.distributed as dist
 
@@ -424,26 +424,11 @@ def _gpu_transfer_rank(rank: int, port: int, sizes_gb: list[float], timeout: flo
             if attempt:
                 out.append({"gb": nbytes / 1e9, "raw_p2p_gb_per_s": nbytes / 1e9 / raw,
                             "transfer_gb_per_s": nbytes / 1e9 / moved, "tensors": n})
+                print(f"rank {rank}: {out[-1]}", flush=True)
         del state, flat
         torch.cuda.empty_cache()
-    # Hung peer: rank 1 does not join the allreduce.
-    hang = {}
-    if rank == 0:
-        start = time.perf_counter()
-        try:
-            group.allreduce(torch.ones(4, device="cuda")).wait()
-            hang["error"] = None
-        except Exception as err:
-            hang["error"] = type(err).__name__
-        hang["seconds_to_error"] = time.perf_counter() - start
-        hang["errored"] = group.errored() is not None
-    else:
-        time.sleep(timeout + 10)
-    group.configure(f"127.0.0.1:{port}/bench/2/0", f"r{rank}", rank, 2)
-    t = torch.full((4,), float(rank + 1), device="cuda")
-    group.allreduce(t).wait()
-    torch.cuda.synchronize()
-    hang["after_reconfigure_sum"] = float(t[0])
+    # The hung-peer check on NCCL lives in tests/ft/nccl_hang_check.py (run through the device tool).
+    hang: dict = {}
     results.put((rank, out, hang))
     group.shutdown()
     del store
@@ -459,7 +444,7 @@ def bench_transfer_gpu(args: argparse.Namespace) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_gpu_transfer_rank, args=(r, port, args.gpu_gb, 5.0, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_gpu_transfer_rank, args=(r, port, args.gpu_gb, 60.0, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = {}
@@ -475,8 +460,7 @@ def bench_transfer_gpu(args: argparse.Namespace) -> list[dict]:
         [[f"{r['gb']:.2f}", str(r["tensors"]), f"{r['raw_p2p_gb_per_s']:.1f}", f"{r['transfer_gb_per_s']:.1f}",
           f"{r['transfer_gb_per_s'] / r['raw_p2p_gb_per_s']:.2f}"] for r in rows],
     )
-    print("hung peer on NCCL:", got[0][1], "| peer:", got[1][1])
-    return rows + [got[0][1]]
+    return rows
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[dict]]] = {

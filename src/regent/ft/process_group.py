@@ -132,6 +132,7 @@ class ReplicatedGroup:
         self._world_size = 0
         self.replica_id = ""
         self._graveyard: list[Any] = []
+        self._waiter: _EventWaiter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -243,10 +244,27 @@ class ReplicatedGroup:
         opts.reduceOp = op
         try:
             work = pg.allreduce(tensors, opts)
+            inner = self._gpu_done(work) if self.backend == "nccl" else work.get_future()
         except Exception as err:
             self._fail(generation, err)
             raise
-        return self._guard(work.get_future(), generation, "allreduce", tensors)
+        return self._guard(inner, generation, "allreduce", tensors)
+
+    def _gpu_done(self, work: Any) -> torch.futures.Future:
+        """A future that completes when the collective has *finished on the GPU*.
+
+        NCCL's own future completes once the kernel is queued, so a hung peer would never trip the
+        watchdog: the current stream is made to wait for the collective, an event is recorded behind it,
+        and one waiter thread per group resolves the futures as their events complete (in stream order).
+        """
+        work.wait()  # non-blocking for NCCL: the current stream waits for the collective's stream
+        event = torch.cuda.Event()
+        event.record()
+        fut: torch.futures.Future = torch.futures.Future()
+        if self._waiter is None:
+            self._waiter = _EventWaiter()
+        self._waiter.put(event, fut)
+        return fut
 
     def _guard(
         self, inner: torch.futures.Future, generation: int, what: str, value: Any
@@ -324,7 +342,10 @@ class ReplicatedGroup:
                 if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
                     raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
             if self.backend == "nccl":
-                torch.cuda.current_stream().synchronize()
+                event = torch.cuda.Event()
+                event.record()
+                if not _wait_event(event, max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
         except Exception as err:
             self._fail(generation, err)
             if isinstance(err, TimeoutError):
@@ -332,6 +353,40 @@ class ReplicatedGroup:
             if "Timed out" in str(err):
                 raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
             raise
+
+
+class _EventWaiter:
+    """One thread that resolves futures when their CUDA events complete (FIFO, i.e. stream order)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="regent-ft-cuda-waiter", daemon=True).start()
+
+    def put(self, event: Any, fut: torch.futures.Future) -> None:
+        self._queue.put((event, fut))
+
+    def _run(self) -> None:
+        while True:
+            event, fut = self._queue.get()
+            try:
+                event.synchronize()  # returns once done, or once an abort has killed the hung kernel
+                fut.set_result(None)
+            except Exception as err:
+                fut.set_exception(err)
+
+
+def _wait_event(event: Any, timeout: float) -> bool:
+    """Poll a CUDA event until it completes or `timeout` passes (never blocks past the deadline)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0002
+    while not event.query():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    return True
 
 
 def _abort_communicator(pg: Any) -> None:
