@@ -137,6 +137,10 @@ def test_bad_checkpoints_give_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="use the same --model"):
         other.load_checkpoint(str(path))
 
+    other_layout = Trainer(small_cfg(batch_size=3))
+    with pytest.raises(CheckpointError, match="batch_size"):
+        other_layout.load_checkpoint(str(path))
+
     shard = next(p for p in path.iterdir() if p.suffix == ".distcp")
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -46,9 +46,31 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _digests(directory: Path) -> dict[str, dict[str, Any]]:
-    return {p.name: {"sha256": _file_digest(p), "bytes": p.stat().st_size}
-            for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+def _data_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
+
+
+def _my_share(names: list[str], group: dist.ProcessGroup | None) -> list[str]:
+    """This rank's slice of the files to hash: hashing is spread over the ranks (a big model has many GB)."""
+    if not dist.is_initialized():
+        return names
+    return names[dist.get_rank(group)::dist.get_world_size(group)]
+
+
+def _digests(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    return {name: {"sha256": _file_digest(directory / name), "bytes": (directory / name).stat().st_size}
+            for name in names}
+
+
+def _gather_dicts(part: dict[str, Any], group: dist.ProcessGroup | None) -> dict[str, Any]:
+    if not dist.is_initialized():
+        return part
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, part, group=group)
+    merged: dict[str, Any] = {}
+    for item in parts:
+        merged.update(item)
+    return merged
 
 
 def _is_coordinator(group: dist.ProcessGroup | None) -> bool:
@@ -60,9 +82,9 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
         dist.barrier(group=group)
 
 
-def _finalize(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+def _finalize(tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, Any]) -> None:
     """Coordinator only: write the manifest, then swap the finished directory into place."""
-    manifest = dict(meta, files=_digests(tmp), saved_at=time.time(), format_version=FORMAT_VERSION)
+    manifest = dict(meta, files=files, saved_at=time.time(), format_version=FORMAT_VERSION)
     with open(tmp / MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
@@ -111,8 +133,10 @@ class Checkpointer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 dcp.save(state, checkpoint_id=str(tmp), process_group=self.group, no_dist=no_dist)
+            _barrier(self.group)  # every rank's files are complete before anyone hashes
+            files = _gather_dicts(_digests(tmp, _my_share(_data_files(tmp), self.group)), self.group)
             if _is_coordinator(self.group):
-                _finalize(tmp, final, meta)
+                _finalize(tmp, final, meta, files)
             _barrier(self.group)
             return
         group = self.async_group if self.async_group is not None else self.group
@@ -124,8 +148,8 @@ class Checkpointer:
         def finish() -> None:
             try:
                 future.result()
-                if coordinator:
-                    _finalize(tmp, final, meta)
+                if coordinator:  # off the training path: hash everything here, no collectives needed
+                    _finalize(tmp, final, meta, _digests(tmp, _data_files(tmp)))
             except BaseException as exc:  # surfaced by the next wait()/save()
                 self._pending_error = exc
 
@@ -151,25 +175,20 @@ class Checkpointer:
             raise CheckpointError(f"{manifest_path} is unreadable ({exc}); the checkpoint is corrupt") from exc
 
     def verify(self, path: str, manifest: dict[str, Any]) -> None:
-        """Compare every file's sha256 with the manifest (coordinator hashes; the verdict is shared)."""
-        problem = ""
-        if _is_coordinator(self.group):
-            directory = Path(path)
-            for name, expected in manifest.get("files", {}).items():
-                file = directory / name
-                if not file.is_file():
-                    problem = f"file {name} is missing"
-                    break
-                if file.stat().st_size != expected["bytes"] or _file_digest(file) != expected["sha256"]:
-                    problem = f"file {name} does not match its recorded sha256"
-                    break
-        if dist.is_initialized():
-            verdict = [problem]
-            dist.broadcast_object_list(verdict, src=dist.get_global_rank(self.group, 0) if self.group else 0,
-                                       group=self.group)
-            problem = verdict[0]
-        if problem:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {problem}; delete it and load an earlier step")
+        """Compare every file's size and sha256 with the manifest (each rank checks a slice; verdicts shared)."""
+        directory = Path(path)
+        problems = []
+        for name in _my_share(sorted(manifest.get("files", {})), self.group):
+            expected, file = manifest["files"][name], directory / name
+            if not file.is_file():
+                problems.append(f"file {name} is missing")
+            elif file.stat().st_size != expected["bytes"] or _file_digest(file) != expected["sha256"]:
+                problems.append(f"file {name} does not match its recorded sha256")
+        found = _gather_dicts({str(i): p for i, p in enumerate(problems)} if not dist.is_initialized() else
+                              {f"{dist.get_rank(self.group)}.{i}": p for i, p in enumerate(problems)}, self.group)
+        if found:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {'; '.join(sorted(found.values()))}; "
+                                  "delete it and load an earlier step")
 
     def load(self, state: dict[str, Any], path: str) -> None:
         """Fill `state` (tensors in place, other values replaced) from the checkpoint at `path`."""

@@ -173,11 +173,15 @@ class ShardedBatches:
         return {"batches_consumed": self.batches_consumed, "fingerprint": self.fingerprint,
                 "seq_len": self.seq_len, "batch_size": self.batch_size, "num_shards": self.num_shards}
 
-    def load_state_dict(self, state: dict) -> None:
+    def check_compatible(self, state: dict) -> None:
+        """Raise ValueError if `state` was produced by a loader over different data or a different layout."""
         for key in ("fingerprint", "seq_len", "batch_size", "num_shards"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"data state mismatch: checkpoint has {key}={state[key]!r}, this run has "
                     f"{getattr(self, key)!r}; resume with the same data, seq_len, batch_size and replica/rank layout"
                 )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.check_compatible(state)
         self.batches_consumed = int(state["batches_consumed"])

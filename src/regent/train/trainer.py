@@ -275,7 +275,8 @@ class Trainer:
     def _checkpoint_meta(self) -> dict[str, Any]:
         return {"step": self.step, "model": self.cfg.model, "model_args": _jsonable(vars(self.model_args)),
                 "world_size": self.world_size, "num_replicas": self.num_replicas,
-                "replica_index": self.replica_index, "seq_len": self.cfg.seq_len}
+                "replica_index": self.replica_index, "seq_len": self.cfg.seq_len,
+                "data": self.dataloader.state_dict()}
 
     def save_checkpoint(self, path: str) -> None:
         """Save a DCP checkpoint to `path` atomically (async when cfg.async_checkpoint; see wait_checkpoint)."""
@@ -295,6 +296,10 @@ class Trainer:
                 f"{manifest.get('model_args')}, but this run builds {self.cfg.model!r} with {expected}; "
                 "use the same --model and tokenizer as the run that wrote it"
             )
+        try:  # refuse before touching any tensor: a failed load must leave this trainer unchanged
+            self.dataloader.check_compatible(manifest.get("data", {}))
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {path}: {exc}") from exc
         self.checkpointer.verify(path, manifest)
         state = self._dcp_state()
         self.checkpointer.load(state, path)
