@@ -166,3 +166,13 @@ def test_config_validation_names_the_fix():
         TrainConfig.from_dict({"modle": "debug"})
     with pytest.raises(RuntimeError, match="init_process_group"):
         Trainer(small_cfg(), rank=0, world_size=2)
+
+
+def test_evaluate_loss_is_repeatable_and_falls_with_training():
+    trainer = Trainer(small_cfg(lr=3e-3))
+    before = trainer.evaluate_loss(batches=2)
+    assert trainer.evaluate_loss(batches=2) == before  # fixed batches, no state change
+    assert trainer.dataloader.batches_consumed == 0
+    for _ in range(8):
+        trainer.train_step()
+    assert trainer.evaluate_loss(batches=2) < before - 0.5
