@@ -201,8 +201,12 @@ def print_table(runs: dict[str, dict[str, Any]]) -> None:
     console.print(table)
     console.print("* Ray analogue (no meshes): see benchmarks/anchors/ray_bench.py")
     for name in RUNTIMES:
-        if "error" in runs.get(name, {}):
-            console.print(f"[red]{name} not measured:[/] {runs[name]['error']}")
+        run = runs.get(name, {})
+        if "error" in run:
+            console.print(f"[red]{name} not measured:[/] {run['error']}")
+        for key, entry in (run.get("results") or {}).items():
+            if isinstance(entry, dict) and "error" in entry:
+                console.print(f"[red]{name} {key} failed:[/] {entry['error'][:300]}")
 
 
 def markdown_table(runs: dict[str, dict[str, Any]]) -> str:

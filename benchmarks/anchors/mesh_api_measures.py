@@ -141,8 +141,37 @@ def stop_mesh(mesh: Any) -> None:
             fut.get(timeout=GET_TIMEOUT_S)
 
 
+def install_fault_hook(api: Any, faults: list[str]) -> None:
+    """Record unhandled mesh failures instead of exiting (the default hook exits the client with code 1).
+
+    A failed measure then raises SupervisionError in its own calls, is recorded as an error, and the other
+    measures (and the other runtimes' results) survive. Same hook for Monarch and Regent.
+    """
+
+    def hook(failure: Any) -> None:
+        faults.append(str(failure))
+        log(f"unhandled fault (recorded, benchmark continues): {failure}")
+
+    api.unhandled_fault_hook = hook
+
+
 def run_measures(api: Any, quick: bool = False, only: set[str] | None = None) -> dict[str, Any]:
     """Every actor measure of the benchmark (or those in `only`), against the Monarch-compatible `api`."""
+    faults: list[str] = []
+    install_fault_hook(api, faults)
+    try:
+        results = _run_measures(api, quick, only)
+    except BaseException as exc:  # noqa: BLE001 - e.g. the mesh for every measure failed to start
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        log(f"measures aborted: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        results = {"aborted": {"error": f"{type(exc).__name__}: {exc}"}}
+    if faults:
+        results["unhandled_faults"] = faults
+    return results
+
+
+def _run_measures(api: Any, quick: bool, only: set[str] | None) -> dict[str, Any]:
     c = counts(quick)
     echo_cls = define_actors(api)
     results: dict[str, Any] = {}

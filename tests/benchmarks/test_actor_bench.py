@@ -99,3 +99,13 @@ def test_regent_smoke_run_writes_numbers(tmp_path):
     assert results["broadcast"]["median"] > 0  # the count check inside passed
     assert "monarch" not in record["runs"]
     assert "call_one round trip, median" in proc.stdout
+
+
+def test_fault_hook_records_instead_of_exiting():
+    import types
+
+    api = types.SimpleNamespace(unhandled_fault_hook=lambda failure: (_ for _ in ()).throw(SystemExit(1)))
+    faults: list[str] = []
+    measures.install_fault_hook(api, faults)
+    api.unhandled_fault_hook("failure on mesh \"m\" at ranks [0]")
+    assert faults == ['failure on mesh "m" at ranks [0]']
