@@ -50,10 +50,10 @@ class TrainerActor(Actor):
         if (kind == "commit" or kind == "quorum") and self.rank != 0:
             return  # one line per replica, not per rank
         details = dict(details)
-        step = details.pop("step", None)
+        # the Manager counts syncs ("manager_step"); events carry the trainer's step like metrics.jsonl
+        details["manager_step"] = details.pop("step", None)
         quorum_id = details.pop("quorum_id", None)
-        if self.session is not None and step is None:
-            step = self.session.trainer.step
+        step = self.session.trainer.step if self.session is not None else None
         self.report.send(("event", make_event(kind, replica=self.replica_index, generation=self.generation,
                                               quorum_id=quorum_id, step=step, rank=self.rank, **details)))
 
