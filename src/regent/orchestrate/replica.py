@@ -58,6 +58,7 @@ class ReplicaActor(Actor):
         self._watchdog: asyncio.Task | None = None
         self._restart_task: asyncio.Task | None = None
         self.last_restart_seconds = 0.0
+        self._spares_started = False
 
     # -- events ---------------------------------------------------------------------------------------
     def emit(self, kind: str, **details: Any) -> None:
@@ -72,8 +73,6 @@ class ReplicaActor(Actor):
         self.host = this_host()
         # Several replicas share this host: this replica's trainers must not land on another replica's GPUs.
         os.environ.update(replica_gpu_env(self.index, self.cfg.procs_per_replica, dict(os.environ)))
-        if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
-            self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
         await self._start_attempt()
         self._watchdog = asyncio.get_running_loop().create_task(self._liveness_watchdog())
         return self.policy.generation
@@ -140,6 +139,13 @@ class ReplicaActor(Actor):
             return
         self._restart_task = asyncio.get_running_loop().create_task(self._stop_and_restart(action))
 
+    def _start_spares(self) -> None:
+        """Keep warm processes (torch imported) for the next restart. Started only once the first trainers
+        are up, so that the spares do not compete with them for the CPU at start-up."""
+        self._spares_started = True
+        if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
+            self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
+
     async def _stop_trainers(self) -> None:
         procs, self.procs, self.trainers = self.procs, None, None
         if procs is None:
@@ -176,8 +182,7 @@ class ReplicaActor(Actor):
         await asyncio.to_thread(job.start)
         host = await asyncio.to_thread(job.host_mesh)
         self.job, self.host = job, host
-        if self.cfg.warm_spares and hasattr(host, "keep_warm"):
-            host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
+        self._spares_started = False  # started again on the new host once its trainers are up
         if old is not None:
             await asyncio.to_thread(old.kill)
         self.emit("allocation", backend=self.cfg.job, seconds=time.time() - t0)
@@ -212,8 +217,10 @@ class ReplicaActor(Actor):
                 continue
             limit = timeout if gen in answered else startup
             try:
-                await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=limit)
+                steps = await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=limit)
                 answered.add(gen)
+                if not self._spares_started and all(v >= 0 for _, v in steps.items()):
+                    self._start_spares()
             except asyncio.TimeoutError:
                 if trainers is self.trainers and not self.finished:
                     self._on_failure(gen, f"trainer unresponsive for {limit:.0f}s (hung)", "")
