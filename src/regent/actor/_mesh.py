@@ -8,7 +8,6 @@ with the runtime under the processes and ranks it waits on, so a death fails it 
 from __future__ import annotations
 
 import logging
-import pickle
 import random
 from collections import deque
 from typing import Any, Generic, TypeVar
@@ -21,6 +20,7 @@ from regent.actor._future import Future
 from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
+from regent.actor._transport import encode_env
 
 logger = logging.getLogger("regent.actor")
 R = TypeVar("R")
@@ -365,7 +365,8 @@ class Endpoint(Generic[R]):
         if problem is not None:
             return None, [], problem
         body, buffers = dumps((args, kwargs))
-        check_frame_size(len(body) + sum(b.nbytes for b in buffers), self._label)
+        if buffers or len(body) > 1 << 20:
+            check_frame_size(len(body) + sum(b.nbytes for b in buffers), self._label)
         return body, buffers, None
 
     def _send(self, ranks: list[int], body: Any, buffers: list, reply_port: int | None,
@@ -386,7 +387,7 @@ class Endpoint(Generic[R]):
                 reply = None
                 if reply_port is not None:
                     reply = (reply_proc, reply_port, i if fixed_index is None else fixed_index)
-                env = pickle.dumps(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local)), 5)
+                env = encode_env(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local)))
                 rt.send_raw(ref.rank_procs[r], env, body, buffers)
 
         rt.run_on_loop(on_loop)
@@ -523,7 +524,7 @@ class Port(Generic[R]):
 
     def _emit(self, status: int, body: Any, buffers: list) -> None:
         rt = get_runtime()
-        env = pickle.dumps(("r", self._port_id, self._index_now(), status), 5)
+        env = encode_env(("r", self._port_id, self._index_now(), status))
         rt.run_on_loop(rt.send_raw, self._proc_id, env, body, buffers)
 
     def __reduce__(self):

@@ -274,9 +274,9 @@ class _OneShot:
 
 
 def _env(msg: tuple) -> bytes:
-    import pickle
+    from regent.actor._transport import encode_env
 
-    return pickle.dumps(msg, 5)
+    return encode_env(msg)
 
 
 def visibility_env(index: int) -> dict[str, str]:

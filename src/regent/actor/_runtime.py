@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import signal
 import socket
@@ -37,7 +36,7 @@ from regent.actor import _future
 from regent.actor._config import config
 from regent.actor._errors import MeshFailure, SupervisionError
 from regent.actor._future import Future
-from regent.actor._transport import Connection, connect, listen
+from regent.actor._transport import Connection, connect, decode_env, encode_env, listen
 
 logger = logging.getLogger("regent.actor")
 
@@ -291,6 +290,8 @@ class Runtime:
             fn(*args)
             return
         self._inbox.append((fn, args))
+        if self._inbox_scheduled:
+            return  # a drain is pending and will see this item (it resets the flag before draining)
         with self._inbox_lock:
             if self._inbox_scheduled:
                 return
@@ -344,7 +345,7 @@ class Runtime:
 
     def _on_open(self, conn: Connection) -> None:
         self.connections.add(conn)
-        conn.send(pickle.dumps(("hello", self.info), 5), b"")
+        conn.send(encode_env(("hello", self.info)), b"")
 
     def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
         self.connections.discard(conn)
@@ -355,21 +356,22 @@ class Runtime:
             del self.routes[peer]
         if self.stopping:
             return
-        if peer in self.graceful:
-            self.proc_gone(peer, None)
-        elif (self.spawner is not None and self.spawner.is_child(peer)) or peer in self.remote_procs:
-            # a child of ours or of a worker: the parent reports the real exit status; fall back if it never does
+        if (self.spawner is not None and self.spawner.is_child(peer)) or peer in self.remote_procs:
+            # a child of ours or of a worker: its parent reports the exit (status, and only once the
+            # process is really gone); fall back if that report never comes
             self.loop.call_later(3.0, self._connection_lost_fallback, peer)
+        elif peer in self.graceful:
+            self.proc_gone(peer, None)
         else:
             self.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
 
     def _connection_lost_fallback(self, peer: str) -> None:
         if peer not in self.dead and peer not in self.routes:
-            self.proc_gone(peer, f"lost connection to process {peer}")
+            self.proc_gone(peer, None if peer in self.graceful else f"lost connection to process {peer}")
 
     def _on_frame(self, conn: Connection | None, env: bytes, body: Any, buffers: list) -> None:
         try:
-            msg = pickle.loads(env)
+            msg = decode_env(env)
             handler = self.handlers[msg[0]]
         except Exception as exc:  # noqa: BLE001 - a bad envelope is dropped, the connection survives
             logger.error("dropping malformed message from %s: %s", conn.peername if conn else "self", exc)
@@ -480,7 +482,7 @@ class Runtime:
 
     def send(self, proc_id: str, env: tuple, body: Any = b"", buffers: list = ()) -> None:
         """Send one message to a process (loop thread only). Queues while connecting."""
-        env_bytes = pickle.dumps(env, 5)
+        env_bytes = encode_env(env)
         self.send_raw(proc_id, env_bytes, body, buffers)
 
     def send_raw(self, proc_id: str, env_bytes: bytes, body: Any, buffers: list = ()) -> None:
@@ -502,7 +504,7 @@ class Runtime:
     def _undeliverable(self, proc_id: str, env_bytes: bytes) -> None:
         """A message to a dead process: answer its reply port, if any, so nobody waits forever."""
         try:
-            msg = pickle.loads(env_bytes)
+            msg = decode_env(env_bytes)
         except Exception:  # noqa: BLE001
             return
         reply = reply_of(msg)
@@ -583,7 +585,7 @@ class Runtime:
             err = ActorError(RuntimeError(f"result could not be pickled: {exc!r}"), "Actor call failed.")
             body, bufs = dumps((err.exception, str(exc), ""))
             status = ERROR
-        env = pickle.dumps(("r", reply[1], reply[2], status), 5)
+        env = encode_env(("r", reply[1], reply[2], status))
         self.run_on_loop(self.send_raw, reply[0], env, body, bufs)
 
     def track(self, pending: PendingReply) -> None:
