@@ -412,3 +412,38 @@ def test_mesh_passed_before_its_procs_are_up(procs):
     user = procs.slice(gpus=1).spawn("mesh_user", MeshUser)
     maker = procs.slice(gpus=0).spawn("mesh_maker", MeshMaker)
     assert maker.spawn_and_share.call_one(user).get(timeout=TIMEOUT) == 5
+
+
+def test_port_exception_reaches_receiver():
+    port, rx = Channel.open()
+    port.exception(KeyError("missing"))
+    with pytest.raises(ActorError, match="missing"):
+        rx.recv().get(timeout=TIMEOUT)
+    port.send(1)
+    assert rx.recv().get(timeout=TIMEOUT) == 1
+
+
+def test_send_choose_reaches_one_actor(counter):
+    port, rx = Channel.open()
+    send(counter.echo, ("one",), {}, port=port, selection="choose")
+    assert rx.recv().get(timeout=TIMEOUT) == "one"
+    nothing = rx.recv()
+    with pytest.raises(TimeoutError):
+        nothing.get(timeout=0.3)
+
+
+def test_stream_yields_in_arrival_order(counter):
+    futures = list(counter.sleep.stream(0.0))
+    assert [f.get(timeout=TIMEOUT) for f in futures] == [0.0, 0.0]
+    slow_first = counter.call_fn.stream(lambda: (time.sleep(0.8 if current_rank()["gpus"] == 0 else 0),
+                                                 current_rank()["gpus"])[1])
+    assert [f.get(timeout=TIMEOUT) for f in slow_first] == [1, 0]
+
+
+def test_future_result_and_exception_helpers(counter):
+    ok = counter.slice(gpus=0).echo.call_one(9)
+    assert ok.result(timeout=TIMEOUT) == 9 and ok.exception(timeout=TIMEOUT) is None
+    with pytest.raises(TypeError):
+        from regent.actor import Future
+
+        Future()
