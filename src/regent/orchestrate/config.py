@@ -89,7 +89,8 @@ class RunConfig:
         if self.train is None:
             from regent.train.config import TrainConfig
 
-            self.train = TrainConfig()
+            # the embedded demo: small enough that 8 trainer processes make progress on a laptop CPU
+            self.train = TrainConfig(seq_len=128, batch_size=4, data_max_bytes=4_000_000)
         if self.ft is None:
             from regent.ft.config import FTConfig
 

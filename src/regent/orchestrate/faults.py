@@ -10,7 +10,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class PlannedFault:
-    at: float  # seconds since the run started
+    at: float  # seconds since the first training step (start-up time is not counted)
     replica: int
     kind: str
     rank: int  # trainer rank inside the replica; ignored for `node`

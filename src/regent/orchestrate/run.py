@@ -37,6 +37,7 @@ class OrchestrationManager:
         self.display = LiveDisplay(self.view, cfg.live)
         self.max_step = 0
         self.t_start = time.time()
+        self.t_train: float | None = None  # the first step: the fault clock starts here, after start-up
         self.healthy_since: dict[int, float | None] = {r: None for r in range(cfg.replicas)}
         self.full_restart_pending = False
         self.stop_requested_at: int | None = None
@@ -61,6 +62,8 @@ class OrchestrationManager:
         if r is not None and self.healthy_since.get(r) is None:
             self.healthy_since[r] = time.time()
         self.max_step = max(self.max_step, m.get("step", 0))
+        if self.t_train is None:
+            self.t_train = time.time()
 
     async def drain(self, receiver: Any) -> None:
         while True:
@@ -140,7 +143,9 @@ class OrchestrationManager:
         while not self._done():
             await asyncio.sleep(0.25)
             self.display.refresh()
-            now = time.time() - self.t_start
+            if self.t_train is None:
+                continue
+            now = time.time() - self.t_train
             if schedule is not None and schedule.due(now) and not self.full_restart_pending:
                 fault = schedule.pick(now, self.healthy_since)
                 if fault is not None:
