@@ -147,7 +147,7 @@ class OrchestrationManager:
                 continue
             now = time.time() - self.t_train
             if schedule is not None and schedule.due(now) and not self.full_restart_pending:
-                fault = schedule.pick(now, self.healthy_since)
+                fault = schedule.pick(now, since_first_step(self.healthy_since, self.t_train))
                 if fault is not None:
                     self.faults_log.write(json.loads(fault_record(fault)))
                     target = replicas.slice(replicas=fault.replica)
@@ -218,6 +218,15 @@ class OrchestrationManager:
         )
         print(f"[regent] report: {self.run_dir / 'report.html'}", flush=True)
         return summary
+
+
+def since_first_step(healthy_since: dict[int, float | None], t_train: float) -> dict[int, float | None]:
+    """`healthy_since` (wall-clock times) on the fault schedule's clock, which starts at the first step.
+
+    Passing wall-clock times to `schedule.pick` made `now - since` hugely negative: no replica was ever
+    eligible, and a run injected no faults at all.
+    """
+    return {r: (since - t_train if since is not None else None) for r, since in healthy_since.items()}
 
 
 async def _aw(x: Any) -> Any:
