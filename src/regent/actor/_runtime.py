@@ -206,7 +206,7 @@ class Runtime:
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
         self.controller_failures: dict[str, str] = {}
         self._register_handlers()
-        from regent.actor._proc import install_handlers
+        from regent.actor._handlers import install_handlers
 
         install_handlers(self)
 

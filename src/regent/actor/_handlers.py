@@ -1,0 +1,204 @@
+"""Messages every process understands: deliver to an actor, spawn or stop one, report a failure,
+configure or stop this proc, and (on workers) start, kill or pre-warm procs for a remote owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import sys
+from typing import Any
+
+from regent.actor._cell import Cell
+from regent.actor._config import config
+from regent.actor._context import Instance, set_current
+from regent.actor._errors import format_remote_traceback
+from regent.actor._pickle import loads
+from regent.actor._proc import _controller_local, ensure_self_proc
+from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime
+from regent.actor._spawner import _env, _OneShot, spawner_of
+
+logger = logging.getLogger("regent.actor")
+
+
+def install_handlers(rt: Runtime) -> None:
+    def h_msg(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        key = msg[1]
+        cell = rt.cells.get(key)
+        item = ("m", msg[2], body, buffers, msg[3], msg[4])
+        if cell is not None:
+            cell.post(item)
+            return
+        dead = rt.dead_cells.get(key)
+        if dead is not None:
+            if msg[3] is not None:
+                rt.send_reply(msg[3], DEAD, dead)
+            return
+        # the spawn message may still be on its way (another sender's connection): hold the message
+        rt.unknown.setdefault(key, []).append(item)
+        if len(rt.unknown[key]) == 1:
+            rt.loop.call_later(config.spawn_timeout, expire_unknown, key)
+
+    def expire_unknown(key: str) -> None:
+        for item in rt.unknown.pop(key, []):
+            if item[4] is not None:
+                rt.send_reply(item[4], DEAD, f"no actor {key} in process {rt.proc_id}")
+
+    def h_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, key, mesh_id, rank, name, point, owner, is_async, reply = msg
+        try:
+            cls, args, kwargs = loads(body, buffers)
+        except Exception as exc:  # noqa: BLE001
+            text = f"Supervision event: actor {name}[{rank}] failed during spawn: {format_remote_traceback(exc)}"
+            rt.dead_cells[key] = text
+            rt.send_reply(reply, DEAD, text)
+            rt.send(owner[0], ("f", mesh_id, rank, text))
+            return
+        proc = rt.self_proc or ensure_self_proc(rt)
+        creator = rt.cells.get(owner[1]).ctx if owner[1] in rt.cells else None
+        cell = Cell(rt, key, mesh_id, rank, point, name, owner, cls, args, kwargs, is_async, reply, proc, creator)
+        rt.cells[key] = cell
+        for item in rt.unknown.pop(key, []):
+            cell.post(item)
+        cell.start()
+
+    def h_fail(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, mesh_id, rank, text = msg
+        rt.rank_failed(mesh_id, rank, text)
+
+    def h_stop_actor(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, key, reason, reply = msg
+        cell = rt.cells.get(key)
+        if cell is None:
+            if reply is not None:
+                rt.send_reply(reply, OK, None)
+            return
+        cell.post(("stop", reply, reason))
+
+    def h_configure(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        rt.loop.create_task(configure_self(rt, msg[1], body, buffers, msg[2]))
+
+    def h_stop_proc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        rt.loop.create_task(stop_self(rt, msg[2]))
+
+    def h_host_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, specs, events, reply = msg
+        rt.loop.create_task(host_spawn(rt, specs, bytes(body), events, reply))
+
+    def h_host_kill(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        for pid in msg[1]:
+            spawner_of(rt).kill(pid)
+
+    def h_host_keep_warm(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        spawner_of(rt).keep_warm(msg[1], msg[2])
+
+    def h_host_shutdown(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        logger.warning("worker %s shutting down at its controller's request", rt.proc_id)
+        spawner_of(rt).kill_all()
+        rt.loop.call_later(0.2, os._exit, 0)
+
+    def h_goc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, name, reply = msg
+
+        async def run() -> None:
+            try:
+                cls, args, kwargs = loads(body, buffers)
+                mesh = await _controller_local(rt, name, cls, args, kwargs)
+            except Exception as exc:  # noqa: BLE001
+                rt.send_reply(reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
+                return
+            rt.send_reply(reply, OK, mesh)
+
+        rt.loop.create_task(run())
+
+    rt.handlers.update(m=h_msg, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
+                       stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
+                       host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc)
+
+
+async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
+    """In a new proc: take the identity, env and rank the spawner gives, then run the bootstrap."""
+    new_pid = cfg["id"]
+    if new_pid != rt.proc_id:
+        old = rt.proc_id
+        rt.proc_id = new_pid
+        rt.info["id"] = new_pid
+        rt.directory.pop(old, None)
+        rt.directory[new_pid] = rt.info
+    os.environ.update(cfg.get("env") or {})
+    from regent.actor._config import RuntimeConfig
+
+    vars(config).update(vars(RuntimeConfig.from_env()))  # a claimed spare takes its owner's knobs
+    sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
+    rt.owner_proc_id = cfg["owner"]
+    rt.root_info = cfg.get("root")
+    if rt.root_info is not None:
+        rt.directory.setdefault(rt.root_info["id"], rt.root_info)
+    rank = (cfg["labels"], cfg["sizes"], cfg["rank"])
+    proc = ensure_self_proc(rt)
+    rt.proc_context = Instance(ROOT_KEY, cfg["name"], "Proc", rank, proc)
+    try:
+        if bytes(body):
+            fn = loads(body, buffers)
+            set_current(rt.proc_context, rank)
+            if inspect.iscoroutinefunction(fn):
+                await fn()
+            else:
+                def run() -> Any:
+                    set_current(rt.proc_context, rank)
+                    return fn()
+
+                result = await rt.loop.run_in_executor(None, run)
+                if inspect.isawaitable(result):
+                    await result
+    except BaseException as exc:  # noqa: BLE001 - reported to the spawner as a bootstrap failure
+        rt.send_reply(reply, ERROR, (exc, f"bootstrap of proc {cfg['name']} rank {cfg['rank']} failed",
+                                     format_remote_traceback(exc)))
+        return
+    rt.send_reply(reply, OK, None)
+
+
+async def stop_self(rt: Runtime, reply: tuple | None) -> None:
+    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
+    waits = []
+    for cell in list(rt.cells.values()):
+        fut = rt.loop.create_future()
+        port = rt.new_port(_OneShot(fut))
+        cell.post(("stop", (rt.proc_id, port, 0), "proc mesh stopped"))
+        waits.append(fut)
+    if waits:
+        await asyncio.wait(waits, timeout=config.stop_timeout)
+    if reply is not None:
+        rt.send_reply(reply, OK, None)
+    await asyncio.sleep(0)
+    for conn in list(rt.connections):
+        with contextlib.suppress(Exception):
+            conn.send(_env(("bye",)), b"")
+            conn.flush()
+    rt.stopping = True
+    if rt.spawner is not None:
+        rt.spawner.kill_all()
+    await asyncio.sleep(0.05)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:
+    """On a worker: start procs for a remote owner; forward their exits and output to it."""
+
+    def on_exit(pid: str, reason: str | None) -> None:
+        rt.send_reply(events, OK, ("exit", pid, reason))
+
+    def on_output(pid: str, stream: str, text: str) -> None:
+        rt.send_reply(events, OK, ("out", pid, stream, text))
+
+    try:
+        infos = await spawner_of(rt).spawn(specs, bootstrap, on_exit, on_output, release=False)
+    except BaseException as exc:  # noqa: BLE001
+        rt.send_reply(reply, ERROR, (exc, f"worker {rt.proc_id} could not spawn procs", format_remote_traceback(exc)))
+        return
+    rt.send_reply(reply, OK, infos)

@@ -1,0 +1,285 @@
+"""Starting procs on this machine: cold (a new Python process) or claimed from warm spares.
+
+A `LocalSpawner` lives in every process that starts procs (the controller, an actor that calls
+`this_host().spawn_procs`, a `regent worker`). It is the procs' parent: it reaps them and reports their exit
+status ("Killed(sig=9)", "Exited(3)"), pumps their stdout/stderr (prefixed with the proc's rank), and hands
+each new proc its identity, env and bootstrap ("configure") before anyone else may talk to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from regent.actor._config import config
+from regent.actor._errors import ActorError
+from regent.actor._pickle import loads
+from regent.actor._runtime import ERROR, OK, Runtime, new_id
+
+logger = logging.getLogger("regent.actor")
+
+
+class Child:
+    """A process this runtime started (a proc or a warm spare)."""
+
+    def __init__(self, pid: str, process: asyncio.subprocess.Process, label: str, spare: bool) -> None:
+        self.pid = pid
+        self.process = process
+        self.label = label
+        self.spare = spare
+        self.conn: Any = None
+        self.on_exit: Callable[[str, str | None], None] | None = None
+        self.on_output: Callable[[str, str, str], None] | None = None
+        self.exit_reason: str | None = None
+        self.graceful = False
+
+
+class LocalSpawner:
+    """Starts procs on this machine as children of this process, and keeps warm spares."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.children: dict[str, Child] = {}
+        self.spares: collections.deque[Child] = collections.deque()
+        self.starting_spares = 0
+        self.warm_target = 0
+        self.preload: list[str] = []
+
+    def is_child(self, pid: str) -> bool:
+        return pid in self.children
+
+    def forget_spare(self, pid: str) -> None:
+        for child in list(self.spares):
+            if child.pid == pid:
+                self.spares.remove(child)
+                self._replenish()
+
+    async def _start(self, pid: str, env: dict[str, str], label: str, spare: bool, preload: list[str],
+                     on_exit: Callable | None, on_output: Callable | None,
+                     sys_path: list[str] | None = None) -> Child:
+        rt = self.rt
+        boot = {
+            "id": pid,
+            "parent": rt.info,
+            "sys_path": list(dict.fromkeys(list(sys_path or []) + [p for p in sys.path if p])),
+            "cwd": os.getcwd(),
+            "preload": list(preload),
+            "tcp_host": rt.tcp_host,
+        }
+        full_env = dict(os.environ)
+        full_env.update(config.child_env())
+        full_env.update(env)
+        full_env["REGENT_BOOT"] = json.dumps(boot)
+        full_env["REGENT_JOB_SECRET"] = rt.secret.hex()
+        full_env.pop("REGENT_JOB_SECRET_FILE", None)
+        full_env["PYTHONUNBUFFERED"] = "1"
+        waiter = rt.loop.create_future()
+        rt.hello_waiters[pid] = waiter
+        rt.held.add(pid)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "regent.actor._proc_main",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=full_env,
+        )
+        child = Child(pid, process, label, spare)
+        child.on_exit = on_exit
+        child.on_output = on_output
+        self.children[pid] = child
+        rt.loop.create_task(self._pump(child, process.stdout, "stdout"))
+        rt.loop.create_task(self._pump(child, process.stderr, "stderr"))
+        exit_task = rt.loop.create_task(self._watch(child))
+        done, _ = await asyncio.wait([waiter, exit_task], timeout=config.spawn_timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            rt.hello_waiters.pop(pid, None)
+            if exit_task in done:
+                raise RuntimeError(f"proc {pid} exited during startup: {child.exit_reason}")
+            self.kill(pid)
+            raise TimeoutError(f"proc {pid} did not start within {config.spawn_timeout} s (REGENT_SPAWN_TIMEOUT)")
+        child.conn = waiter.result()
+        return child
+
+    async def _pump(self, child: Child, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                line = await stream.read(65536)
+            if not line:
+                return
+            text = line.decode(errors="replace")
+            if child.on_output is not None:
+                child.on_output(child.pid, name, f"[{child.label}] {text}" if config.prefix_output else text)
+
+    async def _watch(self, child: Child) -> str:
+        rc = await child.process.wait()
+        reason = f"Killed(sig={-rc})" if rc < 0 else f"Exited({rc})"
+        child.exit_reason = reason
+        self.children.pop(child.pid, None)
+        if child in self.spares:
+            self.spares.remove(child)
+            self._replenish()
+        graceful = child.graceful or (rc == 0 and child.pid in self.rt.graceful)
+        if child.on_exit is not None:
+            child.on_exit(child.pid, None if graceful else reason)
+        return reason
+
+    async def configure(self, child: Child, new_pid: str, cfg: dict, bootstrap: bytes) -> None:
+        """Give a started (or spare) process its identity, env and bootstrap; wait until it is ready."""
+        rt = self.rt
+        old_pid = child.pid
+        if child.pid != new_pid:
+            old = child.pid
+            self.children.pop(old, None)
+            rt.hello_waiters.pop(old, None)
+            rt.held.discard(old)
+            child.pid = new_pid
+            self.children[new_pid] = child
+            rt.held.add(new_pid)
+            child.conn.peer = new_pid
+        cfg = dict(cfg, id=new_pid)
+        fut = rt.loop.create_future()
+        port = rt.new_port(_OneShot(fut))
+        child.conn.send(_env(("configure", cfg, (rt.proc_id, port, 0))), bootstrap)
+        try:
+            status, body, buffers = await asyncio.wait_for(fut, config.spawn_timeout)
+        finally:
+            rt.drop_port(port)
+        if status != OK:
+            value = loads(body, buffers)
+            if status == ERROR:
+                exc, message, tb = value
+                raise ActorError(exc, message, tb)
+            raise RuntimeError(str(value))
+        info = dict(rt.directory.get(old_pid) or rt.directory.get(new_pid) or {})
+        info["id"] = new_pid
+        rt.learn(new_pid, info)
+
+    async def spawn(self, specs: list[dict], bootstrap: bytes, on_exit: Callable, on_output: Callable,
+                    release: bool) -> list[dict]:
+        """Start (or claim) one process per spec, configure them, and return their address infos."""
+
+        async def one(spec: dict) -> dict:
+            env = dict(spec.get("env") or {})
+            if spec.get("gpu_index") is not None:
+                env.update(visibility_env(spec["gpu_index"]))
+            if self.spares:
+                child = self.spares.popleft()
+                child.label = spec["label"]
+                self._replenish()
+            else:
+                child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output,
+                                          spec.get("sys_path"))
+            child.on_exit = on_exit
+            child.on_output = on_output
+            child.spare = False
+            cfg = dict(spec["cfg"], env=env)
+            try:
+                await self.configure(child, spec["pid"], cfg, bootstrap)
+            except BaseException:
+                self.kill(child.pid)
+                raise
+            info = self.rt.directory.get(child.pid)
+            if release:
+                self.rt.release(child.pid, child.conn)
+            else:
+                self.rt.held.discard(child.pid)
+            return info
+
+        return list(await asyncio.gather(*(one(s) for s in specs)))
+
+    def keep_warm(self, n: int, preload: list[str]) -> None:
+        if n < 0:
+            raise ValueError(f"keep_warm needs n >= 0, got {n}")
+        if list(preload) != self.preload:
+            while self.spares:  # spares that preloaded other modules are replaced
+                self.kill(self.spares.popleft().pid)
+        self.warm_target = n
+        self.preload = list(preload)
+        while len(self.spares) > n:
+            self.kill(self.spares.pop().pid)
+        self._replenish()
+
+    def _replenish(self) -> None:
+        missing = self.warm_target - len(self.spares) - self.starting_spares
+        for _ in range(max(0, missing)):
+            self.starting_spares += 1
+            self.rt.loop.create_task(self._start_spare())
+
+    async def _start_spare(self) -> None:
+        pid = new_id("spare")
+        try:
+            child = await self._start(pid, {}, f"spare {pid}", True, self.preload, None, _write_output)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not start a warm spare: %s", exc)
+            return
+        finally:
+            self.starting_spares -= 1
+        self.rt.held.discard(pid)
+        self.spares.append(child)
+
+    def kill(self, pid: str) -> None:
+        child = self.children.get(pid)
+        if child is not None and child.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        self.warm_target = 0
+        for pid in list(self.children):
+            self.kill(pid)
+
+    def os_pid(self, pid: str) -> int | None:
+        child = self.children.get(pid)
+        return child.process.pid if child else None
+
+
+class _OneShot:
+    def __init__(self, fut: asyncio.Future) -> None:
+        self.fut = fut
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        if not self.fut.done():
+            self.fut.set_result((status, body, buffers))
+
+
+def _env(msg: tuple) -> bytes:
+    from regent.actor._transport import encode_env
+
+    return encode_env(msg)
+
+
+def visibility_env(index: int) -> dict[str, str]:
+    """Accelerator pinning for the index-th proc of a host, from regent.platform when it is available."""
+    try:
+        from regent.platform import child_visibility_env
+    except (ImportError, AttributeError):
+        return {}
+    try:
+        return dict(child_visibility_env(index))
+    except Exception as exc:  # noqa: BLE001 - pinning is best effort; say why it was skipped
+        logger.warning("accelerator pinning for proc %d skipped: %s", index, exc)
+        return {}
+
+
+def _write_output(pid: str, stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    try:
+        out.write(text)
+        out.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def spawner_of(rt: Runtime) -> LocalSpawner:
+    if rt.spawner is None:
+        rt.spawner = LocalSpawner(rt)
+    return rt.spawner
