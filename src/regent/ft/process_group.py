@@ -102,7 +102,13 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-_GRAVEYARD_SIZE = 8
+
+
+def _leak(obj: Any) -> None:
+    """Keep `obj` alive until the process ends, past interpreter finalization (see `abort`)."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 class ReplicatedGroup:
@@ -131,7 +137,6 @@ class ReplicatedGroup:
         self._rank = -1
         self._world_size = 0
         self.replica_id = ""
-        self._graveyard: list[Any] = []
         self._waiter: _EventWaiter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -185,13 +190,18 @@ class ReplicatedGroup:
             pg, self._pg = self._pg, None
             self._store = None
             self._generation += 1
+            failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
         if pg is None:
             return
-        # Keep the dead communicator referenced for a while: if its last reference died with an in-flight
-        # work object on one of its own worker threads, its destructor would join that very thread.
-        self._graveyard = (self._graveyard + [pg])[-_GRAVEYARD_SIZE:]
+        if failed:
+            # Never destroy a communicator that failed. If its last reference died with an in-flight work
+            # object on one of its own worker threads, its destructor would join that very thread; and
+            # destroying one whose peer vanished can terminate the process at exit (seen with Gloo after a
+            # peer was frozen). What leaks per failure is a few threads, reclaimed by the OS at exit. A
+            # healthy communicator replaced at a new quorum has no work in flight and is destroyed here.
+            _leak(pg)
         if wait:
             _abort_communicator(pg)
         else:
