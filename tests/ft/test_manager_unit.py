@@ -93,3 +93,43 @@ def test_single_replica_steps_and_max_retries():
     finally:
         manager.shutdown()
         lighthouse.shutdown()
+
+
+@pytest.mark.interop
+def test_regent_manager_against_torchft_lighthouse():
+    """Regent's Manager speaks TorchFT's wire protocol: two replicas (threads) quorum through
+    `torchft_lighthouse` (TorchFT's Rust server), average, and commit."""
+    coordination = pytest.importorskip("torchft.coordination")
+    import threading
+
+    server = coordination.LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=200)
+    results: dict[str, object] = {}
+
+    def replica(name: str, value: float) -> None:
+        w = torch.zeros(2)
+        manager = Manager(
+            load_state_dict=lambda sd: w.copy_(sd["w"]), state_dict=lambda: {"w": w}, use_async_quorum=False,
+            lighthouse_addr=server.address(), replica_id=name, timeout=10, quorum_timeout=30,
+        )
+        try:
+            for _ in range(2):
+                manager.start_quorum()
+                t = torch.full((2,), value)
+                manager.allreduce(t).wait()
+                committed = manager.should_commit()
+            results[name] = (t.tolist(), committed, manager.current_step(), manager.num_participants())
+        except Exception as err:  # surfaced by the assertion below
+            results[name] = err
+        finally:
+            manager.shutdown()
+
+    threads = [threading.Thread(target=replica, args=(n, v)) for n, v in (("a", 1.0), ("b", 3.0))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        server.shutdown()
+    assert results["a"] == ([2.0, 2.0], True, 2, 2), results
+    assert results["b"] == ([2.0, 2.0], True, 2, 2), results
