@@ -133,3 +133,23 @@ def test_regent_manager_against_torchft_lighthouse():
         server.shutdown()
     assert results["a"] == ([2.0, 2.0], True, 2, 2), results
     assert results["b"] == ([2.0, 2.0], True, 2, 2), results
+
+
+def test_rank0_shares_an_existing_store_at_its_port():
+    """With MASTER_PORT already served (e.g. by the trainer's own process group), the Manager joins it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    existing = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=10))
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
+    manager = Manager(lighthouse_addr=lighthouse.address(), replica_id="shared", store_port=existing.port,
+                      timeout=5, quorum_timeout=10)
+    try:
+        assert existing.get("regent/replica_id").decode() == manager.replica_id
+        manager.start_quorum()
+        assert manager.should_commit() and manager.current_step() == 1
+    finally:
+        manager.shutdown()
+        lighthouse.shutdown()

@@ -401,13 +401,17 @@ class Manager:
                 )
             port = 0
         self._store_host = addr
-        return dist.TCPStore(
-            addr,
-            int(port),
-            is_master=self.group_rank == 0,
-            timeout=datetime.timedelta(seconds=self.connect_timeout),
-            wait_for_workers=False,
-        )
+        timeout = datetime.timedelta(seconds=self.connect_timeout)
+        if self.group_rank == 0:
+            try:
+                return dist.TCPStore(addr, int(port), is_master=True, timeout=timeout, wait_for_workers=False)
+            except (RuntimeError, OSError) as err:
+                if int(port) == 0 or "in use" not in str(err).lower():
+                    raise
+                # Someone (e.g. the trainer's own default process group at MASTER_PORT) already serves a
+                # store there: share it as a client, like TorchFT does with torchrun's store.
+                logger.info("store %s:%s already served; joining it as a client", addr, port)
+        return dist.TCPStore(addr, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
 
     # ---- state ------------------------------------------------------------------------------------------
     def register_state_dict_fn(
