@@ -100,6 +100,8 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     nbytes: int
+    # for a DTensor: (placements, global shape, global stride); the receiver rebuilds it on its own mesh
+    dtensor: Any = None
 
 
 @dataclass
@@ -160,7 +162,8 @@ def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
             t = local_view(node).detach()
-            metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size()))
+            spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride())) if _is_dtensor(node) else None
+            metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size(), spec))
             tensors.append(t)
             return _Slot(len(tensors) - 1)
         if isinstance(node, dict):
@@ -179,19 +182,29 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
     """Rebuild the state. Where `like` (the receiver's own state) holds a DTensor at the same path, the
     result is that DTensor (filled in place) or a DTensor wrapped around the received shard."""
     own = _tensors_by_path(like) if like is not None else {}
+    # All of a trainer's DTensors live on its one FSDP mesh: a shard the receiver has no slot for yet (say,
+    # outer-optimizer momentum on a fresh replica) is rebuilt on that mesh with the donor's layout.
+    any_mesh = next((t.device_mesh for t in own.values() if _is_dtensor(t)), None)
 
     def restore(index: int) -> torch.Tensor:
         t = tensors[index]
-        mine = own.get(meta.tensors[index].path)
-        if mine is None or not _is_dtensor(mine):
-            return t
-        local = mine.to_local()
-        if local.data_ptr() == t.data_ptr() and local.shape == t.shape:
-            return mine
-        from torch.distributed.tensor import DTensor
+        tm = meta.tensors[index]
+        mine = own.get(tm.path)
+        if mine is not None and _is_dtensor(mine):
+            local = mine.to_local()
+            if local.data_ptr() == t.data_ptr() and local.shape == t.shape:
+                return mine
+            from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(t.to(local.device), mine.device_mesh, mine.placements, run_check=False,
-                                  shape=mine.shape, stride=mine.stride())
+            return DTensor.from_local(t.to(local.device), mine.device_mesh, mine.placements, run_check=False,
+                                      shape=mine.shape, stride=mine.stride())
+        if tm.dtensor is not None and any_mesh is not None:
+            from torch.distributed.tensor import DTensor
+
+            placements, shape, stride = tm.dtensor
+            return DTensor.from_local(t, any_mesh, placements, run_check=False, shape=torch.Size(shape),
+                                      stride=stride)
+        return t
 
     def walk(node: Any) -> Any:
         if isinstance(node, _Slot):
