@@ -641,6 +641,13 @@ class Manager:
                 self._apply_pending_state()
             except Exception as err:
                 self.report_error(err)
+        # Stop serving our state before the vote: once it passes, the optimizer changes the weights.
+        # In-flight reads by healers finish first; if they cannot within the timeout, we vote no
+        # (the weights then stay as they are, so nobody reads torn state).
+        try:
+            self._transport.disallow_checkpoint()
+        except Exception as err:
+            self.report_error(err)
         enough = self._participating_world_size >= self.min_replica_size
         local = enough and self._errored is None
         request = torchft_pb2.ShouldCommitRequest(should_commit=local, group_rank=self.group_rank, step=self._step)
@@ -649,7 +656,6 @@ class Manager:
         except grpc.RpcError as err:
             self.report_error(_rpc_error("should_commit", self._manager_addr, err))
             decision = False
-        self._transport.disallow_checkpoint()
         if decision:
             self._step += 1
             self._batches_committed += self._participating_world_size
