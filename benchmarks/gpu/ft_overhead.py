@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="1b")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per mode (cover >= 2 DiLoCo syncs)")
-    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=24,
+                        help="untimed steps; > --sync-every so the first DiLoCo sync (NCCL ring set-up) is not timed")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=4, help="local batch per GPU")
     parser.add_argument("--sync-every", type=int, default=20, help="DiLoCo inner steps per sync")
