@@ -137,7 +137,8 @@ def _run_mode(mode: str, args: argparse.Namespace, rank: int, device, out_dir: s
         session.close()
     heals = [d for k, d in events if k == "heal_done"]
     return {"seconds": elapsed, "committed": sum(bool(r.get("committed", True)) for r in records),
-            "step_times": _step_times(records), "param_hash": digest, "heals": heals, "quorums": sum(1 for k, _ in events if k == "quorum"),
+            "step_times": _step_times(records), "param_hash": digest, "heals": heals,
+            "quorums": sum(1 for k, _ in events if k == "quorum"),
             "participants_last": records[-1].get("participants") if records else None}
 
 
