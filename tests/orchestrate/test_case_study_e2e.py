@@ -29,7 +29,7 @@ COMMON = [
 
 # (seconds after the first training step, replica, kind, rank)
 SCHEDULE_A = [(15, 0, "kill", 1), (45, 1, "exception", 0), (75, 0, "segfault", 0), (105, 1, "exit", 1)]
-SCHEDULE_B = [(15, 1, "hang", 1), (50, 0, "node", 0), (85, 1, "comm", 0)]
+SCHEDULE_B = [(15, 1, "hang", 1), (60, 0, "node", 0), (100, 1, "comm", 0)]
 
 
 class Run:
@@ -66,7 +66,7 @@ def run_a(tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_b")
-    return run_regent(d / "run", "--duration", "140s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
+    return run_regent(d / "run", "--duration", "150s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
 
 
 def check_fault_recovered(run: Run, kind: str) -> None:

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from regent.actor import Actor, MeshFailure, Port, current_rank, endpoint, this_host
+from regent.actor import Actor, MeshFailure, Port, config, current_rank, endpoint, this_host
 from regent.orchestrate.events import make_event
 from regent.orchestrate.policy import Action, RestartPolicy
 
@@ -42,6 +42,8 @@ class ReplicaActor(Actor):
     def __init__(self, cfg: Any, lighthouse_addr: str, report: Port) -> None:
         self.cfg = cfg
         self.index = current_rank().rank
+        # A failed trainer mesh is replaced, not drained: do not wait long for a hung process to exit.
+        config.stop_timeout = 2.0
         self.lighthouse_addr = lighthouse_addr
         self.report = report
         self.policy = RestartPolicy(in_place_restarts=cfg.in_place_restarts, max_attempts=cfg.max_attempts)
