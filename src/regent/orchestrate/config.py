@@ -80,6 +80,7 @@ class RunConfig:
     max_attempts: int = 12  # M: give up on a replica after this many restarts
     checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
     live: bool | None = None  # rich live view; None = when stdout is a terminal
+    job_options: dict[str, Any] = field(default_factory=dict)  # passed to the job backend (TOML [job_options])
     train: Any = None
     ft: Any = None
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -179,7 +180,11 @@ def load_toml(path: str) -> dict[str, Any]:
 
 def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
     for key, value in data.items():
-        if isinstance(value, dict):
+        if key == "job_options":
+            if not isinstance(value, dict):
+                raise ConfigError("job_options must be a TOML table, e.g. [job_options] partition = \"gpu\"")
+            cfg.job_options.update(value)
+        elif isinstance(value, dict):
             for sub, v in value.items():
                 set_option(cfg, f"{key}.{sub}", v)
         else:

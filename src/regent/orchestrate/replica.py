@@ -72,9 +72,12 @@ class ReplicaActor(Actor):
     async def start(self, self_ref: Any) -> int:
         """Spawn the first generation of trainers and start them training; returns the generation."""
         self.self_ref = self_ref
-        self.host = this_host()
-        # Several replicas share this host: this replica's trainers must not land on another replica's GPUs.
-        os.environ.update(replica_gpu_env(self.index, self.cfg.procs_per_replica, dict(os.environ)))
+        if self.cfg.job == "local":
+            self.host = this_host()
+            # Several replicas share this host: this replica's trainers must not land on another's GPUs.
+            os.environ.update(replica_gpu_env(self.index, self.cfg.procs_per_replica, dict(os.environ)))
+        else:  # a real cluster: this replica's first host comes from the job layer too, one host each
+            await self._allocate()
         await self._start_attempt()
         self._watchdog = asyncio.get_running_loop().create_task(self._liveness_watchdog())
         return self.policy.generation
@@ -176,11 +179,15 @@ class ReplicaActor(Actor):
 
     async def _reallocate(self) -> None:
         """Ask the job layer for a fresh single-host allocation for this replica."""
+        await self._allocate()
+
+    async def _allocate(self) -> None:
         from regent.jobs import make_job
 
         old = self.job
         t0 = time.time()
-        job = make_job(self.cfg.job, 1, name=f"regent-replica-{self.index}")
+        job = make_job(self.cfg.job, 1, name=f"regent-replica-{self.index}",
+                       gpus_per_host=self.cfg.procs_per_replica, **self.cfg.job_options)
         await asyncio.to_thread(job.start)
         host = await asyncio.to_thread(job.host_mesh)
         self.job, self.host = job, host
