@@ -133,15 +133,15 @@ def _pair(timeout: float = 5.0):
 
 
 def test_group_transfer_in_place_and_stale_refused():
-    store, groups = _pair()
+    store, groups = _pair(timeout=2.0)
     try:
         donor, healer = GroupTransport(groups[0]), GroupTransport(groups[1])
         src = _state(1)
         into = _state(2)
         ptr = into["optim"]["state"][0]["exp_avg"].data_ptr()
         with ThreadPoolExecutor(2) as pool:
-            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
-            got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
+            f = pool.submit(donor.send_checkpoint, [1], 4, src, 2)
+            got = healer.recv_checkpoint(0, "<group>", 4, 2, into=into)
             f.result()
         _assert_same(got, src)
         assert got["optim"]["state"][0]["exp_avg"].data_ptr() == ptr

@@ -390,12 +390,12 @@ class _EventWaiter:
 def _wait_event(event: Any, timeout: float) -> bool:
     """Poll a CUDA event until it completes or `timeout` passes (never blocks past the deadline)."""
     deadline = time.monotonic() + timeout
-    pause = 0.0002
+    pause = 0.00005
     while not event.query():
         if time.monotonic() >= deadline:
             return False
         time.sleep(pause)
-        pause = min(pause * 2, 0.01)
+        pause = min(pause * 2, 0.0005)  # a coarser poll would add up to its period to every transfer
     return True
 
 
