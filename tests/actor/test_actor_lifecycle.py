@@ -255,3 +255,25 @@ def test_worker_host_keeps_warm_spares_and_shuts_down():
             hosts.spawn_procs(per_host={"gpus": 1})
     finally:
         job.kill()
+
+
+class Busy(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def work(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_stop_with_timeout_kills_busy_procs_quickly():
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    busy = pm.spawn("busy", Busy)
+    pids = busy.pid.call().get(timeout=TIMEOUT).values()
+    busy.work.broadcast(60)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    pm.stop(timeout=0.5).get(timeout=TIMEOUT)
+    assert time.monotonic() - t0 < 8
+    assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10)

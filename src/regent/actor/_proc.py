@@ -325,10 +325,13 @@ class ProcMesh(MeshTrait):
         owner_key = context().actor_instance.key
         return spawn_actor_mesh(self, name, Class, args, kwargs, owner_key)
 
-    def stop(self, reason: str = "stopped by client") -> Future:
+    def stop(self, reason: str = "stopped by client", timeout: float | None = None) -> Future:
+        """Stop every actor (running `__cleanup__`) and end the procs. Procs still there after `timeout`
+        seconds (Regent extension; default REGENT_STOP_TIMEOUT, 10 s) are killed, so this never hangs;
+        `timeout=0` kills at once (fast restarts when actors may be stuck in a collective)."""
         if not self._state.owned or len(self._shape) != self._state.extent.nelements and not self._state.is_self:
             raise ValueError("ProcMesh is not owned; must be stopped by an owner")
-        return get_runtime().submit(self._stop_async())
+        return get_runtime().submit(self._stop_async(timeout))
 
     async def _stop_async(self, timeout: float | None = None) -> None:
         state = self._state
@@ -349,7 +352,9 @@ class ProcMesh(MeshTrait):
             if pid not in rt.dead:
                 rt.send(pid, ("stop_proc", "stopped by owner", None))
         if exits:
-            _, pending = await asyncio.wait(exits, timeout=timeout)
+            pending = {f for f in exits if not f.done()}
+            if timeout > 0:
+                _, pending = await asyncio.wait(exits, timeout=timeout)
             if pending:
                 for pid in state.proc_ids:
                     if pid not in rt.dead:
