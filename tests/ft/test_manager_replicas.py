@@ -173,3 +173,29 @@ def test_kill_rpc_exits_the_replica(lighthouse, tmp_path):
     with grpc.insecure_channel(members[0]["address"]) as channel:
         torchft_pb2_grpc.ManagerServiceStub(channel).Kill(torchft_pb2.KillRequest(msg="test"), timeout=10)
     assert proc.wait(timeout=30) == 1
+
+
+def test_training_survives_a_lighthouse_restart(tmp_path):
+    """The Lighthouse dies mid-run and comes back on the same address: the Managers keep heartbeating and
+    retrying, a new quorum forms, and the replicas finish in step and bit-identical."""
+    first = _lighthouse(2)
+    port = first.port
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--steps", "14", "--sleep", "0.1", "--timeout", "5")
+    procs = [spawn(first.address(), "a", a_out, *common), spawn(first.address(), "b", b_out, *common)]
+    second = None
+    try:
+        _wait_for_step(a_out, 4)
+        first.shutdown()
+        time.sleep(1.0)
+        second = LighthouseServer(
+            bind=f"127.0.0.1:{port}", min_replicas=2, join_timeout_ms=2000, heartbeat_timeout_ms=2000
+        )
+        assert wait_all(procs) == [0, 0], logs(a_out) + logs(b_out)
+    finally:
+        for p in procs:
+            p.kill()
+        if second is not None:
+            second.shutdown()
+    ha, hb = hashes(a_out), hashes(b_out)
+    assert ha == hb and max(ha) == 14

@@ -350,6 +350,7 @@ class Manager:
         self._batches_committed = 0
         self._commit_failures = 0
         self._quorum_id = -1
+        self._quorum_key: tuple[int, tuple[str, ...]] | None = None
         self._errored: Exception | None = None
         self._healing = False
         self._pending_state: Any = None
@@ -513,7 +514,11 @@ class Manager:
             self._participating_rank = result.replica_rank
             self._participating_world_size = result.replica_world_size
 
-        if result.quorum_id != self._quorum_id:
+        # Rebuild the group when the membership decision changed. The quorum id alone is not enough: a
+        # restarted Lighthouse counts from 1 again, so the members are part of the key, and a quorum that
+        # reports commit failures always rebuilds (every member sees the same max, so all agree).
+        quorum_key = (result.quorum_id, tuple(result.replica_ids))
+        if quorum_key != self._quorum_key or result.commit_failures > 0:
             self._emit(
                 "quorum",
                 quorum_id=result.quorum_id,
@@ -522,10 +527,15 @@ class Manager:
                 step=self._step,
                 max_step=result.max_step,
             )
-            store = f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}"
+            # Unique per rebuild: the suffix separates two rebuilds under one quorum id (Lighthouse restart).
+            store = (
+                f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}"
+                f"/s{result.max_step}f{result.commit_failures}"
+            )
             try:
                 self._pg.configure(store, self.replica_id, result.replica_rank, result.replica_world_size)
                 self._quorum_id = result.quorum_id
+                self._quorum_key = quorum_key
             except Exception as err:
                 self.report_error(RuntimeError(f"rebuilding the replicated group at {store} failed: {err}"))
                 return
@@ -696,8 +706,8 @@ class Manager:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the server, the heartbeats, the transport and the group."""
+        self._channel.close()  # cancels an in-flight quorum call, so the quorum thread ends now
         self._executor.shutdown(wait=wait, cancel_futures=True)
-        self._channel.close()
         self._transport.shutdown()
         self._pg.shutdown()
         if self._server is not None:
