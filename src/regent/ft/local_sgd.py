@@ -242,6 +242,26 @@ class DiLoCo:
     def local_step(self) -> int:
         return self._local_step
 
+    def join_now(self) -> bool:
+        """Take part in the replicas' current sync round right away (a replica that has just started).
+
+        The quorum heals this replica from a donor (global parameters, outer momentum, and the donor's local
+        parameters at its sync point), then it computes the same pseudo-gradient and joins the same
+        allreduce as the others, so from here on its local steps run in phase with theirs. At the very start
+        of training this is the initial weight sync (a no-op outer step). Returns whether a sync committed.
+        """
+        self._manager.start_quorum()
+        self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
+        self._pending.prepare_sync()
+        self._local_step = self._period - self._delay
+        if self._local_step < self._period:
+            return False  # the allreduce is in flight; it is applied after `fragment_sync_delay` steps
+        fragment, self._pending = self._pending, None
+        self._local_step = 0
+        committed = fragment.perform_sync()
+        self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
+        return committed
+
     def _after_step(self) -> None:
         self._local_step += 1
         if self._local_step == self._period - self._delay:
