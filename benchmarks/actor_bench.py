@@ -12,6 +12,10 @@ never compete for the 2 cores.
 The table goes to the terminal; everything (all rounds, machine, versions, load) goes to
 benchmarks/results/actor_bench.json. Targets come from issue 2.
 
+--stages prints where one Regent `call_one` spends its time, hop by hop (caller, controller loop, proc,
+actor, back), for a sync and an async actor. It wraps two runtime internals (`Runtime.run_on_loop`,
+`Gather.deliver`), so it names them when they have moved.
+
 --profile DIR runs each Regent measure on its own under py-spy (`pip install py-spy`), sampling the
 controller and every proc it spawns, and writes DIR/<measure>.txt (raw collapsed stacks, loadable in
 speedscope or flamegraph.pl) and DIR/<measure>_top.txt (the top frames per process, self and inclusive).
@@ -26,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -235,6 +240,79 @@ def summary_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+STAGES = (
+    ("caller thread: checks, pickling, bookkeeping (until call_one returns)", "t0", "t1"),
+    ("caller thread -> controller loop thread wake-up", "t1", "loop_start"),
+    ("controller loop: envelope + socket write", "loop_start", "sent"),
+    ("socket -> proc loop -> (actor thread) -> endpoint starts", "sent", "actor"),
+    ("endpoint returns -> reply -> proc loop -> socket -> controller loop", "actor", "reply_on_loop"),
+    ("controller loop -> caller thread wakes in Future.get", "reply_on_loop", "t2"),
+    ("total", "t0", "t2"),
+)
+
+
+def stage_breakdown(n: int = 3000, warmup: int = 300) -> dict[str, dict[str, float]]:
+    """Median microseconds per hop of one call_one, for a sync and an async endpoint (see --stages)."""
+    import regent.actor as api
+    from regent.actor import _mesh, _runtime
+
+    for owner, name in ((_runtime.Runtime, "run_on_loop"), (_mesh.Gather, "deliver")):
+        if not hasattr(owner, name):
+            raise SystemExit(f"--stages wraps {owner.__module__}.{owner.__name__}.{name}, which no longer exists; "
+                             "update stage_breakdown() in benchmarks/actor_bench.py")
+    marks: dict[str, float] = {}
+    original_run_on_loop, original_deliver = _runtime.Runtime.run_on_loop, _mesh.Gather.deliver
+
+    def run_on_loop(self: Any, fn: Callable, *args: Any) -> None:
+        if getattr(fn, "__name__", "") != "on_loop":  # the closure Endpoint._send hands to the loop
+            return original_run_on_loop(self, fn, *args)
+
+        def timed(*inner: Any) -> None:
+            marks["loop_start"] = time.perf_counter()
+            fn(*inner)
+            marks["sent"] = time.perf_counter()
+
+        return original_run_on_loop(self, timed, *args)
+
+    def deliver(self: Any, *args: Any) -> None:
+        marks["reply_on_loop"] = time.perf_counter()
+        return original_deliver(self, *args)
+
+    class SyncStamp(api.Actor):
+        @api.endpoint
+        def stamp(self, payload: Any) -> float:
+            return time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes on one machine
+
+    class AsyncStamp(api.Actor):
+        @api.endpoint
+        async def stamp(self, payload: Any) -> float:
+            return time.perf_counter()
+
+    _runtime.Runtime.run_on_loop, _mesh.Gather.deliver = run_on_loop, deliver
+    out: dict[str, dict[str, float]] = {}
+    try:
+        procs = api.this_host().spawn_procs(per_host={"gpus": 1})
+        for label, cls in (("sync", SyncStamp), ("async", AsyncStamp)):
+            mesh = procs.spawn(f"stamp_{label}", cls)
+            mesh.stamp.call_one(0).get(timeout=120)
+            samples: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+            for i in range(warmup + n):
+                marks.clear()
+                marks["t0"] = time.perf_counter()
+                fut = mesh.stamp.call_one(b"x" * 64)
+                marks["t1"] = time.perf_counter()
+                marks["actor"] = fut.get(timeout=120)
+                marks["t2"] = time.perf_counter()
+                if i >= warmup and len(marks) == 7:
+                    for name, start, end in STAGES:
+                        samples[name].append(max(0.0, marks[end] - marks[start]))
+            out[label] = {name: statistics.median(v) * 1e6 for name, v in samples.items() if v}
+        procs.stop().get(timeout=120)
+    finally:
+        _runtime.Runtime.run_on_loop, _mesh.Gather.deliver = original_run_on_loop, original_deliver
+    return out
+
+
 def summarize_collapsed(text: str, top: int = 15) -> dict[str, dict[str, Any]]:
     """Top frames per process from py-spy's raw collapsed stacks (`--format raw --subprocesses`).
 
@@ -311,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(MEASURES)}")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "actor_bench.json"),
                         help="where to write the JSON results")
+    parser.add_argument("--stages", action="store_true",
+                        help="print where one Regent call_one spends its time, hop by hop, and exit")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="profile each Regent measure with py-spy into DIR instead of benchmarking")
     args = parser.parse_args(argv)
@@ -321,6 +401,13 @@ def main(argv: list[str] | None = None) -> None:
     only = {m.strip() for m in args.only.split(",") if m.strip()} or None
     if only and only - set(MEASURES):
         parser.error(f"unknown measure(s) {sorted(only - set(MEASURES))}; choose from {', '.join(MEASURES)}")
+    if args.stages:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        result = stage_breakdown(n=500 if args.quick else 3000)
+        print(f"{'stage':72s} {'sync µs':>9s} {'async µs':>9s}   (load {os.getloadavg()[0]:.1f})")
+        for name, _, _ in STAGES:
+            print(f"{name:72s} {result['sync'].get(name, float('nan')):9.1f} {result['async'].get(name, float('nan')):9.1f}")
+        return
     if args.profile:
         profile_regent(Path(args.profile), args.quick, sorted(only) if only else list(MEASURES))
         return

@@ -109,3 +109,17 @@ def test_fault_hook_records_instead_of_exiting():
     measures.install_fault_hook(api, faults)
     api.unhandled_fault_hook("failure on mesh \"m\" at ranks [0]")
     assert faults == ['failure on mesh "m" at ranks [0]']
+
+
+@pytest.mark.slow
+def test_stage_breakdown_runs_against_the_current_runtime():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "actor_bench.py"), "--stages", "--quick"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    total = [line for line in proc.stdout.splitlines() if line.startswith("total")]
+    assert total, proc.stdout
+    sync_us, async_us = (float(x) for x in total[0].split()[1:3])
+    assert sync_us > 0 and async_us > 0
