@@ -91,11 +91,13 @@ class RunConfig:
             from regent.train.config import TrainConfig
 
             # the embedded demo: small enough that 8 trainer processes make progress on a laptop CPU
-            self.train = TrainConfig(seq_len=128, batch_size=4, data_max_bytes=4_000_000)
+            self.train = TrainConfig(seq_len=64, batch_size=4, data_max_bytes=4_000_000)
         if self.ft is None:
             from regent.ft.config import FTConfig
 
-            self.ft = FTConfig()
+            # A DiLoCo quorum waits for the slowest replica's whole local phase; a restarted replica waits
+            # in it for the next sync boundary. Give it minutes, not seconds.
+            self.ft = FTConfig(quorum_timeout_s=600.0, timeout_s=20.0)
         if not self.run_dir:
             self.run_dir = str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
 

@@ -173,13 +173,16 @@ class OrchestrationManager:
         """Stop at a common sync boundary so the replicas can be compared bit for bit."""
         cfg = self.cfg
         h = cfg.ft.sync_every if cfg.ft.mode == "diloco" else 1
-        target = cfg.steps if cfg.steps is not None else self.max_step + h
+        target = cfg.steps if cfg.steps is not None else self.max_step + 1
         target = int(math.ceil(max(target, 1) / h) * h)
         self.stop_requested_at = target
+        # long enough for the slowest replica to reach the boundary at the pace seen so far
+        rate = healthy_step_rate(list(read_jsonl(self.run_dir / "metrics.jsonl")),
+                                 list(read_jsonl(self.run_dir / "events.jsonl"))) or 0.1
+        wait = max(120.0, 3 * h / rate + 60)
         try:
             await replicas.request_stop.call(target)
-            vm = await asyncio.wait_for(_aw(replicas.finish.call(cfg.ft.quorum_timeout_s + 60)),
-                                        timeout=cfg.ft.quorum_timeout_s + 120)
+            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:
             logger.warning("finishing replicas: %r", exc)

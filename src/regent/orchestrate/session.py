@@ -61,9 +61,11 @@ class TrainingSession:
         )
         ft = cfg.ft
         self.mode = ft.mode
+        self._in_step = False  # inside optimizer.step(): the trainer's step counter has not moved yet
+        self.trainer.optimizer.register_step_pre_hook(lambda *_: self._set_in_step(True))
         self.manager = Manager(
-            load_state_dict=self.trainer.load_state_dict,
-            state_dict=self.trainer.state_dict,
+            load_state_dict=self._load_peer_state,
+            state_dict=self._peer_state,
             min_replica_size=ft.min_replica_size,
             use_async_quorum=(ft.mode == "ddp"),
             timeout=ft.timeout_s,
@@ -99,10 +101,44 @@ class TrainingSession:
         else:
             self.trainer.grad_reduce_hook = self._allreduce_grads
             self.trainer.commit_hook = self.manager.should_commit
+            # a donor never serves weights that its optimizer is halfway through updating
+            self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.disallow_state_dict_read())
+            self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.allow_state_dict_read())
+        # registered last, so it runs after DiLoCo's post-hook (where syncs and heals happen)
+        self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
         if resume_from:
             self._resume(resume_from)
+        if self.diloco is not None:
+            # Join the replicas' sync round right away instead of after `sync_every` local steps: a fresh
+            # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
+            # same allreduce, and then runs its local steps in phase with everyone. (At the very start of
+            # training this is the initial weight sync.)
+            self.diloco.join_now()
         self.stop_at: int | None = None
         self.inject_exception = False
+
+    # -- the state a healer receives ------------------------------------------------------------------
+    def _set_in_step(self, value: bool) -> None:
+        self._in_step = value
+
+    def _peer_state(self) -> dict[str, Any]:
+        """The trainer's state, marked with whether it was taken inside optimizer.step() (DiLoCo syncs and
+        heals happen in the optimizer's post-hook, before the trainer counts the step)."""
+        sd = self.trainer.state_dict()
+        sd["mid_step"] = self._in_step
+        return sd
+
+    def _load_peer_state(self, sd: dict[str, Any]) -> None:
+        sd = dict(sd)
+        # The step counter and the schedule must end up where the donor's will be once both finish the
+        # current step: correct by one when exactly one side is inside optimizer.step().
+        delta = int(bool(sd.pop("mid_step", False))) - int(self._in_step)
+        self.trainer.load_state_dict(sd)
+        if delta:
+            self.trainer.step += delta
+            sched = self.trainer.lr_scheduler.state_dict()
+            sched["step_count"] += delta
+            self.trainer.lr_scheduler.load_state_dict(sched)
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
@@ -125,9 +161,9 @@ class TrainingSession:
     # -- the loop --------------------------------------------------------------------------------------
     def at_boundary(self) -> bool:
         """Replicas are bit-identical only right after a sync: every step in ddp mode, every H in DiLoCo."""
-        if self.mode == "ddp":
+        if self.diloco is None:
             return True
-        return self.trainer.step % self.cfg.ft.sync_every == 0
+        return self.diloco.local_step == 0
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.trainer.step >= self.stop_at and self.at_boundary()
