@@ -60,7 +60,9 @@ def write_schedule(path: Path, schedule: list[tuple[int, int, str, int]]) -> str
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_a")
-    return run_regent(d / "run", "--duration", "160s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_A))
+    # one in-place restart per replica, then the job layer gives a fresh allocation (a new local worker host)
+    return run_regent(d / "run", "--duration", "160s", "--in-place-restarts", "1",
+                      "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_A))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +93,14 @@ def check_fault_recovered(run: Run, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["kill", "exception", "segfault", "exit"])
 def test_fault_heals_from_peer_a(run_a, kind):
     check_fault_recovered(run_a, kind)
+
+
+def test_fresh_allocation_after_k_in_place_restarts(run_a):
+    for r in (0, 1):
+        kinds = [e for e in run_a.events if e["replica"] == r and e["kind"] in ("restart_done", "allocation")]
+        actions = [e.get("action") for e in kinds if e["kind"] == "restart_done"]
+        assert actions[:2] == ["restart_in_place", "reallocate"], actions
+        assert any(e["kind"] == "allocation" for e in kinds), f"replica {r} got no fresh allocation"
 
 
 @pytest.mark.parametrize("kind", ["hang", "node"])

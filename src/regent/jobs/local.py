@@ -135,6 +135,28 @@ class ProcessJob:
         if self._secret_file and os.path.exists(self._secret_file):
             os.unlink(self._secret_file)
 
+    # -- the `regent.jobs.base.Job` contract, so `--job local` reallocation works like the other backends --
+    def start(self) -> None:
+        """The Job contract's name for `apply()`."""
+        self.apply()
+
+    def worker_addresses(self, timeout: float = 60.0) -> list[str]:
+        """`tcp://host:port` of every worker, in order (they are known once `start()` returns)."""
+        self.apply()
+        return [a for name in self.meshes for a in self._addresses[name]]
+
+    def is_alive(self) -> bool:
+        """True while every worker process is running."""
+        procs = [p for ps in self._workers.values() for p in ps]
+        return bool(procs) and all(p.poll() is None for p in procs)
+
+    def renew(self) -> ProcessJob:
+        """Kill these workers and return a fresh, started job of the same shape."""
+        self.kill()
+        fresh = ProcessJob(dict(self.meshes), env=self.env, start_timeout=self.start_timeout)
+        fresh.apply()
+        return fresh
+
     def __enter__(self) -> ProcessJob:
         self.apply()
         return self
