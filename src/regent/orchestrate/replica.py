@@ -173,9 +173,25 @@ class ReplicaActor(Actor):
             except Exception as exc:  # could not even spawn: count it as another failure of this generation
                 self._on_failure(gen, f"restart failed: {exc!r}", traceback.format_exc())
                 return
+            await self._wait_ready(gen)
             self.last_restart_seconds = time.time() - t0
             self.emit("restart_done", generation=gen, seconds=self.last_restart_seconds,
                       warm_spare=bool(self.cfg.warm_spares), action=action.value)
+
+    async def _wait_ready(self, gen: int, timeout: float = 300.0) -> None:
+        """Until every new trainer has its model built (processes started, torch imported, CUDA up), so that
+        `restart_done` marks the end of the respawn and the wait for the quorum is counted separately."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and gen == self.policy.generation and self.trainers is not None:
+            try:
+                steps = await asyncio.wait_for(_as_awaitable(self.trainers.ping.call()), timeout=10)
+            except asyncio.TimeoutError:
+                continue
+            except Exception:
+                return  # the new mesh failed already: supervision takes over
+            if all(v >= 0 for _, v in steps.items()):
+                return
+            await asyncio.sleep(0.1)
 
     async def _reallocate(self) -> None:
         """Ask the job layer for a fresh single-host allocation for this replica."""
@@ -206,6 +222,7 @@ class ReplicaActor(Actor):
             self.resume_from = checkpoint_dir
             gen = self.policy.restart_finished()
             await self._start_attempt()
+            await self._wait_ready(gen)
             self.emit("restart_done", generation=gen, seconds=time.time() - t0, full_restart=True,
                       action="full_restart")
             return time.time() - t0

@@ -34,6 +34,7 @@ class TrainingSession:
         lighthouse_addr: str,
         on_event: Callable[[str, dict], None] | None = None,
         resume_from: str | None = None,
+        on_ready: Callable[[TrainingSession], None] | None = None,
     ) -> None:
         from regent.ft.manager import Manager
         from regent.train.trainer import Trainer
@@ -108,14 +109,16 @@ class TrainingSession:
         self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
         if resume_from:
             self._resume(resume_from)
+        self.stop_at: int | None = None
+        self.inject_exception = False
+        if on_ready is not None:
+            on_ready(self)  # built and ready; what follows is waiting for the other replicas
         if self.diloco is not None:
             # Join the replicas' sync round right away instead of after `sync_every` local steps: a fresh
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
             # same allreduce, and then runs its local steps in phase with everyone. (At the very start of
             # training this is the initial weight sync.)
             self.diloco.join_now()
-        self.stop_at: int | None = None
-        self.inject_exception = False
 
     # -- the state a healer receives ------------------------------------------------------------------
     def _set_in_step(self, value: bool) -> None:

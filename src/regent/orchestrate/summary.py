@@ -16,7 +16,7 @@ def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     events = sorted(events, key=lambda e: e["time"])
     out: list[dict[str, Any]] = []
-    last_fault: dict[int, float] = {}
+    last_fault: dict[int, tuple[float, str | None]] = {}
     open_rec: dict[int, dict[str, Any]] = {}
     for e in events:
         r = e.get("replica")
@@ -24,12 +24,12 @@ def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r is None:
             continue
         if kind == "fault_injected":
-            last_fault[r] = e["time"]
+            last_fault[r] = (e["time"], e.get("fault_kind"))
         elif kind == "failure_detected" and r not in open_rec:
-            t_fault = last_fault.pop(r, e["time"])
+            t_fault, fault_kind = last_fault.pop(r, (e["time"], None))
             open_rec[r] = {
                 "replica": r,
-                "fault_kind": e.get("fault_kind"),
+                "fault_kind": fault_kind,
                 "t_fault": t_fault,
                 "t_detect": e["time"],
                 "failed_generation": e.get("generation"),

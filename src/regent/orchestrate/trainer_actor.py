@@ -69,7 +69,7 @@ class TrainerActor(Actor):
             self.session = TrainingSession(
                 self.cfg, replica_index=self.replica_index, rank=self.rank, world_size=self.world_size,
                 generation=self.generation, lighthouse_addr=self.lighthouse_addr, on_event=self._event,
-                resume_from=self.resume_from,
+                resume_from=self.resume_from, on_ready=self._ready,
             )
             if self._pending_stop is not None:
                 self.session.stop_at = self._pending_stop
@@ -90,6 +90,10 @@ class TrainerActor(Actor):
                 time.sleep(0.2)  # let the report leave before the actor fails
             finally:
                 raise
+
+    def _ready(self, session: Any) -> None:
+        """The process is up, torch imported, model built: from here on it only waits for its quorum."""
+        self.session = session
 
     # -- control --------------------------------------------------------------------------------------
     @endpoint
