@@ -94,7 +94,7 @@ def main() -> None:
         "--replicas", str(args.replicas), "--procs-per-replica", str(args.procs_per_replica), "--model", "debug",
         "--duration", args.duration, "--no-live", "--seed", str(args.seed),
         "--ft.sync-every", str(args.sync_every), "--train.seq-len", "64", "--train.batch-size", "4",
-        "--ft.timeout-s", "10", "--faults.hang-timeout", "8", "--lighthouse.join-timeout-ms", "1000",
+        "--ft.timeout-s", "10", "--faults.hang-timeout", "8", "--lighthouse.join-timeout-ms", "10000",
         "--lighthouse.heartbeat-timeout-ms", "3000",
     ]
     faults = draw_schedule(out / "faults.jsonl", kinds=args.kinds.split(","), every=every, duration=duration,

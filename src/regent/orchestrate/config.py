@@ -56,7 +56,10 @@ class LighthouseConfig:
     address: str | None = None  # use an external Lighthouse instead of starting one
     bind: str = "127.0.0.1:0"
     min_replicas: int = 1
-    join_timeout_ms: int = 2000
+    # How long a quorum waits for replicas that heartbeat but have not asked to join yet. It must exceed a
+    # DiLoCo local phase (sync_every steps): that wait is what brings a replica that drifted out of phase
+    # back into the same sync round as the others.
+    join_timeout_ms: int = 20000
     quorum_tick_ms: int = 50
     heartbeat_timeout_ms: int = 5000
 

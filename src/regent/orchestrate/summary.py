@@ -119,8 +119,9 @@ def compute_summary(
     quorum_ids = [e["quorum_id"] for e in events if e.get("quorum_id") is not None]
     starts = [e["time"] for e in events if e["kind"] == "run_started"]
     ends = [e["time"] for e in events if e["kind"] == "run_finished"]
+    # the training time: first to last step (start-up and the final stop are not training time)
     t0 = min(m["time"] for m in metrics) if metrics else (starts[0] if starts else 0.0)
-    t1 = ends[-1] if ends else (max(m["time"] for m in metrics) if metrics else t0)
+    t1 = max(m["time"] for m in metrics) if metrics else (ends[-1] if ends else t0)
     rate = baseline_rate or healthy_step_rate(metrics, events)
     # replica-steps a fault-free run would have committed between the first and the last step
     expected = rate * replicas * max(t1 - t0, 1e-9) if rate else None
