@@ -136,7 +136,9 @@ def compute_summary(
         "failures_detected": sum(e["kind"] == "failure_detected" for e in events),
         "recoveries": len(recs),
         "heals": sum(e["kind"] == "heal_done" for e in events),
-        "full_restarts": sum(e["kind"] == "restart_done" and e.get("full_restart", False) for e in events),
+        # one full restart restarts every replica: count the restarts, not the replicas restarted
+        "full_restarts": len({e.get("generation") for e in events
+                              if e["kind"] == "restart_done" and e.get("full_restart", False)}),
         "gave_up": sum(e["kind"] == "gave_up" for e in events),
         "max_quorum_id": max(quorum_ids, default=0),
         "initial_loss": losses[0]["loss"] if losses else None,
