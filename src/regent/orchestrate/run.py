@@ -109,10 +109,11 @@ class OrchestrationManager:
             with self.display:
                 await self._supervise_run(replicas)
         except (KeyboardInterrupt, asyncio.CancelledError):
-            print("[regent] interrupted: stopping replicas", flush=True)
+            print("[regent] interrupted: stopping every replica now", flush=True)
             code = 130
         finally:
-            await self._finish(replicas)
+            if code == 0:
+                await self._finish(replicas)  # stop at a common sync boundary and compare the replicas
             drain.cancel()
             for mesh in (rep_procs, lh_procs):
                 try:
