@@ -151,12 +151,14 @@ class ReplicaActor(Actor):
         if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
             self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
 
-    async def _stop_trainers(self) -> None:
+    async def _stop_trainers(self, graceful: bool = False) -> None:
+        """Stop the trainer mesh. After a failure it is killed at once (timeout 0): a half-dead replica must
+        stop heartbeating to the Lighthouse quickly, or the others wait for it at their next quorum."""
         procs, self.procs, self.trainers = self.procs, None, None
         if procs is None:
             return
         try:
-            await asyncio.wait_for(_as_awaitable(procs.stop()), timeout=30)
+            await asyncio.wait_for(_as_awaitable(procs.stop(timeout=None if graceful else 0)), timeout=30)
         except Exception as exc:  # a dead mesh may fail to stop cleanly; its processes are gone either way
             logger.warning("replica %d: stopping old mesh: %r", self.index, exc)
 
@@ -296,7 +298,7 @@ class ReplicaActor(Actor):
         self.finished = True
         if self._watchdog:
             self._watchdog.cancel()
-        await self._stop_trainers()
+        await self._stop_trainers(graceful=True)
         return result
 
     async def __cleanup__(self, exc: Exception | None) -> None:
