@@ -152,13 +152,13 @@ class ReplicaActor(Actor):
             self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
 
     async def _stop_trainers(self, graceful: bool = False) -> None:
-        """Stop the trainer mesh. After a failure it is killed at once (timeout 0): a half-dead replica must
-        stop heartbeating to the Lighthouse quickly, or the others wait for it at their next quorum."""
+        """Stop the trainer mesh (processes that do not exit within the short stop timeout set in __init__
+        are killed). `graceful` is for the end of the run."""
         procs, self.procs, self.trainers = self.procs, None, None
         if procs is None:
             return
         try:
-            await asyncio.wait_for(_as_awaitable(procs.stop(timeout=None if graceful else 0)), timeout=30)
+            await asyncio.wait_for(_as_awaitable(procs.stop()), timeout=30)
         except Exception as exc:  # a dead mesh may fail to stop cleanly; its processes are gone either way
             logger.warning("replica %d: stopping old mesh: %r", self.index, exc)
 
