@@ -48,6 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--state-file", "--state_file", dest="state_file", default=None,
         help="save the last quorum id here so a restarted Lighthouse keeps ids increasing (recommended)",
     )
+    parser.add_argument(
+        "--server", choices=("lite", "grpcio"), default="lite",
+        help="gRPC server: lite (Regent's lean HTTP/2 server, default) or grpcio (grpcio's asyncio server)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.set_defaults(func=run_lighthouse)
     return parser
@@ -68,6 +72,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             state_file=args.state_file,
+            server=args.server,
         )
     except (OSError, ValueError) as err:
         print(f"regent lighthouse: {err}", file=sys.stderr)

@@ -4,12 +4,14 @@ It serves TorchFT's gRPC `LighthouseService` (so TorchFT managers and clients wo
 HTTP dashboard. The decision itself is `regent.ft.quorum.quorum_compute`; this module only feeds it and
 broadcasts its results.
 
-Threading: all Lighthouse state lives on one asyncio loop (grpc.aio) in a background thread, so no lock is
-needed and a Quorum call costs no thread. The HTTP dashboard runs in its own threads and reads the state through
-the loop.
+Threading: all Lighthouse state lives on one asyncio loop in a background thread, so no lock is needed and a
+Quorum call costs no thread. gRPC is served by `regent.ft.grpc_lite` (a lean HTTP/2 server on that loop; a
+single-replica Quorum call costs a fraction of what grpcio's asyncio server spends), or by grpcio's asyncio
+server with `server="grpcio"` / `regent lighthouse --server grpcio`. The HTTP dashboard runs in its own
+threads and reads the state through the loop.
 
-Ports: gRPC listens on the bound port P; the dashboard listens on **P + 1** (grpcio cannot share a port with
-plain HTTP/1.1). With port 0 a free pair (P, P + 1) is chosen.
+Ports: gRPC listens on the bound port P; the dashboard listens on **P + 1** (so plain HTTP/1.1 never shares the
+gRPC port). With port 0 a free pair (P, P + 1) is chosen.
 
 Differences from TorchFT, on purpose:
 - a Quorum call that ends (client deadline, cancel, disconnect) withdraws its participant, so a replica that
@@ -43,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
+from regent.ft import grpc_lite
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
     LighthouseState,
@@ -70,6 +74,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 20_000),
 ]
+SERVER_KINDS = ("lite", "grpcio")
 KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
 
@@ -141,13 +146,14 @@ EMPTY_HEARTBEAT_RESPONSE = torchft_pb2.LighthouseHeartbeatResponse().SerializeTo
 
 
 def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
-    """`torchft.LighthouseService` with pre-serialized responses: an issued quorum is encoded once, not once
-    per waiting replica (the generated servicer would re-serialize it for each of them)."""
+    """`torchft.LighthouseService` for grpcio's server (`server="grpcio"`), with pre-serialized responses: an
+    issued quorum is encoded once, not once per waiting replica."""
 
     async def quorum(request: torchft_pb2.LighthouseQuorumRequest, context: aio.ServicerContext) -> bytes:
         if not request.HasField("requester"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing requester")
-        return await lighthouse._quorum(request.requester)
+        result = lighthouse._quorum(request.requester)
+        return result if isinstance(result, bytes) else await result
 
     async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
         lighthouse._state.heartbeats[request.replica_id] = time.monotonic()
@@ -166,6 +172,31 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
     )
 
 
+def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]:
+    """`torchft.LighthouseService` for the lean server (the default): bytes in, bytes out."""
+
+    def quorum(request: bytes, deadline: float | None) -> bytes | asyncio.Future:
+        try:
+            message = torchft_pb2.LighthouseQuorumRequest.FromString(request)
+        except DecodeError as err:
+            raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Quorum request: {err}") from None
+        if not message.HasField("requester"):
+            raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, "missing requester")
+        return lighthouse._quorum(message.requester)
+
+    def heartbeat(request: bytes, deadline: float | None) -> bytes:
+        try:
+            message = torchft_pb2.LighthouseHeartbeatRequest.FromString(request)
+        except DecodeError as err:
+            raise grpc_lite.RpcStatusError(
+                grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
+            ) from None
+        lighthouse._state.heartbeats[message.replica_id] = time.monotonic()
+        return EMPTY_HEARTBEAT_RESPONSE
+
+    return grpc_lite.method_table("torchft.LighthouseService", {"Quorum": quorum, "Heartbeat": heartbeat})
+
+
 class LighthouseServer:
     """A Lighthouse in this process, served from a background thread until `shutdown()`."""
 
@@ -177,10 +208,17 @@ class LighthouseServer:
         quorum_tick_ms: int = 100,
         heartbeat_timeout_ms: int = 5000,
         state_file: str | os.PathLike[str] | None = None,
+        server: str = "lite",
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
-        again at 1, and managers could meet an id they already used (a stale rendezvous prefix)."""
+        again at 1, and managers could meet an id they already used (a stale rendezvous prefix).
+
+        `server` picks the gRPC implementation: "lite" (default, `regent.ft.grpc_lite`, the fast one) or
+        "grpcio" (grpcio's asyncio server, kept for comparison)."""
+        if server not in SERVER_KINDS:
+            raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
+        self._server_kind = server
         self._opts = QuorumOptions(
             min_replicas=min_replicas,
             join_timeout_ms=join_timeout_ms,
@@ -315,6 +353,11 @@ class LighthouseServer:
         return cls((self._host, port), handler)
 
     async def _create_grpc_server(self, port: int) -> None:
+        if self._server_kind == "lite":
+            lite = grpc_lite.Server(_lite_handlers(self))
+            await lite.start(self._host, port)
+            self._server = lite
+            return
         server = aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers((_service_handler(self),))
         bound = server.add_insecure_port(format_hostport(self._host, port))
@@ -323,12 +366,16 @@ class LighthouseServer:
         self._server = server
 
     async def _start_serving(self) -> None:
-        await self._server.start()
+        if self._server_kind == "grpcio":
+            await self._server.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_forever())
 
     async def _stop_serving(self) -> None:
         self._tick_task.cancel()
-        await self._server.stop(grace=0)
+        if self._server_kind == "lite":
+            await self._server.stop()
+        else:
+            await self._server.stop(grace=0)
 
     # ---- quorum -------------------------------------------------------------------------------------------
 
@@ -339,31 +386,54 @@ class LighthouseServer:
         self._wire[member.replica_id] = wire
         return participant
 
-    async def _quorum(self, wire: torchft_pb2.QuorumMember) -> bytes:
-        """Serve one Quorum call: join, then wait for a quorum that includes us. Returns the encoded response."""
+    def _quorum(self, wire: torchft_pb2.QuorumMember) -> bytes | asyncio.Future:
+        """Serve one Quorum call: join, then wait for a quorum that includes us. Returns the encoded response at
+        once when this call completes a quorum, else a task that resolves to it."""
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
         self._state.heartbeats[rid] = time.monotonic()  # a Quorum request is an implicit heartbeat
-        loop = asyncio.get_running_loop()
-        mine = self._join(wire, member)
         logger.debug("quorum request from %s (step %d)", rid, member.step)
-        try:
-            while True:
-                issued = loop.create_future()
-                self._waiters.append(issued)
-                if quorum_possible(self._state, self._opts):
-                    self._tick()
-                ids, quorum_id, payload = await issued
-                if rid in ids:
-                    return payload
-                # Issued without us (e.g. shrink_only): re-insert ourselves and wait for the next one.
-                logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
-                mine = self._join(wire, member)
-        finally:
-            if self._state.participants.get(rid) is mine:
-                # The caller stopped waiting (deadline, cancel, disconnect): withdraw it.
-                del self._state.participants[rid]
-                self._wire.pop(rid, None)
+        mine = [self._join(wire, member)]
+        while True:
+            issued = self._wait_for_next()
+            if not issued.done():
+                break
+            ids, quorum_id, payload = issued.result()
+            if rid in ids:
+                return payload
+            logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
+            mine[0] = self._join(wire, member)
+        task = self._loop.create_task(self._quorum_wait(wire, member, mine, issued))
+        # A done callback, not a `finally`: it runs even if the call is cancelled before the task starts.
+        task.add_done_callback(lambda _: self._withdraw(rid, mine[0]))
+        return task
+
+    def _wait_for_next(self) -> asyncio.Future:
+        """A future for the next issued quorum; issues one now if it is already possible."""
+        issued = self._loop.create_future()
+        self._waiters.append(issued)
+        if quorum_possible(self._state, self._opts):
+            self._tick()
+        return issued
+
+    async def _quorum_wait(
+        self, wire: torchft_pb2.QuorumMember, member: QuorumMember, mine: list[Participant], issued: asyncio.Future
+    ) -> bytes:
+        rid = member.replica_id
+        while True:
+            ids, quorum_id, payload = await issued
+            if rid in ids:
+                return payload
+            # Issued without us (e.g. shrink_only): re-insert ourselves and wait for the next one.
+            logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
+            mine[0] = self._join(wire, member)
+            issued = self._wait_for_next()
+
+    def _withdraw(self, rid: str, participant: Participant) -> None:
+        """The caller stopped waiting (deadline, cancel, disconnect): take it out of the next quorum."""
+        if self._state.participants.get(rid) is participant:
+            del self._state.participants[rid]
+            self._wire.pop(rid, None)
 
     def _tick(self) -> None:
         now = time.monotonic()
