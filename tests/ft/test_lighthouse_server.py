@@ -477,3 +477,35 @@ def test_quorum_without_requester_is_rejected(lighthouse):
         assert reply.quorum.participants[0].data == "not json"
         assert reply.quorum.HasField("created")
     assert server.status()["prev_quorum"]["participants"][0]["data"] == {"raw": "not json"}
+
+
+@pytest.mark.parametrize("kind", ["lite", "grpcio"])
+def test_cancelled_quorum_call_withdraws_the_participant_on_either_server(lighthouse, kind):
+    import grpc
+
+    from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+
+    server = lighthouse(min_replicas=2, server=kind)
+    with grpc.insecure_channel(normalize_address(server.address())) as channel:
+        stub = torchft_pb2_grpc.LighthouseServiceStub(channel)
+        request = torchft_pb2.LighthouseQuorumRequest(requester=torchft_pb2.QuorumMember(replica_id="w"))
+        call = stub.Quorum.future(request, timeout=30)
+        deadline = time.monotonic() + 5
+        while not server.status()["waiting"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [w["replica_id"] for w in server.status()["waiting"]] == ["w"]
+        call.cancel()
+        while server.status()["waiting"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.status()["waiting"] == []
+        # A request that is not a LighthouseQuorumRequest at all: INVALID_ARGUMENT (grpcio's server says UNKNOWN).
+        garbage = channel.unary_unary("/torchft.LighthouseService/Quorum")
+        with pytest.raises(grpc.RpcError) as info:
+            garbage(b"\xff\xff\xff", timeout=10)
+        expected = grpc.StatusCode.INVALID_ARGUMENT if kind == "lite" else grpc.StatusCode.UNKNOWN
+        assert info.value.code() == expected
+
+
+def test_unknown_server_kind_is_rejected():
+    with pytest.raises(ValueError, match="unknown Lighthouse server"):
+        LighthouseServer(server="tornado")
