@@ -171,3 +171,35 @@ def test_group_receive_timeout_raises():
         for g in groups:
             g.shutdown()
         del store
+
+
+def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
+    store, groups = _pair(timeout=5.0)
+    sent: list[int] = []
+    real_send_many = groups[0].send_many
+
+    def counting_send_many(tensors, dst, first_tag=0):
+        sent.extend(t.numel() for t in tensors)
+        real_send_many(tensors, dst, first_tag)
+
+    groups[0].send_many = counting_send_many
+    try:
+        # w and exp_avg (8 KiB each) go alone; b (64 B) and the step counter (4 B) travel in one pack.
+        donor, healer = GroupTransport(groups[0], packed_below=1024), GroupTransport(groups[1], packed_below=1024)
+        src, into = _state(1), _state(2)
+        own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
+               into["optim"]["state"][0]["exp_avg"]]
+        ptrs = [t.data_ptr() for t in own]
+        with ThreadPoolExecutor(2) as pool:
+            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
+            got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
+            f.result()
+        _assert_same(got, src)
+        assert sent == [64 + 4, 64 * 32 * 4, 64 * 32 * 4]
+        got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
+                   got["optim"]["state"][0]["exp_avg"]]
+        assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store

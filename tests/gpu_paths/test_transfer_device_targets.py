@@ -44,3 +44,14 @@ def test_stream_fallback_keeps_staging_into_own_tensors_of_any_device() -> None:
     into = _state("cpu")
     targets = _targets(donor_meta, into, torch.device("meta"))
     assert targets[0].data_ptr() == into["model"]["w"].data_ptr()
+
+
+def test_small_tensors_arrive_packed_so_own_host_tensors_serve_in_place() -> None:
+    # Tensors under `packed_below` are copied out of one device buffer, so a host-resident step counter is
+    # filled in place while large tensors still never target another device.
+    donor_meta, _ = flatten_state(_state("cpu"), step=5)
+    into = _state("cpu")
+    targets = _targets(donor_meta, into, torch.device("meta"), same_device=True, packed_below=16)
+    step = into["optimizer"]["state"]["w"]["step"]
+    assert [t.device for t in targets] == [torch.device("meta"), step.device, torch.device("meta")]
+    assert targets[1].data_ptr() == step.data_ptr()

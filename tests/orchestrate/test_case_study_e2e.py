@@ -171,3 +171,16 @@ def test_fault_free_replicas_stay_in_phase(tmp_path):
     assert all(quorums[q] == 3 for q in ids if q > full[0]), quorums
     assert run.summary["replicas_consistent"] is True, run.summary["final_states"]
     assert run.summary["final_loss"] < run.summary["initial_loss"]
+
+
+def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
+    """ft.mode=ddp: gradients averaged every step (in buckets, during backward). A killed replica restarts in
+    place, heals from its peer at a step boundary, and both end bit-identical."""
+    sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
+    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
+                     "--duration", "45s", "--faults-file", sched)
+    check_fault_recovered(run, "kill")
+    s = run.summary
+    assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
+    assert s["replicas_consistent"] is True, s.get("final_states")
+    assert s["final_loss"] < s["initial_loss"]

@@ -32,6 +32,9 @@ class FTConfig:
     backend: str | None = None  # None: regent.platform decides (nccl/rccl on GPU, gloo on CPU)
     init_sync: bool = True
     max_retries: int | None = None
+    # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after
+    # backward). FSDP-sharded replicas always reduce after backward.
+    bucket_mb: float = 25.0
 
     def validate(self) -> None:
         """Fail before launch with a message that names the fix."""
@@ -52,6 +55,8 @@ class FTConfig:
                 )
         if not 0.0 <= self.fragment_update_alpha <= 1.0:
             raise ValueError(f"ft.fragment_update_alpha={self.fragment_update_alpha} must be in [0, 1]")
+        if self.bucket_mb < 0:
+            raise ValueError(f"ft.bucket_mb={self.bucket_mb}: must be >= 0 (0 reduces after backward)")
         if self.min_replica_size < 1:
             raise ValueError(f"ft.min_replica_size={self.min_replica_size}: must be >= 1")
         for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s"):

@@ -22,6 +22,7 @@ import datetime
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
+
+# Point-to-point messages per NCCL group when a batch is coalesced.
+COALESCE_WINDOW = 64
 
 
 def default_backend() -> str:
@@ -128,6 +132,9 @@ class ReplicatedGroup:
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"unknown backend {self.backend!r}; use 'gloo' or 'nccl' (RCCL on ROCm is 'nccl')")
         self.timeout = _seconds(timeout)
+        # Coalesce batched point-to-point messages where the backend can (NCCL); REGENT_P2P_COALESCE=0 turns
+        # it off (for comparison, or for a NCCL build where it misbehaves).
+        self.coalesce_p2p = os.environ.get("REGENT_P2P_COALESCE", "1") != "0"
         self.connect_timeout = _seconds(connect_timeout)
         self._lock = threading.Lock()
         self._pg: Any = None
@@ -339,6 +346,21 @@ class ReplicatedGroup:
         """Receive into each tensor in place, in order (the counterpart of `send_many`)."""
         self._p2p_batch("recv", [[t] for t in tensors], src, first_tag)
 
+    def _coalesced(self, pg: Any, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> list:
+        """Issue the batch in windows of one NCCL group each (ncclGroupStart/End, as `batch_isend_irecv`
+        does): one launch per window instead of one per message."""
+        device = self.device
+        works = []
+        for start in range(0, len(batch), COALESCE_WINDOW):
+            pg._start_coalescing(device)
+            try:
+                for i in range(start, min(start + COALESCE_WINDOW, len(batch))):
+                    getattr(pg, what)(batch[i], peer, first_tag + i)
+            finally:
+                work = pg._end_coalescing(device)
+            works.append(work)
+        return works
+
     def _p2p(self, what: str, tensors: list[torch.Tensor], peer: int, tag: int) -> None:
         self._p2p_batch(what, [tensors], peer, tag)
 
@@ -346,7 +368,10 @@ class ReplicatedGroup:
         pg, generation = self._current()
         deadline = time.monotonic() + self.timeout
         try:
-            works = [getattr(pg, what)(tensors, peer, first_tag + i) for i, tensors in enumerate(batch)]
+            if self.coalesce_p2p and len(batch) > 1 and getattr(pg, "supports_coalescing", False):
+                works = self._coalesced(pg, what, batch, peer, first_tag)
+            else:
+                works = [getattr(pg, what)(tensors, peer, first_tag + i) for i, tensors in enumerate(batch)]
             for work in works:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):

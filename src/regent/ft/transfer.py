@@ -34,6 +34,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+# Tensors smaller than this travel packed into one message over the replicated group.
+PACKED_BELOW_BYTES = 1 << 20
+
 
 class RWLock:
     """Many readers (donors serving state) or one writer (the optimizer changing the weights)."""
@@ -220,12 +223,16 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
     return walk(meta.skeleton)
 
 
-def _targets(meta: StateMeta, into: Any, device: torch.device, same_device: bool = False) -> list[torch.Tensor]:
+def _targets(
+    meta: StateMeta, into: Any, device: torch.device, same_device: bool = False, packed_below: int = 0
+) -> list[torch.Tensor]:
     """Receive buffers: the healer's own tensors where path/shape/dtype match (in place), else new ones.
 
     With `same_device`, an own tensor is used only if it lives on `device`: NCCL can only receive into GPU
     memory, and a trainer keeps some state on the host (AdamW's `step` counters are CPU tensors). Those get
-    a fresh buffer on `device`, which the trainer's `load_state_dict` copies into its own tensor.
+    a fresh buffer on `device`, which the trainer's `load_state_dict` copies into its own tensor. Tensors
+    under `packed_below` bytes arrive packed and are copied out of the pack, so their own tensor serves
+    wherever it lives.
     """
     existing: dict[str, torch.Tensor] = {}
     if into is not None:
@@ -235,11 +242,19 @@ def _targets(meta: StateMeta, into: Any, device: torch.device, same_device: bool
     for m in meta.tensors:
         t = existing.get(m.path)
         if (t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous()
-                and (not same_device or t.device == device)):
+                and (not same_device or t.device == device or 0 < m.nbytes < packed_below)):
             out.append(t)
         else:
             out.append(torch.empty(m.shape, dtype=m.dtype, device=device))
     return out
+
+
+def split_by_size(metas: list[TensorMeta], packed_below: int) -> tuple[list[int], list[int]]:
+    """Indices of the non-empty tensors that travel packed together (under `packed_below` bytes) and of
+    those that travel as their own message. Donor and healer both derive it from the metadata."""
+    small = [i for i, m in enumerate(metas) if 0 < m.nbytes < packed_below]
+    large = [i for i, m in enumerate(metas) if m.nbytes >= packed_below]
+    return small, large
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -267,13 +282,16 @@ class CheckpointTransport(Protocol):
 class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
-    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then each tensor raw
-    (one message per non-empty tensor, issued as one batch: no host round-trip between tensors).
-    The receiver checks the step before receiving any tensor and refuses a stale one.
+    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message with
+    every tensor under `packed_below` bytes packed back to back (norm weights, AdamW step counters: hundreds
+    of tiny messages would each cost a NCCL launch, more than their bytes), then each larger tensor raw, all
+    issued as one batch (no host round-trip between tensors). The receiver checks the step before receiving
+    any tensor and refuses a stale one.
     """
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES) -> None:
         self._group = group
+        self.packed_below = packed_below
 
     def metadata(self) -> str:
         return "<group>"
@@ -283,11 +301,14 @@ class GroupTransport:
         device = self._group.device
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
-        staged = [t if t.device == device and t.is_contiguous() else t.to(device).contiguous() for t in tensors]
+        small, large = split_by_size(meta.tensors, self.packed_below)
+        messages = [_as_bytes(_staged(tensors[i], device)) for i in large]
+        if small:
+            messages.insert(0, torch.cat([_as_bytes(_staged(tensors[i], device)) for i in small]))
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
-            self._group.send_many([_as_bytes(t) for t in staged if t.numel()], dst, first_tag=3)
+            self._group.send_many(messages, dst, first_tag=3)
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
@@ -304,12 +325,31 @@ class GroupTransport:
                 f"donor replica rank {src_rank} offered state of step {meta.step}, expected {step}: "
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
-        targets = _targets(meta, into, device, same_device=True)
-        self._group.recv_many([_as_bytes(t) for t in targets if t.numel()], src_rank, first_tag=3)
+        targets = _targets(meta, into, device, same_device=True, packed_below=self.packed_below)
+        small, large = split_by_size(meta.tensors, self.packed_below)
+        messages = [_as_bytes(targets[i]) for i in large]
+        pack = None
+        if small:
+            pack = torch.empty(sum(meta.tensors[i].nbytes for i in small), dtype=torch.uint8, device=device)
+            messages.insert(0, pack)
+        self._group.recv_many(messages, src_rank, first_tag=3)
+        if pack is not None:
+            # A heal runs while the healer's own step is in flight (its result is discarded). Write through
+            # `.data`, like the collective's raw receive does, so autograd's version counters of live
+            # parameters are not bumped under a running backward.
+            offset = 0
+            for i in small:
+                n = meta.tensors[i].nbytes
+                _as_bytes(targets[i].data).copy_(pack[offset:offset + n])
+                offset += n
         return unflatten_state(meta, targets, like=into)
 
     def shutdown(self) -> None:
         pass
+
+
+def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t if t.device == device and t.is_contiguous() else t.to(device).contiguous()
 
 
 # ---- TCP streaming fallback ------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ class TrainingSession:
             on_event=self._manager_event,
         )
         self.diloco: Any = None
+        self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
         if ft.mode == "diloco":
             from regent.ft.local_sgd import DiLoCo
 
@@ -100,7 +101,14 @@ class TrainingSession:
             )
             self.diloco.__enter__()
         else:
-            self.trainer.grad_reduce_hook = self._allreduce_grads
+            if ft.bucket_mb > 0 and not self.trainer.sharded:
+                from regent.ft.grad_sync import OverlappedAllreduce
+
+                self.grad_sync = OverlappedAllreduce(self.manager, self.trainer.model.parameters(),
+                                                     bucket_bytes=int(ft.bucket_mb * 1024 * 1024))
+                self.trainer.grad_reduce_hook = self.grad_sync.finish
+            else:
+                self.trainer.grad_reduce_hook = self._allreduce_grads
             self.trainer.commit_hook = self.manager.should_commit
             # a donor never serves weights that its optimizer is halfway through updating
             self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.disallow_state_dict_read())
