@@ -200,7 +200,63 @@ def bench_quorum(args: argparse.Namespace) -> list[dict]:
         ["replicas", "lighthouse", "client", "rounds", "median ms", "p90 ms"],
         rows,
     )
-    return results
+    return results + bench_manager_quorum(args)
+
+
+def _manager_quorum_replica(lighthouse: str, name: str, calls: int, results) -> None:
+    """One replica group (one rank) in its own process: time each synchronous `Manager.start_quorum()`."""
+    import torch
+
+    torch.set_num_threads(1)
+    from regent.ft.manager import Manager
+
+    manager = Manager(
+        load_state_dict=lambda _: None, state_dict=dict, use_async_quorum=False, lighthouse_addr=lighthouse,
+        replica_id=name, timeout=30, quorum_timeout=30,
+    )
+    try:
+        out = []
+        for i in range(calls):
+            t = time.perf_counter()
+            manager.start_quorum()
+            if i >= calls // 10:
+                out.append(time.perf_counter() - t)
+        results.put((name, out))
+    finally:
+        manager.shutdown()
+
+
+def bench_manager_quorum(args: argparse.Namespace, groups: int = 2) -> list[dict]:
+    """Per-call time of `Manager.start_quorum()` (sync) with `groups` replica groups of one rank, each in its
+    own process, against Regent's Lighthouse: the rank -> ManagerServer -> Lighthouse path end to end."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = free_port_pair()
+    proc = start_lighthouse("regent", port, min_replicas=groups)
+    calls = max(100, args.rounds // 2)
+    try:
+        queue = ctx.Queue()
+        workers = [
+            ctx.Process(target=_manager_quorum_replica, args=(f"http://127.0.0.1:{port}", f"g{i}", calls, queue))
+            for i in range(groups)
+        ]
+        for w in workers:
+            w.start()
+        samples = [queue.get(timeout=300)[1] for _ in workers]
+        for w in workers:
+            w.join(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    ms = sorted(s * 1000 for out in samples for s in out)
+    row = {"groups": groups, "calls": len(ms), "median_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * (len(ms) - 1))]}
+    print_table(
+        "Manager.start_quorum() (sync), one rank per group (ms; TorchFT reference: 1.5 ms with 2 groups)",
+        ["groups", "calls", "median ms", "p90 ms"],
+        [[str(groups), str(row["calls"]), f"{row['median_ms']:.3f}", f"{row['p90_ms']:.3f}"]],
+    )
+    return [row]
 
 
 # ---- sections owned by the Manager work: bench_overhead(args), bench_transfer(args) -----------------------------

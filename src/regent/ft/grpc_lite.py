@@ -344,8 +344,7 @@ class _Connection(asyncio.Protocol):
         if stream is None or stream.ended:
             if stream_id > self._last_stream_id:
                 raise _ConnectionError(PROTOCOL_ERROR, "DATA on an idle stream")
-            self._write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", STREAM_CLOSED)))
-            return
+            return  # a stream we already answered or reset: its late DATA only counts against the window
         data = self._unpad(flags, payload)
         stream.body += data
         if len(stream.body) > self._server.max_message_bytes + 5:
