@@ -13,6 +13,8 @@ processes, each with a fresh Trainer (same model, same local batch), `--warmup` 
 * `ft_step`   -- `regent.orchestrate.session.TrainingSession` with `ft.mode=ddp`: the Manager's quorum every
                  step (async, overlapped with forward), a per-step cross-replica gradient all-reduce on the
                  Manager's reconfigurable NCCL group, and the commit vote.
+  `ft_step:MB` sets the gradient bucket size (default `ft.bucket_mb`, 25 MiB); `ft_step:0` averages all
+                 gradients in one flat all-reduce after backward (no overlap), for comparison.
 * `ft_diloco` -- the same session with `ft.mode=diloco`, `sync_every` inner steps between pseudo-gradient
                  syncs (needs `regent.ft.local_sgd`; recorded as unavailable otherwise).
 
@@ -53,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=1500)
     _common.add_common_args(parser)
     args = parser.parse_args(argv)
-    unknown = set(_common.parse_list(args.modes, str)) - set(MODES)
+    unknown = {m.split(":")[0] for m in _common.parse_list(args.modes, str)} - set(MODES)
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}; choose from {', '.join(MODES)}")
     return args
@@ -118,9 +120,13 @@ def _run_mode(mode: str, args: argparse.Namespace, rank: int, device, out_dir: s
     from regent.orchestrate.config import RunConfig
     from regent.orchestrate.session import TrainingSession
 
-    ft = FTConfig(mode="ddp" if mode == "ft_step" else "diloco", sync_every=args.sync_every, min_replica_size=1,
+    base, _, bucket_mb = mode.partition(":")
+    ft = FTConfig(mode="ddp" if base == "ft_step" else "diloco", sync_every=args.sync_every, min_replica_size=1,
                   timeout_s=120, quorum_timeout_s=120, connect_timeout_s=60, lighthouse=args.lighthouse)
-    run_cfg = RunConfig(replicas=2, procs_per_replica=1, run_dir=str(Path(out_dir) / f"ft_overhead_{mode}"),
+    if bucket_mb:
+        ft.bucket_mb = float(bucket_mb)
+    run_cfg = RunConfig(replicas=2, procs_per_replica=1,
+                        run_dir=str(Path(out_dir) / f"ft_overhead_{mode.replace(':', '_')}"),
                         recovery="peer", train=cfg, ft=ft)
     events: list[tuple[str, dict]] = []
     session = TrainingSession(run_cfg, replica_index=rank, rank=0, world_size=1, generation=0,
@@ -193,14 +199,15 @@ def worker(args: argparse.Namespace) -> int:
         summary = {"bench": "ft_overhead", "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
                    "steps": args.steps, "warmup": args.warmup, "sync_every": args.sync_every, **info,
                    "modes": results}
-        for ft_mode in ("ft_step", "ft_diloco"):
+        ft_modes = [m for m in results if m.startswith("ft_")]
+        for ft_mode in ft_modes:
             for base in ("ddp", "local", "fsdp"):
                 if rate(ft_mode) and rate(base):
                     summary[f"overhead_{ft_mode}_vs_{base}"] = 1 - rate(ft_mode) / rate(base)
         for key, value in summary.items():
             if key.startswith("overhead_"):
                 print(f"{key}: {100 * value:+.2f}%", flush=True)
-        for ft_mode in ("ft_step", "ft_diloco"):
+        for ft_mode in ft_modes:
             hashes = {r.get("param_hash") for r in results.get(ft_mode, {}).get("ranks", []) or [] if r}
             if hashes and None not in hashes:
                 summary[f"{ft_mode}_replicas_identical"] = len(hashes) == 1

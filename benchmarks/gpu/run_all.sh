@@ -6,6 +6,8 @@
 # Each stage has its own time limit (seconds, STAGE_LIMIT_<stage> overrides) so that a stuck stage cannot eat
 # the others' time. Figures are appended to $OUT/results.jsonl (OUT defaults to runs/gpu-bench); all output
 # goes to $OUT/run.log; per-stage logs and run directories are packed into $OUT/details.tgz at the end.
+# CASE_FAULTS=benchmarks/gpu/case_faults.jsonl replays a fixed schedule (kill, exception, comm, kill) in the
+# case-study stages instead of drawing faults at random.
 # Optional: wheels for packages the machine lacks in .whl/ are installed to /tmp/site first.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -57,7 +59,8 @@ for s in "$@"; do
     case_ddp|case_diloco)
       mode=${s#case_}
       stage "$s" "${CASE_LIMIT:-300}" $PY -m regent.cli train --replicas 2 --procs-per-replica 1 --model "$MODEL" \
-        --duration "${CASE_DURATION:-150s}" --fault-kinds kill,exception,comm --ft.mode "$mode" \
+        --duration "${CASE_DURATION:-150s}" ${CASE_FAULTS:+--faults-file "$CASE_FAULTS"} \
+        --fault-kinds kill,exception,comm --ft.mode "$mode" \
         --ft.sync-every 20 --train.seq-len "${SEQ_LEN:-2048}" --train.batch-size "${CASE_BATCH:-4}" \
         --train.lr 3e-4 --no-live ${CASE_EXTRA:-} --run-dir "$WORK/$s"
       [ -f "$WORK/$s/summary.json" ] && cp "$WORK/$s/summary.json" "$OUT/summary_$s.json" ;;
