@@ -211,7 +211,8 @@ def _manager_quorum_replica(lighthouse: str, name: str, calls: int, results) -> 
     from regent.ft.manager import Manager
 
     manager = Manager(
-        load_state_dict=lambda _: None, state_dict=dict, use_async_quorum=False, lighthouse_addr=lighthouse,
+        load_state_dict=lambda _: None, state_dict=dict, use_async_quorum=False, init_sync=False,
+        lighthouse_addr=lighthouse,
         replica_id=name, timeout=30, quorum_timeout=30,
     )
     try:
