@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,40 @@ def test_hung_peer_errors_within_timeout_then_reconfigure_works():
             os.kill(peer.pid, signal.SIGCONT)
             peer.kill()
         group.shutdown()
+
+
+def test_batched_p2p_falls_back_when_the_backend_cannot_coalesce():
+    """The coalesced path is NCCL's; a backend that refuses to start coalescing (Gloo here, forced onto that
+    path) must still deliver the whole batch, message by message, and stop trying."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    groups = [ReplicatedGroup("gloo", timeout=10, connect_timeout=30) for _ in range(2)]
+    addr = f"127.0.0.1:{store.port}/regent/1/0"
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+    for g in groups:
+        g._pg = _ClaimsCoalescing(g._pg)
+    sent = [torch.arange(n, dtype=torch.float32) for n in (3, 5, 7)]
+    got = [torch.zeros(n) for n in (3, 5, 7)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            f = pool.submit(groups[0].send_many, sent, 1, 10)
+            groups[1].recv_many(got, 0, 10)
+            f.result()
+    finally:
+        for g in groups:
+            g.shutdown()
+    assert all(torch.equal(a, b) for a, b in zip(sent, got))
+    assert not groups[0].coalesce_p2p and not groups[1].coalesce_p2p
+
+
+class _ClaimsCoalescing:
+    """The real Gloo group, claiming to coalesce, so the batch takes the coalesced path (Gloo refuses it)."""
+
+    supports_coalescing = True
+
+    def __init__(self, pg: dist.ProcessGroupGloo) -> None:
+        self._inner = pg
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)

@@ -348,16 +348,23 @@ class ReplicatedGroup:
 
     def _coalesced(self, pg: Any, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> list:
         """Issue the batch in windows of one NCCL group each (ncclGroupStart/End, as `batch_isend_irecv`
-        does): one launch per window instead of one per message."""
-        device = self.device
+        does): one launch per window instead of one per message. Falls back to one message at a time if
+        this torch cannot coalesce (found out before anything is issued)."""
         works = []
         for start in range(0, len(batch), COALESCE_WINDOW):
-            pg._start_coalescing(device)
+            try:
+                pg._start_coalescing()
+            except (AttributeError, TypeError, RuntimeError) as err:
+                if start:
+                    raise
+                logger.warning("point-to-point coalescing unavailable (%s); sending message by message", err)
+                self.coalesce_p2p = False
+                return [getattr(pg, what)(tensors, peer, first_tag + i) for i, tensors in enumerate(batch)]
             try:
                 for i in range(start, min(start + COALESCE_WINDOW, len(batch))):
                     getattr(pg, what)(batch[i], peer, first_tag + i)
             finally:
-                work = pg._end_coalescing(device)
+                work = pg._end_coalescing()
             works.append(work)
         return works
 
