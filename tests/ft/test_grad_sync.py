@@ -58,8 +58,10 @@ def test_buckets_average_gradients_across_replicas_and_launch_during_backward():
     inputs = [torch.randn(5, 8, generator=torch.Generator().manual_seed(r)) for r in range(2)]
     expected = [(a + b) / 2 for a, b in zip(_grads(_model(0), inputs[0]), _grads(_model(0), inputs[1]))]
 
+    models = [_model(0), _model(0)]  # built here: torch's global RNG is not for two threads at once
+
     def replica(r: int) -> tuple[list[torch.Tensor], int, int, list[int]]:
-        model = _model(0)
+        model = models[r]
         averager = _GroupAverager(groups[r])
         sync = OverlappedAllreduce(averager, model.parameters(), bucket_bytes=16 * 17 * 4)
         out = []

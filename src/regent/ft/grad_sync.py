@@ -107,12 +107,14 @@ class OverlappedAllreduce:
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        for p, offset in zip(bucket.params, bucket.offsets):
-            view = bucket.buffer[offset:offset + p.numel()]
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad.reshape(-1))
+        grads = [p.grad for p in bucket.params]
+        if all(g is not None for g in grads):
+            # one kernel for the whole bucket: per-parameter copies cost a launch each inside backward
+            torch.cat([g.reshape(-1) for g in grads], out=bucket.buffer)
+        else:
+            for g, p, offset in zip(grads, bucket.params, bucket.offsets):
+                view = bucket.buffer[offset:offset + p.numel()]
+                view.zero_() if g is None else view.copy_(g.reshape(-1))
         bucket.future = self._manager.allreduce(bucket.buffer)
 
     def finish(self, grads: list[torch.Tensor] | None = None) -> None:

@@ -145,6 +145,7 @@ class ReplicatedGroup:
         self._world_size = 0
         self.replica_id = ""
         self._waiter: _EventWaiter | None = None
+        self._side_stream: Any = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -271,12 +272,18 @@ class ReplicatedGroup:
         """A future that completes when the collective has *finished on the GPU*.
 
         NCCL's own future completes once the kernel is queued, so a hung peer would never trip the
-        watchdog: the current stream is made to wait for the collective, an event is recorded behind it,
-        and one waiter thread per group resolves the futures as their events complete (in stream order).
+        watchdog: a side stream is made to wait for the collective, an event is recorded behind it, and one
+        waiter thread per group resolves the futures as their events complete (in stream order). The side
+        stream keeps the caller's stream free: gradient buckets all-reduced from backward hooks overlap the
+        rest of backward instead of stalling it (consumers wait through the CUDA-aware future `_guard`
+        returns).
         """
-        work.wait()  # non-blocking for NCCL: the current stream waits for the collective's stream
-        event = torch.cuda.Event()
-        event.record()
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._side_stream):
+            work.wait()  # non-blocking for NCCL: the side stream waits for the collective's stream
+            event = torch.cuda.Event()
+            event.record(self._side_stream)
         fut: torch.futures.Future = torch.futures.Future()
         if self._waiter is None:
             self._waiter = _EventWaiter()
