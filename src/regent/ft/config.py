@@ -34,7 +34,7 @@ class FTConfig:
     max_retries: int | None = None
     # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after
     # backward). FSDP-sharded replicas always reduce after backward.
-    bucket_mb: float = 25.0
+    bucket_mb: float = 100.0
 
     def validate(self) -> None:
         """Fail before launch with a message that names the fix."""

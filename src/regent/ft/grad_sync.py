@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+# Measured on 2 x H200, Llama 3 1b: 100 MiB buckets cost 2.6% over torch DDP, 25 MiB 3.3%, none (one
+# all-reduce after backward) 5.4%.
+DEFAULT_BUCKET_BYTES = 100 * 1024 * 1024
 
 
 @dataclass

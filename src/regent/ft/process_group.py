@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-# Point-to-point messages per NCCL group when a batch is coalesced.
-COALESCE_WINDOW = 64
+# Point-to-point messages per NCCL group when a batch is coalesced (REGENT_P2P_WINDOW overrides).
+COALESCE_WINDOW = int(os.environ.get("REGENT_P2P_WINDOW", "64"))
 
 
 def default_backend() -> str:

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -114,6 +114,8 @@ class StateMeta:
     step: int
     skeleton: Any
     tensors: list[TensorMeta]
+    # GroupTransport: indices of the small tensors packed into each leading message, in pack order
+    packs: list[list[int]] = field(default_factory=list)
 
 
 class _Slot:
@@ -251,10 +253,35 @@ def _targets(
 
 def split_by_size(metas: list[TensorMeta], packed_below: int) -> tuple[list[int], list[int]]:
     """Indices of the non-empty tensors that travel packed together (under `packed_below` bytes) and of
-    those that travel as their own message. Donor and healer both derive it from the metadata."""
+    those that travel as their own message."""
     small = [i for i, m in enumerate(metas) if 0 < m.nbytes < packed_below]
     large = [i for i, m in enumerate(metas) if m.nbytes >= packed_below]
     return small, large
+
+
+def _pack(indices: list[int], tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Concatenate the tensors' bytes where they live (one kernel, or one host copy), then move the result
+    to `device` once: a copy per tiny host tensor would cost a synchronizing transfer each."""
+    home = tensors[indices[0]].device
+    packed = torch.cat([_as_bytes(tensors[i].contiguous()) for i in indices])
+    return packed if home == device else packed.to(device)
+
+
+def _unpack(pack: torch.Tensor, indices: list[int], metas: list[TensorMeta], targets: list[torch.Tensor]) -> None:
+    """Copy each tensor out of a received pack; targets on another device (host-resident optimizer
+    counters) are served from one copy of the pack on that device."""
+    copies: dict[torch.device, torch.Tensor] = {pack.device: pack}
+    offset = 0
+    for i in indices:
+        n = metas[i].nbytes
+        target = targets[i]
+        if target.device not in copies:
+            copies[target.device] = pack.to(target.device)
+        # A heal runs while the healer's own step is in flight (its result is discarded). Write through
+        # `.data`, like the collective's raw receive does, so autograd's version counters of live
+        # parameters are not bumped under a running backward.
+        _as_bytes(target.data).copy_(copies[target.device][offset:offset + n])
+        offset += n
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -299,12 +326,17 @@ class GroupTransport:
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None:
         meta, tensors = flatten_state(state_dict, step)
         device = self._group.device
+        small, large = split_by_size(meta.tensors, self.packed_below)
+        # One pack per device the small tensors live on (in practice: the GPU's, and the host's AdamW step
+        # counters); the layout travels in the metadata.
+        by_home: dict[str, list[int]] = {}
+        for i in small:
+            by_home.setdefault(str(tensors[i].device), []).append(i)
+        meta.packs = list(by_home.values())
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
-        small, large = split_by_size(meta.tensors, self.packed_below)
-        messages = [_as_bytes(_staged(tensors[i], device)) for i in large]
-        if small:
-            messages.insert(0, torch.cat([_as_bytes(_staged(tensors[i], device)) for i in small]))
+        messages = [_pack(indices, tensors, device) for indices in meta.packs]
+        messages += [_as_bytes(_staged(tensors[i], device)) for i in large]
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
@@ -326,22 +358,12 @@ class GroupTransport:
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
         targets = _targets(meta, into, device, same_device=True, packed_below=self.packed_below)
-        small, large = split_by_size(meta.tensors, self.packed_below)
-        messages = [_as_bytes(targets[i]) for i in large]
-        pack = None
-        if small:
-            pack = torch.empty(sum(meta.tensors[i].nbytes for i in small), dtype=torch.uint8, device=device)
-            messages.insert(0, pack)
-        self._group.recv_many(messages, src_rank, first_tag=3)
-        if pack is not None:
-            # A heal runs while the healer's own step is in flight (its result is discarded). Write through
-            # `.data`, like the collective's raw receive does, so autograd's version counters of live
-            # parameters are not bumped under a running backward.
-            offset = 0
-            for i in small:
-                n = meta.tensors[i].nbytes
-                _as_bytes(targets[i].data).copy_(pack[offset:offset + n])
-                offset += n
+        _, large = split_by_size(meta.tensors, self.packed_below)
+        packs = [torch.empty(sum(meta.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
+                 for indices in meta.packs]
+        self._group.recv_many(packs + [_as_bytes(targets[i]) for i in large], src_rank, first_tag=3)
+        for pack, indices in zip(packs, meta.packs):
+            _unpack(pack, indices, meta.tensors, targets)
         return unflatten_state(meta, targets, like=into)
 
     def shutdown(self) -> None:
