@@ -366,7 +366,7 @@ def test_this_proc_spawns_in_client(procs):
 
 def test_worker_output_is_forwarded_with_rank_prefix(capfd, counter):
     counter.call_fn.call(lambda: print("marker-from-actor", flush=True)).get(timeout=TIMEOUT)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     seen = ""
     while time.monotonic() < deadline:
         seen += capfd.readouterr().out
@@ -381,7 +381,7 @@ def test_actor_log_records_carry_actor_prefix(capfd, counter):
 
     counter.slice(gpus=1).call_fn.call_one(lambda: logging.getLogger("user").warning("log-marker")).get(
         timeout=TIMEOUT)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     seen = ""
     while time.monotonic() < deadline and "log-marker" not in seen:
         seen += capfd.readouterr().err

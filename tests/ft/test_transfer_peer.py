@@ -173,19 +173,22 @@ def test_group_receive_timeout_raises():
         del store
 
 
-def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
+@pytest.mark.parametrize("stage_bytes", [0, 10_000])
+def test_group_transfer_packs_small_tensors_and_stages_large_ones(stage_bytes):
     store, groups = _pair(timeout=5.0)
-    sent: list[int] = []
-    real_send_many = groups[0].send_many
+    sent: list[list[int]] = []
+    real_send_staged = groups[0].send_staged
 
-    def counting_send_many(tensors, dst, first_tag=0):
-        sent.extend(t.numel() for t in tensors)
-        real_send_many(tensors, dst, first_tag)
+    def counting_send_staged(messages, dst, first_tag=0):
+        sent.extend([t.numel() for t in m] for m in messages)
+        real_send_staged(messages, dst, first_tag)
 
-    groups[0].send_many = counting_send_many
+    groups[0].send_staged = counting_send_staged
     try:
-        # w and exp_avg (8 KiB each) go alone; b (64 B) and the step counter (4 B) travel in one pack.
-        donor, healer = GroupTransport(groups[0], packed_below=1024), GroupTransport(groups[1], packed_below=1024)
+        # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone, or
+        # staged into one message when messages are 10 kB.
+        donor = GroupTransport(groups[0], packed_below=1024, stage_bytes=stage_bytes)
+        healer = GroupTransport(groups[1], packed_below=1024, stage_bytes=stage_bytes)
         src, into = _state(1), _state(2)
         own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
                into["optim"]["state"][0]["exp_avg"]]
@@ -195,11 +198,20 @@ def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
             got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
             f.result()
         _assert_same(got, src)
-        assert sent == [64 + 4, 64 * 32 * 4, 64 * 32 * 4]
+        w = 64 * 32 * 4
+        assert sent == ([[68], [w], [w]] if stage_bytes == 0 else [[68], [w, w]])
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
                    got["optim"]["state"][0]["exp_avg"]]
-        assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
+        assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed, staged or not
     finally:
         for g in groups:
             g.shutdown()
         del store
+
+
+def test_plan_messages_groups_in_order_and_sends_big_tensors_alone():
+    from regent.ft.transfer import TensorMeta, plan_messages
+
+    metas = [TensorMeta(str(i), (n,), torch.uint8, n) for i, n in enumerate([40, 40, 100, 30, 30, 30, 10])]
+    assert plan_messages(metas, list(range(7)), 64) == [[0, 1], [2], [3, 4, 5], [6]]
+    assert plan_messages(metas, list(range(7)), 0) == [[i] for i in range(7)]

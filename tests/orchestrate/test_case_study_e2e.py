@@ -180,6 +180,10 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
                      "--duration", "45s", "--faults-file", sched)
     check_fault_recovered(run, "kill")
+    kill = next(e for e in run.events if e["kind"] == "fault_injected")
+    aborts = [e for e in run.events if e["kind"] == "peer_abort" and e["time"] >= kill["time"]]
+    # told by the supervisor, the survivor dropped its group with the dead replica (no collective timeout)
+    assert aborts and aborts[0]["replica"] == 0 and aborts[0]["peer"].startswith("replica_1:"), aborts
     s = run.summary
     assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
     assert s["replicas_consistent"] is True, s.get("final_states")

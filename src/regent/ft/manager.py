@@ -488,6 +488,25 @@ class Manager:
         except Exception:
             logger.exception("on_event callback failed for %s", kind)
 
+    def peer_failed(self, replica_prefix: str, reason: str = "reported failed by its supervisor") -> bool:
+        """A supervisor saw a replica die: if it is a member of our current group, abort the group now.
+
+        A dead peer never answers, and NCCL cannot tell a dead peer from a slow one: a collective in flight
+        would wait out the full timeout. Aborting fails it at once (the step does not commit), and the next
+        quorum, which no longer includes the dead replica, rebuilds the group. `replica_prefix` matches
+        replica ids such as `replica_1:` (the restarted process gets a new uuid). Returns whether it aborted.
+        """
+        key = self._quorum_key
+        if key is None:
+            return False
+        peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
+        if not peers:
+            return False
+        logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
+        self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False)
+        self._emit("peer_abort", peer=peers[0], quorum_id=key[0])
+        return True
+
     def report_error(self, err: Exception) -> None:
         """Mark this step as failed: it will not commit; the error is sticky until the next quorum."""
         if self._errored is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import pickle
 import socket
 import struct
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # Tensors smaller than this travel packed into one message over the replicated group.
 PACKED_BELOW_BYTES = 1 << 20
+# Larger tensors travel in messages of about this size (REGENT_STAGE_MB overrides; 0 sends each alone).
+STAGE_BYTES = int(float(os.environ.get("REGENT_STAGE_MB", "256")) * (1 << 20))
 
 
 class RWLock:
@@ -259,6 +262,27 @@ def split_by_size(metas: list[TensorMeta], packed_below: int) -> tuple[list[int]
     return small, large
 
 
+def plan_messages(metas: list[TensorMeta], large: list[int], stage_bytes: int) -> list[list[int]]:
+    """Group the large tensors, in order, into messages of about `stage_bytes` (a tensor at least that big
+    goes alone); donor and healer derive the same plan from the metadata."""
+    messages: list[list[int]] = []
+    current: list[int] = []
+    current_bytes = 0
+    for i in large:
+        n = metas[i].nbytes
+        if n >= stage_bytes:
+            messages.append([i])
+            continue
+        current.append(i)
+        current_bytes += n
+        if current_bytes >= stage_bytes:
+            messages.append(current)
+            current, current_bytes = [], 0
+    if current:
+        messages.append(current)
+    return messages
+
+
 def _pack(indices: list[int], tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Concatenate the tensors' bytes where they live (one kernel, or one host copy), then move the result
     to `device` once: a copy per tiny host tensor would cost a synchronizing transfer each."""
@@ -309,16 +333,20 @@ class CheckpointTransport(Protocol):
 class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
-    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message with
-    every tensor under `packed_below` bytes packed back to back (norm weights, AdamW step counters: hundreds
-    of tiny messages would each cost a NCCL launch, more than their bytes), then each larger tensor raw, all
-    issued as one batch (no host round-trip between tensors). The receiver checks the step before receiving
-    any tensor and refuses a stale one.
+    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message per
+    home device of the tensors under `packed_below` bytes, packed back to back (norm weights, AdamW step
+    counters: hundreds of tiny messages would each cost a NCCL launch, more than their bytes), then the
+    larger tensors in messages of about `stage_bytes` (layer tensors of tens of MB are far below NCCL's
+    large-message bandwidth one by one; a tensor of `stage_bytes` or more goes alone, without a copy). No host
+    round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
+    one.
     """
 
-    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES) -> None:
+    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES,
+                 stage_bytes: int = STAGE_BYTES) -> None:
         self._group = group
         self.packed_below = packed_below
+        self.stage_bytes = stage_bytes
 
     def metadata(self) -> str:
         return "<group>"
@@ -335,12 +363,13 @@ class GroupTransport:
         meta.packs = list(by_home.values())
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
-        messages = [_pack(indices, tensors, device) for indices in meta.packs]
-        messages += [_as_bytes(_staged(tensors[i], device)) for i in large]
+        messages = [[_pack(indices, tensors, device)] for indices in meta.packs]
+        messages += [[_as_bytes(_staged(tensors[i], device)) for i in group]
+                     for group in plan_messages(meta.tensors, large, self.stage_bytes)]
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
-            self._group.send_many(messages, dst, first_tag=3)
+            self._group.send_staged(messages, dst, first_tag=3)
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
@@ -361,7 +390,10 @@ class GroupTransport:
         _, large = split_by_size(meta.tensors, self.packed_below)
         packs = [torch.empty(sum(meta.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
                  for indices in meta.packs]
-        self._group.recv_many(packs + [_as_bytes(targets[i]) for i in large], src_rank, first_tag=3)
+        messages = [[pack] for pack in packs]
+        messages += [[_as_bytes(targets[i].data) for i in group]
+                     for group in plan_messages(meta.tensors, large, self.stage_bytes)]
+        self._group.recv_staged(messages, src_rank, first_tag=3)
         for pack, indices in zip(packs, meta.packs):
             _unpack(pack, indices, meta.tensors, targets)
         return unflatten_state(meta, targets, like=into)

@@ -20,6 +20,7 @@ EVENT_KINDS = (
     "heal_done",
     "quorum",
     "commit",
+    "peer_abort",
     "allocation",
     "gave_up",
     "run_finished",

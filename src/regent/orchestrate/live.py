@@ -64,6 +64,8 @@ class RunView:
                 self.quorum_id = q
                 self.participants = list(e.get("participants") or [])
                 line = f"quorum {q} formed with {len(self.participants)} replicas"
+        elif kind == "peer_abort":
+            line = f"replica {r} dropped its collective with failed peer {e.get('peer', '?')}"
         elif kind == "fault_injected":
             line = f"fault injected: {e.get('fault_kind')} into replica {r} rank {e.get('rank')}"
         elif kind == "failure_detected":

@@ -268,6 +268,13 @@ class ReplicaActor(Actor):
         return True
 
     @endpoint
+    async def peer_failed(self, replica_index: int) -> None:
+        """Replica `replica_index` failed: tell this replica's trainers (see `Manager.peer_failed`)."""
+        trainers = self.trainers
+        if trainers is not None and not self.policy.restarting:
+            trainers.peer_failed.broadcast(f"replica_{replica_index}:")
+
+    @endpoint
     async def request_stop(self, at_step: int) -> None:
         trainers = self.trainers
         if trainers is not None:

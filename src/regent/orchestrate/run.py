@@ -43,6 +43,8 @@ class OrchestrationManager:
         self.stop_requested_at: int | None = None
         self.final_states: list[dict[str, Any]] = []
         self.finished_replicas: set[int] = set()
+        self._replicas: Any = None
+        self._tasks: set[asyncio.Task] = set()
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -54,6 +56,18 @@ class OrchestrationManager:
             self.healthy_since[r] = None
         if e["kind"] == "failure_detected" and self.cfg.recovery == "restart":
             self.full_restart_pending = True
+        elif e["kind"] == "failure_detected" and r is not None and self._replicas is not None:
+            # The survivors may be inside a collective with the dead replica: have them abort it now.
+            self._tasks.add(task := asyncio.get_running_loop().create_task(self._tell_peers(r)))
+            task.add_done_callback(self._tasks.discard)
+
+    async def _tell_peers(self, failed: int) -> None:
+        for q in range(self.cfg.replicas):
+            if q != failed:
+                try:
+                    await self._replicas.slice(replicas=q).peer_failed.call_one(failed)
+                except Exception as exc:  # that replica may be failing too; its own supervisor handles it
+                    logger.debug("telling replica %d about replica %d: %r", q, failed, exc)
 
     def record_metric(self, m: dict[str, Any]) -> None:
         self.metrics.write(m)
@@ -101,6 +115,7 @@ class OrchestrationManager:
 
         rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas})
         replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port)
+        self._replicas = replicas
         await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
                                for r in range(cfg.replicas)])
         self.t_start = time.time()

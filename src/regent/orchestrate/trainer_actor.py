@@ -45,7 +45,7 @@ class TrainerActor(Actor):
 
     # -- reporting -----------------------------------------------------------------------------------
     def _event(self, kind: str, details: dict) -> None:
-        if kind not in ("quorum", "heal_started", "heal_done", "commit"):
+        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort"):
             return
         if (kind == "commit" or kind == "quorum") and self.rank != 0:
             return  # one line per replica, not per rank
@@ -109,6 +109,13 @@ class TrainerActor(Actor):
     @endpoint
     async def final_state(self) -> dict[str, Any] | None:
         return self.final
+
+    @endpoint
+    async def peer_failed(self, replica_prefix: str) -> bool:
+        """Another replica died: fail a collective with it now rather than after the timeout."""
+        if self.session is None:
+            return False
+        return self.session.manager.peer_failed(replica_prefix)
 
     @endpoint
     async def inject(self, kind: str) -> None:
