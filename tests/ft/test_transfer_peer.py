@@ -177,13 +177,17 @@ def test_group_receive_timeout_raises():
 def test_group_transfer_packs_small_tensors_and_stages_large_ones(stage_bytes):
     store, groups = _pair(timeout=5.0)
     sent: list[list[int]] = []
-    real_send_staged = groups[0].send_staged
+    real_send_staged, real_send_many = groups[0].send_staged, groups[0].send_many
 
     def counting_send_staged(messages, dst, first_tag=0):
         sent.extend([t.numel() for t in m] for m in messages)
         real_send_staged(messages, dst, first_tag)
 
-    groups[0].send_staged = counting_send_staged
+    def counting_send_many(tensors, dst, first_tag=0):
+        sent.extend([t.numel()] for t in tensors)
+        real_send_many(tensors, dst, first_tag)
+
+    groups[0].send_staged, groups[0].send_many = counting_send_staged, counting_send_many
     try:
         # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone, or
         # staged into one message when messages are 10 kB.

@@ -37,8 +37,10 @@ logger = logging.getLogger(__name__)
 
 # Tensors smaller than this travel packed into one message over the replicated group.
 PACKED_BELOW_BYTES = 1 << 20
-# Larger tensors travel in messages of about this size (REGENT_STAGE_MB overrides; 0 sends each alone).
-STAGE_BYTES = int(float(os.environ.get("REGENT_STAGE_MB", "256")) * (1 << 20))
+# Larger tensors travel in messages of about this size (REGENT_STAGE_MB; 0, the default, sends each alone).
+# Off by default: on 2 x H200 the staging copies cost more than the fewer messages save (1b state: 88 ms
+# unstaged, 100 ms with 512 MB messages, 114 ms with 256 MB; benchmarks/RESULTS.md).
+STAGE_BYTES = int(float(os.environ.get("REGENT_STAGE_MB", "0")) * (1 << 20))
 
 
 class RWLock:
@@ -336,9 +338,8 @@ class GroupTransport:
     Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message per
     home device of the tensors under `packed_below` bytes, packed back to back (norm weights, AdamW step
     counters: hundreds of tiny messages would each cost a NCCL launch, more than their bytes), then the
-    larger tensors in messages of about `stage_bytes` (layer tensors of tens of MB are far below NCCL's
-    large-message bandwidth one by one; a tensor of `stage_bytes` or more goes alone, without a copy). No host
-    round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
+    larger tensors, each alone and without a copy (or, with `stage_bytes` > 0, copied into messages of about
+    that size). No host round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
     one.
     """
 
@@ -369,7 +370,7 @@ class GroupTransport:
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
-            self._group.send_staged(messages, dst, first_tag=3)
+            _send_messages(self._group, messages, dst)
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
@@ -393,13 +394,27 @@ class GroupTransport:
         messages = [[pack] for pack in packs]
         messages += [[_as_bytes(targets[i].data) for i in group]
                      for group in plan_messages(meta.tensors, large, self.stage_bytes)]
-        self._group.recv_staged(messages, src_rank, first_tag=3)
+        _recv_messages(self._group, messages, src_rank)
         for pack, indices in zip(packs, meta.packs):
             _unpack(pack, indices, meta.tensors, targets)
         return unflatten_state(meta, targets, like=into)
 
     def shutdown(self) -> None:
         pass
+
+
+def _send_messages(group: Any, messages: list[list[torch.Tensor]], dst: int) -> None:
+    if all(len(m) == 1 for m in messages):  # nothing to stage: one coalesced batch
+        group.send_many([m[0] for m in messages], dst, first_tag=3)
+    else:
+        group.send_staged(messages, dst, first_tag=3)
+
+
+def _recv_messages(group: Any, messages: list[list[torch.Tensor]], src: int) -> None:
+    if all(len(m) == 1 for m in messages):
+        group.recv_many([m[0] for m in messages], src, first_tag=3)
+    else:
+        group.recv_staged(messages, src, first_tag=3)
 
 
 def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
