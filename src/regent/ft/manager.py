@@ -469,8 +469,18 @@ class Manager:
         self._step = int(state["step"])
         self._batches_committed = int(state["batches_committed"])
 
-    def _full_state_dict(self) -> dict[str, Any]:
+    def full_state_dict(self) -> dict[str, Any]:
+        """Everything a healer receives: every registered user state and the Manager's own. Also what a disk
+        checkpoint of a fault-tolerant replica should hold."""
         return {"user": {k: save() for k, (_, save) in self._state_fns.items()}, "regent": self.state_dict()}
+
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a `full_state_dict()` (e.g. from a disk checkpoint) through the registered load functions."""
+        for key, (load, _) in self._state_fns.items():
+            if key not in state["user"]:
+                raise RuntimeError(f"state has no key {key!r}; register the same state fns on every replica")
+            load(state["user"][key])
+        self.load_state_dict(state["regent"])
 
     def disallow_state_dict_read(self) -> None:
         """Take the write side of the state lock (wrap `optimizer.step()`): donors never serve torn weights."""
@@ -616,7 +626,7 @@ class Manager:
             if result.recover_dst_replica_ranks:
                 with self._state_lock.read(timeout=self.timeout):
                     self._transport.send_checkpoint(
-                        result.recover_dst_replica_ranks, result.max_step, self._full_state_dict(), self.timeout
+                        result.recover_dst_replica_ranks, result.max_step, self.full_state_dict(), self.timeout
                     )
             if result.heal:
                 self._heal_from(result)
@@ -633,7 +643,7 @@ class Manager:
         if not metadata.startswith("<"):
             metadata = self._donor_metadata(result.recover_src_manager_address)
         with self._state_lock.read(timeout=self.timeout):
-            into = self._full_state_dict()
+            into = self.full_state_dict()
         state = self._transport.recv_checkpoint(src, metadata, result.max_step, self.timeout, into=into)
         self._pending_state = state
         nbytes = _state_nbytes(state)
@@ -656,11 +666,7 @@ class Manager:
         state, self._pending_state = self._pending_state, None
         if state is None:
             return
-        for key, (load, _) in self._state_fns.items():
-            if key not in state["user"]:
-                raise RuntimeError(f"donor state has no key {key!r}; register the same state fns on every replica")
-            load(state["user"][key])
-        self.load_state_dict(state["regent"])
+        self.load_full_state_dict(state)
         self._healing = False
 
     # ---- collectives ------------------------------------------------------------------------------------

@@ -417,17 +417,9 @@ class ReplicatedGroup:
                 for work in works:
                     wait(work)
                 if cuda:
-                    event = torch.cuda.Event()
-                    event.record(self._copy_stream)
-                    if not _wait_event(event, max(0.0, deadline - time.monotonic())):
-                        raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+                    self._wait_stream_done(self._copy_stream, deadline, what, peer)
         except Exception as err:
-            self._fail(generation, err)
-            if isinstance(err, TimeoutError):
-                raise
-            if "Timed out" in str(err):
-                raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
-            raise
+            self._p2p_failed(generation, err, what, peer)
 
     def _coalesced(self, pg: Any, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> list:
         """Issue the batch in windows of one NCCL group each (ncclGroupStart/End, as `batch_isend_irecv`
@@ -467,17 +459,25 @@ class ReplicatedGroup:
                 if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
                     raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
             if self.backend == "nccl":
-                event = torch.cuda.Event()
-                event.record()
-                if not _wait_event(event, max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+                self._wait_stream_done(torch.cuda.current_stream(), deadline, what, peer)
         except Exception as err:
-            self._fail(generation, err)
-            if isinstance(err, TimeoutError):
-                raise
-            if "Timed out" in str(err):
-                raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
-            raise
+            self._p2p_failed(generation, err, what, peer)
+
+    def _wait_stream_done(self, stream: Any, deadline: float, what: str, peer: int) -> None:
+        """Host-wait for everything queued on `stream` so far, never past `deadline`."""
+        event = torch.cuda.Event()
+        event.record(stream)
+        if not _wait_event(event, max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+
+    def _p2p_failed(self, generation: int, err: Exception, what: str, peer: int) -> None:
+        """Mark the group failed and re-raise; a backend's own timeout becomes a `TimeoutError`."""
+        self._fail(generation, err)
+        if isinstance(err, TimeoutError):
+            raise err
+        if "Timed out" in str(err):
+            raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
+        raise err
 
 
 class _EventWaiter:

@@ -13,7 +13,9 @@ class LighthouseActor(Actor):
 
     @endpoint
     def start_lighthouse(self, bind: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-              heartbeat_timeout_ms: int) -> dict[str, str]:
+              heartbeat_timeout_ms: int, state_file: str | None = None) -> dict[str, str]:
+        """Start (once) and return the addresses. `state_file` keeps quorum ids increasing if the Lighthouse is
+        started again for the same run."""
         from regent.ft.lighthouse import LighthouseServer
 
         if self._server is None:
@@ -23,6 +25,7 @@ class LighthouseActor(Actor):
                 join_timeout_ms=join_timeout_ms,
                 quorum_tick_ms=quorum_tick_ms,
                 heartbeat_timeout_ms=heartbeat_timeout_ms,
+                state_file=state_file,
             )
         return {"address": self._server.address(), "dashboard": self._server.dashboard_url()}
 

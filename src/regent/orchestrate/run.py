@@ -105,7 +105,8 @@ class OrchestrationManager:
             addr, dashboard = lc.address, ""
         else:
             info = await lighthouse.start_lighthouse.call_one(lc.bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms,
-                                                   lc.quorum_tick_ms, lc.heartbeat_timeout_ms)
+                                                   lc.quorum_tick_ms, lc.heartbeat_timeout_ms,
+                                                   str(self.run_dir / "lighthouse.state"))
             addr, dashboard = info["address"], info["dashboard"]
         self.view.dashboard = dashboard
         print(f"[regent] run directory {self.run_dir}", flush=True)

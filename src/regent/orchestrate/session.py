@@ -204,7 +204,7 @@ class TrainingSession:
 
     # -- checkpoint-restart baseline ------------------------------------------------------------------
     def _full_state(self) -> dict[str, Any]:
-        return {"manager": self.manager.state_dict(), "user": self.manager._full_state_dict()}
+        return self.manager.full_state_dict()
 
     def _checkpoint(self) -> None:
         path = os.path.join(self.ckpt_root, f"step-{self.trainer.step:08d}", f"rank{self.rank}.pt")
@@ -219,10 +219,7 @@ class TrainingSession:
         for d in reversed(steps):
             path = os.path.join(root, d, f"rank{self.rank}.pt")
             if os.path.exists(path):
-                state = torch.load(path, weights_only=False)
-                self.manager.load_state_dict(state["manager"])
-                for key, value in state["user"].get("user", {}).items():
-                    self.manager._state_fns[key][0](value)
+                self.manager.load_full_state_dict(torch.load(path, weights_only=False))
                 logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
                 return
         logger.warning("replica %d rank %d: no checkpoint under %s, starting fresh", self.replica_index,
