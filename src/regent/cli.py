@@ -35,6 +35,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = build_parser(only)
@@ -47,7 +48,29 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    code = int(args.func(args) or 0)
+    if from_command_line and only == "train":
+        _exit_without_finalizing(code)
+    return code
+
+
+def _exit_without_finalizing(code: int) -> None:
+    """End `regent train` once the run is written, skipping interpreter finalization.
+
+    A complete run has, rarely, ended in SIGSEGV while the interpreter tore down (native threads of the actor
+    runtime and torch outliving the modules they call into), turning a good run into a failed command. The
+    atexit handlers (stop the meshes this process owns, release allocations) still run first.
+    """
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not change the exit code
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

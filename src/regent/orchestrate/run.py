@@ -256,6 +256,9 @@ async def _aw(x: Any) -> Any:
 
 
 def run(cfg: RunConfig) -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a native crash in the controller leaves its Python stacks on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(OrchestrationManager(cfg).run())
