@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", default="4", help="local batch size(s), comma-separated")
     parser.add_argument("--compile", default="0", help="0,1: torch.compile of each block (comma list)")
     parser.add_argument("--activation-checkpointing", default="0", help="0,1 (comma list)")
+    parser.add_argument("--replicate", type=int, default=1,
+                        help="> 1: plain HSDP, this many replicas of --gpus/--replicate FSDP shards (no FT)")
     parser.add_argument("--timeout", type=float, default=1500, help="seconds before the workers are stopped")
     _common.add_common_args(parser)
     args = parser.parse_args(argv)
@@ -60,10 +62,12 @@ def worker(args: argparse.Namespace) -> int:
     combos = itertools.product(_common.parse_list(args.batch_size), _common.parse_list(args.compile),
                                _common.parse_list(args.activation_checkpointing))
     for batch, compiled, checkpointed in combos:
-        name = f"{args.model} gpus={world} batch={batch} seq={args.seq_len} compile={compiled} ac={checkpointed}"
+        name = f"{args.model} gpus={world} replicate={args.replicate} batch={batch} seq={args.seq_len} compile={compiled} ac={checkpointed}"
         cfg = TrainConfig(model=args.model, seq_len=args.seq_len, batch_size=batch, lr=3e-4, warmup_steps=10,
-                          max_steps=10_000, compile=bool(compiled), activation_checkpointing=bool(checkpointed))
-        record: dict = {"bench": "train_speed", "model": args.model, "gpus": world, "batch_size": batch,
+                          max_steps=10_000, compile=bool(compiled), activation_checkpointing=bool(checkpointed),
+                          hsdp_replicate=args.replicate)
+        record: dict = {"bench": "train_speed", "model": args.model, "gpus": world, "replicate": args.replicate,
+                        "batch_size": batch,
                         "seq_len": args.seq_len, "compile": bool(compiled), "activation_checkpointing":
                         bool(checkpointed), "steps": args.steps, **info}
         trainer = None

@@ -89,3 +89,23 @@ def test_launch_arguments_are_checked_before_launch(procs, steps, run_dir, match
         validate_launch(TrainConfig(data="/nonexistent/*.txt"), 1, 1, "runs/x")
     with pytest.raises(ValueError, match="--tokenizer"):
         validate_launch(TrainConfig(tokenizer="/nonexistent/tokenizer.json"), 1, 1, "runs/x")
+
+
+def test_hsdp_baseline_keeps_replicas_identical_and_norms_exact(tmp_path):
+    """Plain HSDP (2 replicas x 2 shards) over 4 Gloo processes: every rank ends with the same model, the loss
+    falls, and the clipping norm counts each shard once although two replicas hold it."""
+    port, world = _free_port(), 4
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", GPU_PLATFORM="cpu")
+        procs.append(subprocess.Popen([sys.executable, str(WORKER.with_name("hsdp_worker.py")), str(tmp_path)],
+                                      env=env))
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert len({r["hash"] for r in results}) == 1
+    assert "Replicate" in results[0]["placements"] and "Shard" in results[0]["placements"]
+    for r in results:
+        assert r["hsdp_norm"] == pytest.approx(r["full_norm"], rel=1e-5)
+        assert r["losses"][-1] < r["losses"][0]

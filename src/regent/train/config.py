@@ -32,6 +32,9 @@ class TrainConfig:
     mixed_precision: bool | None = None  # None = bf16 on GPU, fp32 on CPU
     activation_checkpointing: bool = False
     compile: bool = False
+    # > 1: plain HSDP over the whole world, no fault tolerance: this many replicas of world/hsdp_replicate
+    # FSDP shards (the baseline that fault tolerance across replica groups is compared with)
+    hsdp_replicate: int = 1
     checkpoint_dir: str | None = None  # save_checkpoint(<dir>/step-N) every checkpoint_every steps
     checkpoint_every: int = 0
     async_checkpoint: bool = False
@@ -60,6 +63,8 @@ class TrainConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not isinstance(self.hsdp_replicate, int) or self.hsdp_replicate < 1:
+            raise ValueError(f"hsdp_replicate must be a positive integer, got {self.hsdp_replicate!r}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.checkpoint_every > 0 and not self.checkpoint_dir:

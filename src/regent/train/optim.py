@@ -78,10 +78,11 @@ class WarmupCosineSchedule:
 
 @torch.no_grad()
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group: dist.ProcessGroup | None = None,
-                   sharded: bool = False) -> float:
+                   sharded: bool = False, replicas: int = 1) -> float:
     """Global L2 norm of the gradients, clipped to max_norm (no clipping when max_norm <= 0).
 
-    With `sharded`, each rank holds disjoint shards: the squared norms are summed over `group` first.
+    With `sharded`, each rank holds disjoint shards: the squared norms are summed over `group` first. Under
+    HSDP each shard is held by `replicas` ranks of the group, so that sum counts it `replicas` times.
     Returns the norm before clipping.
     """
     grads = [local_tensor(p.grad) for p in params if p.grad is not None]
@@ -91,6 +92,8 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group: dist.Proc
         total_sq = torch.zeros((), device=params[0].device if params else "cpu")
     if sharded and dist.is_initialized():
         dist.all_reduce(total_sq, group=group)
+        if replicas > 1:
+            total_sq = total_sq / replicas
     total = total_sq.sqrt()
     if max_norm > 0 and grads:
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)

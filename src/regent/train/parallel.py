@@ -37,12 +37,21 @@ def apply_compile(model: Llama3) -> None:
 
 
 def apply_fsdp(model: Llama3, world_size: int, device_type: str, bf16: bool,
-               group: dist.ProcessGroup | None = None) -> None:
-    """Shard `model` in place over the `world_size` ranks of the default (or given) process group."""
+               group: dist.ProcessGroup | None = None, replicate: int = 1) -> None:
+    """Shard `model` in place over the `world_size` ranks of the default (or given) process group.
+
+    With `replicate` > 1 (default group only): HSDP, `replicate` copies each sharded over world/replicate ranks.
+    """
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     fully_shard, MixedPrecisionPolicy = _fsdp_api()
-    if group is None:
+    if replicate > 1:
+        if group is not None or world_size % replicate:
+            raise ValueError(f"HSDP needs the default group and world_size ({world_size}) divisible by "
+                             f"replicate ({replicate})")
+        mesh = init_device_mesh(device_type, (replicate, world_size // replicate),
+                                mesh_dim_names=("replicate", "shard"))
+    elif group is None:
         mesh = init_device_mesh(device_type, (world_size,))
     else:
         mesh = DeviceMesh.from_group(group, device_type)

@@ -127,7 +127,8 @@ class Trainer:
         if cfg.compile:
             apply_compile(model)
         if self.sharded:
-            apply_fsdp(model, self.world_size, self.device.type, self.bf16, group=self.group)
+            apply_fsdp(model, self.world_size, self.device.type, self.bf16, group=self.group,
+                       replicate=cfg.hsdp_replicate)
         if on_meta:
             model.to_empty(device=self.device)
             torch.manual_seed(cfg.seed)
@@ -170,7 +171,8 @@ class Trainer:
 
         if self.grad_reduce_hook is not None:
             self.grad_reduce_hook(self.local_grads())
-        grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded)
+        grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded,
+                                   replicas=self.cfg.hsdp_replicate)
 
         committed = True if self.commit_hook is None else bool(self.commit_hook())
         lr = self.lr_scheduler.current_lr()
