@@ -56,10 +56,11 @@ class LighthouseConfig:
     address: str | None = None  # use an external Lighthouse instead of starting one
     bind: str = "127.0.0.1:0"
     min_replicas: int = 1
-    # How long a quorum waits for replicas that heartbeat but have not asked to join yet. It must exceed a
-    # DiLoCo local phase (sync_every steps): that wait is what brings a replica that drifted out of phase
-    # back into the same sync round as the others.
-    join_timeout_ms: int = 20000
+    # How long a quorum waits for replicas that heartbeat but have not asked to join yet (TorchFT's default).
+    # It must exceed a DiLoCo local phase (sync_every steps): that wait is what brings a replica that drifted
+    # out of phase back into the same sync round as the others. Dead replicas are not waited for (their
+    # heartbeats stop), so a long value costs nothing when a replica fails.
+    join_timeout_ms: int = 60000
     quorum_tick_ms: int = 50
     heartbeat_timeout_ms: int = 5000
 

@@ -29,6 +29,11 @@ class OrchestrationManager:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
+        if (self.run_dir / "events.jsonl").exists():
+            # A run directory holds one run: keep the previous one next to it rather than appending to it.
+            kept = self.run_dir.with_name(f"{self.run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+            self.run_dir.rename(kept)
+            print(f"[regent] {self.run_dir} held an earlier run; moved it to {kept}", flush=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = JsonlWriter(self.run_dir / "events.jsonl")
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")

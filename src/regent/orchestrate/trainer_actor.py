@@ -47,7 +47,7 @@ class TrainerActor(Actor):
     def _event(self, kind: str, details: dict) -> None:
         if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort"):
             return
-        if (kind == "commit" or kind == "quorum") and self.rank != 0:
+        if kind in ("commit", "quorum", "peer_abort") and self.rank != 0:
             return  # one line per replica, not per rank
         details = dict(details)
         # the Manager counts syncs ("manager_step"); events carry the trainer's step like metrics.jsonl
