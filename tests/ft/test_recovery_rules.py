@@ -75,3 +75,25 @@ def test_all_equal_steps_nobody_heals_and_commit_failures_is_max():
 def test_missing_replica_is_a_clear_error():
     with pytest.raises(ValueError, match="not in quorum"):
         compute_quorum_results("ghost", 0, _quorum([1]))
+
+
+def test_same_step_different_lineage_heals_the_odd_one_out():
+    # Replicas 0 and 1 committed step 5 in quorum 6, replica 2 committed step 5 alone in quorum 7 (it joined that
+    # sync round a moment too late): same step, different weights. The newest lineage is the version to keep.
+    q = _quorum([5, 5, 5])
+    for member, lineage in zip(sorted(q.participants, key=lambda m: m.replica_id), [6, 6, 7]):
+        member.data = {"regent_lineage": lineage}
+    r = [compute_quorum_results(f"replica_{i}", 0, q, init_sync=True) for i in range(3)]
+    assert [x.heal for x in r] == [True, True, False]
+    assert r[0].recover_src_replica_rank == 2 and r[1].recover_src_replica_rank == 2
+    assert r[2].recover_dst_replica_ranks == [0, 1]
+    assert all(x.max_step == 5 and x.max_world_size == 1 for x in r)
+
+
+def test_members_without_lineage_follow_torchft_rules():
+    # TorchFT managers send free-form data without a lineage: the step alone decides, as in TorchFT.
+    q = _quorum([5, 5, 4])
+    for member in q.participants:
+        member.data = {"something": "else"} if member.replica_id != "replica_0" else "not a dict"
+    r = [compute_quorum_results(f"replica_{i}", 0, q, init_sync=True) for i in range(3)]
+    assert [x.heal for x in r] == [False, False, True]

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from regent.ft.config import env_timeout
 from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
-from regent.ft.recovery import QuorumResult, compute_quorum_results
+from regent.ft.recovery import LINEAGE_KEY, QuorumResult, compute_quorum_results
 from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, local_view
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,9 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self._quorum_round = _Round()
         self._commit_round = _Round()
         self._metadata: dict[int, str] = {}
+        # quorum id of the last committed step (see `recovery.state_version`) and of the latest quorum
+        self._lineage = 0
+        self._round_quorum_id: int | None = None
         self._stopped = threading.Event()
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
@@ -210,9 +213,10 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     world_size=self.world_size,
                     shrink_only=any(r.shrink_only for r in requests),
                     commit_failures=max(r.commit_failures for r in requests),
-                    data=None,
+                    data={LINEAGE_KEY: self._lineage},
                 )
                 rnd.result = quorum
+                self._round_quorum_id = int(quorum.quorum_id)
                 break
             except Exception as err:
                 attempt += 1
@@ -238,6 +242,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
             rnd.arrived[request.group_rank] = request.should_commit
             if len(rnd.arrived) >= self.world_size:
                 rnd.result = all(rnd.arrived.values())
+                if rnd.result and self._round_quorum_id is not None:
+                    self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
                 rnd.done = True
                 self._commit_round = _Round()
                 self._cond.notify_all()

@@ -41,12 +41,33 @@ class QuorumResult:
     replica_ids: list[str] = field(default_factory=list)
 
 
+# Key in `QuorumMember.data` under which a Regent ManagerServer reports its replica's *lineage*: the quorum id
+# in which it last committed a step.
+LINEAGE_KEY = "regent_lineage"
+
+
+def state_version(member: Any) -> tuple[int, int]:
+    """(step, lineage) of a member. The step alone is TorchFT's version; two quorums formed one after the other
+    at the same step from different members (a replica that joined a sync round a moment too late) leave
+    replicas at the same step with different weights. The lineage tells them apart, so the recovery rules heal
+    the odd one out instead of letting them train on apart. Members that report none (TorchFT managers) have
+    lineage 0, which makes the rule TorchFT's."""
+    data = getattr(member, "data", None)
+    lineage = data.get(LINEAGE_KEY, 0) if isinstance(data, dict) else 0
+    try:
+        lineage = int(lineage)
+    except (TypeError, ValueError):
+        lineage = 0
+    return int(member.step), lineage
+
+
 def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_sync: bool = True) -> QuorumResult:
     """Recovery plan of `replica_id` at `group_rank` for `quorum` (anything with `quorum_id` and `participants`).
 
     Rules (TorchFT `compute_quorum_results`):
     - participants sorted by replica id; my index is my replica rank;
-    - `max_step` = highest step; the members at it are the up-to-date ones;
+    - `max_step` = highest step; the members at it are the up-to-date ones (Regent: at the highest
+      `state_version`, i.e. step then lineage; see `state_version`);
     - store primary (rendezvous TCPStore of this group rank's replicated group) =
       `max_participants[group_rank % len(max_participants)]`;
     - `init_sync` at step 0: everyone but the primary pulls the primary's weights;
@@ -62,8 +83,9 @@ def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_s
             "the Lighthouse returned a quorum without the requester, which is a protocol bug"
         )
     replica_rank = ids.index(replica_id)
-    max_step = max(m.step for m in participants)
-    max_participants = [m for m in participants if m.step == max_step]
+    max_version = max(state_version(m) for m in participants)
+    max_step = max_version[0]
+    max_participants = [m for m in participants if state_version(m) == max_version]
     max_ids = [m.replica_id for m in max_participants]
     max_replica_rank = max_ids.index(replica_id) if replica_id in max_ids else None
     primary = max_participants[group_rank % len(max_participants)]
@@ -72,7 +94,7 @@ def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_s
     recover_dst: list[int] = []
     up_to_date: list[int] = []
     for rank, member in enumerate(participants):
-        if member.step != max_step or (force_recover and member.replica_id != primary.replica_id):
+        if state_version(member) != max_version or (force_recover and member.replica_id != primary.replica_id):
             recover_dst.append(rank)
         else:
             up_to_date.append(rank)
