@@ -10,32 +10,11 @@
 # case-study stages instead of drawing faults at random.
 # Optional: wheels for packages the machine lacks in .whl/ are installed to /tmp/site first.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/gpu-bench}
-mkdir -p "$OUT"
 WORK=${WORK:-/tmp/regent-gpu-bench}
-mkdir -p "$WORK"
-PY=${PYTHON:-python3}
-if [ "${SKIP_WHEELS:-0}" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed" >&2; exit 1; }
-  export PYTHONPATH=src:/tmp/site
-else
-  export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-fi
+. benchmarks/gpu/_stages.sh
 MODEL=${MODEL:-1b}
 B=benchmarks/gpu
-
-stage() {  # stage NAME DEFAULT_LIMIT COMMAND...
-  local name=$1 limit=$2; shift 2
-  local var="STAGE_LIMIT_${name}"; limit=${!var:-$limit}
-  echo "=== $(date -u +%H:%M:%S) stage $name (limit ${limit}s): $*" | tee -a "$OUT/run.log"
-  local t0=$SECONDS
-  timeout -k 15 "$limit" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  grep -v -E " INFO: | INFO " "$WORK/$name.log" | tail -n 60 >>"$OUT/run.log"
-  echo "=== stage $name rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/run.log"
-}
 
 { echo "=== $(date -u)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null \
     || rocm-smi 2>/dev/null; $PY -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__,

@@ -15,18 +15,9 @@
 # Results: $OUT (default runs/gpu-x8): run.log, results.jsonl, summary_<stage>.json, details.tgz.
 # On CPU the same script checks itself: MODEL=debug GPU_PLATFORM=cpu DURATION=60s FAULT_EVERY=20s.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/gpu-x8}
 WORK=${WORK:-/tmp/regent-gpu-x8}
-mkdir -p "$OUT" "$WORK"
-PY=${PYTHON:-python3}
-if [ "${SKIP_WHEELS:-0}" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed" >&2; exit 1; }
-  export PYTHONPATH=src:/tmp/site
-else
-  export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-fi
+. benchmarks/gpu/_stages.sh
 MODEL=${MODEL:-1b}
 REPLICAS=${REPLICAS:-4}
 PROCS=${PROCS:-2}
@@ -36,17 +27,6 @@ MODE=${MODE:-diloco}
 SEQ_LEN=${SEQ_LEN:-2048}
 BATCH=${BATCH:-4}
 SEED=${SEED:-0}
-
-stage() {  # stage NAME DEFAULT_LIMIT COMMAND...
-  local name=$1 limit=$2; shift 2
-  local var="STAGE_LIMIT_${name}"; limit=${!var:-$limit}
-  echo "=== $(date -u +%H:%M:%S) stage $name (limit ${limit}s): $*" | tee -a "$OUT/run.log"
-  local t0=$SECONDS
-  timeout -k 15 "$limit" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  grep -v -E " INFO: | INFO " "$WORK/$name.log" | tail -n 60 >>"$OUT/run.log"
-  echo "=== stage $name rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/run.log"
-}
 
 TRAIN=($PY -m regent.cli train --replicas "$REPLICAS" --procs-per-replica "$PROCS" --model "$MODEL"
   --duration "$DURATION" --ft.mode "$MODE" --ft.sync-every 20 --train.seq-len "$SEQ_LEN"

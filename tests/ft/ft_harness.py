@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 WORKER = Path(__file__).with_name("ft_worker.py")
 
@@ -17,6 +18,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def gloo_pair(timeout: float = 5.0) -> tuple[Any, list[Any]]:
+    """Two `ReplicatedGroup`s (ranks 0 and 1 of one Gloo group, in this process) and the store they met at."""
+    import datetime
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch.distributed as dist
+
+    from regent.ft.process_group import ReplicatedGroup
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    groups = [ReplicatedGroup("gloo", timeout=timeout, connect_timeout=30) for _ in range(2)]
+    addr = f"127.0.0.1:{store.port}/regent/1/0"
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+    return store, groups
 
 
 def spawn(lighthouse: str, name: str, out: Path, *extra: str, group_rank: int = 0) -> subprocess.Popen:

@@ -3,7 +3,6 @@ two replicas (threads), checked against the average computed by hand."""
 
 from __future__ import annotations
 
-import datetime
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,6 +11,7 @@ import torch.distributed as dist
 
 from regent.ft.grad_sync import OverlappedAllreduce, plan_buckets
 from regent.ft.process_group import ReplicatedGroup
+from tests.ft.ft_harness import gloo_pair
 
 CPU = torch.device("cpu")
 
@@ -49,12 +49,7 @@ def _grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def test_buckets_average_gradients_across_replicas_and_launch_during_backward():
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
-    groups = [ReplicatedGroup("gloo", timeout=10, connect_timeout=30) for _ in range(2)]
-    addr = f"127.0.0.1:{store.port}/regent/1/0"
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+    store, groups = gloo_pair(timeout=10)
     inputs = [torch.randn(5, 8, generator=torch.Generator().manual_seed(r)) for r in range(2)]
     expected = [(a + b) / 2 for a, b in zip(_grads(_model(0), inputs[0]), _grads(_model(0), inputs[1]))]
 

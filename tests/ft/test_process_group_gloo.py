@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from regent.ft.process_group import ReplicatedGroup, _Watchdog, parse_store_address
+from tests.ft.ft_harness import gloo_pair
 
 PEER = Path(__file__).with_name("pg_peer.py")
 
@@ -102,12 +103,7 @@ def test_hung_peer_errors_within_timeout_then_reconfigure_works():
 def test_batched_p2p_falls_back_when_the_backend_cannot_coalesce():
     """The coalesced path is NCCL's; a backend that refuses to start coalescing (Gloo here, forced onto that
     path) must still deliver the whole batch, message by message, and stop trying."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
-    groups = [ReplicatedGroup("gloo", timeout=10, connect_timeout=30) for _ in range(2)]
-    addr = f"127.0.0.1:{store.port}/regent/1/0"
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+    store, groups = gloo_pair(timeout=10)
     for g in groups:
         g._pg = _ClaimsCoalescing(g._pg)
     sent = [torch.arange(n, dtype=torch.float32) for n in (3, 5, 7)]

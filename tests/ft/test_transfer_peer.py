@@ -3,7 +3,6 @@ donor stops serving). Real sockets; the group transport runs over a real Gloo gr
 
 from __future__ import annotations
 
-import datetime
 import socket
 import threading
 import time
@@ -11,10 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from regent.ft.process_group import ReplicatedGroup
 from regent.ft.transfer import GroupTransport, RWLock, StreamTransport, flatten_state, unflatten_state
+from tests.ft.ft_harness import gloo_pair
 
 
 def _state(seed: int) -> dict:
@@ -122,18 +120,8 @@ def test_rwlock_writer_waits_for_readers():
     lock.release_write()
 
 
-def _pair(timeout: float = 5.0):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
-    groups = [ReplicatedGroup("gloo", timeout=timeout, connect_timeout=30) for _ in range(2)]
-    addr = f"127.0.0.1:{store.port}/regent/1/0"
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
-    return store, groups
-
-
 def test_group_transfer_in_place_and_stale_refused():
-    store, groups = _pair(timeout=2.0)
+    store, groups = gloo_pair(timeout=2.0)
     try:
         donor, healer = GroupTransport(groups[0]), GroupTransport(groups[1])
         src = _state(1)
@@ -160,7 +148,7 @@ def test_group_transfer_in_place_and_stale_refused():
 
 
 def test_group_receive_timeout_raises():
-    store, groups = _pair(timeout=1.0)
+    store, groups = gloo_pair(timeout=1.0)
     try:
         start = time.monotonic()
         with pytest.raises(TimeoutError):
@@ -173,26 +161,20 @@ def test_group_receive_timeout_raises():
         del store
 
 
-@pytest.mark.parametrize("stage_bytes", [0, 10_000])
-def test_group_transfer_packs_small_tensors_and_stages_large_ones(stage_bytes):
-    store, groups = _pair(timeout=5.0)
+def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
+    store, groups = gloo_pair(timeout=5.0)
     sent: list[list[int]] = []
-    real_send_staged, real_send_many = groups[0].send_staged, groups[0].send_many
-
-    def counting_send_staged(messages, dst, first_tag=0):
-        sent.extend([t.numel() for t in m] for m in messages)
-        real_send_staged(messages, dst, first_tag)
+    real_send_many = groups[0].send_many
 
     def counting_send_many(tensors, dst, first_tag=0):
         sent.extend([t.numel()] for t in tensors)
         real_send_many(tensors, dst, first_tag)
 
-    groups[0].send_staged, groups[0].send_many = counting_send_staged, counting_send_many
+    groups[0].send_many = counting_send_many
     try:
-        # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone, or
-        # staged into one message when messages are 10 kB.
-        donor = GroupTransport(groups[0], packed_below=1024, stage_bytes=stage_bytes)
-        healer = GroupTransport(groups[1], packed_below=1024, stage_bytes=stage_bytes)
+        # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone.
+        donor = GroupTransport(groups[0], packed_below=1024)
+        healer = GroupTransport(groups[1], packed_below=1024)
         src, into = _state(1), _state(2)
         own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
                into["optim"]["state"][0]["exp_avg"]]
@@ -203,19 +185,11 @@ def test_group_transfer_packs_small_tensors_and_stages_large_ones(stage_bytes):
             f.result()
         _assert_same(got, src)
         w = 64 * 32 * 4
-        assert sent == ([[68], [w], [w]] if stage_bytes == 0 else [[68], [w, w]])
+        assert sent == [[68], [w], [w]]
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
                    got["optim"]["state"][0]["exp_avg"]]
-        assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed, staged or not
+        assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
     finally:
         for g in groups:
             g.shutdown()
         del store
-
-
-def test_plan_messages_groups_in_order_and_sends_big_tensors_alone():
-    from regent.ft.transfer import TensorMeta, plan_messages
-
-    metas = [TensorMeta(str(i), (n,), torch.uint8, n) for i, n in enumerate([40, 40, 100, 30, 30, 30, 10])]
-    assert plan_messages(metas, list(range(7)), 64) == [[0, 1], [2], [3, 4, 5], [6]]
-    assert plan_messages(metas, list(range(7)), 0) == [[i] for i in range(7)]

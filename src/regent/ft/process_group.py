@@ -18,7 +18,6 @@ memory for every byte, for a guarantee we get from the two mechanisms above.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import heapq
 import itertools
@@ -147,7 +146,6 @@ class ReplicatedGroup:
         self.replica_id = ""
         self._waiter: _EventWaiter | None = None
         self._side_stream: Any = None
-        self._copy_stream: Any = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -354,72 +352,6 @@ class ReplicatedGroup:
     def recv_many(self, tensors: list[torch.Tensor], src: int, first_tag: int = 0) -> None:
         """Receive into each tensor in place, in order (the counterpart of `send_many`)."""
         self._p2p_batch("recv", [[t] for t in tensors], src, first_tag)
-
-    def send_staged(self, groups: list[list[torch.Tensor]], dst: int, first_tag: int = 0) -> None:
-        """Send each group of flat uint8 tensors as one message (a group of one goes as it is, a larger one
-        is copied into one of two staging buffers, the copy of the next overlapping the send of this one).
-
-        NCCL moves a message of tens of MB well below its large-message bandwidth (~70 us per message on
-        H200); a model's layer tensors are that size, so they travel in a few large messages instead."""
-        self._p2p_staged("send", groups, dst, first_tag)
-
-    def recv_staged(self, groups: list[list[torch.Tensor]], src: int, first_tag: int = 0) -> None:
-        """Receive what `send_staged` sent into each group's tensors, in place (same groups, same order)."""
-        self._p2p_staged("recv", groups, src, first_tag)
-
-    def _p2p_staged(self, what: str, groups: list[list[torch.Tensor]], peer: int, first_tag: int) -> None:
-        pg, generation = self._current()
-        deadline = time.monotonic() + self.timeout
-        cuda = self.backend == "nccl"
-        device = self.device
-        sizes = [sum(t.numel() for t in g) for g in groups]
-        cap = max((n for g, n in zip(groups, sizes) if len(g) > 1), default=0)
-        staging = [torch.empty(cap, dtype=torch.uint8, device=device) for _ in range(2)] if cap else []
-        in_use: list[Any] = [None, None]  # the work that last used each staging buffer
-
-        waited: set[int] = set()
-
-        def wait(work: Any) -> None:  # NCCL: the copy stream waits (host does not); Gloo: blocks
-            if id(work) in waited:  # a Gloo work waited twice would wait for a second completion
-                return
-            waited.add(id(work))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
-                raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
-
-        try:
-            if cuda:
-                if self._copy_stream is None:
-                    self._copy_stream = torch.cuda.Stream(device)
-                # the tensors were last written on the caller's stream
-                self._copy_stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(self._copy_stream) if cuda else contextlib.nullcontext():
-                works, slot = [], 0
-                for k, (group, size) in enumerate(zip(groups, sizes)):
-                    if len(group) == 1:
-                        works.append(getattr(pg, what)(group, peer, first_tag + k))
-                        continue
-                    buf = staging[slot][:size]
-                    if in_use[slot] is not None:
-                        wait(in_use[slot])  # the message before last has left / been copied out of it
-                    if what == "send":
-                        torch.cat(group, out=buf)
-                    work = getattr(pg, what)([buf], peer, first_tag + k)
-                    if what == "recv":
-                        wait(work)
-                        offset = 0
-                        for t in group:
-                            t.copy_(buf[offset:offset + t.numel()])
-                            offset += t.numel()
-                    in_use[slot] = work
-                    works.append(work)
-                    slot = 1 - slot
-                for work in works:
-                    wait(work)
-                if cuda:
-                    self._wait_stream_done(self._copy_stream, deadline, what, peer)
-        except Exception as err:
-            self._p2p_failed(generation, err, what, peer)
 
     def _coalesced(self, pg: Any, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> list:
         """Issue the batch in windows of one NCCL group each (ncclGroupStart/End, as `batch_isend_irecv`

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import pickle
 import socket
 import struct
@@ -37,10 +36,6 @@ logger = logging.getLogger(__name__)
 
 # Tensors smaller than this travel packed into one message over the replicated group.
 PACKED_BELOW_BYTES = 1 << 20
-# Larger tensors travel in messages of about this size (REGENT_STAGE_MB; 0, the default, sends each alone).
-# Off by default: on 2 x H200 the staging copies cost more than the fewer messages save (1b state: 88 ms
-# unstaged, 100 ms with 512 MB messages, 114 ms with 256 MB; benchmarks/RESULTS.md).
-STAGE_BYTES = int(float(os.environ.get("REGENT_STAGE_MB", "0")) * (1 << 20))
 
 
 class RWLock:
@@ -264,27 +259,6 @@ def split_by_size(metas: list[TensorMeta], packed_below: int) -> tuple[list[int]
     return small, large
 
 
-def plan_messages(metas: list[TensorMeta], large: list[int], stage_bytes: int) -> list[list[int]]:
-    """Group the large tensors, in order, into messages of about `stage_bytes` (a tensor at least that big
-    goes alone); donor and healer derive the same plan from the metadata."""
-    messages: list[list[int]] = []
-    current: list[int] = []
-    current_bytes = 0
-    for i in large:
-        n = metas[i].nbytes
-        if n >= stage_bytes:
-            messages.append([i])
-            continue
-        current.append(i)
-        current_bytes += n
-        if current_bytes >= stage_bytes:
-            messages.append(current)
-            current, current_bytes = [], 0
-    if current:
-        messages.append(current)
-    return messages
-
-
 def _pack(indices: list[int], tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Concatenate the tensors' bytes where they live (one kernel, or one host copy), then move the result
     to `device` once: a copy per tiny host tensor would cost a synchronizing transfer each."""
@@ -338,16 +312,13 @@ class GroupTransport:
     Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message per
     home device of the tensors under `packed_below` bytes, packed back to back (norm weights, AdamW step
     counters: hundreds of tiny messages would each cost a NCCL launch, more than their bytes), then the
-    larger tensors, each alone and without a copy (or, with `stage_bytes` > 0, copied into messages of about
-    that size). No host round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
+    larger tensors, each alone and without a copy. No host round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
     one.
     """
 
-    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES,
-                 stage_bytes: int = STAGE_BYTES) -> None:
+    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES) -> None:
         self._group = group
         self.packed_below = packed_below
-        self.stage_bytes = stage_bytes
 
     def metadata(self) -> str:
         return "<group>"
@@ -364,13 +335,12 @@ class GroupTransport:
         meta.packs = list(by_home.values())
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
-        messages = [[_pack(indices, tensors, device)] for indices in meta.packs]
-        messages += [[_as_bytes(_staged(tensors[i], device)) for i in group]
-                     for group in plan_messages(meta.tensors, large, self.stage_bytes)]
+        messages = [_pack(indices, tensors, device) for indices in meta.packs]
+        messages += [_as_bytes(_on_device(tensors[i], device)) for i in large]
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
-            _send_messages(self._group, messages, dst)
+            self._group.send_many(messages, dst, first_tag=3)
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
@@ -391,10 +361,7 @@ class GroupTransport:
         _, large = split_by_size(meta.tensors, self.packed_below)
         packs = [torch.empty(sum(meta.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
                  for indices in meta.packs]
-        messages = [[pack] for pack in packs]
-        messages += [[_as_bytes(targets[i].data) for i in group]
-                     for group in plan_messages(meta.tensors, large, self.stage_bytes)]
-        _recv_messages(self._group, messages, src_rank)
+        self._group.recv_many(packs + [_as_bytes(targets[i].data) for i in large], src_rank, first_tag=3)
         for pack, indices in zip(packs, meta.packs):
             _unpack(pack, indices, meta.tensors, targets)
         return unflatten_state(meta, targets, like=into)
@@ -403,21 +370,7 @@ class GroupTransport:
         pass
 
 
-def _send_messages(group: Any, messages: list[list[torch.Tensor]], dst: int) -> None:
-    if all(len(m) == 1 for m in messages):  # nothing to stage: one coalesced batch
-        group.send_many([m[0] for m in messages], dst, first_tag=3)
-    else:
-        group.send_staged(messages, dst, first_tag=3)
-
-
-def _recv_messages(group: Any, messages: list[list[torch.Tensor]], src: int) -> None:
-    if all(len(m) == 1 for m in messages):
-        group.recv_many([m[0] for m in messages], src, first_tag=3)
-    else:
-        group.recv_staged(messages, src, first_tag=3)
-
-
-def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device and t.is_contiguous() else t.to(device).contiguous()
 
 
