@@ -40,6 +40,9 @@ import _common  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="1b", help="model shape(s) whose training state moves: debug|150m|1b|8b")
+    parser.add_argument("--layouts", default="contiguous,apart",
+                        help="trainer state layouts to move: contiguous (one buffer per parameter set and "
+                             "moment, the default) and/or apart (one allocation per tensor)")
     parser.add_argument("--repeats", type=int, default=3, help="timed transfers per shape (median reported)")
     parser.add_argument("--p2p-gb", type=float, default=4.0, help="size of the raw point-to-point buffer, GB")
     parser.add_argument("--http-shapes", default="", help="shapes to also move over the TCP fallback (slow)")
@@ -144,8 +147,12 @@ def worker(args: argparse.Namespace) -> int:
         torch.cuda.empty_cache()
 
     http_shapes = set(_common.parse_list(args.http_shapes, str))
-    for shape in _common.parse_list(args.shape, str):
-        cfg = TrainConfig(model=shape, seq_len=128, batch_size=1, data_max_bytes=1_000_000, seed=rank)
+    for shape, layout in [(s, lay) for s in _common.parse_list(args.shape, str)
+                          for lay in _common.parse_list(args.layouts, str)]:
+        if layout not in ("contiguous", "apart"):
+            raise SystemExit(f"--layouts: unknown layout {layout!r}; use contiguous and/or apart")
+        cfg = TrainConfig(model=shape, seq_len=128, batch_size=1, data_max_bytes=1_000_000, seed=rank,
+                          contiguous_state=layout == "contiguous")
         trainer = Trainer(cfg, rank=0, world_size=1, device=device)
         state = trainer.state_dict()
         meta, tensors = flatten_state(state, step=0)
@@ -154,7 +161,7 @@ def worker(args: argparse.Namespace) -> int:
             _fill(tensors, donor=rank == 0)
         step = 1000
         trainer.step = step
-        record = {**base, "shape": shape, "bytes": nbytes, "tensors": len(tensors), "num_params": trainer.num_params,
+        record = {**base, "shape": shape, "layout": layout, "bytes": nbytes, "tensors": len(tensors), "num_params": trainer.num_params,
                   "representation": "fp32 params + fp32 AdamW exp_avg/exp_avg_sq + host step counters"}
 
         transport = GroupTransport(group)
@@ -174,31 +181,41 @@ def worker(args: argparse.Namespace) -> int:
                                                      into=trainer.state_dict())
                 _, got = flatten_state(received, step)
                 in_place = sum(m.nbytes for m, a, b in zip(meta.tensors, got, tensors) if a.data_ptr() == b.data_ptr())
+                loading = time.perf_counter()
                 trainer.load_state_dict(received)
+                del received, got
             _common.sync(device)
             elapsed = time.perf_counter() - start
+            phases = dict(transport.last_timing)
+            if rank == 1:
+                phases["load_state_dict"] = time.perf_counter() - loading
             ok = _same_state(tensors, device, dist)
-            runs.append({"seconds": elapsed, "ok": ok, "in_place_bytes": in_place})
+            runs.append({"seconds": elapsed, "ok": ok, "in_place_bytes": in_place, "phases": phases})
             if not ok:
                 print(f"rank {rank}: {shape}: healer state differs from donor after transfer {attempt}",
                       file=sys.stderr, flush=True)
         healer = [None, None]
         dist.all_gather_object(healer, runs)
+        donor_phases = healer[0][-1]["phases"]
         if rank == 0:
             timed = healer[1][1:] if len(healer[1]) > 1 else healer[1]
             median = statistics.median(r["seconds"] for r in timed)
             gbps = nbytes / median / 1e9
             _common.append_result(args.out, {
                 **record, "what": "group_transport", "runs_healer": healer[1], "first_seconds": healer[1][0]["seconds"],
-                "seconds_median": median, "gbps_median": gbps, "p2p_gbps": p2p_gbps, "ratio_to_p2p": gbps / p2p_gbps,
+                "seconds_median": median, "gbps_median": gbps, "p2p_gbps": p2p_gbps,
+                "messages": transport.last_messages, "donor_phases_last": donor_phases, "ratio_to_p2p": gbps / p2p_gbps,
                 "all_ok": all(r["ok"] for r in healer[1]),
             })
-            print(f"{shape}: {nbytes / 1e9:.1f} GB by GroupTransport in {median * 1000:.0f} ms = {gbps:.0f} GB/s "
-                  f"({100 * gbps / p2p_gbps:.0f}% of p2p {p2p_gbps:.0f} GB/s); in place "
+            print(f"{shape} ({layout}): {nbytes / 1e9:.1f} GB by GroupTransport in {median * 1000:.0f} ms = {gbps:.0f} GB/s "
+                  f"({100 * gbps / p2p_gbps:.0f}% of p2p {p2p_gbps:.0f} GB/s), {transport.last_messages} messages; in place "
                   f"{healer[1][-1]['in_place_bytes'] / nbytes:.1%}; correct={all(r['ok'] for r in healer[1])}",
                   flush=True)
+            ms = ", ".join(f"{k} {v * 1000:.1f}" for k, v in healer[1][-1]["phases"].items())
+            print(f"  last run, ms: healer {ms}; donor "
+                  + ", ".join(f"{k} {v * 1000:.1f}" for k, v in donor_phases.items()), flush=True)
 
-        if shape in http_shapes:
+        if shape in http_shapes and layout == _common.parse_list(args.layouts, str)[0]:
             stream = StreamTransport(num_chunks=args.http_chunks, timeout=600) if rank == 0 else None
             address = [stream.metadata() if stream else None]
             dist.broadcast_object_list(address, src=0)

@@ -176,3 +176,25 @@ def test_evaluate_loss_is_repeatable_and_falls_with_training():
     for _ in range(8):
         trainer.train_step()
     assert trainer.evaluate_loss(batches=2) < before - 0.5
+
+
+def test_contiguous_state_trains_identically_and_is_laid_out_back_to_back():
+    from regent.contiguous import is_contiguous_run
+
+    flat, apart = Trainer(small_cfg()), Trainer(small_cfg(contiguous_state=False))
+    try:
+        assert flat.contiguous_state and not apart.contiguous_state
+        moments = [[flat.optimizer.state[p][k] for p in flat.params] for k in ("exp_avg", "exp_avg_sq")]
+        assert is_contiguous_run(flat.params) and all(is_contiguous_run(m) for m in moments)
+        assert not is_contiguous_run(apart.params)
+        for _ in range(3):
+            a, b = flat.train_step(), apart.train_step()
+            assert a["loss"] == b["loss"]
+        assert flat.param_hash() == apart.param_hash()
+        # Loading a state (a heal, a checkpoint) writes into the buffers; it does not replace them.
+        ptr = flat.params[0].data_ptr()
+        flat.load_state_dict(apart.state_dict())
+        assert flat.params[0].data_ptr() == ptr and is_contiguous_run(flat.params)
+    finally:
+        flat.close()
+        apart.close()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from regent.contiguous import contiguous_copy
 from regent.ft.manager import Manager
 
 logger = logging.getLogger(__name__)
@@ -114,9 +115,10 @@ class _Fragment:
         self._manager = manager
         self.params = dict(module.named_parameters())
         self.backup_device = backup_device
-        self.original: dict[str, torch.Tensor] = {
-            name: p.detach().to(backup_device or p.device, copy=True) for name, p in self.params.items()
-        }
+        # The last global parameters, in one buffer per device and dtype: a heal sends them as a few messages.
+        self.original: dict[str, torch.Tensor] = dict(
+            zip(self.params, contiguous_copy(list(self.params.values()), backup_device))
+        )
         self._pseudo: dict[str, torch.Tensor] = {}
         self._futures: list[torch.futures.Future] = []
         manager.register_state_dict_fn(f"DiLoCoFragment_{index}", self.load_state_dict, self.state_dict)

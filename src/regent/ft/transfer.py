@@ -32,10 +32,15 @@ from typing import Any, Protocol
 
 import torch
 
+from regent.contiguous import byte_span, is_contiguous_run
+
 logger = logging.getLogger(__name__)
 
 # Tensors smaller than this travel packed into one message over the replicated group.
 PACKED_BELOW_BYTES = 1 << 20
+# Adjacent tensors merge into messages of up to this size (a healer whose layout differs stages one such
+# message at a time, so this also bounds its extra memory).
+MAX_MESSAGE_BYTES = 1 << 30
 
 
 class RWLock:
@@ -97,7 +102,7 @@ class RWLock:
 # ---- flattening -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TensorMeta:
     path: str
     shape: tuple[int, ...]
@@ -116,6 +121,9 @@ class StateMeta:
     tensors: list[TensorMeta]
     # GroupTransport: indices of the small tensors packed into each leading message, in pack order
     packs: list[list[int]] = field(default_factory=list)
+    # GroupTransport: the larger tensors, one message per run of tensors adjacent in the donor's memory
+    # (in message order); empty means one message per tensor in index order
+    runs: list[list[int]] = field(default_factory=list)
 
 
 class _Slot:
@@ -166,8 +174,11 @@ def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
-            t = local_view(node).detach()
-            spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride())) if _is_dtensor(node) else None
+            spec = None
+            if _is_dtensor(node):
+                spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride()))
+                node = node.to_local()
+            t = node.detach() if node.requires_grad else node
             metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size(), spec))
             tensors.append(t)
             return _Slot(len(tensors) - 1)
@@ -225,10 +236,17 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
     return walk(meta.skeleton)
 
 
+def own_tensors(into: Any) -> dict[str, torch.Tensor]:
+    """The receiver's own tensors by path (local shards for DTensors): where a received tensor can land."""
+    return {path: local_view(t) for path, t in _tensors_by_path(into).items()} if into is not None else {}
+
+
 def _targets(
-    meta: StateMeta, into: Any, device: torch.device, same_device: bool = False, packed_below: int = 0
+    meta: StateMeta, existing: dict[str, torch.Tensor], device: torch.device, same_device: bool = False,
+    packed_below: int = 0,
 ) -> list[torch.Tensor]:
-    """Receive buffers: the healer's own tensors where path/shape/dtype match (in place), else new ones.
+    """Receive buffers: the healer's own tensors (`existing`, from `own_tensors`) where path/shape/dtype
+    match (in place), else new ones.
 
     With `same_device`, an own tensor is used only if it lives on `device`: NCCL can only receive into GPU
     memory, and a trainer keeps some state on the host (AdamW's `step` counters are CPU tensors). Those get
@@ -236,27 +254,39 @@ def _targets(
     under `packed_below` bytes arrive packed and are copied out of the pack, so their own tensor serves
     wherever it lives.
     """
-    existing: dict[str, torch.Tensor] = {}
-    if into is not None:
-        own_meta, own = flatten_state(into, 0)
-        existing = {m.path: t for m, t in zip(own_meta.tensors, own)}
     out = []
     for m in meta.tensors:
         t = existing.get(m.path)
         if (t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous()
                 and (not same_device or t.device == device or 0 < m.nbytes < packed_below)):
-            out.append(t)
+            out.append(t.detach() if t.requires_grad else t)
         else:
             out.append(torch.empty(m.shape, dtype=m.dtype, device=device))
     return out
 
 
-def split_by_size(metas: list[TensorMeta], packed_below: int) -> tuple[list[int], list[int]]:
-    """Indices of the non-empty tensors that travel packed together (under `packed_below` bytes) and of
-    those that travel as their own message."""
-    small = [i for i, m in enumerate(metas) if 0 < m.nbytes < packed_below]
-    large = [i for i, m in enumerate(metas) if m.nbytes >= packed_below]
-    return small, large
+def adjacent_runs(indices: list[int], tensors: list[torch.Tensor], device: torch.device,
+                  max_bytes: int) -> list[list[int]]:
+    """Group the tensors into runs that follow each other in one storage on `device` (at most `max_bytes`
+    a run), in memory order: each run travels as one message. A tensor elsewhere travels alone."""
+    movable = [(tensors[i].data_ptr(), tensors[i].numel() * tensors[i].element_size(), i) for i in indices
+               if tensors[i].device == device and tensors[i].is_contiguous()]
+    kept = {i for _, _, i in movable}
+    alone = [[i] for i in indices if i not in kept]
+    movable.sort()
+    runs: list[list[int]] = []
+    size = end = limit = 0
+    for start, nbytes, i in movable:
+        # Consecutive addresses inside the run's first storage: the same allocation, no gap between.
+        if runs and start == end and start + nbytes <= limit and size + nbytes <= max_bytes:
+            runs[-1].append(i)
+            size += nbytes
+        else:
+            runs.append([i])
+            storage = tensors[i].untyped_storage()
+            limit, size = storage.data_ptr() + storage.nbytes(), nbytes
+        end = start + nbytes
+    return runs + alone
 
 
 def _pack(indices: list[int], tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -268,9 +298,10 @@ def _pack(indices: list[int], tensors: list[torch.Tensor], device: torch.device)
 
 
 def _unpack(pack: torch.Tensor, indices: list[int], metas: list[TensorMeta], targets: list[torch.Tensor]) -> None:
-    """Copy each tensor out of a received pack; targets on another device (host-resident optimizer
-    counters) are served from one copy of the pack on that device."""
+    """Copy each tensor out of a received pack (one multi-tensor copy per target device); targets on
+    another device (host-resident optimizer counters) are served from one copy of the pack there."""
     copies: dict[torch.device, torch.Tensor] = {pack.device: pack}
+    by_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     offset = 0
     for i in indices:
         n = metas[i].nbytes
@@ -280,8 +311,24 @@ def _unpack(pack: torch.Tensor, indices: list[int], metas: list[TensorMeta], tar
         # A heal runs while the healer's own step is in flight (its result is discarded). Write through
         # `.data`, like the collective's raw receive does, so autograd's version counters of live
         # parameters are not bumped under a running backward.
-        _as_bytes(target.data).copy_(copies[target.device][offset:offset + n])
+        dsts, srcs = by_device.setdefault(target.device, ([], []))
+        dsts.append(_as_bytes(target.data))
+        srcs.append(copies[target.device][offset:offset + n])
         offset += n
+    for dsts, srcs in by_device.values():
+        torch._foreach_copy_(dsts, srcs)
+
+
+def _receivable_in_place(run: list[int], targets: list[torch.Tensor], device: torch.device) -> bool:
+    """A run lands straight in the healer's tensors if they too are one byte range on the device."""
+    if any(targets[i].device != device for i in run):
+        return False
+    return is_contiguous_run([targets[i] for i in run])
+
+
+def _span(run: list[torch.Tensor]) -> torch.Tensor:
+    """The bytes of a run of adjacent tensors (one tensor: its own bytes), sharing their memory."""
+    return _as_bytes(run[0].data) if len(run) == 1 else byte_span([t.data for t in run])
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -312,41 +359,59 @@ class GroupTransport:
     Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message per
     home device of the tensors under `packed_below` bytes, packed back to back (norm weights, AdamW step
     counters: hundreds of tiny messages would each cost a NCCL launch, more than their bytes), then the
-    larger tensors, each alone and without a copy. No host round-trip between messages. The receiver checks the step before receiving any tensor and refuses a stale
-    one.
+    larger tensors without a copy: one message per run of tensors that lie back to back in the donor's
+    memory (`regent.contiguous`; up to `max_message_bytes`), else one per tensor. A healer with the same
+    layout receives each run straight into its own tensors; one with another layout stages that run and
+    copies it out. No host round-trip between messages. The receiver checks the step before receiving any
+    tensor and refuses a stale one.
     """
 
-    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES) -> None:
+    def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self._group = group
         self.packed_below = packed_below
+        self.max_message_bytes = max_message_bytes
+        self.last_messages = 0  # tensor messages of the last send (packs and runs), for reports
+        self.last_timing: dict[str, float] = {}  # phases of the last send or receive, seconds
 
     def metadata(self) -> str:
         return "<group>"
 
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None:
+        start = time.perf_counter()
         meta, tensors = flatten_state(state_dict, step)
         device = self._group.device
-        small, large = split_by_size(meta.tensors, self.packed_below)
-        # One pack per device the small tensors live on (in practice: the GPU's, and the host's AdamW step
-        # counters); the layout travels in the metadata.
+        # Runs of tensors adjacent in memory travel as one message each (a norm weight between two matrices
+        # rides along); what is left alone and small is packed, one pack per device it lives on (in
+        # practice the GPU's, and the host's AdamW step counters); the layout travels in the metadata.
+        runs = adjacent_runs([i for i, m in enumerate(meta.tensors) if m.nbytes > 0], tensors, device,
+                             self.max_message_bytes)
+        small = [run[0] for run in runs if len(run) == 1 and meta.tensors[run[0]].nbytes < self.packed_below]
         by_home: dict[str, list[int]] = {}
         for i in small:
             by_home.setdefault(str(tensors[i].device), []).append(i)
         meta.packs = list(by_home.values())
+        meta.runs = [run for run in runs if len(run) > 1 or meta.tensors[run[0]].nbytes >= self.packed_below]
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
         messages = [_pack(indices, tensors, device) for indices in meta.packs]
-        messages += [_as_bytes(_on_device(tensors[i], device)) for i in large]
+        messages += [_span([tensors[i] for i in run]) if len(run) > 1
+                     else _as_bytes(_on_device(tensors[run[0]], device)) for run in meta.runs]
+        self.last_messages = len(messages)
+        prepared = time.perf_counter()
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
             self._group.send_many(messages, dst, first_tag=3)
+        self.last_timing = {"prepare": prepared - start, "send": time.perf_counter() - prepared}
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
+        start = time.perf_counter()
         device = self._group.device
+        existing = own_tensors(into)  # while the donor prepares its side
         length = torch.zeros(1, dtype=torch.int64, device=device)
         self._group.recv([length], src_rank, tag=1)
         blob = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
@@ -357,14 +422,27 @@ class GroupTransport:
                 f"donor replica rank {src_rank} offered state of step {meta.step}, expected {step}: "
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
-        targets = _targets(meta, into, device, same_device=True, packed_below=self.packed_below)
-        _, large = split_by_size(meta.tensors, self.packed_below)
-        packs = [torch.empty(sum(meta.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
-                 for indices in meta.packs]
-        self._group.recv_many(packs + [_as_bytes(targets[i].data) for i in large], src_rank, first_tag=3)
-        for pack, indices in zip(packs, meta.packs):
-            _unpack(pack, indices, meta.tensors, targets)
-        return unflatten_state(meta, targets, like=into)
+        got_meta = time.perf_counter()
+        targets = _targets(meta, existing, device, same_device=True, packed_below=self.packed_below)
+        # Small tensors arrive packed; a run whose targets are not one byte range here (another layout) is
+        # staged in a buffer of its own; both are copied out after the receive.
+        in_place = [_receivable_in_place(run, targets, device) for run in meta.runs]
+        staged = list(meta.packs) + [run for run, ok in zip(meta.runs, in_place) if not ok]
+        buffers = [torch.empty(sum(meta.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
+                   for indices in staged]
+        by_run = iter(buffers[len(meta.packs):])
+        messages = buffers[:len(meta.packs)] + [
+            _span([targets[i] for i in run]) if ok else next(by_run) for run, ok in zip(meta.runs, in_place)
+        ]
+        posted = time.perf_counter()
+        self._group.recv_many(messages, src_rank, first_tag=3)
+        received = time.perf_counter()
+        for buffer, indices in zip(buffers, staged):
+            _unpack(buffer, indices, meta.tensors, targets)
+        state = unflatten_state(meta, targets, like=into)
+        self.last_timing = {"metadata": got_meta - start, "targets": posted - got_meta, "data": received - posted,
+                            "unpack": time.perf_counter() - received}
+        return state
 
     def shutdown(self) -> None:
         pass
@@ -513,7 +591,7 @@ class StreamTransport:
         try:
             with connect({"what": "meta", "step": step}) as sock:
                 meta: StateMeta = pickle.loads(_recv_frame(sock))
-            targets = _targets(meta, into, torch.device("cpu"))
+            targets = _targets(meta, own_tensors(into), torch.device("cpu"))
             # Receive into host buffers; accelerator targets get a host staging copy.
             host_bufs = [t if t.device.type == "cpu" else torch.empty_like(t, device="cpu") for t in targets]
             n = min(self.num_chunks, max(1, len(targets)))

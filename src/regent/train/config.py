@@ -32,6 +32,9 @@ class TrainConfig:
     mixed_precision: bool | None = None  # None = bf16 on GPU, fp32 on CPU
     activation_checkpointing: bool = False
     compile: bool = False
+    # unsharded replicas: parameters and each AdamW moment in one buffer apiece (a peer heal is then a few
+    # large messages instead of one per tensor)
+    contiguous_state: bool = True
     # > 1: plain HSDP over the whole world, no fault tolerance: this many replicas of world/hsdp_replicate
     # FSDP shards (the baseline that fault tolerance across replica groups is compared with)
     hsdp_replicate: int = 1

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from regent.contiguous import contiguous_empty_like
+
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank stores: the local shard of a DTensor (a view, writable in place), else itself."""
@@ -16,7 +18,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float) -> torch.optim.AdamW:
+                    weight_decay: float, contiguous: bool = False) -> torch.optim.AdamW:
     """AdamW whose per-parameter state exists before the first step.
 
     Eager state means `state_dict()` has the same tensors at step 0 as at step 1000, so a healing peer can
@@ -24,16 +26,24 @@ def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps
 
     On GPU the fused kernel is used (one launch for all parameters), which keeps its step counters on the
     GPU; on CPU the foreach path keeps them on the CPU, as torch does.
+
+    `contiguous` puts each moment of all parameters in one buffer (plain tensors only; see
+    `regent.contiguous`), so a peer heal sends each moment as a few large messages.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and params[0].device.type == "cuda"
     optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                   fused=fused or None, foreach=None if fused else True)
-    for p in params:
+    if contiguous:
+        exp_avg, exp_avg_sq = contiguous_empty_like(params), contiguous_empty_like(params)
+    else:
+        exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+        exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
+    for p, avg, avg_sq in zip(params, exp_avg, exp_avg_sq):
         state = optimizer.state[p]
         state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else "cpu")
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg"] = avg
+        state["exp_avg_sq"] = avg_sq
     return optimizer
 
 

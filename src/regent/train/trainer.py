@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from regent import platform
+from regent.contiguous import make_contiguous
 from regent.train.checkpoint import Checkpointer, CheckpointError
 from regent.train.config import TrainConfig
 from regent.train.data import ShardedBatches, build_tokenizer, load_token_stream
@@ -82,13 +83,19 @@ class Trainer:
         self.model_args: ModelArgs = model_args(cfg.model, tokenizer.vocab_size, max_seq_len=cfg.seq_len)
         self.model = self._build_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Unsharded: parameters and each AdamW moment in one buffer apiece, so a heal is a few large
+        # messages (FSDP2 shards own their storage and stay as they are).
+        self.contiguous_state = cfg.contiguous_state and not self.sharded
+        if self.contiguous_state:
+            make_contiguous(self.params)
         self.param_names = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.num_params = sum(p.numel() for p in self.params)
         self.flops_per_token = flops_per_token(self.model_args, cfg.seq_len)
         self.peak_flops = platform.peak_bf16_flops() if self.device.type == "cuda" else None
 
         # Optimizer and schedule
-        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay,
+                                         contiguous=self.contiguous_state)
         self.lr_scheduler = WarmupCosineSchedule(self.optimizer, cfg.lr, cfg.warmup_steps, cfg.max_steps,
                                                  cfg.min_lr_ratio)
         self.step = 0
