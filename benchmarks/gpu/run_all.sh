@@ -55,9 +55,10 @@ for s in "$@"; do
       if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/titan-site \
           .whl/titan/*.whl >>"$OUT/run.log" 2>&1; then
         PYTHONPATH="$PYTHONPATH:/tmp/titan-site" stage titan 240 bash -c "$PY $B/titan_speed.py --gpus 1 \
-          --batch-size ${TITAN_BATCH:-4,8} --steps 15 --warmup 5 --compile ${TITAN_COMPILE:-0} --out $OUT --timeout 100; \
+          --batch-size ${TITAN_BATCH:-4,8} --steps 15 --warmup 5 --compile ${TITAN_COMPILE:-0} \
+          --loss ${TITAN_LOSS:-ce} --out $OUT --timeout 100; \
           $PY $B/titan_speed.py --gpus 2 --batch-size ${TITAN_BATCH2:-4} --steps 15 --warmup 5 \
-          --compile ${TITAN_COMPILE:-0} --out $OUT --timeout 100"
+          --compile ${TITAN_COMPILE:-0} --loss ${TITAN_LOSS:-ce} --out $OUT --timeout 100"
       else echo "=== stage titan: wheel install failed" | tee -a "$OUT/run.log"; fi ;;
     *) echo "unknown stage $s" | tee -a "$OUT/run.log" ;;
   esac

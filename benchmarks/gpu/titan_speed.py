@@ -17,7 +17,15 @@ The model is a flavor `regent1b` registered at run time in TorchTitan's `llama3_
 hidden 8192 (multiple_of 1024, ffn_dim_multiplier 1.5), RoPE theta 500000 with Llama 3.1 scaling, norm eps
 1e-5, untied embedding and output (Regent's 1b does not tie them; TorchTitan's own 1B flavor does). Attention
 is causal SDPA (`--attn sdpa`, what Regent uses) or TorchTitan's FlexAttention (`--attn flex`). QKV is
-TorchTitan's fused projection, the loss TorchTitan's chunked cross-entropy.
+TorchTitan's fused projection. The loss is TorchTitan's `CrossEntropyLoss` on the full logits (`--loss ce`,
+the default: fp32 cross-entropy over [B*L, vocab], what Regent's trainer computes) or its `ChunkedLossWrapper`
+(`--loss chunked`: lm_head + loss in 8 sequence chunks, each with its own backward). The chunked loss needs
+FSDP2 fixes that torch 2.11 lacks: it runs `fully_shard([norm, lm_head])` as one FSDP unit, drives lm_head
+outside the model's forward, then calls `lm_head.reshard()`, which frees the unsharded RMSNorm weight that
+the final norm saved for backward; torch 2.11's FSDP2 does not gather it again before the decoder's backward
+(the per-chunk backwards already ran that group's pre-/post-backward and the root's end-of-backward
+callback), so the first backward fails with "The tensor has a non-zero number of elements, but its data is
+not allocated yet". torch 2.13 runs it; on older builds `--loss chunked` fails the same way.
 
 Data are synthetic: uniform random token ids in [0, vocab) from a dataloader and tokenizer registered
 through TorchTitan's Configurable extension points, so nothing is downloaded (fine for speed, meaningless for
@@ -61,9 +69,9 @@ for _name, _value in SAFE_NCCL_ENV.items():
 FLAVOR = "regent1b"
 TINY_FLAVOR = "regent_tiny"
 DATA_NOTE = "synthetic: uniform random token ids (no dataset, no tokenizer)"
-ENV_FLAVOR, ENV_ATTN, ENV_DRY, ENV_GRAPHS, ENV_COMPILE, ENV_INFO = (
+ENV_FLAVOR, ENV_ATTN, ENV_DRY, ENV_GRAPHS, ENV_COMPILE, ENV_INFO, ENV_LOSS = (
     "TITAN_SPEED_FLAVOR", "TITAN_SPEED_ATTN", "TITAN_SPEED_DRY_RUN", "TITAN_SPEED_CUDA_GRAPHS",
-    "TITAN_SPEED_COMPILE", "TITAN_SPEED_INFO")
+    "TITAN_SPEED_COMPILE", "TITAN_SPEED_INFO", "TITAN_SPEED_LOSS")
 STEP_LINE = re.compile(
     r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+)\s+grad_norm:\s*(?P<grad_norm>\S+)\s+"
     r"memory:\s*(?P<mem>-?[\d.]+)GiB\((?P<mem_pct>-?[\d.]+)%\)\s+tps:\s*(?P<tps>[\d,]+)\s+"
@@ -87,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cuda-graphs", type=int, choices=(0, 1), default=0,
                         help="TorchTitan's CUDA-graph capture of forward+backward (its 0.3.0 default is on)")
     parser.add_argument("--attn", choices=("sdpa", "flex"), default="sdpa")
+    parser.add_argument("--loss", choices=("ce", "chunked"), default="ce",
+                        help="TorchTitan's CrossEntropyLoss on full logits (like Regent) or its ChunkedLossWrapper "
+                             "(needs torch >= 2.13's FSDP2, see the module docstring)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny flavor on CPU with gloo (checks the plumbing; figures are meaningless)")
@@ -120,7 +131,8 @@ def run_one(args: argparse.Namespace, batch: int) -> dict:
     env.update(SAFE_NCCL_ENV)
     env.update({ENV_FLAVOR: TINY_FLAVOR if args.dry_run else FLAVOR, ENV_ATTN: args.attn,
                 ENV_DRY: "1" if args.dry_run else "0", ENV_GRAPHS: str(args.cuda_graphs),
-                ENV_COMPILE: str(args.compile), ENV_INFO: info_path, "PYTHONUNBUFFERED": "1"})
+                ENV_COMPILE: str(args.compile), ENV_INFO: info_path, ENV_LOSS: args.loss,
+                "PYTHONUNBUFFERED": "1"})
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     if args.dry_run:
@@ -175,7 +187,9 @@ def summarize(args: argparse.Namespace, batch: int, steps: dict[int, dict]) -> d
     record: dict = {"bench": "titan_speed", "model": "1b" if not args.dry_run else "tiny-dry-run",
                     "flavor": TINY_FLAVOR if args.dry_run else FLAVOR, "gpus": args.gpus, "batch_size": batch,
                     "seq_len": 64 if args.dry_run else args.seq_len, "compile": bool(args.compile),
-                    "cuda_graphs": bool(args.cuda_graphs), "attn": args.attn, "activation_checkpointing": False,
+                    "cuda_graphs": bool(args.cuda_graphs), "attn": args.attn,
+                    "loss": "CrossEntropyLoss (full logits, fp32)" if args.loss == "ce" else "ChunkedLossWrapper",
+                    "activation_checkpointing": False,
                     "mixed_precision": "bf16 params, fp32 reduce (FSDP2)", "optimizer": f"AdamW lr {args.lr}",
                     "steps": args.steps, "warmup": args.warmup, "data": DATA_NOTE, "dry_run": args.dry_run,
                     "logged_steps": len(steps)}
@@ -433,9 +447,12 @@ def regent_speed_config():
     model_spec = model_registry(flavor, attn_backend=attn)
     model_spec.state_dict_adapter = None  # no HF checkpoint conversion (nothing is loaded or saved)
     vocab = model_spec.model.vocab_size
+    loss = CrossEntropyLoss.Config(global_vocab_size=vocab)
+    if os.environ.get(ENV_LOSS, "ce") == "chunked":  # needs torch >= 2.13's FSDP2 (see the module docstring)
+        loss = ChunkedLossWrapper.Config(loss_fn=loss)
     return Trainer.Config(
         model_spec=model_spec,
-        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)),
+        loss=loss,
         tokenizer=SyntheticTokenizer.Config(vocab_size=vocab),  # noqa: F821 - defined by _install_extensions
         dataloader=SyntheticDataLoader.Config(vocab_size=vocab, emit_positions=attn != "sdpa"),  # noqa: F821
         optimizer=default_adamw(lr=float(os.environ.get("TITAN_SPEED_LR", "3e-4"))),
@@ -469,7 +486,7 @@ def worker(args: argparse.Namespace) -> int:
     _install_extensions()
     init_logger()
     logger.info(f"titan_speed: torchtitan {torchtitan.__version__}, torch {torch.__version__}, "
-                f"datasets {hf_datasets}, shims {shims}, data {DATA_NOTE}")
+                f"datasets {hf_datasets}, shims {shims}, loss {os.environ.get(ENV_LOSS, 'ce')}, data {DATA_NOTE}")
     config = ConfigManager().parse_args(args.titan_args)
     trainer = None
     try:

@@ -153,3 +153,44 @@ def test_rank0_shares_an_existing_store_at_its_port():
     finally:
         manager.shutdown()
         lighthouse.shutdown()
+
+
+def test_a_peer_reported_dead_during_the_rendezvous_ends_the_wait():
+    # Two replicas form a quorum; one freezes before it reaches the group's rendezvous (killed right after
+    # the quorum). Its supervisor's report must end the survivor's wait at once, not after connect_timeout.
+    import threading
+    import time
+
+    from regent.ft.process_group import ReplicatedGroup
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
+    frozen = threading.Event()
+
+    class FrozenGroup(ReplicatedGroup):
+        def configure(self, *args, **kwargs) -> None:
+            frozen.wait(60)
+            raise RuntimeError("frozen replica released")
+
+    managers = [
+        Manager(pg=pg, min_replica_size=1, use_async_quorum=False, lighthouse_addr=lighthouse.address(),
+                replica_id=name, timeout=5, quorum_timeout=20, connect_timeout=60, init_sync=False)
+        for name, pg in (("alive", ReplicatedGroup("gloo", timeout=5, connect_timeout=60)),
+                         ("dead", FrozenGroup("gloo", timeout=5, connect_timeout=60)))
+    ]
+    alive, dead = managers
+    stuck = threading.Thread(target=dead.start_quorum, daemon=True)
+    try:
+        stuck.start()
+        reporter = threading.Timer(1.5, lambda: alive.peer_failed("dead:"))
+        reporter.start()
+        start = time.monotonic()
+        alive.start_quorum()  # returns once the rendezvous is given up
+        assert time.monotonic() - start < 15
+        assert alive.should_commit() is False
+        assert "given up" in str(alive.errored())
+    finally:
+        frozen.set()
+        stuck.join(10)
+        for m in managers:
+            m.shutdown()
+        lighthouse.shutdown()

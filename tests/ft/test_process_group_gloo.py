@@ -130,3 +130,37 @@ class _ClaimsCoalescing:
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
+
+
+def test_rendezvous_with_a_peer_that_never_comes_is_given_up_on_abort_or_timeout():
+    # The peer of quorum N dies between the quorum and the rendezvous: a supervisor's report (abort) ends
+    # the wait at once; without one, `connect_timeout` does. Either way the group can be configured again.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    group = ReplicatedGroup("gloo", timeout=2.0, connect_timeout=20.0)
+    timer = threading.Timer(0.5, lambda: group.abort(RuntimeError("peer replica r1 reported failed")))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="given up: peer replica r1 reported failed"):
+        group.configure(f"127.0.0.1:{store.port}/regent/1/0", "r0", 0, 2)
+    assert time.monotonic() - start < 5
+    assert group.errored() is not None
+
+    impatient = ReplicatedGroup("gloo", timeout=1.0, connect_timeout=1.0)
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="timed out after 1 s"):
+        impatient.configure(f"127.0.0.1:{store.port}/regent/2/0", "r0", 0, 2)
+    assert time.monotonic() - start < 5
+
+    # Both can still form a group with a live peer afterwards.
+    peer = ReplicatedGroup("gloo", timeout=5.0, connect_timeout=20.0)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda pair: pair[0].configure(f"127.0.0.1:{store.port}/regent/3/0", f"r{pair[1]}",
+                                                     pair[1], 2), [(group, 0), (peer, 1)]))
+    t = torch.ones(3)
+    futures = [g.allreduce([x]) for g, x in ((group, t), (peer, torch.ones(3)))]
+    for f in futures:
+        f.wait()
+    assert torch.equal(t, torch.full((3,), 2.0))
+    for g in (group, peer, impatient):
+        g.shutdown()

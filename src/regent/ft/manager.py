@@ -397,6 +397,7 @@ class Manager:
         self._commit_failures = 0
         self._quorum_id = -1
         self._quorum_key: tuple[int, tuple[str, ...]] | None = None
+        self._configuring_key: tuple[int, tuple[str, ...]] | None = None
         self._errored: Exception | None = None
         self._healing = False
         self._pending_state: Any = None
@@ -512,7 +513,7 @@ class Manager:
         quorum, which no longer includes the dead replica, rebuilds the group. `replica_prefix` matches
         replica ids such as `replica_1:` (the restarted process gets a new uuid). Returns whether it aborted.
         """
-        key = self._quorum_key
+        key = self._configuring_key or self._quorum_key
         if key is None:
             return False
         peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
@@ -618,6 +619,7 @@ class Manager:
                 f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}"
                 f"/s{result.max_step}f{result.commit_failures}"
             )
+            self._configuring_key = quorum_key  # a member reported dead now aborts the rendezvous
             try:
                 self._pg.configure(store, self.replica_id, result.replica_rank, result.replica_world_size)
                 self._quorum_id = result.quorum_id
@@ -625,6 +627,8 @@ class Manager:
             except Exception as err:
                 self.report_error(RuntimeError(f"rebuilding the replicated group at {store} failed: {err}"))
                 return
+            finally:
+                self._configuring_key = None
 
         if not allow_heal:
             return

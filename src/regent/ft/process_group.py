@@ -146,11 +146,14 @@ class ReplicatedGroup:
         self.replica_id = ""
         self._waiter: _EventWaiter | None = None
         self._side_stream: Any = None
+        self._connecting_pg: Any = None  # the NCCL communicator of a rendezvous in progress
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
         """Drop the old communicator and rendezvous a new one at `store_addr` ('host:port/unique/prefix')."""
         self.abort(reason=None)
+        with self._lock:
+            generation = self._generation  # any abort from here on gives this rendezvous up
         host, port, prefix = parse_store_address(store_addr)
         if not prefix:
             raise ValueError(f"store address {store_addr!r} has no prefix; each configure needs a unique one")
@@ -164,20 +167,27 @@ class ReplicatedGroup:
         )
         prefixed = dist.PrefixStore(prefix, store)
         if self.backend == "gloo":
-            # Rendezvous may wait for a peer that is still starting (connect timeout); operations then
-            # use the (usually shorter) collective timeout.
-            pg = dist.ProcessGroupGloo(
-                prefixed, rank, world_size, datetime.timedelta(seconds=max(self.connect_timeout, self.timeout))
-            )
-            pg._set_default_timeout(timeout)
+            def build() -> Any:
+                # Rendezvous may wait for a peer that is still starting (connect timeout); operations then
+                # use the (usually shorter) collective timeout.
+                pg = dist.ProcessGroupGloo(
+                    prefixed, rank, world_size, datetime.timedelta(seconds=max(self.connect_timeout, self.timeout))
+                )
+                pg._set_default_timeout(timeout)
+                return pg
         else:
-            opts = dist.ProcessGroupNCCL.Options()
-            opts.config.blocking = False
-            # torch's own NCCL watchdog tears the whole process down on a timeout; keep it far behind ours,
-            # which aborts just this communicator and lets training go on.
-            opts._timeout = datetime.timedelta(seconds=max(600.0, 10 * self.timeout))
-            pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-            pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+            def build() -> Any:
+                opts = dist.ProcessGroupNCCL.Options()
+                opts.config.blocking = False
+                # torch's own NCCL watchdog tears the whole process down on a timeout; keep it far behind
+                # ours, which aborts just this communicator and lets training go on.
+                opts._timeout = datetime.timedelta(seconds=max(600.0, 10 * self.timeout))
+                pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+                self._connecting_pg = pg
+                pg.eager_connect_single_device(torch.device("cuda", device))
+                return pg
+        device = torch.cuda.current_device() if self.backend == "nccl" else -1
+        pg = self._connect(build, store_addr, generation)
         with self._lock:
             self._generation += 1
             self._pg = pg
@@ -188,8 +198,51 @@ class ReplicatedGroup:
             self.replica_id = replica_id
         logger.info("replicated group configured at %s: rank %d of %d", store_addr, rank, world_size)
 
+    def _connect(self, build: Callable[[], Any], store_addr: str, generation: int) -> Any:
+        """Run the rendezvous (`build`) on a helper thread so that it can be given up on.
+
+        A peer that dies between the quorum and the rendezvous never connects, and NCCL's connect waits
+        for it far longer than any step (torch's non-blocking init allows 30 minutes). The caller waits at
+        most `connect_timeout`, and `abort()` (a supervisor reporting the peer dead) ends the wait at once;
+        the abandoned communicator is aborted in the background and leaked.
+        """
+        done = threading.Event()
+        box: dict[str, Any] = {}
+        self._connecting_pg = None
+
+        def run() -> None:
+            try:
+                box["pg"] = build()
+                if self._generation != generation:
+                    _leak(box["pg"])  # connected after all, but given up: never destroyed (see `abort`)
+            except BaseException as err:  # noqa: BLE001 (re-raised on the caller's thread)
+                box["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="regent-ft-connect", daemon=True).start()
+        deadline = time.monotonic() + self.connect_timeout
+        try:
+            while not done.wait(0.02):
+                cancelled = self._generation != generation
+                if cancelled or time.monotonic() > deadline:
+                    abandoned = self._connecting_pg
+                    if abandoned is not None:
+                        _leak(abandoned)
+                        threading.Thread(target=_abort_communicator, args=(abandoned,), name="regent-ft-abort",
+                                         daemon=True).start()
+                    why = (f"given up: {self._error}" if cancelled and self._error is not None
+                           else "given up" if cancelled else f"timed out after {self.connect_timeout:.3g} s")
+                    raise ConnectionError(f"replicated group rendezvous at {store_addr} {why}")
+        finally:
+            self._connecting_pg = None
+        if "error" in box:
+            raise box["error"]
+        return box["pg"]
+
     def abort(self, reason: Exception | None = None, wait: bool = True) -> None:
-        """Tear the communicator down (interrupts a hung collective); `errored()` reports `reason`.
+        """Tear the communicator down (interrupts a hung collective, or a rendezvous in progress);
+        `errored()` reports `reason`.
 
         `wait=False` aborts on a helper thread: needed when called from a backend callback thread, which
         the abort would otherwise try to join (C++ terminates the process on that self-join).

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -102,8 +102,9 @@ class RWLock:
 # ---- flattening -----------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class TensorMeta:
+class TensorMeta(NamedTuple):
+    """One tensor's place in the state (a tuple: a heal builds and pickles hundreds of them)."""
+
     path: str
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -394,16 +395,18 @@ class GroupTransport:
         meta.runs = [run for run in runs if len(run) > 1 or meta.tensors[run[0]].nbytes >= self.packed_below]
         blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
         length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
-        messages = [_pack(indices, tensors, device) for indices in meta.packs]
-        messages += [_span([tensors[i] for i in run]) if len(run) > 1
-                     else _as_bytes(_on_device(tensors[run[0]], device)) for run in meta.runs]
-        self.last_messages = len(messages)
-        prepared = time.perf_counter()
+        described = time.perf_counter()
+        packs: list[torch.Tensor] = []
         for dst in dst_ranks:
             self._group.send([length], dst, tag=1)
             self._group.send([blob], dst, tag=2)
+            # Packed after the first healer has the metadata: it sets up its receive meanwhile.
+            packs = packs or [_pack(indices, tensors, device) for indices in meta.packs]
+            messages = packs + [_span([tensors[i] for i in run]) if len(run) > 1
+                                else _as_bytes(_on_device(tensors[run[0]], device)) for run in meta.runs]
+            self.last_messages = len(messages)
             self._group.send_many(messages, dst, first_tag=3)
-        self.last_timing = {"prepare": prepared - start, "send": time.perf_counter() - prepared}
+        self.last_timing = {"describe": described - start, "send": time.perf_counter() - described}
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
