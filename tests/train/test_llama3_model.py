@@ -15,6 +15,7 @@ from regent.train.models.llama3 import (
     flops_per_token,
     model_args,
     rope_frequencies,
+    rope_rotation,
 )
 
 torch.set_num_threads(1)
@@ -92,7 +93,7 @@ def test_rope_scaling_only_touches_low_frequencies():
 def test_rope_preserves_norm_and_position_zero():
     cos, sin = rope_frequencies(TINY, 8)
     x = torch.randn(2, 8, 4, 16)
-    y = apply_rope(x, cos, sin)
+    y = apply_rope(x, rope_rotation(cos, sin))
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
     torch.testing.assert_close(y[:, 0], x[:, 0])
 
@@ -136,3 +137,24 @@ def test_config_model_names_match_model_table():
     from regent.train.models.llama3 import MODEL_CONFIGS
 
     assert tuple(MODEL_CONFIGS) == MODEL_NAMES
+
+
+def test_rope_keeps_fp32_angles_under_fsdp_bf16_mixed_precision(tmp_path):
+    # FSDP2's mixed precision casts floating-point block inputs to bf16; the RoPE rotation goes to the
+    # blocks as complex64, which it leaves alone (cos/sin as bf16 would be off by ~0.4% at long positions).
+    import torch.distributed as dist
+
+    from regent.train.parallel import apply_fsdp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        model = Llama3(TINY)
+        model.init_weights()
+        seen = []
+        model.layers[0].attention.register_forward_pre_hook(lambda mod, args: seen.append(args[1].dtype))
+        apply_fsdp(model, 1, "cpu", bf16=True)
+        logits = model(torch.randint(0, TINY.vocab_size, (2, 8)))
+        logits.float().sum().backward()
+        assert seen == [torch.complex64] and logits.dtype == torch.bfloat16
+    finally:
+        dist.destroy_process_group()

@@ -100,14 +100,20 @@ def rope_frequencies(args: ModelArgs, seq_len: int) -> tuple[torch.Tensor, torch
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x0,x1),(x2,x3)... of the head dim; x is [batch, seq, heads, head_dim].
+def rope_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """e^(i angle) per (position, pair) as complex64. Passed to the blocks in this form: FSDP's mixed
+    precision casts floating-point block inputs to bf16 (cos/sin would lose their precision), not complex."""
+    return torch.complex(cos.float(), sin.float())
+
+
+def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x0,x1),(x2,x3)... of the head dim; x is [batch, seq, heads, head_dim],
+    rotation is `rope_rotation(...)` [seq, head_dim / 2].
 
     As one complex multiply in fp32 (each pair is a complex number times e^(i angle)): three kernels where
     the real-arithmetic form takes ten, which shows in eager mode."""
-    rotation = torch.complex(cos, sin)[None, :, None, :]
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
+    return torch.view_as_real(pairs * rotation[None, :, None, :]).flatten(-2).type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -134,12 +140,12 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q = self.wq(x).view(batch, seq, self.n_heads, self.head_dim)
         k = self.wk(x).view(batch, seq, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(batch, seq, self.n_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, rotation), apply_rope(k, rotation)
         # GQA: each key/value head serves n_heads / n_kv_heads query heads; SDPA broadcasts them itself
         # (measured ~10% faster than materializing repeated k/v on an H200).
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
@@ -180,15 +186,15 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden)
         self.activation_checkpointing = False
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def _forward(self, x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rotation)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         if self.activation_checkpointing and torch.is_grad_enabled():
             # Recompute this block in backward instead of keeping its activations: memory for compute.
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+            return checkpoint(self._forward, x, rotation, use_reentrant=False)
+        return self._forward(x, rotation)
 
     def reset_parameters(self) -> None:
         out_std = 0.02 / (2 * (self.layer_id + 1)) ** 0.5  # depth-scaled, as TorchTitan's depth_init
@@ -216,10 +222,10 @@ class Llama3(nn.Module):
         seq = tokens.shape[1]
         if seq > self.rope_cos.shape[0]:
             raise ValueError(f"sequence length {seq} exceeds the model's max_seq_len {self.rope_cos.shape[0]}")
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        rotation = rope_rotation(self.rope_cos[:seq], self.rope_sin[:seq])
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, rotation)
         return self.output(self.norm(h))
 
     @torch.no_grad()
