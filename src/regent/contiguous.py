@@ -16,26 +16,26 @@ import torch
 ALIGN_BYTES = 16
 
 
-def _layout(tensors: list[torch.Tensor],
-            device: torch.device | None) -> dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]]:
+def _layout(tensors: list[torch.Tensor], device: torch.device | None,
+            align_bytes: int) -> dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]]:
     """Per (device, dtype): (tensor index, element offset) in input order."""
     plan: dict[tuple[torch.device, torch.dtype], list[tuple[int, int]]] = {}
     ends: dict[tuple[torch.device, torch.dtype], int] = {}
     for i, t in enumerate(tensors):
         key = (device or t.device, t.dtype)
-        align = max(1, ALIGN_BYTES // t.element_size())
+        align = max(1, align_bytes // t.element_size())
         start = -(-ends.get(key, 0) // align) * align
         plan.setdefault(key, []).append((i, start))
         ends[key] = start + t.numel()
     return plan
 
 
-def contiguous_empty_like(tensors: list[torch.Tensor], zero: bool = True,
-                          device: torch.device | None = None) -> list[torch.Tensor]:
+def contiguous_empty_like(tensors: list[torch.Tensor], zero: bool = True, device: torch.device | None = None,
+                          align_bytes: int = ALIGN_BYTES) -> list[torch.Tensor]:
     """New tensors shaped like `tensors` (on `device` if given), carved out of one buffer per (device,
-    dtype), in order."""
+    dtype), in order, each starting on an `align_bytes` boundary."""
     out: list[torch.Tensor | None] = [None] * len(tensors)
-    for (home, dtype), slots in _layout(tensors, device).items():
+    for (home, dtype), slots in _layout(tensors, device, align_bytes).items():
         total = max(start + tensors[i].numel() for i, start in slots)
         flat = (torch.zeros if zero else torch.empty)(total, dtype=dtype, device=home)
         for i, start in slots:

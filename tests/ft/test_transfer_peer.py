@@ -243,3 +243,22 @@ def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, message
         for g in groups:
             g.shutdown()
         del store
+
+
+def test_group_transfer_with_a_description_larger_than_the_header():
+    from regent.ft.transfer import HEADER_BYTES
+
+    store, groups = gloo_pair(timeout=5.0)
+    try:
+        src, into = _state(1), _state(2)
+        src["note"] = into["note"] = "x" * (HEADER_BYTES + 1000)  # pickled metadata spills past the header
+        with ThreadPoolExecutor(2) as pool:
+            f = pool.submit(GroupTransport(groups[0]).send_checkpoint, [1], 4, src, 5)
+            got = GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 4, 5, into=into)
+            f.result()
+        _assert_same(got, src)
+        assert got["note"] == src["note"]
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store

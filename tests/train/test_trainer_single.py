@@ -184,7 +184,7 @@ def test_contiguous_state_trains_identically_and_is_laid_out_back_to_back():
     flat, apart = Trainer(small_cfg()), Trainer(small_cfg(contiguous_state=False))
     try:
         assert flat.contiguous_state and not apart.contiguous_state
-        moments = [[flat.optimizer.state[p][k] for p in flat.params] for k in ("exp_avg", "exp_avg_sq")]
+        moments = [[flat.optimizer.state[p][k] for p in flat.params] for k in ("exp_avg", "exp_avg_sq", "step")]
         assert is_contiguous_run(flat.params) and all(is_contiguous_run(m) for m in moments)
         assert not is_contiguous_run(apart.params)
         for _ in range(3):

@@ -41,6 +41,8 @@ PACKED_BELOW_BYTES = 1 << 20
 # Adjacent tensors merge into messages of up to this size (a healer whose layout differs stages one such
 # message at a time, so this also bounds its extra memory).
 MAX_MESSAGE_BYTES = 1 << 30
+# GroupTransport's first message: the pickled metadata of a typical trainer state fits (1b: ~50 KB).
+HEADER_BYTES = 256 << 10
 
 
 class RWLock:
@@ -327,6 +329,16 @@ def _receivable_in_place(run: list[int], targets: list[torch.Tensor], device: to
     return is_contiguous_run([targets[i] for i in run])
 
 
+def _header(blob: bytes, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The first message (length + as much of the metadata as fits in `HEADER_BYTES`) and the rest, if
+    any: one fixed-size message describes a typical state, saving a round trip per heal."""
+    framed = struct.pack("<q", len(blob)) + blob
+    head = bytearray(framed[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0"))
+    rest = framed[HEADER_BYTES:]
+    return (torch.frombuffer(head, dtype=torch.uint8).to(device),
+            torch.frombuffer(bytearray(rest), dtype=torch.uint8).to(device) if rest else None)
+
+
 def _span(run: list[torch.Tensor]) -> torch.Tensor:
     """The bytes of a run of adjacent tensors (one tensor: its own bytes), sharing their memory."""
     return _as_bytes(run[0].data) if len(run) == 1 else byte_span([t.data for t in run])
@@ -357,9 +369,10 @@ class CheckpointTransport(Protocol):
 class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
-    Wire order per healer: int64 length of the pickled metadata, the metadata bytes, then one message per
-    home device of the tensors under `packed_below` bytes, packed back to back (norm weights, AdamW step
-    counters: hundreds of tiny messages would each cost a NCCL launch, more than their bytes), then the
+    Wire order per healer: a `HEADER_BYTES` message with the int64 length of the pickled metadata and its
+    first bytes (the rest, for a very large description, in a second message), then one message per home
+    device of the small tensors that lie apart, packed back to back (on CPU, AdamW's step counters: hundreds
+    of tiny messages would each cost a NCCL launch, more than their bytes), then the
     larger tensors without a copy: one message per run of tensors that lie back to back in the donor's
     memory (`regent.contiguous`; up to `max_message_bytes`), else one per tensor. A healer with the same
     layout receives each run straight into its own tensors; one with another layout stages that run and
@@ -393,13 +406,13 @@ class GroupTransport:
             by_home.setdefault(str(tensors[i].device), []).append(i)
         meta.packs = list(by_home.values())
         meta.runs = [run for run in runs if len(run) > 1 or meta.tensors[run[0]].nbytes >= self.packed_below]
-        blob = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
-        length = torch.tensor([blob.numel()], dtype=torch.int64, device=device)
+        header, rest = _header(pickle.dumps(meta), device)
         described = time.perf_counter()
         packs: list[torch.Tensor] = []
         for dst in dst_ranks:
-            self._group.send([length], dst, tag=1)
-            self._group.send([blob], dst, tag=2)
+            self._group.send([header], dst, tag=1)
+            if rest is not None:
+                self._group.send([rest], dst, tag=2)
             # Packed after the first healer has the metadata: it sets up its receive meanwhile.
             packs = packs or [_pack(indices, tensors, device) for indices in meta.packs]
             messages = packs + [_span([tensors[i] for i in run]) if len(run) > 1
@@ -415,11 +428,16 @@ class GroupTransport:
         start = time.perf_counter()
         device = self._group.device
         existing = own_tensors(into)  # while the donor prepares its side
-        length = torch.zeros(1, dtype=torch.int64, device=device)
-        self._group.recv([length], src_rank, tag=1)
-        blob = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-        self._group.recv([blob], src_rank, tag=2)
-        meta: StateMeta = pickle.loads(blob.cpu().numpy().tobytes())
+        header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=device)
+        self._group.recv([header], src_rank, tag=1)
+        head = header.cpu().numpy().tobytes()
+        length = struct.unpack("<q", head[:8])[0]
+        blob = head[8:8 + length]
+        if length > HEADER_BYTES - 8:  # a state too large to describe in one header: the rest follows
+            rest = torch.empty(length - (HEADER_BYTES - 8), dtype=torch.uint8, device=device)
+            self._group.recv([rest], src_rank, tag=2)
+            blob += rest.cpu().numpy().tobytes()
+        meta: StateMeta = pickle.loads(blob)
         if meta.step != step:
             raise RuntimeError(
                 f"donor replica rank {src_rank} offered state of step {meta.step}, expected {step}: "

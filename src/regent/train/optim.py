@@ -39,9 +39,12 @@ def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps
     else:
         exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
         exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params]
-    for p, avg, avg_sq in zip(params, exp_avg, exp_avg_sq):
+    counters = [torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu") for p in params]
+    if contiguous:  # the step counters too: on the GPU (fused) they then travel as one small message
+        counters = contiguous_empty_like(counters, align_bytes=4)  # scalars: no kernel wants them aligned
+    for p, step, avg, avg_sq in zip(params, counters, exp_avg, exp_avg_sq):
         state = optimizer.state[p]
-        state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else "cpu")
+        state["step"] = step
         state["exp_avg"] = avg
         state["exp_avg_sq"] = avg_sq
     return optimizer
