@@ -183,13 +183,14 @@ def worker(args: argparse.Namespace) -> int:
                 trainer.load_state_dict(received)
             _common.sync(device)
             elapsed = time.perf_counter() - start
+            loaded = time.perf_counter() - loading if rank == 1 else 0.0
             if rank == 1:  # bookkeeping of the benchmark, outside the timed region
                 _, got = flatten_state(received, step)
                 in_place = sum(m.nbytes for m, a, b in zip(meta.tensors, got, tensors) if a.data_ptr() == b.data_ptr())
                 del received, got
             phases = dict(transport.last_timing)
             if rank == 1:
-                phases["load_state_dict"] = time.perf_counter() - loading
+                phases["load_state_dict"] = loaded
             ok = _same_state(tensors, device, dist)
             runs.append({"seconds": elapsed, "ok": ok, "in_place_bytes": in_place, "phases": phases})
             if not ok:

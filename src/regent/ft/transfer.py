@@ -244,6 +244,16 @@ def own_tensors(into: Any) -> dict[str, torch.Tensor]:
     return {path: local_view(t) for path, t in _tensors_by_path(into).items()} if into is not None else {}
 
 
+def _own_targets(own_meta: StateMeta | None, own: list[torch.Tensor], device: torch.device,
+                 packed_below: int) -> list[torch.Tensor | None]:
+    """`_targets` for a donor whose description equals ours, worked out before it arrives: each own tensor
+    that can receive in place, else None (a fresh buffer)."""
+    if own_meta is None:
+        return []
+    return [t if t.is_contiguous() and (t.device == device or 0 < m.nbytes < packed_below) else None
+            for m, t in zip(own_meta.tensors, own)]
+
+
 def _targets(
     meta: StateMeta, existing: dict[str, torch.Tensor], device: torch.device, same_device: bool = False,
     packed_below: int = 0,
@@ -427,7 +437,9 @@ class GroupTransport:
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
         start = time.perf_counter()
         device = self._group.device
-        existing = own_tensors(into)  # while the donor prepares its side
+        # While the donor describes its state: describe ours, and where each of our tensors could land.
+        own_meta, own = flatten_state(into, 0) if into is not None else (None, [])
+        own_targets = _own_targets(own_meta, own, device, self.packed_below)
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=device)
         self._group.recv([header], src_rank, tag=1)
         head = header.cpu().numpy().tobytes()
@@ -444,7 +456,12 @@ class GroupTransport:
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
         got_meta = time.perf_counter()
-        targets = _targets(meta, existing, device, same_device=True, packed_below=self.packed_below)
+        if own_meta is not None and own_meta.tensors == meta.tensors:  # same model and layout: the usual case
+            targets = [t if t is not None else torch.empty(m.shape, dtype=m.dtype, device=device)
+                       for t, m in zip(own_targets, meta.tensors)]
+        else:
+            existing = {m.path: t for m, t in zip(own_meta.tensors, own)} if own_meta is not None else {}
+            targets = _targets(meta, existing, device, same_device=True, packed_below=self.packed_below)
         # Small tensors arrive packed; a run whose targets are not one byte range here (another layout) is
         # staged in a buffer of its own; both are copied out after the receive.
         in_place = [_receivable_in_place(run, targets, device) for run in meta.runs]
