@@ -178,11 +178,11 @@ def flatten_state(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor]]
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
             spec = None
-            if _is_dtensor(node):
+            if type(node) is not torch.Tensor and _is_dtensor(node):  # plain tensors skip the probe
                 spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride()))
                 node = node.to_local()
             t = node.detach() if node.requires_grad else node
-            metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.numel() * t.element_size(), spec))
+            metas.append(TensorMeta(path, tuple(t.shape), t.dtype, t.nbytes, spec))
             tensors.append(t)
             return _Slot(len(tensors) - 1)
         if isinstance(node, dict):
