@@ -177,3 +177,21 @@ def test_report_written(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000
         assert png in page
     assert "failure_detected" in page and "Traceback" in page
+
+
+def test_restart_resumes_every_replica_from_the_newest_common_checkpoint(tmp_path):
+    from regent.orchestrate.session import common_checkpoint_step
+
+    def save(replica: int, step: int, ranks: tuple[int, ...] = (0, 1)) -> None:
+        for k in ranks:
+            path = tmp_path / f"replica_{replica}" / f"step-{step:08d}" / f"rank{k}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x")
+
+    assert common_checkpoint_step(str(tmp_path), 2, 2) is None
+    save(0, 5), save(1, 5), save(0, 10), save(0, 100)
+    save(1, 10, ranks=(0,))  # replica 1 was killed between its ranks' saves of step 10
+    assert common_checkpoint_step(str(tmp_path), 2, 2) == "step-00000005"
+    save(1, 10, ranks=(1,))
+    assert common_checkpoint_step(str(tmp_path), 2, 2) == "step-00000010"  # not replica 0's newer step 100
+    assert common_checkpoint_step(str(tmp_path), 3, 2) is None  # a replica with none

@@ -214,16 +214,16 @@ class TrainingSession:
         os.replace(tmp, path)
 
     def _resume(self, root: str) -> None:
-        root = os.path.join(root, f"replica_{self.replica_index}")
-        steps = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
-        for d in reversed(steps):
-            path = os.path.join(root, d, f"rank{self.rank}.pt")
-            if os.path.exists(path):
-                self.manager.load_full_state_dict(torch.load(path, weights_only=False))
-                logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
-                return
-        logger.warning("replica %d rank %d: no checkpoint under %s, starting fresh", self.replica_index,
-                       self.rank, root)
+        # Every replica resumes from the same step: a replica killed between two replicas' saves of one boundary
+        # would otherwise come back a sync round behind the others and stay out of step for the rest of the run.
+        step = common_checkpoint_step(root, self.cfg.replicas, self.cfg.procs_per_replica)
+        if step is None:
+            logger.warning("replica %d rank %d: no checkpoint every replica has under %s, starting fresh",
+                           self.replica_index, self.rank, root)
+            return
+        path = os.path.join(root, f"replica_{self.replica_index}", step, f"rank{self.rank}.pt")
+        self.manager.load_full_state_dict(torch.load(path, weights_only=False))
+        logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
 
     def param_hash(self) -> str:
         return self.trainer.param_hash()
@@ -235,3 +235,15 @@ class TrainingSession:
             except Exception:
                 pass
         self.manager.shutdown(wait=False)
+
+
+def common_checkpoint_step(root: str, replicas: int, ranks: int) -> str | None:
+    """The newest `step-N` directory that every replica and rank has saved under `root`, or None."""
+    def saved(replica: int) -> set[str]:
+        base = os.path.join(root, f"replica_{replica}")
+        steps = [d for d in os.listdir(base) if d.startswith("step-")] if os.path.isdir(base) else []
+        return {d for d in steps if all(os.path.exists(os.path.join(base, d, f"rank{k}.pt")) for k in range(ranks))}
+
+    common = set.intersection(*(saved(r) for r in range(replicas))) if replicas > 0 else set()
+    return max(common) if common else None
+
