@@ -163,31 +163,36 @@ def test_group_receive_timeout_raises():
         del store
 
 
-def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
-    store, groups = gloo_pair(timeout=5.0)
-    sent: list[list[int]] = []
+def _heal(groups, src, into, **transport) -> tuple[dict, list[int]]:
+    """Donor rank 0 sends `src` (step 4) to healer rank 1, which receives into `into`; returns what the
+    healer got and the byte-message sizes (elements) the donor sent in its batch."""
+    sent: list[int] = []
     real_send_many = groups[0].send_many
 
     def counting_send_many(tensors, dst, first_tag=0):
-        sent.extend([t.numel()] for t in tensors)
+        sent.extend(t.numel() for t in tensors)
         real_send_many(tensors, dst, first_tag)
 
     groups[0].send_many = counting_send_many
+    with ThreadPoolExecutor(2) as pool:
+        f = pool.submit(GroupTransport(groups[0], **transport).send_checkpoint, [1], 4, src, 5)
+        got = GroupTransport(groups[1], **transport).recv_checkpoint(0, "<group>", 4, 5, into=into)
+        f.result()
+    return got, sent
+
+
+def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
+    store, groups = gloo_pair(timeout=5.0)
     try:
         # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone.
-        donor = GroupTransport(groups[0], packed_below=1024)
-        healer = GroupTransport(groups[1], packed_below=1024)
         src, into = _state(1), _state(2)
         own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
                into["optim"]["state"][0]["exp_avg"]]
         ptrs = [t.data_ptr() for t in own]
-        with ThreadPoolExecutor(2) as pool:
-            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
-            got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
-            f.result()
+        got, sent = _heal(groups, src, into, packed_below=1024)
         _assert_same(got, src)
         w = 64 * 32 * 4
-        assert sent == [[68], [w], [w]]
+        assert sent == [68, w, w]
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
                    got["optim"]["state"][0]["exp_avg"]]
         assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
@@ -217,24 +222,11 @@ def _flat_state(seed: int, contiguous: bool) -> dict:
 ])
 def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, messages):
     store, groups = gloo_pair(timeout=5.0)
-    sent: list[int] = []
-    real_send_many = groups[0].send_many
-
-    def counting_send_many(tensors, dst, first_tag=0):
-        sent.extend(t.numel() for t in tensors)
-        real_send_many(tensors, dst, first_tag)
-
-    groups[0].send_many = counting_send_many
     try:
-        donor = GroupTransport(groups[0], packed_below=1024)
-        healer = GroupTransport(groups[1], packed_below=1024)
         src, into = _flat_state(1, donor_flat), _flat_state(2, healer_flat)
         _, own = flatten_state(into, 0)
         ptrs = [t.data_ptr() for t in own]
-        with ThreadPoolExecutor(2) as pool:
-            f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
-            got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
-            f.result()
+        got, sent = _heal(groups, src, into, packed_below=1024)
         _assert_same(got, src)
         assert len(sent) == 1 + messages  # the step counters' pack, then the large messages
         _, landed = flatten_state(got, 0)
@@ -252,10 +244,7 @@ def test_group_transfer_with_a_description_larger_than_the_header():
     try:
         src, into = _state(1), _state(2)
         src["note"] = into["note"] = "x" * (HEADER_BYTES + 1000)  # pickled metadata spills past the header
-        with ThreadPoolExecutor(2) as pool:
-            f = pool.submit(GroupTransport(groups[0]).send_checkpoint, [1], 4, src, 5)
-            got = GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 4, 5, into=into)
-            f.result()
+        got, _ = _heal(groups, src, into)
         _assert_same(got, src)
         assert got["note"] == src["note"]
     finally:

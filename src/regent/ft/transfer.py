@@ -250,8 +250,12 @@ def _own_targets(own_meta: StateMeta | None, own: list[torch.Tensor], device: to
     that can receive in place, else None (a fresh buffer)."""
     if own_meta is None:
         return []
-    return [t if t.is_contiguous() and (t.device == device or 0 < m.nbytes < packed_below) else None
-            for m, t in zip(own_meta.tensors, own)]
+    return [t if _serves(t, m, device, True, packed_below) else None for m, t in zip(own_meta.tensors, own)]
+
+
+def _serves(t: torch.Tensor, m: TensorMeta, device: torch.device, same_device: bool, packed_below: int) -> bool:
+    """Whether the healer's own tensor `t` can receive `m` in place (see `_targets`)."""
+    return t.is_contiguous() and (not same_device or t.device == device or 0 < m.nbytes < packed_below)
 
 
 def _targets(
@@ -270,8 +274,8 @@ def _targets(
     out = []
     for m in meta.tensors:
         t = existing.get(m.path)
-        if (t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype and t.is_contiguous()
-                and (not same_device or t.device == device or 0 < m.nbytes < packed_below)):
+        if (t is not None and tuple(t.shape) == m.shape and t.dtype == m.dtype
+                and _serves(t, m, device, same_device, packed_below)):
             out.append(t.detach() if t.requires_grad else t)
         else:
             out.append(torch.empty(m.shape, dtype=m.dtype, device=device))
