@@ -364,15 +364,20 @@ def test_this_proc_spawns_in_client(procs):
     assert this_host().extent.labels == []
 
 
+def _wait_in_fd(fd: int, needle: str, count: int = 1, timeout: float = 30) -> str:
+    """What capfd has captured on `fd` so far, read without truncating it: readouterr() truncates after reading,
+    so a line another process wrote between its read and its truncate was lost (a CI flake)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+        if seen.count(needle) >= count or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
+
+
 def test_worker_output_is_forwarded_with_rank_prefix(capfd, counter):
     counter.call_fn.call(lambda: print("marker-from-actor", flush=True)).get(timeout=TIMEOUT)
-    deadline = time.monotonic() + 30
-    seen = ""
-    while time.monotonic() < deadline:
-        seen += capfd.readouterr().out
-        if seen.count("marker-from-actor") >= 2:
-            break
-        time.sleep(0.05)
+    seen = _wait_in_fd(1, "marker-from-actor", count=2)
     assert "gpus=0] marker-from-actor" in seen and "gpus=1] marker-from-actor" in seen
 
 
@@ -381,11 +386,7 @@ def test_actor_log_records_carry_actor_prefix(capfd, counter):
 
     counter.slice(gpus=1).call_fn.call_one(lambda: logging.getLogger("user").warning("log-marker")).get(
         timeout=TIMEOUT)
-    deadline = time.monotonic() + 30
-    seen = ""
-    while time.monotonic() < deadline and "log-marker" not in seen:
-        seen += capfd.readouterr().err
-        time.sleep(0.05)
+    seen = _wait_in_fd(2, "log-marker")
     line = next(line for line in seen.splitlines() if "log-marker" in line)
     assert "gpus=1]" in line and "[actor=<root>.<test_actor_adverbs.Counter counter{'gpus': 1/2}>]" in line
 
