@@ -31,6 +31,7 @@ for s in "$@"; do
               --batch-size "${SPEED_BATCH2:-8}" --compile "${SPEED_COMPILE:-0}" --out "$OUT" ;;
     transfer) stage transfer 180 $PY $B/peer_transfer.py --shape "${TRANSFER_SHAPES:-1b,8b}" \
               --layouts "${TRANSFER_LAYOUTS:-contiguous,apart}" --http-shapes "${HTTP_SHAPES:-1b}" \
+              --repeats "${TRANSFER_REPEATS:-3}" \
               --p2p-gb "${P2P_GB:-4}" --out "$OUT" ;;
     overhead) stage overhead 170 $PY $B/ft_overhead.py --model "$MODEL" --steps "${OVERHEAD_STEPS:-40}" \
               --batch-size "${OVERHEAD_BATCH:-4}" --modes "${OVERHEAD_MODES:-local,ddp,fsdp,ft_step,ft_diloco}" \

@@ -163,9 +163,9 @@ def test_group_receive_timeout_raises():
         del store
 
 
-def _heal(groups, src, into, **transport) -> tuple[dict, list[int]]:
+def _heal(groups, src, into, donor=None, **transport) -> tuple[dict, list[int], GroupTransport]:
     """Donor rank 0 sends `src` (step 4) to healer rank 1, which receives into `into`; returns what the
-    healer got and the byte-message sizes (elements) the donor sent in its batch."""
+    healer got, the byte-message sizes (elements) the donor sent in its batch, and the healer's transport."""
     sent: list[int] = []
     real_send_many = groups[0].send_many
 
@@ -175,10 +175,13 @@ def _heal(groups, src, into, **transport) -> tuple[dict, list[int]]:
 
     groups[0].send_many = counting_send_many
     with ThreadPoolExecutor(2) as pool:
-        f = pool.submit(GroupTransport(groups[0], **transport).send_checkpoint, [1], 4, src, 5)
-        got = GroupTransport(groups[1], **transport).recv_checkpoint(0, "<group>", 4, 5, into=into)
+        donor = donor or GroupTransport(groups[0], **transport)
+        f = pool.submit(donor.send_checkpoint, [1], 4, src, 5)
+        healer = GroupTransport(groups[1], **transport)
+        got = healer.recv_checkpoint(0, "<group>", 4, 5, into=into)
         f.result()
-    return got, sent
+    groups[0].send_many = real_send_many
+    return got, sent, healer
 
 
 def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
@@ -189,8 +192,9 @@ def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
         own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
                into["optim"]["state"][0]["exp_avg"]]
         ptrs = [t.data_ptr() for t in own]
-        got, sent = _heal(groups, src, into, packed_below=1024)
+        got, sent, healer = _heal(groups, src, into, packed_below=1024)
         _assert_same(got, src)
+        assert healer.last_described_alike
         w = 64 * 32 * 4
         assert sent == [68, w, w]
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
@@ -219,6 +223,7 @@ def _flat_state(seed: int, contiguous: bool) -> dict:
     (True, True, 2),     # one message per buffer, received in place
     (True, False, 2),    # same wire format; the healer stages each run and copies it out
     (False, True, 6),    # the donor's tensors are apart: one message each
+    (False, False, 6),
 ])
 def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, messages):
     store, groups = gloo_pair(timeout=5.0)
@@ -226,8 +231,9 @@ def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, message
         src, into = _flat_state(1, donor_flat), _flat_state(2, healer_flat)
         _, own = flatten_state(into, 0)
         ptrs = [t.data_ptr() for t in own]
-        got, sent = _heal(groups, src, into, packed_below=1024)
+        got, sent, healer = _heal(groups, src, into, packed_below=1024)
         _assert_same(got, src)
+        assert healer.last_described_alike  # targets ready before the donor's description came
         assert len(sent) == 1 + messages  # the step counters' pack, then the large messages
         _, landed = flatten_state(got, 0)
         assert [t.data_ptr() for t in landed] == ptrs  # in place whatever the layouts
@@ -244,10 +250,59 @@ def test_group_transfer_with_a_description_larger_than_the_header():
     try:
         src, into = _state(1), _state(2)
         src["note"] = into["note"] = "x" * (HEADER_BYTES + 1000)  # pickled metadata spills past the header
-        got, _ = _heal(groups, src, into)
+        got, _, _ = _heal(groups, src, into)
         _assert_same(got, src)
         assert got["note"] == src["note"]
     finally:
         for g in groups:
             g.shutdown()
         del store
+
+
+def test_group_donor_reuses_its_layout_until_its_tensors_move():
+    store, groups = gloo_pair(timeout=5.0)
+    try:
+        donor = GroupTransport(groups[0], packed_below=1024)
+        src = _flat_state(1, True)
+        got, _, _ = _heal(groups, src, _flat_state(2, True), donor=donor)
+        _assert_same(got, src)
+        first = donor._sent[2]
+        with torch.no_grad():  # the values change between heals (training goes on), the buffers stay
+            for t in flatten_state(src, 0)[1]:
+                t.add_(1.0)
+        src["optim"]["p0"]["note"] = "a plain value changed"
+        got, _, healer = _heal(groups, src, _flat_state(3, True), donor=donor)
+        assert donor._sent[2] is first  # described once
+        _assert_same(got, src)
+        # plain values travel in the structure, not in the layout: the healer still had everything prepared
+        assert got["optim"]["p0"]["note"] == "a plain value changed" and healer.last_described_alike
+        moved = _flat_state(4, False)  # new buffers, another layout: described again
+        got, _, _ = _heal(groups, moved, _flat_state(5, True), donor=donor)
+        assert donor._sent[2] is not first
+        _assert_same(got, moved)
+        # A healer whose state is described otherwise (a tensor it does not have yet) decodes the donor's
+        # description and allocates what it lacks.
+        partial = _flat_state(6, True)
+        kept = partial["model"]["p1"].data_ptr()
+        del partial["model"]["p0"]
+        got, _, healer = _heal(groups, moved, partial, donor=donor)
+        assert not healer.last_described_alike
+        _assert_same(got, moved)
+        assert got["model"]["p1"].data_ptr() == kept
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store
+
+
+def test_unflatten_keeps_named_tuples_whole():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    state = {"pair": Pair(1, "x"), "t": torch.ones(2), "seq": [torch.zeros(1), (3, torch.ones(1))]}
+    meta, tensors = flatten_state(state, 0)
+    back = unflatten_state(meta, tensors)
+    assert type(back["pair"]) is Pair and back["pair"] == state["pair"]
+    assert back["seq"][1][0] == 3 and torch.equal(back["seq"][1][1], torch.ones(1))
+    with pytest.raises(ValueError, match="more tensors than the 2 given"):
+        unflatten_state(meta, tensors[:2])

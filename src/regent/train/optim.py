@@ -13,6 +13,8 @@ from regent.contiguous import contiguous_empty_like
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank stores: the local shard of a DTensor (a view, writable in place), else itself."""
+    if type(t) is torch.Tensor:  # the common case, without the attribute probe
+        return t
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 

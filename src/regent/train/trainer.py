@@ -234,7 +234,7 @@ class Trainer:
         optim_state = {}
         for name, p in zip(self.param_names, self.params):
             state = self.optimizer.state[p]
-            optim_state[name] = {key: local_tensor(value) if torch.is_tensor(value) else value
+            optim_state[name] = {key: local_tensor(value) if isinstance(value, torch.Tensor) else value
                                  for key, value in state.items()}
         groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         return {
@@ -332,7 +332,7 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copy_tree(target: dict, source: dict, where: str) -> None:
-    if set(target) != set(source):
+    if target.keys() != source.keys():
         missing, extra = sorted(set(target) - set(source)), sorted(set(source) - set(target))
         raise ValueError(f"{where}: keys differ (missing {missing[:5]}, unexpected {extra[:5]}); the state comes "
                          "from a different model config")
@@ -340,9 +340,9 @@ def _copy_tree(target: dict, source: dict, where: str) -> None:
         src = source[key]
         if isinstance(dst, dict):
             _copy_tree(dst, src, f"{where}.{key}")
-        elif torch.is_tensor(dst):
-            if not torch.is_tensor(src) or src.shape != dst.shape:
-                shape = tuple(src.shape) if torch.is_tensor(src) else type(src).__name__
+        elif isinstance(dst, torch.Tensor):
+            if not isinstance(src, torch.Tensor) or src.shape != dst.shape:
+                shape = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
                 raise ValueError(f"{where}.{key}: shape {shape} does not match {tuple(dst.shape)}; "
                                  "peers must have the same model and the same rank layout")
             if src.data_ptr() != dst.data_ptr():  # received in place already: nothing to copy
