@@ -88,12 +88,14 @@ def is_contiguous_run(tensors: list[torch.Tensor]) -> bool:
     return end <= storage.data_ptr() + storage.nbytes()
 
 
-def byte_span(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One uint8 tensor over the bytes of a contiguous run (shares memory with them)."""
+def byte_span(tensors: list[torch.Tensor], nbytes: int | None = None) -> torch.Tensor:
+    """One uint8 tensor over the bytes of a contiguous run (shares memory with them). `nbytes`: the run's
+    size when the caller knows it already (only the first tensor is looked at then)."""
     first = tensors[0]
     storage = first.untyped_storage()
     offset = first.data_ptr() - storage.data_ptr()
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if nbytes is None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
     span = torch.empty(0, dtype=torch.uint8, device=first.device)
     span.set_(storage, offset, (nbytes,))
     return span

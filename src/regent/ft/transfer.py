@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from regent.contiguous import byte_span, is_contiguous_run
+from regent.contiguous import byte_span
 
 logger = logging.getLogger(__name__)
 
@@ -285,10 +285,15 @@ def own_tensors(into: Any) -> dict[str, torch.Tensor]:
 
 def _own_targets(metas: list[TensorMeta], own: list[torch.Tensor], device: torch.device,
                  packed_below: int) -> list[torch.Tensor]:
-    """`_targets` for a donor whose layout equals ours, worked out before its description arrives: each own
-    tensor that can receive in place, else a fresh buffer."""
+    """`_targets` for a donor whose tensors are described as ours, worked out before its description arrives:
+    each own tensor that can receive in place, else a fresh buffer."""
     return [t if _serves(t, m, device, True, packed_below) else torch.empty(m.shape, dtype=m.dtype, device=device)
             for m, t in zip(metas, own)]
+
+
+def _addresses(targets: list[torch.Tensor], device: torch.device) -> list[int]:
+    """Each target's address where a run's bytes can land in it directly (on `device`, contiguous), else -1."""
+    return [t.data_ptr() if t.device == device and t.is_contiguous() else -1 for t in targets]
 
 
 def _serves(t: torch.Tensor, m: TensorMeta, device: torch.device, same_device: bool, packed_below: int) -> bool:
@@ -426,11 +431,19 @@ def _unpack(pack: torch.Tensor, indices: list[int], metas: list[TensorMeta], tar
         torch._foreach_copy_(dsts, srcs)
 
 
-def _receivable_in_place(run: list[int], targets: list[torch.Tensor], device: torch.device) -> bool:
-    """A run lands straight in the healer's tensors if they too are one byte range on the device."""
-    if any(targets[i].device != device for i in run):
+def _receivable_in_place(run: list[int], targets: list[torch.Tensor], addresses: list[int],
+                         sizes: list[int]) -> bool:
+    """A run lands straight in the healer's tensors if they too are one byte range on the device: consecutive
+    addresses (from `_addresses`) inside the first one's storage (live allocations never overlap)."""
+    end = addresses[run[0]]
+    if end < 0:
         return False
-    return is_contiguous_run([targets[i] for i in run])
+    for i in run:
+        if addresses[i] != end:
+            return False
+        end += sizes[i]
+    storage = targets[run[0]].untyped_storage()
+    return end <= storage.data_ptr() + storage.nbytes()
 
 
 # GroupTransport's header: step, length of the pickled (skeleton, packs, runs), length of the pickled tensor
@@ -453,9 +466,11 @@ def _run_storages(layout: Layout, tensors: list[torch.Tensor]) -> list[tuple[int
     return [(st.data_ptr(), st.nbytes()) for st in (tensors[run[0]].untyped_storage() for run in layout.runs)]
 
 
-def _span(run: list[torch.Tensor]) -> torch.Tensor:
-    """The bytes of a run of adjacent tensors (one tensor: its own bytes), sharing their memory."""
-    return _as_bytes(run[0].data) if len(run) == 1 else byte_span([t.data for t in run])
+def _span(tensors: list[torch.Tensor], run: list[int], metas: list[TensorMeta]) -> torch.Tensor:
+    """The bytes of a run of adjacent tensors (one tensor: its own bytes), sharing their memory. Autograd
+    never sees it: a heal may write into live parameters."""
+    first = tensors[run[0]]
+    return _as_bytes(first.data) if len(run) == 1 else byte_span([first], sum(metas[i].nbytes for i in run))
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -524,7 +539,7 @@ class GroupTransport:
                 self._group.send([rest], dst, tag=2)
             # Packed after the first healer has the metadata: it sets up its receive meanwhile.
             packs = packs or [_pack(indices, tensors, device) for indices in layout.packs]
-            messages = packs + [_span([tensors[i] for i in run]) if len(run) > 1
+            messages = packs + [_span(tensors, run, layout.tensors) if len(run) > 1
                                 else _as_bytes(_on_device(tensors[run[0]], device)) for run in layout.runs]
             self.last_messages = len(messages)
             self._group.send_many(messages, dst, first_tag=3)
@@ -557,6 +572,7 @@ class GroupTransport:
         own_meta, own, originals = _flatten(into, 0) if into is not None else (None, [], [])
         own_digest = tensors_digest(own_meta.tensors) if own_meta is not None else b""
         own_targets = _own_targets(own_meta.tensors, own, device, self.packed_below) if own_meta else []
+        own_addresses = _addresses(own_targets, device)
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=device)
         self._group.recv([header], src_rank, tag=1)
         head = header.cpu().numpy().tobytes()
@@ -575,20 +591,22 @@ class GroupTransport:
         skeleton, packs, runs = pickle.loads(blob[:state_len])
         same = own_meta is not None and own_digest == digest
         if same:  # same model and rank layout: the usual case, prepared already
-            layout, targets = Layout(own_meta.tensors, packs, runs, digest), own_targets
+            layout, targets, addresses = Layout(own_meta.tensors, packs, runs, digest), own_targets, own_addresses
         else:
             layout = Layout(pickle.loads(blob[state_len:]), packs, runs, digest)
             existing = {m.path: t for m, t in zip(own_meta.tensors, own)} if own_meta is not None else {}
             targets = _targets(layout, existing, device, same_device=True, packed_below=self.packed_below)
+            addresses = _addresses(targets, device)
+        sizes = [m.nbytes for m in layout.tensors]
         # Small tensors arrive packed; a run whose targets are not one byte range here (another layout) is
         # staged in a buffer of its own; both are copied out after the receive.
-        in_place = [_receivable_in_place(run, targets, device) for run in layout.runs]
+        in_place = [_receivable_in_place(run, targets, addresses, sizes) for run in layout.runs]
         staged = list(layout.packs) + [run for run, ok in zip(layout.runs, in_place) if not ok]
         buffers = [torch.empty(sum(layout.tensors[i].nbytes for i in indices), dtype=torch.uint8, device=device)
                    for indices in staged]
         by_run = iter(buffers[len(layout.packs):])
         messages = buffers[:len(layout.packs)] + [
-            _span([targets[i] for i in run]) if ok else next(by_run) for run, ok in zip(layout.runs, in_place)
+            _span(targets, run, layout.tensors) if ok else next(by_run) for run, ok in zip(layout.runs, in_place)
         ]
         posted = time.perf_counter()
         self._group.recv_many(messages, src_rank, first_tag=3)
