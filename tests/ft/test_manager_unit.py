@@ -194,3 +194,57 @@ def test_a_peer_reported_dead_during_the_rendezvous_ends_the_wait():
         for m in managers:
             m.shutdown()
         lighthouse.shutdown()
+
+
+def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
+    """A `comm` fault: replica a's group is aborted but no process dies. Its Manager announces the failure
+    ("group_failed", with the quorum id); passed to b's `peer_failed` (the orchestrator's part, wired here by
+    hand), b's allreduce that waits for a fails with that reason instead of waiting out b's timeout."""
+    import threading
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
+    events: list[tuple[str, dict]] = []
+    managers: dict[str, Manager] = {}
+
+    def on_event(kind: str, details: dict) -> None:
+        events.append((kind, details))
+        if kind == "group_failed":  # what the orchestrator does with it
+            for name, other in managers.items():
+                if not details["replica_id"].startswith(f"{name}:"):
+                    other.peer_failed(details["replica_id"].split(":")[0] + ":", "lost its replicated group",
+                                      group=details["group"])
+
+    for name in ("a", "b"):
+        managers[name] = Manager(min_replica_size=1, use_async_quorum=False, lighthouse_addr=lighthouse.address(),
+                                 replica_id=f"{name}:0", timeout=8, quorum_timeout=30, init_sync=False,
+                                 on_event=on_event)
+    a, b = managers["a"], managers["b"]
+    try:
+        starts = [threading.Thread(target=m.start_quorum) for m in (a, b)]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(30)
+        quorum_id, build = a._quorum_key[0], a._group
+        assert b._group == build
+        # a notice about another build of the group (an earlier one, reported late): ignored
+        assert b.peer_failed("a:", group=f"{quorum_id}/s0f1") is False
+        pending = b.allreduce(torch.ones(4))  # waits for a, which will never join it
+        a.pg.abort(RuntimeError("injected communication failure"))
+        a.allreduce(torch.ones(4)).wait()  # fails at once on a's aborted group: a announces
+        aborted = time.monotonic()
+        pending.wait()
+        assert "lost its replicated group" in str(b.errored())  # not b's own timeout
+        # a announces; b, aborted on that report, announces too (for a's other group ranks, if it had any)
+        assert sorted((d["replica_id"][0], d["group"]) for k, d in events if k == "group_failed") == [
+            ("a", build), ("b", build)]
+        # b dropped its group with a; then a, told of b's announcement, dropped its own (already failed) one
+        assert [d["replica_id"].split(":")[0] for k, d in events if k == "peer_abort"] == ["b", "a"]
+        assert a.should_commit() is False and b.should_commit() is False
+        # Gloo's own operation on b's dropped communicator ends with b's timeout: let it, so that this
+        # process (pytest) never exits with it pending (see ReplicatedGroup.abort).
+        time.sleep(max(0.0, aborted + 9 - time.monotonic()))
+    finally:
+        for m in (a, b):
+            m.shutdown()
+        lighthouse.shutdown()

@@ -129,6 +129,13 @@ def test_comm_fault_reconfigures_without_restart(run_b):
     assert quorum_after and max(quorum_after) > max(before, default=0), "the group should be rebuilt"
     committed_after = [e for e in after if e["kind"] == "commit" and e.get("committed")]
     assert committed_after, "training did not resume after the communication failure"
+    # No process died, so only the faulted replica's own notice can spare its peer the collective timeout.
+    announced = [e for e in after if e["kind"] == "group_failed" and e["replica"] == fault["replica"]]
+    assert announced, "the faulted replica did not announce its failed group"
+    told = [e for e in after if e["kind"] == "peer_abort" and e["replica"] != fault["replica"]
+            and f"replica_{fault['replica']}:" in e.get("peer", "")]
+    assert told and told[0]["quorum_id"] == announced[0]["quorum_id"], "the peer was not told"
+    assert announced[0]["group"].startswith(f"{announced[0]['quorum_id']}/")
 
 
 @pytest.mark.parametrize("which", ["a", "b"])

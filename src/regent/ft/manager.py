@@ -340,7 +340,9 @@ class Manager:
         init_sync: at step 0 every replica pulls the primary's weights.
         max_retries: raise after this many consecutive failed commits (None = never).
         on_event: called as on_event(kind, details) for "quorum", "heal_started", "heal_done", "commit",
-            "error".
+            "error", "peer_abort" and "group_failed" (this build `group` of this replica's replicated group
+            failed: no collective in it can complete any more; pass it on to the other replicas'
+            `peer_failed(prefix, group=...)` so that they stop waiting for one now).
     """
 
     def __init__(
@@ -398,6 +400,12 @@ class Manager:
         self._quorum_id = -1
         self._quorum_key: tuple[int, tuple[str, ...]] | None = None
         self._configuring_key: tuple[int, tuple[str, ...]] | None = None
+        # Which build of the group (`_group_build`): the same for every member, new at each rebuild, even under
+        # one quorum id (a rebuild after failed commits keeps the id).
+        self._group: str | None = None
+        self._configuring_group: str | None = None
+        # the build whose failure was announced ("group_failed"), or that a peer's report aborted
+        self._announced_group: str | None = None
         self._errored: Exception | None = None
         self._healing = False
         self._pending_state: Any = None
@@ -505,23 +513,28 @@ class Manager:
         except Exception:
             logger.exception("on_event callback failed for %s", kind)
 
-    def peer_failed(self, replica_prefix: str, reason: str = "reported failed by its supervisor") -> bool:
-        """A supervisor saw a replica die: if it is a member of our current group, abort the group now.
+    def peer_failed(self, replica_prefix: str, reason: str = "reported failed by its supervisor",
+                    group: str | None = None) -> bool:
+        """A replica died, or its group failed: if it is a member of our current group, abort the group now.
 
         A dead peer never answers, and NCCL cannot tell a dead peer from a slow one: a collective in flight
         would wait out the full timeout. Aborting fails it at once (the step does not commit), and the next
-        quorum, which no longer includes the dead replica, rebuilds the group. `replica_prefix` matches
-        replica ids such as `replica_1:` (the restarted process gets a new uuid). Returns whether it aborted.
+        quorum rebuilds the group. `replica_prefix` matches replica ids such as `replica_1:` (the restarted
+        process gets a new uuid). `group`: only that build of the group is affected (the `group` of a peer's
+        "group_failed" event: reported late, it must not abort the next build). Returns whether it aborted.
         """
         key = self._configuring_key or self._quorum_key
-        if key is None:
+        build = self._configuring_group if self._configuring_key else self._group
+        if key is None or (group is not None and build != group):
             return False
         peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
         if not peers:
             return False
         logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
-        self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False)
         self._emit("peer_abort", peer=peers[0], quorum_id=key[0])
+        # Our collectives in flight fail now, whatever the backend (see `ReplicatedGroup.abort`: a process
+        # that uses this should leave with os._exit, as Regent's actor processes do).
+        self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False, fail_pending=True)
         return True
 
     def report_error(self, err: Exception) -> None:
@@ -530,6 +543,20 @@ class Manager:
             logger.warning("step %d: error reported: %s", self._step, err)
             self._errored = err
             self._emit("error", step=self._step, error=f"{type(err).__name__}: {err}")
+        self._announce_group_failure()
+
+    def _announce_group_failure(self) -> None:
+        """Once our group has failed (a communication error, an abort, a peer's report), no collective in
+        that build of it can complete: the peers waiting in one would wait out the timeout, since no process
+        died. Say so once per build ("group_failed"), for whoever can reach them (the orchestrator calls
+        their `peer_failed`). A member aborted on a peer's report announces too: the other group ranks of
+        the replica that failed first may be waiting for it."""
+        key, build = self._quorum_key, self._group
+        error = self._pg.errored()
+        if key is None or build is None or error is None or build == self._announced_group:
+            return
+        self._announced_group = build
+        self._emit("group_failed", quorum_id=key[0], group=build, error=f"{type(error).__name__}: {error}")
 
     def errored(self) -> Exception | None:
         return self._errored
@@ -615,20 +642,20 @@ class Manager:
                 max_step=result.max_step,
             )
             # Unique per rebuild: the suffix separates two rebuilds under one quorum id (Lighthouse restart).
-            store = (
-                f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}"
-                f"/s{result.max_step}f{result.commit_failures}"
-            )
+            build = f"{result.quorum_id}/s{result.max_step}f{result.commit_failures}"
+            store = f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}/{build.split('/')[1]}"
             self._configuring_key = quorum_key  # a member reported dead now aborts the rendezvous
+            self._configuring_group = build
             try:
                 self._pg.configure(store, self.replica_id, result.replica_rank, result.replica_world_size)
                 self._quorum_id = result.quorum_id
                 self._quorum_key = quorum_key
+                self._group = build
             except Exception as err:
                 self.report_error(RuntimeError(f"rebuilding the replicated group at {store} failed: {err}"))
                 return
             finally:
-                self._configuring_key = None
+                self._configuring_key = self._configuring_group = None
 
         if not allow_heal:
             return

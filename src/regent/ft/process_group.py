@@ -147,6 +147,9 @@ class ReplicatedGroup:
         self._waiter: _EventWaiter | None = None
         self._side_stream: Any = None
         self._connecting_pg: Any = None  # the NCCL communicator of a rendezvous in progress
+        # collectives in flight: (generation, fail) where fail(err) settles the caller's future with err
+        self._inflight: dict[int, tuple[int, Callable[[Exception], None]]] = {}
+        self._next_op = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
@@ -240,12 +243,18 @@ class ReplicatedGroup:
             raise box["error"]
         return box["pg"]
 
-    def abort(self, reason: Exception | None = None, wait: bool = True) -> None:
+    def abort(self, reason: Exception | None = None, wait: bool = True, fail_pending: bool = False) -> None:
         """Tear the communicator down (interrupts a hung collective, or a rendezvous in progress);
         `errored()` reports `reason`.
 
         `wait=False` aborts on a helper thread: needed when called from a backend callback thread, which
         the abort would otherwise try to join (C++ terminates the process on that self-join).
+
+        `fail_pending`: also fail the callers' futures of collectives in flight now, with `reason`. NCCL's
+        abort ends its collectives, but Gloo's leaves them waiting for their peers until the timeout. The
+        backend's operation then finishes (by timing out) in the background, on the leaked communicator: a
+        process that exits through the interpreter's normal shutdown within that time can crash in it, so
+        this is for processes that leave with `os._exit`, as Regent's actor processes do.
         """
         with self._lock:
             pg, self._pg = self._pg, None
@@ -254,6 +263,9 @@ class ReplicatedGroup:
             failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
+            pending = list(self._inflight.values()) if fail_pending and reason is not None else []
+        for _, fail in pending:
+            fail(reason)
         if pg is None:
             return
         if failed:
@@ -353,13 +365,22 @@ class ReplicatedGroup:
         out: torch.futures.Future = torch.futures.Future(devices=[self.device] if self.backend == "nccl" else None)
         settled = threading.Lock()
         state = {"done": False}
+        with self._lock:
+            op, self._next_op = self._next_op, self._next_op + 1
 
         def claim() -> bool:
             with settled:
                 if state["done"]:
                     return False
                 state["done"] = True
-                return True
+            with self._lock:
+                self._inflight.pop(op, None)
+            return True
+
+        def fail_now(err: Exception) -> None:  # abort(fail_pending=True)
+            if claim():
+                _WATCHDOG.cancel(token)
+                out.set_exception(err)
 
         def on_timeout() -> None:
             err = TimeoutError(
@@ -371,6 +392,9 @@ class ReplicatedGroup:
                 out.set_exception(err)
 
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
+        with self._lock:
+            if generation == self._generation:
+                self._inflight[op] = (generation, fail_now)
 
         def on_done(fut: torch.futures.Future) -> None:
             _WATCHDOG.cancel(token)

@@ -21,6 +21,7 @@ EVENT_KINDS = (
     "quorum",
     "commit",
     "peer_abort",
+    "group_failed",
     "allocation",
     "gave_up",
     "run_finished",

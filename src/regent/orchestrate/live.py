@@ -66,6 +66,8 @@ class RunView:
                 line = f"quorum {q} formed with {len(self.participants)} replicas"
         elif kind == "peer_abort":
             line = f"replica {r} dropped its collective with failed peer {e.get('peer', '?')}"
+        elif kind == "group_failed":
+            line = f"replica {r} lost its group of quorum {e.get('quorum_id')}: {e.get('error', '')}"[:160]
         elif kind == "fault_injected":
             line = f"fault injected: {e.get('fault_kind')} into replica {r} rank {e.get('rank')}"
         elif kind == "failure_detected":

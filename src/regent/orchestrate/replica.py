@@ -268,11 +268,12 @@ class ReplicaActor(Actor):
         return True
 
     @endpoint
-    async def peer_failed(self, replica_index: int) -> None:
-        """Replica `replica_index` failed: tell this replica's trainers (see `Manager.peer_failed`)."""
+    async def peer_failed(self, replica_index: int, group: str | None = None) -> None:
+        """Replica `replica_index` failed (with `group`: that build of its replicated group did): tell this
+        replica's trainers (see `Manager.peer_failed`)."""
         trainers = self.trainers
         if trainers is not None and not self.policy.restarting:
-            trainers.peer_failed.broadcast(f"replica_{replica_index}:")
+            trainers.peer_failed.broadcast(f"replica_{replica_index}:", group)
 
     @endpoint
     async def request_stop(self, at_step: int) -> None:

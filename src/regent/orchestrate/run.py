@@ -50,6 +50,7 @@ class OrchestrationManager:
         self.finished_replicas: set[int] = set()
         self._replicas: Any = None
         self._tasks: set[asyncio.Task] = set()
+        self._told_group_failed: set[tuple[int, str | None]] = set()
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -63,14 +64,25 @@ class OrchestrationManager:
             self.full_restart_pending = True
         elif e["kind"] == "failure_detected" and r is not None and self._replicas is not None:
             # The survivors may be inside a collective with the dead replica: have them abort it now.
-            self._tasks.add(task := asyncio.get_running_loop().create_task(self._tell_peers(r)))
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._tell_peers(r))
+        elif e["kind"] == "group_failed" and r is not None and self._replicas is not None:
+            # No process died, but replica r's group is gone (say, a communication fault): its peers would
+            # wait for it until their collective timed out. One notice per replica and build of the group
+            # (each of its ranks reports).
+            key = (r, e.get("group"))
+            if key not in self._told_group_failed:
+                self._told_group_failed.add(key)
+                self._spawn(self._tell_peers(r, e.get("group")))
 
-    async def _tell_peers(self, failed: int) -> None:
+    def _spawn(self, coro: Any) -> None:
+        self._tasks.add(task := asyncio.get_running_loop().create_task(coro))
+        task.add_done_callback(self._tasks.discard)
+
+    async def _tell_peers(self, failed: int, group: str | None = None) -> None:
         for q in range(self.cfg.replicas):
             if q != failed:
                 try:
-                    await self._replicas.slice(replicas=q).peer_failed.call_one(failed)
+                    await self._replicas.slice(replicas=q).peer_failed.call_one(failed, group)
                 except Exception as exc:  # that replica may be failing too; its own supervisor handles it
                     logger.debug("telling replica %d about replica %d: %r", q, failed, exc)
 

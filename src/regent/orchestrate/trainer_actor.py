@@ -45,7 +45,7 @@ class TrainerActor(Actor):
 
     # -- reporting -----------------------------------------------------------------------------------
     def _event(self, kind: str, details: dict) -> None:
-        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort"):
+        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed"):
             return
         if kind in ("commit", "quorum", "peer_abort") and self.rank != 0:
             return  # one line per replica, not per rank
@@ -111,11 +111,14 @@ class TrainerActor(Actor):
         return self.final
 
     @endpoint
-    async def peer_failed(self, replica_prefix: str) -> bool:
-        """Another replica died: fail a collective with it now rather than after the timeout."""
+    async def peer_failed(self, replica_prefix: str, group: str | None = None) -> bool:
+        """Another replica died (or, with `group`, that build of its replicated group failed): fail a
+        collective with it now rather than after the timeout."""
         if self.session is None:
             return False
-        return self.session.manager.peer_failed(replica_prefix)
+        if group is None:
+            return self.session.manager.peer_failed(replica_prefix)
+        return self.session.manager.peer_failed(replica_prefix, "lost its replicated group", group=group)
 
     @endpoint
     async def inject(self, kind: str) -> None:
@@ -132,7 +135,10 @@ class TrainerActor(Actor):
             os._exit(1)
         elif kind == "comm":
             if self.session is not None:
-                self.session.manager.pg.abort(RuntimeError("injected communication failure (group aborted)"))
+                # like NCCL on a communication error, fail our collectives in flight too (this process leaves
+                # with os._exit: see ReplicatedGroup.abort)
+                self.session.manager.pg.abort(RuntimeError("injected communication failure (group aborted)"),
+                                              fail_pending=True)
         elif kind == "hang":
             threading.Thread(target=_hold_gil_forever, daemon=True).start()
         else:
