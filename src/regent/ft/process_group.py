@@ -250,11 +250,12 @@ class ReplicatedGroup:
         `wait=False` aborts on a helper thread: needed when called from a backend callback thread, which
         the abort would otherwise try to join (C++ terminates the process on that self-join).
 
-        `fail_pending`: also fail the callers' futures of collectives in flight now, with `reason`. NCCL's
-        abort ends its collectives, but Gloo's leaves them waiting for their peers until the timeout. The
-        backend's operation then finishes (by timing out) in the background, on the leaked communicator: a
-        process that exits through the interpreter's normal shutdown within that time can crash in it, so
-        this is for processes that leave with `os._exit`, as Regent's actor processes do.
+        `fail_pending`: also fail the callers' futures of collectives in flight now, with `reason` (Gloo only:
+        NCCL's abort ends its collectives itself, and a caller released before the kernel has stopped could
+        race it on the tensor). Gloo's abort leaves them waiting for their peers until the timeout; the
+        operation then finishes (by timing out) in the background, on the leaked communicator: a process that
+        exits through the interpreter's normal shutdown within that time can crash in it, so this is for
+        processes that leave with `os._exit`, as Regent's actor processes do.
         """
         with self._lock:
             pg, self._pg = self._pg, None
@@ -263,7 +264,8 @@ class ReplicatedGroup:
             failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
-            pending = list(self._inflight.values()) if fail_pending and reason is not None else []
+            fail_now = fail_pending and reason is not None and self.backend != "nccl"
+            pending = list(self._inflight.values()) if fail_now else []
         for _, fail in pending:
             fail(reason)
         if pg is None:
