@@ -216,7 +216,7 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
 
     for name in ("a", "b"):
         managers[name] = Manager(min_replica_size=1, use_async_quorum=False, lighthouse_addr=lighthouse.address(),
-                                 replica_id=f"{name}:0", timeout=8, quorum_timeout=30, init_sync=False,
+                                 replica_id=f"{name}:0", timeout=5, quorum_timeout=30, init_sync=False,
                                  on_event=on_event)
     a, b = managers["a"], managers["b"]
     try:
@@ -243,7 +243,7 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
         assert a.should_commit() is False and b.should_commit() is False
         # Gloo's own operation on b's dropped communicator ends with b's timeout: let it, so that this
         # process (pytest) never exits with it pending (see ReplicatedGroup.abort).
-        time.sleep(max(0.0, aborted + 9 - time.monotonic()))
+        time.sleep(max(0.0, aborted + 6 - time.monotonic()))
     finally:
         for m in (a, b):
             m.shutdown()
