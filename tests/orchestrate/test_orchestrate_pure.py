@@ -195,3 +195,17 @@ def test_restart_resumes_every_replica_from_the_newest_common_checkpoint(tmp_pat
     save(1, 10, ranks=(1,))
     assert common_checkpoint_step(str(tmp_path), 2, 2) == "step-00000010"  # not replica 0's newer step 100
     assert common_checkpoint_step(str(tmp_path), 3, 2) is None  # a replica with none
+
+
+def test_live_feed_shows_a_failed_group_once_per_replica_and_build():
+    from regent.orchestrate.events import make_event
+    from regent.orchestrate.live import RunView
+
+    view = RunView(replicas=2)
+    lines = [view.on_event(make_event("group_failed", replica=1, quorum_id=4, rank=rank, group="4/s10f0",
+                                      error="RuntimeError: injected")) for rank in (0, 1)]
+    assert lines[0] == "replica 1 lost its group of quorum 4: RuntimeError: injected" and lines[1] is None
+    again = view.on_event(make_event("group_failed", replica=1, quorum_id=4, rank=0, group="4/s10f1", error="x"))
+    assert again is not None  # the next build of the group under the same quorum id is news
+    told = view.on_event(make_event("peer_abort", replica=0, quorum_id=4, peer="replica_1:abc"))
+    assert told == "replica 0 dropped its collective with failed peer replica_1:abc"

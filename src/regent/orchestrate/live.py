@@ -36,6 +36,7 @@ class RunView:
     feed: collections.deque = field(default_factory=lambda: collections.deque(maxlen=12))
     reps: dict[int, ReplicaView] = field(default_factory=dict)
     dashboard: str = ""
+    group_failures: set = field(default_factory=set)  # (replica, group build) already shown
 
     def __post_init__(self) -> None:
         for r in range(self.replicas):
@@ -66,7 +67,8 @@ class RunView:
                 line = f"quorum {q} formed with {len(self.participants)} replicas"
         elif kind == "peer_abort":
             line = f"replica {r} dropped its collective with failed peer {e.get('peer', '?')}"
-        elif kind == "group_failed":
+        elif kind == "group_failed" and (r, e.get("group")) not in self.group_failures:  # one line, not per rank
+            self.group_failures.add((r, e.get("group")))
             line = f"replica {r} lost its group of quorum {e.get('quorum_id')}: {e.get('error', '')}"[:160]
         elif kind == "fault_injected":
             line = f"fault injected: {e.get('fault_kind')} into replica {r} rank {e.get('rank')}"
