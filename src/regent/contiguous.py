@@ -9,6 +9,8 @@ shards' storage) and by DiLoCo's copy of the global parameters.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 # Each tensor starts on a 16-byte boundary (vectorized kernels such as fused AdamW want it); every shape
@@ -73,18 +75,25 @@ def contiguous_copy(tensors: list[torch.Tensor], device: torch.device | None = N
 
 
 def is_contiguous_run(tensors: list[torch.Tensor]) -> bool:
-    """Whether the tensors follow each other in one storage with no gap (one byte range covers them).
+    """Whether the tensors follow each other in one storage with no gap (one byte range covers them)."""
+    if not tensors or not all(t.is_contiguous() for t in tensors):
+        return False
+    return spans_one_range(tensors[0], [t.data_ptr() for t in tensors],
+                           [t.numel() * t.element_size() for t in tensors])
+
+
+def spans_one_range(first: torch.Tensor, addresses: Iterable[int], sizes: Iterable[int]) -> bool:
+    """Whether byte ranges (address, size), in order, follow each other with no gap inside `first`'s storage
+    (`first` is the tensor at the first address).
 
     Consecutive addresses that all lie inside the first tensor's storage are that storage's bytes (live
     allocations never overlap), so one storage lookup serves the whole run."""
-    if not tensors or not all(t.is_contiguous() for t in tensors):
-        return False
-    storage = tensors[0].untyped_storage()
-    end = tensors[0].data_ptr()
-    for t in tensors:
-        if t.data_ptr() != end:
+    end = first.data_ptr()
+    for address, size in zip(addresses, sizes):
+        if address != end:
             return False
-        end += t.numel() * t.element_size()
+        end += size
+    storage = first.untyped_storage()
     return end <= storage.data_ptr() + storage.nbytes()
 
 

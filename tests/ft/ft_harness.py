@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gloo_groups(timeout: float = 5.0) -> Iterator[list[Any]]:
+    """`gloo_pair`'s two groups, shut down (and their store released) when the block ends."""
+    store, groups = gloo_pair(timeout)
+    try:
+        yield groups
+    finally:
+        for g in groups:
+            g.shutdown()
+        del store
 
 
 def gloo_pair(timeout: float = 5.0) -> tuple[Any, list[Any]]:

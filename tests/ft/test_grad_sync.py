@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from regent.ft.grad_sync import OverlappedAllreduce, plan_buckets
 from regent.ft.process_group import ReplicatedGroup
-from tests.ft.ft_harness import gloo_pair
+from tests.ft.ft_harness import gloo_groups
 
 CPU = torch.device("cpu")
 
@@ -49,7 +49,6 @@ def _grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def test_buckets_average_gradients_across_replicas_and_launch_during_backward():
-    store, groups = gloo_pair(timeout=10)
     inputs = [torch.randn(5, 8, generator=torch.Generator().manual_seed(r)) for r in range(2)]
     expected = [(a + b) / 2 for a, b in zip(_grads(_model(0), inputs[0]), _grads(_model(0), inputs[1]))]
 
@@ -71,12 +70,8 @@ def test_buckets_average_gradients_across_replicas_and_launch_during_backward():
         sync.remove()
         return out, launched_before_finish, sync.num_buckets, [p.numel() for p in model.parameters()]
 
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(replica, range(2)))
-    finally:
-        for g in groups:
-            g.shutdown()
+    with gloo_groups(timeout=10) as groups, ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(replica, range(2)))
     for grads, launched, buckets, _ in results:
         assert buckets == 3
         assert launched == buckets  # every bucket was handed to the all-reduce inside backward

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from regent.ft.process_group import ReplicatedGroup, _Watchdog, parse_store_address
-from tests.ft.ft_harness import gloo_pair
+from tests.ft.ft_harness import gloo_groups
 
 PEER = Path(__file__).with_name("pg_peer.py")
 
@@ -103,19 +103,14 @@ def test_hung_peer_errors_within_timeout_then_reconfigure_works():
 def test_batched_p2p_falls_back_when_the_backend_cannot_coalesce():
     """The coalesced path is NCCL's; a backend that refuses to start coalescing (Gloo here, forced onto that
     path) must still deliver the whole batch, message by message, and stop trying."""
-    store, groups = gloo_pair(timeout=10)
-    for g in groups:
-        g._pg = _ClaimsCoalescing(g._pg)
     sent = [torch.arange(n, dtype=torch.float32) for n in (3, 5, 7)]
     got = [torch.zeros(n) for n in (3, 5, 7)]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            f = pool.submit(groups[0].send_many, sent, 1, 10)
-            groups[1].recv_many(got, 0, 10)
-            f.result()
-    finally:
+    with gloo_groups(timeout=10) as groups, ThreadPoolExecutor(2) as pool:
         for g in groups:
-            g.shutdown()
+            g._pg = _ClaimsCoalescing(g._pg)
+        f = pool.submit(groups[0].send_many, sent, 1, 10)
+        groups[1].recv_many(got, 0, 10)
+        f.result()
     assert all(torch.equal(a, b) for a, b in zip(sent, got))
     assert not groups[0].coalesce_p2p and not groups[1].coalesce_p2p
 

@@ -13,7 +13,7 @@ import torch
 
 from regent.contiguous import contiguous_empty_like
 from regent.ft.transfer import GroupTransport, RWLock, StreamTransport, flatten_state, unflatten_state
-from tests.ft.ft_harness import gloo_pair
+from tests.ft.ft_harness import gloo_groups
 
 
 def _state(seed: int) -> dict:
@@ -123,8 +123,7 @@ def test_rwlock_writer_waits_for_readers():
 
 
 def test_group_transfer_in_place_and_stale_refused():
-    store, groups = gloo_pair(timeout=2.0)
-    try:
+    with gloo_groups(timeout=2.0) as groups:
         donor, healer = GroupTransport(groups[0]), GroupTransport(groups[1])
         src = _state(1)
         into = _state(2)
@@ -143,24 +142,15 @@ def test_group_transfer_in_place_and_stale_refused():
             groups[1].abort(RuntimeError("healer gave up"))
             with pytest.raises(Exception):  # noqa: B017 (the donor's send fails in whatever way gloo reports)
                 f.result()
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def test_group_receive_timeout_raises():
-    store, groups = gloo_pair(timeout=1.0)
-    try:
+    with gloo_groups(timeout=1.0) as groups:
         start = time.monotonic()
         with pytest.raises(TimeoutError):
             GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 1, 1.0)  # nobody sends
         assert time.monotonic() - start < 10
         assert groups[1].errored() is not None
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def _heal(groups, src, into, donor=None, **transport) -> tuple[dict, list[int], GroupTransport]:
@@ -185,8 +175,7 @@ def _heal(groups, src, into, donor=None, **transport) -> tuple[dict, list[int], 
 
 
 def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
-    store, groups = gloo_pair(timeout=5.0)
-    try:
+    with gloo_groups(timeout=5.0) as groups:
         # b (64 B) and the step counter (4 B) travel in one pack; w and exp_avg (8 KiB each) go alone.
         src, into = _state(1), _state(2)
         own = [into["model"]["w"], into["model"]["b"], into["optim"]["state"][0]["step"],
@@ -200,10 +189,6 @@ def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
                    got["optim"]["state"][0]["exp_avg"]]
         assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def _flat_state(seed: int, contiguous: bool) -> dict:
@@ -226,8 +211,7 @@ def _flat_state(seed: int, contiguous: bool) -> dict:
     (False, False, 6),
 ])
 def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, messages):
-    store, groups = gloo_pair(timeout=5.0)
-    try:
+    with gloo_groups(timeout=5.0) as groups:
         src, into = _flat_state(1, donor_flat), _flat_state(2, healer_flat)
         _, own = flatten_state(into, 0)
         ptrs = [t.data_ptr() for t in own]
@@ -237,48 +221,38 @@ def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, message
         assert len(sent) == 1 + messages  # the step counters' pack, then the large messages
         _, landed = flatten_state(got, 0)
         assert [t.data_ptr() for t in landed] == ptrs  # in place whatever the layouts
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def test_group_transfer_with_a_description_larger_than_the_header():
     from regent.ft.transfer import HEADER_BYTES
 
-    store, groups = gloo_pair(timeout=5.0)
-    try:
+    with gloo_groups(timeout=5.0) as groups:
         src, into = _state(1), _state(2)
         src["note"] = into["note"] = "x" * (HEADER_BYTES + 1000)  # pickled metadata spills past the header
         got, _, _ = _heal(groups, src, into)
         _assert_same(got, src)
         assert got["note"] == src["note"]
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def test_group_donor_reuses_its_layout_until_its_tensors_move():
-    store, groups = gloo_pair(timeout=5.0)
-    try:
+    with gloo_groups(timeout=5.0) as groups:
         donor = GroupTransport(groups[0], packed_below=1024)
         src = _flat_state(1, True)
         got, _, _ = _heal(groups, src, _flat_state(2, True), donor=donor)
         _assert_same(got, src)
-        first = donor._sent[2]
+        first = donor._sent.layout
         with torch.no_grad():  # the values change between heals (training goes on), the buffers stay
             for t in flatten_state(src, 0)[1]:
                 t.add_(1.0)
         src["optim"]["p0"]["note"] = "a plain value changed"
         got, _, healer = _heal(groups, src, _flat_state(3, True), donor=donor)
-        assert donor._sent[2] is first  # described once
+        assert donor._sent.layout is first  # described once
         _assert_same(got, src)
         # plain values travel in the structure, not in the layout: the healer still had everything prepared
         assert got["optim"]["p0"]["note"] == "a plain value changed" and healer.last_described_alike
         moved = _flat_state(4, False)  # new buffers, another layout: described again
         got, _, _ = _heal(groups, moved, _flat_state(5, True), donor=donor)
-        assert donor._sent[2] is not first
+        assert donor._sent.layout is not first
         _assert_same(got, moved)
         # A healer whose state is described otherwise (a tensor it does not have yet) decodes the donor's
         # description and allocates what it lacks.
@@ -289,10 +263,6 @@ def test_group_donor_reuses_its_layout_until_its_tensors_move():
         assert not healer.last_described_alike
         _assert_same(got, moved)
         assert got["model"]["p1"].data_ptr() == kept
-    finally:
-        for g in groups:
-            g.shutdown()
-        del store
 
 
 def test_unflatten_keeps_named_tuples_whole():

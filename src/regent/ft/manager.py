@@ -400,8 +400,8 @@ class Manager:
         self._quorum_id = -1
         self._quorum_key: tuple[int, tuple[str, ...]] | None = None
         self._configuring_key: tuple[int, tuple[str, ...]] | None = None
-        # Which build of the group (`_group_build`): the same for every member, new at each rebuild, even under
-        # one quorum id (a rebuild after failed commits keeps the id).
+        # Which build of the replicated group ("<quorum id>/s<max step>f<commit failures>"): the same for every
+        # member, new at each rebuild, even under one quorum id (a rebuild after failed commits keeps the id).
         self._group: str | None = None
         self._configuring_group: str | None = None
         # the build whose failure was announced ("group_failed"), or that a peer's report aborted
@@ -532,8 +532,8 @@ class Manager:
             return False
         logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
         self._emit("peer_abort", peer=peers[0], quorum_id=key[0])
-        # Our collectives in flight fail now, whatever the backend (see `ReplicatedGroup.abort`: a process
-        # that uses this should leave with os._exit, as Regent's actor processes do).
+        # Our collectives in flight fail now, on Gloo too (see `ReplicatedGroup.abort`: a process that uses
+        # this should leave with os._exit, as Regent's actor processes do).
         self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False, fail_pending=True)
         return True
 
@@ -642,8 +642,9 @@ class Manager:
                 max_step=result.max_step,
             )
             # Unique per rebuild: the suffix separates two rebuilds under one quorum id (Lighthouse restart).
-            build = f"{result.quorum_id}/s{result.max_step}f{result.commit_failures}"
-            store = f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}/{build.split('/')[1]}"
+            rebuild = f"s{result.max_step}f{result.commit_failures}"
+            build = f"{result.quorum_id}/{rebuild}"
+            store = f"{result.store_address}/regent/{result.quorum_id}/{self.group_rank}/{rebuild}"
             self._configuring_key = quorum_key  # a member reported dead now aborts the rendezvous
             self._configuring_group = build
             try:

@@ -147,8 +147,8 @@ class ReplicatedGroup:
         self._waiter: _EventWaiter | None = None
         self._side_stream: Any = None
         self._connecting_pg: Any = None  # the NCCL communicator of a rendezvous in progress
-        # collectives in flight: (generation, fail) where fail(err) settles the caller's future with err
-        self._inflight: dict[int, tuple[int, Callable[[Exception], None]]] = {}
+        # collectives in flight of the current generation: fail(err) settles the caller's future with err
+        self._inflight: dict[int, Callable[[Exception], None]] = {}
         self._next_op = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class ReplicatedGroup:
                 self._error = reason
             fail_now = fail_pending and reason is not None and self.backend != "nccl"
             pending = list(self._inflight.values()) if fail_now else []
-        for _, fail in pending:
+        for fail in pending:
             fail(reason)
         if pg is None:
             return
@@ -396,7 +396,7 @@ class ReplicatedGroup:
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
         with self._lock:
             if generation == self._generation:
-                self._inflight[op] = (generation, fail_now)
+                self._inflight[op] = fail_now
 
         def on_done(fut: torch.futures.Future) -> None:
             _WATCHDOG.cancel(token)

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from regent.contiguous import byte_span
+from regent.contiguous import byte_span, spans_one_range
 
 logger = logging.getLogger(__name__)
 
@@ -395,9 +395,9 @@ def describe_layout(metas: list[TensorMeta], tensors: list[torch.Tensor], device
     runs = adjacent_runs([i for i, n in enumerate(sizes) if n > 0], tensors, device, max_bytes, sizes)
     by_home: dict[str, list[int]] = {}
     for run in runs:
-        if len(run) == 1 and metas[run[0]].nbytes < packed_below:
+        if len(run) == 1 and sizes[run[0]] < packed_below:
             by_home.setdefault(str(tensors[run[0]].device), []).append(run[0])
-    big = [run for run in runs if len(run) > 1 or metas[run[0]].nbytes >= packed_below]
+    big = [run for run in runs if len(run) > 1 or sizes[run[0]] >= packed_below]
     return Layout(metas, list(by_home.values()), big)
 
 
@@ -433,17 +433,10 @@ def _unpack(pack: torch.Tensor, indices: list[int], metas: list[TensorMeta], tar
 
 def _receivable_in_place(run: list[int], targets: list[torch.Tensor], addresses: list[int],
                          sizes: list[int]) -> bool:
-    """A run lands straight in the healer's tensors if they too are one byte range on the device: consecutive
-    addresses (from `_addresses`) inside the first one's storage (live allocations never overlap)."""
-    end = addresses[run[0]]
-    if end < 0:
-        return False
-    for i in run:
-        if addresses[i] != end:
-            return False
-        end += sizes[i]
-    storage = targets[run[0]].untyped_storage()
-    return end <= storage.data_ptr() + storage.nbytes()
+    """A run lands straight in the healer's tensors if they too are one byte range on the device (addresses
+    from `_addresses`: -1 where a target cannot take bytes directly)."""
+    return addresses[run[0]] >= 0 and spans_one_range(targets[run[0]], [addresses[i] for i in run],
+                                                      [sizes[i] for i in run])
 
 
 # GroupTransport's header: step, length of the pickled (skeleton, packs, runs), length of the pickled tensor
@@ -460,6 +453,16 @@ def _header(step: int, state_blob: bytes, layout: Layout, metas_blob: bytes,
     rest = framed[HEADER_BYTES:]
     return (torch.frombuffer(head, dtype=torch.uint8).to(device),
             torch.frombuffer(bytearray(rest), dtype=torch.uint8).to(device) if rest else None)
+
+
+class _SentLayout(NamedTuple):
+    """What a donor keeps of its last send (`GroupTransport._layout`)."""
+
+    addresses: list[int]
+    device: str
+    layout: Layout
+    storages: list[tuple[int, int]]  # (address, size) of the storage of each run's first tensor
+    metas_blob: bytes  # the pickled tensor descriptions
 
 
 def _run_storages(layout: Layout, tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -499,9 +502,10 @@ class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
     Wire order per healer: a `HEADER_BYTES` message with the step, the pickled state structure and wire
-    layout, and the pickled tensor descriptions with their digest (the rest, for a very large description, in a second message), then one message per home
-    device of the small tensors that lie apart, packed back to back (on CPU, AdamW's step counters: hundreds
-    of tiny messages would each cost a NCCL launch, more than their bytes), then the
+    layout, and the pickled tensor descriptions with their digest (the rest, for a very large description,
+    in a second message), then one message per home device of the small tensors that lie apart, packed back
+    to back (on CPU, AdamW's step counters: hundreds of tiny messages would each cost a NCCL launch, more
+    than their bytes), then the
     larger tensors without a copy: one message per run of tensors that lie back to back in the donor's
     memory (`regent.contiguous`; up to `max_message_bytes`), else one per tensor. A healer with the same
     layout receives each run straight into its own tensors; one with another layout stages that run and
@@ -518,8 +522,7 @@ class GroupTransport:
         self.last_messages = 0  # tensor messages of the last send (packs and runs), for reports
         self.last_timing: dict[str, float] = {}  # phases of the last send or receive, seconds
         self.last_described_alike = False  # whether the last receive found the donor's tensors described as its own
-        # donor: (tensor addresses, device, layout, run storages, pickled layout) of the last send
-        self._sent: tuple[list[int], str, Layout, list[tuple[int, int]], bytes] | None = None
+        self._sent: _SentLayout | None = None  # donor: the layout of the last send, while its buffers stay put
 
     def metadata(self) -> str:
         return "<group>"
@@ -547,19 +550,20 @@ class GroupTransport:
 
     def _layout(self, metas: list[TensorMeta], tensors: list[torch.Tensor],
                 device: torch.device) -> tuple[Layout, bytes]:
-        """This donor's layout and its pickled tensor descriptions, kept while the tensors stay where they are: a long-lived donor
-        heals many replicas from the same buffers, and describing ~600 tensors costs milliseconds a heal."""
+        """This donor's layout and its pickled tensor descriptions, kept while the tensors stay where they are:
+        a long-lived donor heals many replicas from the same buffers, and describing ~600 tensors costs
+        milliseconds a heal."""
         where = [t.data_ptr() for t in tensors]
-        cached = self._sent
-        if cached is not None and cached[0] == where and cached[1] == str(device) and cached[2].tensors == metas:
-            layout = cached[2]
-            # The storages that bound each run are still the same allocations (an address can be reused).
-            if cached[3] == _run_storages(layout, tensors):
-                return layout, cached[4]
+        sent = self._sent
+        # Same addresses, device and descriptions, and the storages that bound each run are still the same
+        # allocations (an address can be reused).
+        if (sent is not None and sent.addresses == where and sent.device == str(device)
+                and sent.layout.tensors == metas and sent.storages == _run_storages(sent.layout, tensors)):
+            return sent.layout, sent.metas_blob
         layout = describe_layout(metas, tensors, device, self.packed_below, self.max_message_bytes)
-        blob = pickle.dumps(layout.tensors)
-        self._sent = (where, str(device), layout, _run_storages(layout, tensors), blob)
-        return layout, blob
+        self._sent = _SentLayout(where, str(device), layout, _run_storages(layout, tensors),
+                                 pickle.dumps(layout.tensors))
+        return layout, self._sent.metas_blob
 
     def disallow_checkpoint(self) -> None:
         """Nothing is served between calls: the data moves inside `send_checkpoint`."""
