@@ -28,7 +28,7 @@ def main(out_dir: str) -> None:
     grads = [p.grad for p in trainer.params if p.grad is not None]
     # the norm of the whole gradient (each DTensor gathered over both mesh dims) vs the trainer's HSDP norm
     full = float(torch.stack([g.full_tensor().float().pow(2).sum() for g in grads]).sum().sqrt())
-    hsdp = clip_grad_norm(trainer.params, 0.0, group=trainer.group, sharded=True, replicas=2)
+    hsdp = float(clip_grad_norm(trainer.params, 0.0, group=trainer.group, sharded=True, replicas=2))
     result = {"losses": losses, "hash": trainer.param_hash(), "full_norm": full, "hsdp_norm": hsdp,
               "placements": str(grads[0].placements)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

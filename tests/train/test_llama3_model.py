@@ -158,3 +158,47 @@ def test_rope_keeps_fp32_angles_under_fsdp_bf16_mixed_precision(tmp_path):
         assert seen == [torch.complex64] and logits.dtype == torch.bfloat16
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp_units_cover_every_parameter_once_in_forward_order():
+    from regent.train.parallel import fsdp_units
+
+    model = Llama3(TINY)
+    units = fsdp_units(model)
+    modules = [unit if isinstance(unit, list) else [unit] for unit, _ in units]
+    owned = [id(p) for group in modules for m in group for p in m.parameters()]
+    assert sorted(owned) == sorted(id(p) for p in model.parameters())  # none left to the root, none twice
+    assert modules[0] == [model.tok_embeddings] and modules[-1] == [model.norm, model.output]
+    assert [m[0] for m in modules[1:-1]] == list(model.layers)
+    # gathered again first in backward (the head, the last block) stay gathered after forward
+    assert [reshard for _, reshard in units] == [True] * TINY.n_layers + [False, False]
+
+
+def test_rms_norm_is_the_formula_in_the_activations_dtype():
+    from regent.train.models.llama3 import RMSNorm
+
+    norm = RMSNorm(64, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 64) * 4
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+    low = norm(x.bfloat16())  # fp32 weight, bf16 activations: output stays bf16, one rounding off the formula
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_autocast_runs_the_residual_stream_in_bf16():
+    model = Llama3(TINY)
+    model.init_weights()
+    seen = []
+    for layer in model.layers:
+        layer.register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    tokens = torch.randint(0, TINY.vocab_size, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens)
+    assert seen == [torch.bfloat16] * TINY.n_layers and logits.dtype == torch.bfloat16
+    logits.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    seen.clear()
+    assert model(tokens).dtype == torch.float32 and seen == [torch.float32] * TINY.n_layers  # no autocast: fp32

@@ -51,10 +51,10 @@ def test_clip_grad_norm():
     q = nn.Parameter(torch.zeros(3))
     p.grad = torch.tensor([3.0, 0.0, 0.0, 0.0])
     q.grad = torch.tensor([0.0, 4.0, 0.0])
-    norm = clip_grad_norm([p, q], max_norm=1.0)
+    norm = float(clip_grad_norm([p, q], max_norm=1.0))
     assert math.isclose(norm, 5.0, rel_tol=1e-6)
     assert math.isclose(float(torch.cat([p.grad, q.grad]).norm()), 1.0, rel_tol=1e-4)
     p.grad = torch.tensor([0.3, 0.0, 0.0, 0.0])
     q.grad = None
-    assert math.isclose(clip_grad_norm([p, q], max_norm=1.0), 0.3, rel_tol=1e-6)
+    assert math.isclose(float(clip_grad_norm([p, q], max_norm=1.0)), 0.3, rel_tol=1e-6)
     assert math.isclose(float(p.grad[0]), 0.3, rel_tol=1e-6)  # below the limit: untouched

@@ -77,6 +77,20 @@ def test_state_dict_transfer_makes_replicas_identical():
     assert a["loss"] == b["loss"] and donor.param_hash() == healed.param_hash()
 
 
+def test_a_batch_prefetched_before_a_heal_is_dropped():
+    """The next batch is made during backward without advancing the data position, so a heal in between
+    (which moves the position) must not let the stale batch through."""
+    donor, healed = Trainer(small_cfg()), Trainer(small_cfg())
+    for _ in range(3):
+        donor.train_step()
+    healed.train_step()  # it now holds batch 1, prefetched
+    assert healed.dataloader.batches_consumed == 1 and healed._prefetched is not None
+    healed.load_state_dict(donor.state_dict())  # position 3
+    a, b = donor.train_step(), healed.train_step()  # the donor uses its prefetched batch 3; the healed a new one
+    assert a["loss"] == b["loss"] and donor.param_hash() == healed.param_hash()
+    assert donor.dataloader.batches_consumed == healed.dataloader.batches_consumed == 4
+
+
 def test_state_dict_tensors_are_live_views():
     trainer = Trainer(small_cfg())
     sd = trainer.state_dict()

@@ -93,16 +93,18 @@ class WarmupCosineSchedule:
 
 @torch.no_grad()
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group: dist.ProcessGroup | None = None,
-                   sharded: bool = False, replicas: int = 1) -> float:
+                   sharded: bool = False, replicas: int = 1) -> torch.Tensor:
     """Global L2 norm of the gradients, clipped to max_norm (no clipping when max_norm <= 0).
 
     With `sharded`, each rank holds disjoint shards: the squared norms are summed over `group` first. Under
     HSDP each shard is held by `replicas` ranks of the group, so that sum counts it `replicas` times.
-    Returns the norm before clipping.
+    Returns the norm before clipping as a 0-dim tensor on the gradients' device: reading it waits for the
+    device, so the caller chooses when (after queueing the optimizer step, not before).
     """
     grads = [local_tensor(p.grad) for p in params if p.grad is not None]
     if grads:
-        total_sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+        # one multi-tensor kernel for all the per-gradient norms (fp32 even for bf16 gradients)
+        total_sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum()
     else:
         total_sq = torch.zeros((), device=params[0].device if params else "cpu")
     if sharded and dist.is_initialized():
@@ -113,4 +115,4 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, group: dist.Proc
     if max_norm > 0 and grads:
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         torch._foreach_mul_(grads, scale.to(grads[0].dtype))
-    return float(total)
+    return total

@@ -1,7 +1,8 @@
 """Parallelism inside one replica group: FSDP2 over its ranks, plus activation checkpointing and compile.
 
-FSDP2 (`fully_shard`) shards every transformer block and then the root (embeddings, final norm, output),
-so one block's parameters are all-gathered just before it runs and freed after. Mixed precision keeps fp32
+FSDP2 (`fully_shard`) shards the embedding, every transformer block and the head (final norm + output) as
+units of their own, then the root, so one unit's parameters are all-gathered just before it runs (prefetched
+under the previous unit's compute) and freed after. Mixed precision keeps fp32
 master weights and computes in bf16, reducing gradients in fp32.
 """
 
@@ -11,6 +12,7 @@ import logging
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from regent.train.models.llama3 import Llama3
 
@@ -56,8 +58,22 @@ def apply_fsdp(model: Llama3, world_size: int, device_type: str, bf16: bool,
     else:
         mesh = DeviceMesh.from_group(group, device_type)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-    last = len(model.layers) - 1
-    for index, block in enumerate(model.layers):
-        # The last block's parameters are needed again first in backward, so keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < last)
+    for unit, reshard in fsdp_units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+def fsdp_units(model: Llama3) -> list[tuple[nn.Module | list[nn.Module], bool]]:
+    """The FSDP units below the root, in forward order, and whether each reshards after forward.
+
+    The embedding and the head (final norm + output) are units of their own rather than part of the root:
+    the root's parameters are gathered before anything else runs and reduced after everything else, so
+    nothing hides that traffic, while a unit of its own is prefetched under the previous unit's compute and
+    reduce-scattered under the next one's backward. The head and the last block are needed again first in
+    backward, so they stay gathered.
+    """
+    last = len(model.layers) - 1
+    units: list[tuple[nn.Module | list[nn.Module], bool]] = [(model.tok_embeddings, True)]
+    units += [(block, index < last) for index, block in enumerate(model.layers)]
+    units.append(([model.norm, model.output], False))
+    return units

@@ -1,8 +1,9 @@
 """The Trainer: one object that owns model, optimizer, schedule and data, and trains one step at a time.
 
 A step, in order (the fault-tolerance layer plugs into the two hooks):
-  1. next batch of this (replica, rank) shard; forward; loss; backward (FSDP reduce-scatters the gradients
-     across the ranks of this replica)
+  1. next batch of this (replica, rank) shard (already on the device: gathered and copied while the previous
+     step's backward ran); forward; loss; backward (FSDP reduce-scatters the gradients across the ranks of
+     this replica)
   2. `grad_reduce_hook(grads)`: cross-replica allreduce of the gradients, in place. `grads` are the tensors
      this rank holds (local shards under FSDP), in `model.parameters()` order, identical on every replica.
   3. global grad norm and clipping (over the whole replica)
@@ -103,6 +104,8 @@ class Trainer:
         # Hooks for the fault-tolerance layer
         self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
         self.commit_hook: Callable[[], bool] | None = None
+        # (batch index, inputs, labels) already on the device: the next batch, made while the device works
+        self._prefetched: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
         async_group = None
         if cfg.async_checkpoint and self.sharded:
@@ -166,20 +169,42 @@ class Trainer:
         """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place."""
         return [local_tensor(p.grad) for p in self.params if p.grad is not None]
 
+    def _to_device(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = self.dataloader.batch(index)
+        if self.device.type == "cuda":  # pinned, so the copy is asynchronous
+            inputs, labels = inputs.pin_memory(), labels.pin_memory()
+        return inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def _prefetch_next_batch(self) -> None:
+        """Gather the next batch and queue its copy now, while the device still runs this step's backward,
+        so the next step's first kernels do not wait for the host. The data position is not advanced: a heal
+        or checkpoint load in between moves it, and `_next_batch` then drops this one."""
+        index = self.dataloader.batches_consumed
+        self._prefetched = (index, *self._to_device(index))
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        index, prefetched = self.dataloader.batches_consumed, self._prefetched
+        self._prefetched = None
+        self.dataloader.batches_consumed += 1
+        if prefetched is not None and prefetched[0] == index:
+            return prefetched[1], prefetched[2]
+        return self._to_device(index)
+
     def train_step(self) -> dict[str, Any]:
         """Run one step; returns its metrics (see module docstring for the order of operations)."""
         start = time.perf_counter()
-        self.model.train()
-        inputs, labels = self.dataloader.next_batch()
-        inputs = inputs.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
+        if not self.model.training:
+            self.model.train()
+        inputs, labels = self._next_batch()
         loss = self._loss(inputs, labels)
         loss.backward()
+        self._prefetch_next_batch()
 
         if self.grad_reduce_hook is not None:
             self.grad_reduce_hook(self.local_grads())
-        grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded,
-                                   replicas=self.cfg.hsdp_replicate)
+        # a device tensor: read after the optimizer step is queued, so the step does not wait for it
+        grad_norm_t = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded,
+                                     replicas=self.cfg.hsdp_replicate)
 
         committed = True if self.commit_hook is None else bool(self.commit_hook())
         lr = self.lr_scheduler.current_lr()
@@ -190,6 +215,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
         loss_value = float(self._replica_mean(loss.detach()))
+        grad_norm = float(grad_norm_t)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
