@@ -22,6 +22,7 @@ from regent.ft.lighthouse import LighthouseServer, parse_bind
 from regent.ft.lighthouse_client import LighthouseClient, normalize_address
 
 REPO = Path(__file__).resolve().parents[2]
+HOUR_MS = 60 * 60 * 1000
 
 
 @pytest.fixture
@@ -169,6 +170,35 @@ def test_join_timeout_waits_for_heartbeating_straggler_only(lighthouse):
     start = time.monotonic()
     assert c2.quorum("x", timeout=10).replica_ids() == ["x"]
     assert time.monotonic() - start < 5
+
+
+def test_dead_incarnations_are_not_waited_for(lighthouse):
+    # heartbeat timeout of an hour: without the two rules below the survivor would wait that long
+    server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, heartbeat_timeout_ms=HOUR_MS)
+    client = LighthouseClient(server.address())
+    for rid in ("a:1", "b:1"):
+        client.heartbeat(rid)  # both heartbeating first, so neither forms a quorum alone
+    assert ask_all(client, ["a:1", "b:1"])[0].replica_ids() == ["a:1", "b:1"]
+    # a:1 dies: b:1 alone is not more than half of the two heartbeating replicas, so it waits ...
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.quorum, "b:1", 20)
+        wait_until_waiting(server, "b:1")
+        time.sleep(0.2)
+        assert not waiting.done()
+        # ... until the supervisor that saw a:1 die says so
+        assert server.forget_replicas(["a:1"]) == ["a:1"]
+        assert waiting.result(timeout=10).replica_ids() == ["b:1"]
+    # a group's new incarnation retires the old id at its first heartbeat: c:1 "dies", c:2 comes up
+    with ThreadPoolExecutor(1) as pool:  # c:1 joins; b:1's next request takes it along (fast quorum)
+        joining = pool.submit(client.quorum, "c:1", 20)
+        wait_until_waiting(server, "c:1")
+        assert client.quorum("b:1", 20).replica_ids() == ["b:1", "c:1"] == joining.result().replica_ids()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.quorum, "b:1", 20)
+        wait_until_waiting(server, "b:1")
+        # the restarted group asks to join (a request is a heartbeat too): both go on together at once
+        assert client.quorum("c:2", 20).replica_ids() == ["b:1", "c:2"] == waiting.result().replica_ids()
+    assert sorted(h["replica_id"] for h in server.status()["heartbeats"]) == ["b:1", "c:2"]
 
 
 def test_excluded_joiner_waits_for_next_quorum(lighthouse):

@@ -11,8 +11,11 @@ from regent.ft.quorum import (
     LighthouseState,
     Participant,
     QuorumOptions,
+    forget_replicas,
+    group_name,
     issue_quorum,
     next_quorum_id,
+    note_incarnation,
     quorum_changed,
     quorum_compute,
     quorum_possible,
@@ -338,3 +341,52 @@ def test_quorum_possible_never_hides_a_quorum():
             checked += 1
             assert quorum_possible(state, opts), reason
     assert checked > 100
+
+
+# ---- a dead incarnation is not waited for (Regent's addition) ---------------------------------------------
+
+
+def test_group_names_of_torchft_style_ids():
+    assert group_name("replica_1:0083e5fd-4332") == "replica_1"
+    assert group_name("host:port:uuid") == "host:port"
+    assert group_name("plain") is None and group_name(":x") is None
+
+
+def two_replicas_then_one_dies() -> tuple[LighthouseState, QuorumOptions]:
+    """a:1 and b:1 trained together; a:1's process died just now, so its last heartbeat is still fresh."""
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000)
+    state = LighthouseState()
+    for rid in ("a:1", "b:1"):
+        note_incarnation(state, rid)
+        join(state, member(rid))
+    assert decide(state, opts) is not None
+    join(state, member("b:1"), at=NOW + 0.1)  # the survivor asks for the next quorum
+    return state, opts
+
+
+def test_a_survivor_waits_for_a_dead_peer_until_its_heartbeat_times_out():
+    state, opts = two_replicas_then_one_dies()
+    members, reason = quorum_compute(NOW + 0.2, state, opts)
+    assert members is None and "at least half" in reason  # the ghost a:1 still counts as healthy
+    members, _ = quorum_compute(NOW + 5.05, state, opts)  # ... until 5 s after its last heartbeat
+    assert [m.replica_id for m in members] == ["b:1"]
+
+
+def test_a_replica_reported_failed_is_not_waited_for():
+    state, opts = two_replicas_then_one_dies()
+    assert forget_replicas(state, ["a:1", "never-seen:1"]) == ["a:1"]
+    members, _ = quorum_compute(NOW + 0.2, state, opts)
+    assert [m.replica_id for m in members] == ["b:1"]
+    join(state, member("a:1"), at=NOW + 0.3)  # alive after all: it counts again from its next heartbeat
+    members, _ = quorum_compute(NOW + 0.3, state, opts)
+    assert [m.replica_id for m in members] == ["a:1", "b:1"]
+
+
+def test_a_new_incarnation_retires_its_groups_older_ids():
+    state, opts = two_replicas_then_one_dies()
+    assert note_incarnation(state, "a:2") == ["a:1"]
+    assert note_incarnation(state, "a:2") == []  # no change, no scan
+    join(state, member("a:2", step=0), at=NOW + 0.3)
+    members, reason = quorum_compute(NOW + 0.3, state, opts)
+    assert [m.replica_id for m in members] == ["a:2", "b:1"], reason
+    assert "b:1" in state.heartbeats and note_incarnation(state, "c") == []  # other groups, plain ids: untouched

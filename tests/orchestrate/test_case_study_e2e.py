@@ -191,6 +191,12 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     aborts = [e for e in run.events if e["kind"] == "peer_abort" and e["time"] >= kill["time"]]
     # told by the supervisor, the survivor dropped its group with the dead replica (no collective timeout)
     assert aborts and aborts[0]["replica"] == 0 and aborts[0]["peer"].startswith("replica_1:"), aborts
+    # told by the orchestrator, the Lighthouse stopped counting the dead incarnation at once: the survivor went
+    # on alone while replica 1 restarted, instead of waiting for the dead one's heartbeat to time out
+    restarted = next(e for e in run.events if e["kind"] == "restart_done" and e["replica"] == 1)
+    alone = [e for e in run.events if e["kind"] == "quorum" and e["replica"] == 0
+             and kill["time"] < e["time"] < restarted["time"] and len(e["participants"]) == 1]
+    assert alone, "the survivor waited for the dead replica instead of training on"
     s = run.summary
     assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
     assert s["replicas_consistent"] is True, s.get("final_states")

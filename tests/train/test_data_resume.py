@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -96,3 +98,25 @@ def test_data_glob(tmp_path):
     assert bytes(stream[stream < 256].astype(np.uint8)) == b"helloworld"
     with pytest.raises(ValueError, match="matched no files"):
         load_token_stream(str(tmp_path / "*.md"), ByteTokenizer(), 1000)
+
+
+def test_token_stream_is_cached_until_an_input_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("REGENT_TOKEN_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world")
+    first = load_token_stream(str(corpus), ByteTokenizer(), 1000)
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+
+    class Refusing(ByteTokenizer):
+        def encode(self, text: bytes) -> np.ndarray:
+            raise AssertionError("tokenized again although cached")
+
+    np.testing.assert_array_equal(load_token_stream(str(corpus), Refusing(), 1000), first)  # from the cache
+    with pytest.raises(AssertionError, match="tokenized again"):
+        load_token_stream(str(corpus), Refusing(), 999)  # another byte budget is another stream
+    corpus.write_text("hello there")  # new content (size or mtime changes): tokenized afresh
+    os.utime(corpus, ns=(1, 1))
+    assert bytes(load_token_stream(str(corpus), ByteTokenizer(), 1000)[:11].astype(np.uint8)) == b"hello there"
+    monkeypatch.setenv("REGENT_TOKEN_CACHE", "off")
+    with pytest.raises(AssertionError, match="tokenized again"):
+        load_token_stream(str(corpus), Refusing(), 1000)

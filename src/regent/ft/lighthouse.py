@@ -19,7 +19,10 @@ Differences from TorchFT, on purpose:
 - heartbeat entries older than `max(60 s, 10 x heartbeat_timeout)` are forgotten (TorchFT keeps them forever);
 - `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members;
 - `GET /status.json` (machine-readable) next to the live page; `GET /status` is an alias;
-- `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves).
+- `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves);
+- a new incarnation of a replica group ("<group>:<new uuid>") retires the group's older ids at its first
+  heartbeat or request, and `forget_replicas` (used by Regent's orchestrator when it sees a process die)
+  retires ids at once: survivors do not wait `heartbeat_timeout_ms` for a dead incarnation (`regent.ft.quorum`).
 
 The dashboard's kill action is unauthenticated, like TorchFT's: keep the Lighthouse on loopback or a trusted
 network (the default bind is 127.0.0.1).
@@ -54,8 +57,10 @@ from regent.ft.quorum import (
     LighthouseState,
     Participant,
     QuorumOptions,
+    forget_replicas,
     healthy_replicas,
     issue_quorum,
+    note_incarnation,
     quorum_compute,
     quorum_possible,
 )
@@ -156,7 +161,7 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
         return result if isinstance(result, bytes) else await result
 
     async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
-        lighthouse._state.heartbeats[request.replica_id] = time.monotonic()
+        lighthouse._heartbeat(request.replica_id)
         return EMPTY_HEARTBEAT_RESPONSE
 
     return grpc.method_handlers_generic_handler(
@@ -191,7 +196,7 @@ def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]
             raise grpc_lite.RpcStatusError(
                 grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
             ) from None
-        lighthouse._state.heartbeats[message.replica_id] = time.monotonic()
+        lighthouse._heartbeat(message.replica_id)
         return EMPTY_HEARTBEAT_RESPONSE
 
     return grpc_lite.method_table("torchft.LighthouseService", {"Quorum": quorum, "Heartbeat": heartbeat})
@@ -391,7 +396,7 @@ class LighthouseServer:
         once when this call completes a quorum, else a task that resolves to it."""
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
-        self._state.heartbeats[rid] = time.monotonic()  # a Quorum request is an implicit heartbeat
+        self._heartbeat(rid)  # a Quorum request is an implicit heartbeat
         logger.debug("quorum request from %s (step %d)", rid, member.step)
         mine = [self._join(wire, member)]
         while True:
@@ -407,6 +412,25 @@ class LighthouseServer:
         # A done callback, not a `finally`: it runs even if the call is cancelled before the task starts.
         task.add_done_callback(lambda _: self._withdraw(rid, mine[0]))
         return task
+
+    def _heartbeat(self, rid: str) -> None:
+        self._state.heartbeats[rid] = time.monotonic()
+        retired = note_incarnation(self._state, rid)
+        if retired:
+            logger.info("replica %s is a new incarnation; retired %s", rid, retired)
+            self._tick()  # survivors waiting on the old incarnation may form a quorum now
+
+    def forget_replicas(self, replica_ids: list[str]) -> list[str]:
+        """Count `replica_ids` as failed now (their processes are known dead), not after their heartbeats time
+        out; a quorum that waited for them forms at once. Thread-safe. Returns the ids that still counted."""
+        return self._call_in_loop(self._forget(list(replica_ids))).result(timeout=10)
+
+    async def _forget(self, replica_ids: list[str]) -> list[str]:
+        forgotten = forget_replicas(self._state, replica_ids)
+        if forgotten:
+            logger.info("replicas %s reported failed; no longer waited for", forgotten)
+            self._tick()
+        return forgotten
 
     def _wait_for_next(self) -> asyncio.Future:
         """A future for the next issued quorum; issues one now if it is already possible."""

@@ -13,6 +13,12 @@ The rules are TorchFT's (reference §1.2), in the order they are applied:
 7. Join timeout: while some heartbeating replica has not joined yet, wait until `join_timeout_ms` has passed
    since the first participant joined. Silent replicas (no heartbeat) are never waited for.
 
+One addition (`note_incarnation`, `forget_replicas`): a replica group that restarts comes back under a new id
+(TorchFT's Manager names itself "<group>:<uuid4>" per process start), while its dead incarnation's last
+heartbeat still counts as healthy for `heartbeat_timeout_ms`. Under rules 6 and 7 that fresh-looking ghost makes
+every survivor wait (5 s by default) before it can train on without it. So the first heartbeat or request of a
+new incarnation retires the group's older ids, and a supervisor that saw a process die can retire its id at once.
+
 `quorum_id` increases when the sorted list of member ids changes, or when the membership is the same but a
 member reports `commit_failures > 0` (everyone must rebuild its process group after a failed commit).
 Address or step changes alone keep the id.
@@ -61,6 +67,33 @@ class LighthouseState:
     prev_quorum: Quorum | None = None
     quorum_id: int = 0
     heartbeats: dict[str, float] = field(default_factory=dict)
+    incarnations: dict[str, str] = field(default_factory=dict)  # group name -> its newest replica id
+
+
+def group_name(replica_id: str) -> str | None:
+    """The replica group in a TorchFT-style id "<group>:<uuid>"; None for an id without one."""
+    name, sep, _ = replica_id.rpartition(":")
+    return name if sep and name else None
+
+
+def note_incarnation(state: LighthouseState, replica_id: str) -> list[str]:
+    """Record a heartbeat or request from `replica_id`; when it is a new incarnation of its group, forget the
+    heartbeats of the group's other ids (they are dead: a group runs one incarnation at a time). Returns the
+    ids forgotten. O(1) unless the incarnation changed."""
+    name = group_name(replica_id)
+    if name is None or state.incarnations.get(name) == replica_id:
+        return []
+    state.incarnations[name] = replica_id
+    stale = [rid for rid in state.heartbeats if rid != replica_id and group_name(rid) == name]
+    for rid in stale:
+        del state.heartbeats[rid]
+    return stale
+
+
+def forget_replicas(state: LighthouseState, replica_ids: list[str]) -> list[str]:
+    """Count these replicas as failed now instead of when their heartbeats time out. Returns those that were
+    still counted healthy. A replica that is in fact alive counts again from its next heartbeat."""
+    return [rid for rid in replica_ids if state.heartbeats.pop(rid, None) is not None]
 
 
 def healthy_replicas(now: float, state: LighthouseState, opts: QuorumOptions) -> set[str]:

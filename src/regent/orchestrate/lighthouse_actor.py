@@ -30,6 +30,11 @@ class LighthouseActor(Actor):
         return {"address": self._server.address(), "dashboard": self._server.dashboard_url()}
 
     @endpoint
+    def forget_replicas(self, replica_ids: list[str]) -> list[str]:
+        """These replicas' processes are dead: stop counting them healthy now (see `regent.ft.quorum`)."""
+        return self._server.forget_replicas(replica_ids) if self._server is not None else []
+
+    @endpoint
     def status(self) -> dict[str, Any]:
         return self._server.status() if self._server is not None else {}
 

@@ -29,7 +29,10 @@ from regent.orchestrate.policy import Action, RestartPolicy
 
 logger = logging.getLogger(__name__)
 
-PRELOAD = ["torch", "regent.train.trainer", "regent.ft.manager"]
+# What a warm spare imports before it is needed. torch._dynamo is imported lazily by the optimizer's constructor
+# (about 1 s here); the rest is the trainer's own code.
+PRELOAD = ["torch", "torch._dynamo", "regent.train.trainer", "regent.ft.manager", "regent.ft.local_sgd",
+           "regent.orchestrate.session", "regent.orchestrate.trainer_actor"]
 
 
 def free_port() -> int:

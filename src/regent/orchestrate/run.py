@@ -51,6 +51,8 @@ class OrchestrationManager:
         self._replicas: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._told_group_failed: set[tuple[int, str | None]] = set()
+        self._lighthouse: Any = None
+        self._replica_ids: dict[int, dict[int, set[str]]] = {}  # replica -> generation -> Lighthouse ids seen
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -58,8 +60,14 @@ class OrchestrationManager:
         line = self.view.on_event(e)
         self.display.feed_line(line)
         r = e.get("replica")
+        if r is not None and e.get("replica_id") and e.get("generation") is not None:
+            self._replica_ids.setdefault(r, {}).setdefault(e["generation"], set()).add(e["replica_id"])
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
             self.healthy_since[r] = None
+        if e["kind"] == "failure_detected" and r is not None and self._lighthouse is not None:
+            # Its processes are gone: the Lighthouse should not count them healthy until their heartbeats
+            # time out (the survivors would wait that long for them before training on).
+            self._spawn(self._forget_at_lighthouse(r, e.get("generation")))
         if e["kind"] == "failure_detected" and self.cfg.recovery == "restart":
             self.full_restart_pending = True
         elif e["kind"] == "failure_detected" and r is not None and self._replicas is not None:
@@ -77,6 +85,16 @@ class OrchestrationManager:
     def _spawn(self, coro: Any) -> None:
         self._tasks.add(task := asyncio.get_running_loop().create_task(coro))
         task.add_done_callback(self._tasks.discard)
+
+    async def _forget_at_lighthouse(self, failed: int, generation: int | None) -> None:
+        ids = sorted(rid for gen, seen in self._replica_ids.get(failed, {}).items()
+                     if generation is None or gen <= generation for rid in seen)
+        if not ids:
+            return  # it never reached a quorum; a new incarnation retires its id itself at its first heartbeat
+        try:
+            await self._lighthouse.forget_replicas.call_one(ids)
+        except Exception as exc:  # the Lighthouse still times them out; slower, not wrong
+            logger.warning("telling the Lighthouse that replica %d failed: %r", failed, exc)
 
     async def _tell_peers(self, failed: int, group: str | None = None) -> None:
         for q in range(self.cfg.replicas):
@@ -117,6 +135,7 @@ class OrchestrationManager:
         from regent.orchestrate.lighthouse_actor import LighthouseActor
 
         lighthouse = lh_procs.spawn("lighthouse", LighthouseActor)
+        self._lighthouse = lighthouse
         lc = cfg.lighthouse
         if lc.address:
             addr, dashboard = lc.address, ""

@@ -29,6 +29,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: bytes) -> np.ndarray: ...
 
+    def cache_id(self) -> str:
+        """Names this tokenizer's output exactly (token caches are keyed by it)."""
+        ...
+
 
 class ByteTokenizer:
     """One id per byte (0-255) plus BOS, EOS and PAD: no vocabulary file, works on any text."""
@@ -43,6 +47,9 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def cache_id(self) -> str:
+        return "bytes-1"
 
 
 class HFTokenizer:
@@ -59,6 +66,7 @@ class HFTokenizer:
         if not Path(path).is_file():
             raise ValueError(f"tokenizer file {path!r} does not exist; pass a tokenizer.json path")
         self._tok = _HF.from_file(path)
+        self._digest = hashlib.blake2b(Path(path).read_bytes(), digest_size=16).hexdigest()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.bos_id = next((vocab[t] for t in ("<|begin_of_text|>", "<s>", "<bos>") if t in vocab), 0)
@@ -67,6 +75,9 @@ class HFTokenizer:
     def encode(self, text: bytes) -> np.ndarray:
         ids = self._tok.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False).ids
         return np.asarray(ids, dtype=np.int32)
+
+    def cache_id(self) -> str:
+        return f"hf-{self._digest}"
 
 
 def build_tokenizer(path: str | None) -> Tokenizer:
@@ -96,12 +107,56 @@ def corpus_files(pattern: str | None) -> list[Path]:
     return files
 
 
+def token_cache_dir() -> Path | None:
+    """Where tokenized corpora are kept: $REGENT_TOKEN_CACHE, else $XDG_CACHE_HOME/regent/tokens (or
+    ~/.cache/regent/tokens); REGENT_TOKEN_CACHE=off turns the cache off."""
+    configured = os.environ.get("REGENT_TOKEN_CACHE")
+    if configured is not None:
+        return None if configured.lower() in ("", "0", "off", "none") else Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "regent" / "tokens"
+
+
+def token_cache_key(files: list[Path], tokenizer: Tokenizer, max_bytes: int) -> str:
+    """Changes when any input file (path, size, modification time), the tokenizer or the byte budget does."""
+    digest = hashlib.blake2b(f"{tokenizer.cache_id()}\0{max_bytes}\0".encode(), digest_size=16)
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
 def load_token_stream(pattern: str | None, tokenizer: Tokenizer, max_bytes: int) -> np.ndarray:
-    """Concatenate documents (EOS between them) into one int32 token stream, reading at most max_bytes."""
+    """Concatenate documents (EOS between them) into one int32 token stream, reading at most max_bytes.
+
+    The stream is cached on disk (`token_cache_dir`) under a key of its inputs: every rank of every restarted
+    replica needs the same stream, and tokenizing a real corpus again at each restart would cost minutes.
+    """
+    files = corpus_files(pattern)
+    cache = token_cache_dir()
+    if cache is None:
+        return _tokenize(files, tokenizer, max_bytes)
+    path = cache / f"{token_cache_key(files, tokenizer, max_bytes)}.npy"
+    try:
+        return np.load(path)
+    except (OSError, ValueError):
+        pass  # not cached yet (or unreadable): tokenize and cache
+    tokens = _tokenize(files, tokenizer, max_bytes)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npy")
+        np.save(partial, tokens)
+        os.replace(partial, path)  # atomic: ranks that tokenize at the same time never see half a file
+    except OSError as exc:
+        log.warning("could not cache the token stream in %s (%s); set REGENT_TOKEN_CACHE to a writable folder",
+                    cache, exc)
+    return tokens
+
+
+def _tokenize(files: list[Path], tokenizer: Tokenizer, max_bytes: int) -> np.ndarray:
     pieces: list[np.ndarray] = []
     read = 0
     eos = np.asarray([tokenizer.eos_id], dtype=np.int32)
-    for path in corpus_files(pattern):
+    for path in files:
         if read >= max_bytes:
             break
         try:
@@ -113,7 +168,7 @@ def load_token_stream(pattern: str | None, tokenizer: Tokenizer, max_bytes: int)
         pieces.append(tokenizer.encode(text))
         pieces.append(eos)
     if not pieces:
-        raise ValueError(f"the corpus {pattern or '(built-in)'} is empty")
+        raise ValueError(f"the corpus ({len(files)} files from {files[0].parent}) is empty")
     return np.concatenate(pieces)
 
 
