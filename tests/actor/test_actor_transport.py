@@ -168,3 +168,21 @@ def test_sender_refuses_oversized_message(echo, monkeypatch):
     monkeypatch.setattr(config, "max_frame_bytes", 1 << 20)
     with pytest.raises(ValueError, match="over the frame limit"):
         echo.echo.call_one(np.zeros(1 << 20, dtype=np.uint8))
+
+
+def test_large_frames_land_in_a_mapping_that_their_tensors_keep_alive():
+    import gc
+    import mmap
+
+    from regent.actor._transport import MAPPED_MIN, direct_buffer
+
+    assert isinstance(direct_buffer(MAPPED_MIN - 1), bytearray)
+    buf = direct_buffer(MAPPED_MIN)
+    assert isinstance(buf, mmap.mmap) and len(buf) == MAPPED_MIN
+    torch = pytest.importorskip("torch")
+    view = memoryview(buf)
+    t = torch.frombuffer(view[16:], dtype=torch.uint8)  # a buffer of a frame, as the unpickler makes it
+    del buf, view
+    gc.collect()
+    t.fill_(7)  # still mapped and writable: the tensor holds the mapping
+    assert int(t.sum()) == 7 * (MAPPED_MIN - 16)
