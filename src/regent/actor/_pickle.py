@@ -1,6 +1,6 @@
 """Serialization of user objects: cloudpickle, protocol 5, with large buffers carried out of band.
 
-Out-of-band buffers are written to the socket as they are and read straight into their own bytearrays on the
+Out-of-band buffers are written to the socket as they are and read straight into buffers of their own on the
 other side, so a 100 MB array is not copied into the pickle stream. NumPy arrays do this by themselves
 (protocol-5 `PickleBuffer`); CPU torch tensors do not (torch pickles storages through `torch.save`), so a
 reducer here turns a dense CPU tensor into a raw byte buffer plus dtype and shape. torch is never imported
@@ -13,6 +13,7 @@ import copyreg
 import io
 import pickle
 import sys
+import threading
 from typing import Any
 
 import cloudpickle
@@ -82,6 +83,47 @@ def _dispatch_table(torch: Any) -> dict:
     return table
 
 
+class _ThreadPickler(threading.local):
+    """One C pickler with the tensor dispatch table per thread, reused: building a Pickler, its stream and its
+    table for every message cost several times the pickling of a small call."""
+
+    def __init__(self) -> None:
+        self.stream = io.BytesIO()
+        self.pickler: pickle.Pickler | None = None
+        self.torch: Any = None
+        self.keep: Any = None
+        self.busy = False
+
+    def on_buffer(self, buffer: pickle.PickleBuffer) -> bool:
+        return self.keep(buffer)
+
+
+_thread_pickler = _ThreadPickler()
+
+
+def _with_tensor_table(obj: Any, torch: Any, keep: Any) -> bytes:
+    state = _thread_pickler
+    if state.busy:  # pickling from inside a pickling on this thread (a __reduce__ that sends): a fresh one
+        stream = io.BytesIO()
+        pickler = pickle.Pickler(stream, protocol=5, buffer_callback=keep)
+        pickler.dispatch_table = _dispatch_table(torch)
+        pickler.dump(obj)
+        return stream.getvalue()
+    if state.pickler is None or state.torch is not torch:
+        state.pickler = pickle.Pickler(state.stream, protocol=5, buffer_callback=state.on_buffer)
+        state.pickler.dispatch_table = _dispatch_table(torch)
+        state.torch = torch
+    state.busy, state.keep = True, keep
+    try:
+        state.pickler.dump(obj)
+        return state.stream.getvalue()
+    finally:
+        state.pickler.clear_memo()  # drop the references to this message's objects now
+        state.stream.seek(0)
+        state.stream.truncate()
+        state.busy, state.keep = False, None
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle (functions and classes by value when needed) plus out-of-band CPU tensors."""
 
@@ -112,11 +154,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         if torch is None:
             data = pickle.dumps(obj, 5, buffer_callback=keep)
         else:
-            stream = io.BytesIO()
-            pickler = pickle.Pickler(stream, protocol=5, buffer_callback=keep)
-            pickler.dispatch_table = _dispatch_table(torch)
-            pickler.dump(obj)
-            data = stream.getvalue()
+            data = _with_tensor_table(obj, torch, keep)
         if b"__main__" not in data:
             return data, buffers
     except Exception:  # noqa: BLE001 - any failure: let cloudpickle try (it raises a clear error)

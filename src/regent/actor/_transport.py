@@ -229,12 +229,13 @@ class Connection(asyncio.BufferedProtocol):
                 )
             if avail >= head_len + payload:
                 base = self._start + head_len
-                env = bytes(self._staging[base : base + env_len])
-                body = memoryview(bytes(self._staging[base + env_len : base + env_len + body_len]))
+                staged = self._staging_view  # slices of the view copy once (a bytearray slice would copy twice)
+                env = staged[base : base + env_len].tobytes()
+                body = memoryview(staged[base + env_len : base + env_len + body_len].tobytes())
                 buffers = []
                 off = base + env_len + body_len
                 for n in buf_lens:
-                    buffers.append(memoryview(bytearray(self._staging[off : off + n])))
+                    buffers.append(memoryview(bytearray(staged[off : off + n])))
                     off += n
                 self._start = off
                 self._on_frame(self, env, body, buffers)
