@@ -117,6 +117,23 @@ def launch_workers(script: str, argv: list[str], nprocs: int, timeout: float, ex
     return wait_workers(procs, timeout)
 
 
+def worker_or_launcher(script: str, args: Any, argv: list[str] | None, worker: Any) -> int:
+    """The `main` of a script that runs one worker per GPU: be worker `args.worker_rank`, or launch `args.gpus`
+    of them (this same script) and wait for them up to `args.timeout` seconds."""
+    if args.worker_rank is not None:
+        return worker(args)
+    return launch_workers(script, list(sys.argv[1:] if argv is None else argv), args.gpus, args.timeout)
+
+
+def end_worker() -> int:
+    """A worker's last step: leave the default process group (if any)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
 def wait_workers(procs: list[subprocess.Popen], timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while True:

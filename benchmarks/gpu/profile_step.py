@@ -54,7 +54,6 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def worker(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     from regent.train.config import TrainConfig
@@ -103,16 +102,11 @@ def worker(args: argparse.Namespace) -> int:
             shutil.copyfileobj(src, dst)
         trace.unlink()
         print(json.dumps({"trace": f"{trace}.gz"}))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    return _common.end_worker()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.worker_rank is not None:
-        return worker(args)
-    return _common.launch_workers(__file__, list(sys.argv[1:] if argv is None else argv), args.gpus, args.timeout)
+    return _common.worker_or_launcher(__file__, parse_args(argv), argv, worker)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> int:
     import torch
-    import torch.distributed as dist
 
     from regent.train.config import TrainConfig
     from regent.train.trainer import Trainer
@@ -116,16 +115,11 @@ def worker(args: argparse.Namespace) -> int:
                       flush=True)
             else:
                 print(f"{name}: {record['status']}", flush=True)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    return _common.end_worker()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.worker_rank is not None:
-        return worker(args)
-    return _common.launch_workers(__file__, list(sys.argv[1:] if argv is None else argv), args.gpus, args.timeout)
+    return _common.worker_or_launcher(__file__, parse_args(argv), argv, worker)
 
 
 if __name__ == "__main__":
