@@ -101,17 +101,21 @@ class _ThreadPickler(threading.local):
 _thread_pickler = _ThreadPickler()
 
 
+def _tensor_pickler(stream: io.BytesIO, torch: Any, buffer_callback: Any) -> pickle.Pickler:
+    """The C pickler, protocol 5, with CPU tensors sent out of band."""
+    pickler = pickle.Pickler(stream, protocol=5, buffer_callback=buffer_callback)
+    pickler.dispatch_table = _dispatch_table(torch)
+    return pickler
+
+
 def _with_tensor_table(obj: Any, torch: Any, keep: Any) -> bytes:
     state = _thread_pickler
     if state.busy:  # pickling from inside a pickling on this thread (a __reduce__ that sends): a fresh one
         stream = io.BytesIO()
-        pickler = pickle.Pickler(stream, protocol=5, buffer_callback=keep)
-        pickler.dispatch_table = _dispatch_table(torch)
-        pickler.dump(obj)
+        _tensor_pickler(stream, torch, keep).dump(obj)
         return stream.getvalue()
     if state.pickler is None or state.torch is not torch:
-        state.pickler = pickle.Pickler(state.stream, protocol=5, buffer_callback=state.on_buffer)
-        state.pickler.dispatch_table = _dispatch_table(torch)
+        state.pickler = _tensor_pickler(state.stream, torch, state.on_buffer)
         state.torch = torch
     state.busy, state.keep = True, keep
     try:

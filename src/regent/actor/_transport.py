@@ -44,12 +44,12 @@ DIRECT_MIN = 64 * 1024
 # kernel as the socket data lands in them, where a bytearray would first be zero-filled by hand (an extra
 # pass over memory: ~1 ms per MB here).
 MAPPED_MIN = 1024 * 1024
+_JOIN_MAX = 256 * 1024
 
 
 def direct_buffer(nbytes: int) -> bytearray | mmap.mmap:
     """A writable buffer of `nbytes` for one large frame, not written to before the socket fills it."""
     return mmap.mmap(-1, nbytes) if nbytes >= MAPPED_MIN else bytearray(nbytes)
-_JOIN_MAX = 256 * 1024
 
 
 def encode_env(env: tuple) -> bytes:

@@ -52,7 +52,7 @@ class OrchestrationManager:
         self._tasks: set[asyncio.Task] = set()
         self._told_group_failed: set[tuple[int, str | None]] = set()
         self._lighthouse: Any = None
-        self._replica_ids: dict[int, dict[int, set[str]]] = {}  # replica -> generation -> Lighthouse ids seen
+        self._replica_ids: dict[int, dict[str, int]] = {}  # replica -> {Lighthouse id seen: its generation}
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -61,7 +61,7 @@ class OrchestrationManager:
         self.display.feed_line(line)
         r = e.get("replica")
         if r is not None and e.get("replica_id") and e.get("generation") is not None:
-            self._replica_ids.setdefault(r, {}).setdefault(e["generation"], set()).add(e["replica_id"])
+            self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
             self.healthy_since[r] = None
         if e["kind"] == "failure_detected" and r is not None and self._lighthouse is not None:
@@ -87,8 +87,8 @@ class OrchestrationManager:
         task.add_done_callback(self._tasks.discard)
 
     async def _forget_at_lighthouse(self, failed: int, generation: int | None) -> None:
-        ids = sorted(rid for gen, seen in self._replica_ids.get(failed, {}).items()
-                     if generation is None or gen <= generation for rid in seen)
+        ids = sorted(rid for rid, gen in self._replica_ids.get(failed, {}).items()
+                     if generation is None or gen <= generation)
         if not ids:
             return  # it never reached a quorum; a new incarnation retires its id itself at its first heartbeat
         try:

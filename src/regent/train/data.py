@@ -117,10 +117,16 @@ def token_cache_dir() -> Path | None:
 
 
 def token_cache_key(files: list[Path], tokenizer: Tokenizer, max_bytes: int) -> str:
-    """Changes when any input file (path, size, modification time), the tokenizer or the byte budget does."""
+    """Changes when an input file that is read (path, size, modification time), the tokenizer or the byte
+    budget does. Files past the budget are not read, so they are not looked at either (the built-in corpus
+    has thousands)."""
     digest = hashlib.blake2b(f"{tokenizer.cache_id()}\0{max_bytes}\0".encode(), digest_size=16)
+    covered = 0
     for path in files:
+        if covered >= max_bytes:
+            break
         stat = path.stat()
+        covered += stat.st_size
         digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 

@@ -16,9 +16,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-# Attention kernels in order of preference: cuDNN's fused attention is the fastest on Hopper, then flash; torch
-# takes the first that supports the inputs (so CPU and older GPUs fall through to flash or math). TorchTitan
-# prefers the same order.
+# Attention kernels in order of preference, as TorchTitan orders them (cuDNN, then flash); torch takes the first
+# that supports the inputs, so CPU and older GPUs fall through to flash or math. On an H200 at `1b` this measured
+# the same as torch's default order (benchmarks/RESULTS.md, fifth GPU session).
 SDPA_PRIORITY = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                  SDPBackend.MATH]
 
