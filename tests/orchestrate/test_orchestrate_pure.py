@@ -73,20 +73,55 @@ def test_cli_bad_args_exit_2(capsys):
     assert "--replicas must be at least 1" in capsys.readouterr().err
 
 
-def test_restart_policy_generations_and_give_up():
-    p = RestartPolicy(in_place_restarts=2, max_attempts=4)
+def test_restart_policy_generations_and_reallocation():
+    p = RestartPolicy(in_place_restarts=2, crash_loop_starts=3)
     assert p.on_failure(0) is Action.RESTART_IN_PLACE
     assert p.on_failure(0) is Action.IGNORE  # second dying rank of the same mesh
     assert p.restart_finished() == 1
     assert p.on_failure(0) is Action.IGNORE  # late event from the old generation
+    p.on_progress(1)
     assert p.on_failure(1) is Action.RESTART_IN_PLACE
     p.restart_finished()
+    p.on_progress(2)
     assert p.on_failure(2) is Action.REALLOCATE  # after K=2 in-place restarts
     p.restart_finished()
+    p.on_progress(3)
     assert p.on_failure(3) is Action.RESTART_IN_PLACE
+
+
+def test_restart_policy_never_gives_up_on_a_replica_that_recovers():
+    """1,000 faults over a long run, each after the replica recovered: no budget runs out."""
+    p = RestartPolicy(in_place_restarts=3, crash_loop_starts=5)
+    for _ in range(1000):
+        p.on_progress(p.generation)
+        assert p.on_failure(p.generation) in (Action.RESTART_IN_PLACE, Action.REALLOCATE)
+        assert p.backoff() == 0.0
+        p.restart_finished()
+    assert p.attempts == 1000 and not p.gave_up
+
+
+def test_restart_policy_gives_up_on_a_crash_loop_with_backoff():
+    p = RestartPolicy(crash_loop_starts=4, backoff_s=1.0, max_backoff_s=3.0)
+    backoffs = []
+    p.on_progress(0)
+    p.on_failure(0)  # a healthy generation failed: not a failed start
+    backoffs.append(p.backoff())
     p.restart_finished()
-    assert p.on_failure(4) is Action.GIVE_UP  # M=4 attempts used
-    assert p.on_failure(4) is Action.IGNORE
+    actions = []
+    for _ in range(4):  # every later start fails before making progress
+        actions.append(p.on_failure(p.generation))
+        backoffs.append(p.backoff())
+        if actions[-1] is not Action.GIVE_UP:
+            p.restart_finished()
+    assert actions[-1] is Action.GIVE_UP and Action.GIVE_UP not in actions[:-1]
+    assert backoffs[:4] == [0.0, 0.0, 1.0, 2.0]
+    assert "crash loop" in p.give_up_reason() and "4 consecutive" in p.give_up_reason()
+    # a progress report between failed starts resets the count
+    q = RestartPolicy(crash_loop_starts=2)
+    for _ in range(10):
+        assert q.on_failure(q.generation) is not Action.GIVE_UP
+        q.restart_finished()
+        q.on_progress(q.generation)
 
 
 def test_random_schedule_is_seeded_and_respects_holdoff():

@@ -81,7 +81,10 @@ class RunConfig:
     baseline: str | None = None
     warm_spares: bool = True
     in_place_restarts: int = 3  # K: in-place restarts before asking the job layer for a fresh allocation
-    max_attempts: int = 12  # M: give up on a replica after this many restarts
+    # A replica gives up only in a crash loop: this many consecutive starts that fail before committing a
+    # step or healing (there is no lifetime cap on restarts; see orchestrate/policy.py).
+    crash_loop_starts: int = 5
+    restart_backoff_s: float = 1.0  # first backoff between failed starts; doubles, at most 60 s
     checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
     live: bool | None = None  # rich live view; None = when stdout is a terminal
     job_options: dict[str, Any] = field(default_factory=dict)  # passed to the job backend (TOML [job_options])
@@ -220,8 +223,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--fault-every must be positive (for example 30s); use --no-faults to disable")
     if cfg.faults.file and not Path(cfg.faults.file).is_file():
         raise ConfigError(f"--faults-file {cfg.faults.file} does not exist")
-    if cfg.in_place_restarts < 1 or cfg.max_attempts < 1:
-        raise ConfigError("--in-place-restarts and --max-attempts must be at least 1")
+    if cfg.in_place_restarts < 1 or cfg.crash_loop_starts < 1:
+        raise ConfigError("--in-place-restarts and --crash-loop-starts must be at least 1")
+    if cfg.restart_backoff_s < 0:
+        raise ConfigError("--restart-backoff-s must be zero or positive")
     if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():
         raise ConfigError(f"--baseline {cfg.baseline} has no metrics.jsonl; point it at a finished run directory")
     mode = getattr(cfg.ft, "mode", "diloco")

@@ -1,8 +1,15 @@
 """The restart policy of one replica, as a small state machine with no I/O.
 
 Restarts carry a generation number; a failure report from an older generation (a second dying rank of a mesh
-that is already being replaced) is ignored. After K in-place restarts the next one asks the job layer for a fresh
-allocation; after M attempts in total the replica gives up.
+that is already being replaced) is ignored. After K in-place restarts the next one asks the job layer for a
+fresh allocation.
+
+There is no lifetime budget. A replica that recovers and trains between faults restarts as often as it is hit:
+at one fault a minute that is 20,000 restarts over a two-week run, and each of them is the system working. What
+ends a replica is a **crash loop**: `crash_loop_starts` consecutive starts that fail before making progress
+(committing a step, or healing to the committed state from a peer). Consecutive failed starts also back off
+exponentially (`backoff_s`, doubling, at most `max_backoff_s`), so a bad node or a broken environment does not
+spin; the give-up names the count and the last error.
 """
 
 from __future__ import annotations
@@ -20,21 +27,27 @@ class Action(str, Enum):
 
 @dataclass
 class RestartPolicy:
-    in_place_restarts: int = 3  # K
-    max_attempts: int = 12  # M
+    in_place_restarts: int = 3  # K: in-place restarts before a fresh allocation
+    crash_loop_starts: int = 5  # give up after this many consecutive starts that never made progress
+    backoff_s: float = 1.0  # wait before the 2nd consecutive failed start's restart; doubles after
+    max_backoff_s: float = 60.0
     generation: int = 0
-    attempts: int = 0
+    attempts: int = 0  # restarts so far (reported, never a limit)
+    failed_starts: int = 0  # consecutive generations that failed without progress
     in_place_since_allocation: int = 0
     restarting: bool = False
     gave_up: bool = False
+    progressed: bool = False  # the current generation made progress
 
     def on_failure(self, generation: int) -> Action:
         """Decide what to do about a failure reported by `generation`. Call `restart_finished` afterwards."""
         if self.gave_up or self.restarting or generation != self.generation:
             return Action.IGNORE
-        if self.attempts >= self.max_attempts:
-            self.gave_up = True
-            return Action.GIVE_UP
+        if not self.progressed:
+            self.failed_starts += 1
+            if self.failed_starts >= self.crash_loop_starts:
+                self.gave_up = True
+                return Action.GIVE_UP
         self.restarting = True
         self.attempts += 1
         if self.in_place_since_allocation >= self.in_place_restarts:
@@ -43,8 +56,26 @@ class RestartPolicy:
         self.in_place_since_allocation += 1
         return Action.RESTART_IN_PLACE
 
+    def on_progress(self, generation: int) -> None:
+        """`generation` committed a step or healed to the committed state: it is not crash-looping."""
+        if generation == self.generation and not self.restarting:
+            self.progressed = True
+            self.failed_starts = 0
+
+    def backoff(self) -> float:
+        """Seconds to wait before the restart just decided: 0 unless the previous start failed too."""
+        if self.failed_starts <= 1:
+            return 0.0
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (self.failed_starts - 2))
+
+    def give_up_reason(self) -> str:
+        return (f"crash loop: {self.failed_starts} consecutive starts failed before committing a step or healing "
+                f"(crash_loop_starts={self.crash_loop_starts}); fix the cause in the last traceback, or raise "
+                f"--crash-loop-starts")
+
     def restart_finished(self) -> int:
         """The new mesh is up: bump the generation and accept failures from it."""
         self.generation += 1
         self.restarting = False
+        self.progressed = False
         return self.generation

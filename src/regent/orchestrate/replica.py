@@ -7,7 +7,9 @@ The supervision rules, in order of what happens on a failure:
 2. The first report of a generation wins; reports from older generations are ignored (RestartPolicy).
 3. `_stop_and_restart` stops the old process mesh and spawns a new one on the same host (from a warm spare
    when one is ready). After K in-place restarts it asks the job layer for a fresh allocation instead.
-4. After M attempts it gives up and reports `gave_up`; the other replicas keep training without it.
+4. There is no lifetime cap on restarts. Consecutive starts that fail before making progress back off
+   exponentially, and after `crash_loop_starts` of them the replica gives up with `gave_up` and the reason
+   (a crash loop); the other replicas keep training without it (orchestrate/policy.py).
 With `--recovery restart` the replica does not restart itself: it reports the failure and the
 OrchestrationManager stops and restarts every replica from the last checkpoint (the classic baseline).
 """
@@ -49,7 +51,9 @@ class ReplicaActor(Actor):
         config.stop_timeout = 2.0
         self.lighthouse_addr = lighthouse_addr
         self.report = report
-        self.policy = RestartPolicy(in_place_restarts=cfg.in_place_restarts, max_attempts=cfg.max_attempts)
+        self.policy = RestartPolicy(in_place_restarts=cfg.in_place_restarts,
+                                    crash_loop_starts=cfg.crash_loop_starts, backoff_s=cfg.restart_backoff_s)
+        self.last_error = ""
         self.autorestart = cfg.recovery == "peer"
         self.lock = asyncio.Lock()
         self.self_ref: Any = None
@@ -113,6 +117,11 @@ class ReplicaActor(Actor):
         self._on_failure(generation, f"rank {rank} raised {error}", tb, rank=rank)
 
     @endpoint
+    async def made_progress(self, generation: int) -> None:
+        """A trainer of `generation` committed a step or healed: that start was not part of a crash loop."""
+        self.policy.on_progress(generation)
+
+    @endpoint
     async def training_finished(self, generation: int, rank: int) -> None:
         if rank == 0 and generation == self.policy.generation:
             self.finished = True
@@ -140,9 +149,13 @@ class ReplicaActor(Actor):
         action = self.policy.on_failure(generation)
         if action is Action.IGNORE:
             return
+        self.last_error = error
         self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
         if action is Action.GIVE_UP:
-            self.emit("gave_up", attempts=self.policy.attempts)
+            reason = self.policy.give_up_reason()
+            logger.error("replica %d gives up: %s; last error: %s", self.index, reason, error)
+            self.emit("gave_up", attempts=self.policy.attempts, failed_starts=self.policy.failed_starts,
+                      reason=reason, last_error=error)
             self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
             return
         self._restart_task = asyncio.get_running_loop().create_task(self._stop_and_restart(action))
@@ -168,8 +181,12 @@ class ReplicaActor(Actor):
     async def _stop_and_restart(self, action: Action) -> None:
         async with self.lock:
             t0 = time.time()
-            self.emit("restart_started", action=action.value)
+            backoff = self.policy.backoff()
+            self.emit("restart_started", action=action.value, backoff_s=backoff,
+                      failed_starts=self.policy.failed_starts)
             await self._stop_trainers()
+            if backoff > 0:  # the last start failed before making progress too: do not spin
+                await asyncio.sleep(backoff)
             if action is Action.REALLOCATE:
                 await self._reallocate()
             gen = self.policy.restart_finished()

@@ -42,9 +42,14 @@ class TrainerActor(Actor):
         self.session: Any = None
         self.final: dict[str, Any] | None = None
         self._pending_stop: int | None = None
+        self._progress_told = False
 
     # -- reporting -----------------------------------------------------------------------------------
     def _event(self, kind: str, details: dict) -> None:
+        if not self._progress_told and self.rank == 0 and (
+                (kind == "commit" and details.get("committed")) or kind in ("heal_done", "early_heal_done")):
+            self._progress_told = True  # once per incarnation: not a crash loop (orchestrate/policy.py)
+            self.supervisor.made_progress.broadcast(self.generation)
         if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed"):
             return
         if kind in ("commit", "quorum", "peer_abort") and self.rank != 0:
