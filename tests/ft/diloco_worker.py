@@ -11,14 +11,16 @@ import hashlib
 import json
 import logging
 import os
+import time
 import zlib
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from regent.ft.backstop import Backstop  # noqa: E402
 from regent.ft.local_sgd import DiLoCo  # noqa: E402
-from regent.ft.manager import Manager  # noqa: E402
+from regent.ft.manager import Manager, StateLostError  # noqa: E402
 
 
 def global_hash(diloco: DiLoCo) -> str:
@@ -47,6 +49,13 @@ def main() -> None:
     ap.add_argument("--abort-at", type=int, default=-1, help="abort the group before the sync at this step")
     ap.add_argument("--until-participants", type=int, default=0)
     ap.add_argument("--group-rank", type=int, default=0)
+    ap.add_argument("--sync-retries", type=int, default=0)
+    ap.add_argument("--early-heal", action="store_true")
+    ap.add_argument("--backstop", default="", help="durable backstop directory (saved after every commit)")
+    ap.add_argument("--die-in-allreduce-at", type=int, default=-1, help="os._exit(1) in the sync at this step")
+    ap.add_argument("--backstop-every", type=int, default=1, help="save the backstop every N committed syncs")
+    ap.add_argument("--start-file", default="", help="start training once this file exists")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds per inner step (a slower replica)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"[{args.name}] %(name)s %(message)s")
@@ -60,14 +69,37 @@ def main() -> None:
     def record(kind: str, details: dict) -> None:
         out.write(json.dumps({"kind": kind, **{k: v for k, v in details.items() if k != "replica_id"}}) + "\n")
 
+    backstop = Backstop(args.backstop, rank=0, world_size=1, every_s=1e-3, on_event=record) if args.backstop else None
     manager = Manager(
         load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
         use_async_quorum=False, timeout=5, quorum_timeout=60, connect_timeout=20,
-        lighthouse_addr=args.lighthouse, replica_id=args.name, on_event=record,
+        lighthouse_addr=args.lighthouse, replica_id=args.name, on_event=record, backstop=backstop,
     )
     diloco = DiLoCo(manager, fragments, inner, outers, sync_every=args.sync_every,
-                    fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha)
+                    fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha,
+                    sync_retries=args.sync_retries, early_heal=args.early_heal)
+    if args.die_in_allreduce_at >= 0:
+        allreduce = manager.allreduce
+
+        def dying_allreduce(tensor: torch.Tensor):  # the sync's quorum and group are up; we die in it
+            if manager.current_step() == args.die_in_allreduce_at:
+                record("dying", {"step": manager.current_step()})
+                out.flush()
+                os._exit(1)
+            return allreduce(tensor)
+
+        manager.allreduce = dying_allreduce
+    record("ready", {})
+    while args.start_file and not os.path.exists(args.start_file):
+        time.sleep(0.05)
+    try:
+        how = diloco.recover()
+    except StateLostError as err:
+        record("fatal", {"error": str(err)})
+        out.flush()
+        os._exit(3)
+    record("recovered", {"how": how, "step": manager.current_step()})
     streak = 0
     inner_step = 0
     with diloco:
@@ -85,6 +117,8 @@ def main() -> None:
                 manager.pg.abort(RuntimeError("injected fault before the pseudo-gradient allreduce"))
             inner.step()
             inner_step += 1
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
             if diloco.local_step == 0 and diloco.last_sync:
                 sync = diloco.last_sync
                 diloco.last_sync = {}
@@ -93,7 +127,12 @@ def main() -> None:
                 if sync["committed"]:
                     streak = streak + 1 if manager.num_participants() >= args.until_participants else 0
                 record("sync", {**sync, "hash": global_hash(diloco), "loss": loss.item(),
-                                "rolled_back": rolled_back, "participants": manager.num_participants()})
+                                "rolled_back": rolled_back, "participants": manager.num_participants(),
+                                "retried": diloco.retried_syncs})
+                if (backstop is not None and sync["committed"] and manager.replica_rank() == 0
+                        and manager.current_step() % args.backstop_every == 0):
+                    backstop.maybe_save(manager.current_step(), manager.full_state_dict)
+                    backstop.wait()
     record("done", {"step": manager.current_step()})
     manager.shutdown()
     out.close()

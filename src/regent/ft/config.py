@@ -35,11 +35,27 @@ class FTConfig:
     # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after
     # backward). FSDP-sharded replicas always reduce after backward.
     bucket_mb: float = 100.0
+    # The durable backstop (regent.ft.backstop): committed state saved to disk this often, asynchronously, and
+    # restored only when no live replica holds it. 0 turns it off (then losing every replica stops the run).
+    backstop_every_s: float = 120.0
+    backstop_keep: int = 2
+    # DiLoCo: a restarted replica pulls the committed state from a live holder as soon as it is up, instead of
+    # at the holders' next sync (closes the window in which only the holders have it).
+    early_heal: bool = True
+    # DiLoCo: a sync that fails because a replica died is retried at once with the survivors (this many times)
+    # instead of rolling every replica back to the last global parameters.
+    sync_retries: int = 2
 
     def validate(self) -> None:
         """Fail before launch with a message that names the fix."""
         if self.mode not in ("diloco", "ddp"):
             raise ValueError(f"ft.mode={self.mode!r}: use 'diloco' or 'ddp'")
+        if self.backstop_every_s < 0:
+            raise ValueError(f"ft.backstop_every_s={self.backstop_every_s}: must be >= 0 (0 turns it off)")
+        if self.backstop_keep < 1:
+            raise ValueError(f"ft.backstop_keep={self.backstop_keep}: must be >= 1")
+        if self.sync_retries < 0:
+            raise ValueError(f"ft.sync_retries={self.sync_retries}: must be >= 0")
         if self.fragments < 1:
             raise ValueError(f"ft.fragments={self.fragments}: must be >= 1")
         if self.mode == "diloco":

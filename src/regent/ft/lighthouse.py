@@ -19,7 +19,11 @@ Differences from TorchFT, on purpose:
 - heartbeat entries older than `max(60 s, 10 x heartbeat_timeout)` are forgotten (TorchFT keeps them forever);
 - `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members;
 - `GET /status.json` (machine-readable) next to the live page; `GET /status` is an alias;
-- `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves);
+- `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves), and
+  the committed watermark with them;
+- the committed watermark (`regent.ft.quorum.note_committed`): the highest committed step any replica reported,
+  sent with every issued quorum (a Regent extension field that TorchFT clients skip), and the `RegentHolders`
+  call that tells a restarted Regent replica which live replicas hold it (its early heal);
 - a new incarnation of a replica group ("<group>:<new uuid>") retires the group's older ids at its first
   heartbeat or request, and `forget_replicas` (used by Regent's orchestrator when it sees a process die)
   retires ids at once: survivors do not wait `heartbeat_timeout_ms` for a dead incarnation (`regent.ft.quorum`).
@@ -57,13 +61,17 @@ from regent.ft.quorum import (
     LighthouseState,
     Participant,
     QuorumOptions,
+    Watermark,
     forget_replicas,
     healthy_replicas,
+    holders,
     issue_quorum,
+    note_committed,
     note_incarnation,
     quorum_compute,
     quorum_possible,
 )
+from regent.ft.recovery import ACCEPTED_LOSS_KEY, state_version
 from regent.ft.types import Quorum, QuorumMember
 
 logger = logging.getLogger(__name__)
@@ -105,27 +113,39 @@ def advertised_host(host: str) -> str:
     return host
 
 
-def load_quorum_id(path: Path) -> int:
-    """The last quorum id a previous Lighthouse saved at `path` (0 if there is none yet)."""
+def load_state(path: Path) -> tuple[int, Watermark]:
+    """The last quorum id and committed watermark a previous Lighthouse saved at `path` (zeros if none yet)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return 0
+        return 0, Watermark()
     try:
-        quorum_id = int(json.loads(text)["quorum_id"])
-    except (ValueError, KeyError, TypeError) as err:
+        data = json.loads(text)
+        quorum_id = int(data["quorum_id"])
+        w = data.get("committed", {})
+        watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), int(w.get("resets", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(
-            f"Lighthouse state file {path} is not valid ({err}); delete it to start quorum ids from 1"
+            f"Lighthouse state file {path} is not valid ({err}); delete it to start quorum ids from 1 "
+            "(and forget the committed watermark)"
         ) from None
-    logger.info("resuming quorum ids after %d (from %s)", quorum_id, path)
-    return quorum_id
+    logger.info("resuming quorum ids after %d, committed watermark step %d (from %s)", quorum_id,
+                watermark.step, path)
+    return quorum_id, watermark
 
 
-def save_quorum_id(path: Path, quorum_id: int) -> None:
-    """Atomically record the latest quorum id (write a sibling file, then rename over)."""
+def load_quorum_id(path: Path) -> int:
+    """The last quorum id a previous Lighthouse saved at `path` (0 if there is none yet)."""
+    return load_state(path)[0]
+
+
+def save_quorum_id(path: Path, quorum_id: int, watermark: Watermark | None = None) -> None:
+    """Atomically record the latest quorum id and watermark (write a sibling file, then rename over)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"quorum_id": quorum_id, "saved": datetime.now(timezone.utc).isoformat()}))
+    w = watermark or Watermark()
+    tmp.write_text(json.dumps({"quorum_id": quorum_id, "saved": datetime.now(timezone.utc).isoformat(),
+                               "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets}}))
     os.replace(tmp, path)
 
 
@@ -161,8 +181,11 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
         return result if isinstance(result, bytes) else await result
 
     async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
-        lighthouse._heartbeat(request.replica_id)
+        lighthouse._heartbeat(request.replica_id, request)
         return EMPTY_HEARTBEAT_RESPONSE
+
+    async def regent_holders(request: torchft_pb2.RegentHoldersRequest, context: aio.ServicerContext) -> bytes:
+        return lighthouse._holders()
 
     return grpc.method_handlers_generic_handler(
         "torchft.LighthouseService",
@@ -172,6 +195,9 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
             ),
             "Heartbeat": grpc.unary_unary_rpc_method_handler(
                 heartbeat, request_deserializer=torchft_pb2.LighthouseHeartbeatRequest.FromString
+            ),
+            "RegentHolders": grpc.unary_unary_rpc_method_handler(
+                regent_holders, request_deserializer=torchft_pb2.RegentHoldersRequest.FromString
             ),
         },
     )
@@ -196,10 +222,20 @@ def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]
             raise grpc_lite.RpcStatusError(
                 grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
             ) from None
-        lighthouse._heartbeat(message.replica_id)
+        lighthouse._heartbeat(message.replica_id, message)
         return EMPTY_HEARTBEAT_RESPONSE
 
-    return grpc_lite.method_table("torchft.LighthouseService", {"Quorum": quorum, "Heartbeat": heartbeat})
+    def regent_holders(request: bytes, deadline: float | None) -> bytes:
+        try:
+            torchft_pb2.RegentHoldersRequest.FromString(request)
+        except DecodeError as err:
+            raise grpc_lite.RpcStatusError(
+                grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad RegentHolders request: {err}"
+            ) from None
+        return lighthouse._holders()
+
+    return grpc_lite.method_table("torchft.LighthouseService", {
+        "Quorum": quorum, "Heartbeat": heartbeat, "RegentHolders": regent_holders})
 
 
 class LighthouseServer:
@@ -234,7 +270,8 @@ class LighthouseServer:
         self._state = LighthouseState()
         self._state_file = Path(state_file) if state_file is not None else None
         if self._state_file is not None:
-            self._state.quorum_id = load_quorum_id(self._state_file)
+            self._state.quorum_id, self._state.watermark = load_state(self._state_file)
+        self._member_wire: dict[str, torchft_pb2.QuorumMember] = {}  # each replica's last quorum request
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
         # One future per Quorum call waiting for the next issued quorum; all are resolved when one is issued.
@@ -389,6 +426,7 @@ class LighthouseServer:
         participant = Participant(joined=now, member=member)
         self._state.participants[member.replica_id] = participant
         self._wire[member.replica_id] = wire
+        self._member_wire[member.replica_id] = wire
         return participant
 
     def _quorum(self, wire: torchft_pb2.QuorumMember) -> bytes | asyncio.Future:
@@ -397,6 +435,9 @@ class LighthouseServer:
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
         self._heartbeat(rid)  # a Quorum request is an implicit heartbeat
+        step, lineage = state_version(member)
+        accepted = member.data.get(ACCEPTED_LOSS_KEY, 0) if isinstance(member.data, dict) else 0
+        self._note_committed(rid, step, lineage, int(accepted) if isinstance(accepted, int) else 0)
         logger.debug("quorum request from %s (step %d)", rid, member.step)
         mine = [self._join(wire, member)]
         while True:
@@ -413,7 +454,38 @@ class LighthouseServer:
         task.add_done_callback(lambda _: self._withdraw(rid, mine[0]))
         return task
 
-    def _heartbeat(self, rid: str) -> None:
+    def _note_committed(self, rid: str, step: int, lineage: int, accepted_loss: int = 0) -> None:
+        before = self._state.watermark
+        if not note_committed(self._state, rid, step, lineage, accepted_loss):
+            return
+        w = self._state.watermark
+        if w.resets != before.resets:
+            logger.warning("lineage reset accepted by %s: committed watermark %d -> %d (restored older state)",
+                           rid, before.step, w.step)
+        self._save_state()
+
+    def _save_state(self) -> None:
+        if self._state_file is None:
+            return
+        try:
+            save_quorum_id(self._state_file, self._state.quorum_id, self._state.watermark)
+        except OSError:
+            logger.exception("could not save Lighthouse state to %s; ids may repeat after a restart",
+                             self._state_file)
+
+    def _holders(self) -> bytes:
+        """The `RegentHolders` answer: the watermark and the healthy replicas holding it."""
+        w = self._state.watermark
+        found = holders(time.monotonic(), self._state, self._opts)
+        return torchft_pb2.RegentHoldersResponse(
+            watermark=torchft_pb2.RegentCommitted(step=w.step, lineage=w.lineage, resets=w.resets),
+            holders=[self._member_wire[rid] for rid in found if rid in self._member_wire],
+        ).SerializeToString()
+
+    def _heartbeat(self, rid: str, message: torchft_pb2.LighthouseHeartbeatRequest | None = None) -> None:
+        if message is not None and message.HasField("regent_committed"):
+            c = message.regent_committed
+            self._note_committed(rid, c.step, c.lineage, c.accepted_loss)
         self._state.heartbeats[rid] = time.monotonic()
         retired = note_incarnation(self._state, rid)
         if retired:
@@ -472,17 +544,17 @@ class LighthouseServer:
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
         self._wire.clear()
         self._quorums_issued += 1
+        w = self._state.watermark
         response = torchft_pb2.LighthouseQuorumResponse(
-            quorum=torchft_pb2.Quorum(quorum_id=quorum.quorum_id, participants=wires)
+            quorum=torchft_pb2.Quorum(quorum_id=quorum.quorum_id, participants=wires,
+                                      regent_committed=torchft_pb2.RegentCommitted(
+                                          step=w.step, lineage=w.lineage, resets=w.resets))
         )
         response.quorum.created.FromDatetime(quorum.created)
         payload = response.SerializeToString()
         ids = frozenset(m.replica_id for m in members)
-        if quorum.quorum_id != previous_id and self._state_file is not None:
-            try:
-                save_quorum_id(self._state_file, quorum.quorum_id)
-            except OSError:
-                logger.exception("could not save quorum id to %s; ids may repeat after a restart", self._state_file)
+        if quorum.quorum_id != previous_id:
+            self._save_state()
         if quorum.quorum_id != previous_id:
             logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
         waiters, self._waiters = self._waiters, []
@@ -506,6 +578,8 @@ class LighthouseServer:
         for rid in stale:
             if rid not in self._state.participants:
                 del self._state.heartbeats[rid]
+                self._state.committed.pop(rid, None)
+                self._member_wire.pop(rid, None)
 
     # ---- dashboard ----------------------------------------------------------------------------------------
 
@@ -537,6 +611,8 @@ class LighthouseServer:
             "quorums_issued": self._quorums_issued,
             "state_file": str(self._state_file) if self._state_file is not None else None,
             "max_step": max_step,
+            "committed": {"step": state.watermark.step, "lineage": state.watermark.lineage,
+                          "resets": state.watermark.resets},
             "prev_quorum": prev_json,
             "waiting": [
                 {**p.member.to_json(), "waiting_s": now - p.joined, "healthy": rid in healthy}

@@ -131,10 +131,28 @@ class LighthouseClient:
         response = self._call("Quorum", lambda stub, t: stub.Quorum(request, timeout=t), timeout)
         return Quorum.from_proto(response.quorum)
 
-    def heartbeat(self, replica_id: str, timeout: timedelta | float = 5.0) -> None:
-        """Tell the Lighthouse this replica is alive; only heartbeating replicas count toward a quorum."""
+    def heartbeat(self, replica_id: str, timeout: timedelta | float = 5.0,
+                  committed: tuple[int, int, int] | None = None) -> None:
+        """Tell the Lighthouse this replica is alive; only heartbeating replicas count toward a quorum.
+
+        `committed` (Regent extension, skipped by a TorchFT Lighthouse): (step, lineage, accepted_loss) of the
+        state this replica holds; it feeds the Lighthouse's committed watermark."""
         request = torchft_pb2.LighthouseHeartbeatRequest(replica_id=replica_id)
+        if committed is not None:
+            step, lineage, accepted = committed
+            request.regent_committed.CopyFrom(
+                torchft_pb2.RegentCommitted(step=step, lineage=lineage, accepted_loss=accepted))
         self._call("Heartbeat", lambda stub, t: stub.Heartbeat(request, timeout=t), timeout)
+
+    def holders(self, replica_id: str = "", timeout: timedelta | float = 10.0) -> tuple[int, int, list[QuorumMember]]:
+        """(watermark step, watermark lineage, live replicas holding it) — a Regent Lighthouse only.
+
+        A restarted replica asks this before its first quorum, to pull the committed state from a holder at
+        once (`Manager.recover_committed`) instead of waiting for the holders' next sync."""
+        request = torchft_pb2.RegentHoldersRequest(replica_id=replica_id)
+        reply = self._call("RegentHolders", lambda stub, t: stub.RegentHolders(request, timeout=t), timeout)
+        return (reply.watermark.step, reply.watermark.lineage,
+                [QuorumMember.from_proto(m) for m in reply.holders])
 
     def _call(
         self,

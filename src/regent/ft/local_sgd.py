@@ -121,6 +121,10 @@ class _Fragment:
         )
         self._pseudo: dict[str, torch.Tensor] = {}
         self._futures: list[torch.futures.Future] = []
+        self._weight: torch.Tensor | None = None
+        self._local: dict[str, torch.Tensor] = {}  # local parameters of the sync in flight (for a retry)
+        self.contributor_step: int | None = None
+        self.keep_local = False
         manager.register_state_dict_fn(f"DiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
 
     def state_dict(self) -> dict[str, Any]:
@@ -138,28 +142,54 @@ class _Fragment:
             for name, p in self.params.items():
                 self.original[name].copy_(p.detach())
 
-    def prepare_sync(self) -> None:
-        """Pseudo-gradient = last global - local; launch its average (asynchronously)."""
+    def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0) -> None:
+        """Pseudo-gradient = last global - local; launch its average (asynchronously).
+
+        `sit_out`: this replica has no local steps of its own in this round (it has just healed or joined): it
+        contributes zeros with weight 0, so the average is over the replicas that trained (a plain average
+        would shrink everyone's update by the sit-outs' share). `retry`: the previous attempt of this sync
+        failed; start again from the local parameters it had. `round_step`: the caller's step count at this
+        sync; the contributors' value is reported back (`contributor_step`) so that a sit-out can line up with
+        them (it did not take the round's steps)."""
         with torch.no_grad():
-            self._pseudo = {
-                name: self.original[name].to(p.device) - p.detach() for name, p in self.params.items()
-            }
+            if retry and self._local:
+                for name, p in self.params.items():
+                    p.copy_(self._local[name])
+            if self.keep_local or self.alpha > 0:
+                self._local = {name: p.detach().clone() for name, p in self.params.items()}
+            if sit_out:
+                self._pseudo = {name: torch.zeros_like(p.detach()) for name, p in self.params.items()}
+            else:
+                self._pseudo = {
+                    name: self.original[name].to(p.device) - p.detach() for name, p in self.params.items()
+                }
+            device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
+            w = 0.0 if sit_out else 1.0
+            self._weight = torch.tensor([w, w * round_step], dtype=torch.float64, device=device)
         self._futures = [self._manager.allreduce(t) for t in self._pseudo.values()]
+        self._futures.append(self._manager.allreduce(self._weight))
 
     def perform_sync(self) -> bool:
         """Wait for the average, restore the global params, vote, and (on commit) take the outer step."""
         for f in self._futures:
             f.wait()
         self._futures = []
+        committed_weight, step_sum = self._weight.tolist() if self._weight is not None else (1.0, 0.0)
+        self.contributor_step = round(step_sum / committed_weight) if committed_weight > 0 else None
         with torch.no_grad():
-            local = {name: p.detach().clone() for name, p in self.params.items()} if self.alpha > 0 else {}
+            local = self._local
             for name, p in self.params.items():
                 p.copy_(self.original[name])
         committed = self._manager.should_commit()
         if committed:
+            self._manager.withdraw_committed()  # the committed state is about to change: stop serving it
             self._manager.disallow_state_dict_read()
             try:
+                # the mean over contributors, not over everyone (sit-outs sent zeros with weight 0)
+                scale = 1.0 / committed_weight if 0.0 < committed_weight < 1.0 else 1.0
                 for name, p in self.params.items():
+                    if scale != 1.0:
+                        self._pseudo[name].mul_(scale)
                     p.grad = self._pseudo[name]
                 self.outer.step()
                 self.save_global()
@@ -169,16 +199,20 @@ class _Fragment:
                             p.lerp_(local[name], self.alpha)
             finally:
                 self._manager.allow_state_dict_read()
+            self._local = {}
         else:
             logger.warning(
-                "fragment %d sync did not commit: rolled back to the last global parameters; retrying next time",
-                self.index,
+                "fragment %d sync did not commit: back at the last global parameters", self.index,
             )
         self.outer.zero_grad(set_to_none=True)
         for p in self.params.values():
             p.grad = None
         self._pseudo = {}
+        self._weight = None
         return committed
+
+    def drop_local(self) -> None:
+        self._local = {}
 
 
 class DiLoCo:
@@ -205,6 +239,8 @@ class DiLoCo:
         backup_device: torch.device | None = None,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        sync_retries: int = 0,
+        early_heal: bool = False,
     ) -> None:
         if manager.use_async_quorum:
             raise ValueError("DiLoCo needs Manager(use_async_quorum=False): healing must finish before syncing")
@@ -231,8 +267,23 @@ class DiLoCo:
         ]
         self._local_step = 0
         self._pending: _Fragment | None = None
+        self._sit_out = False
+        self.sync_retries = sync_retries
+        for fragment in self.fragments:
+            fragment.keep_local = sync_retries > 0 and self._delay == 0
         self._hooks = _StepHooks(manager, inner_optimizer, self._after_step)
         self.last_sync: dict[str, Any] = {}
+        self.retried_syncs = 0
+        # Early heal (`Manager.serve_committed`): what else a restarted replica needs of the committed state,
+        # taken at the commit (the trainer's step, schedule and data position), and how to apply it.
+        self.committed_extra: Any = lambda: {}
+        self.load_committed_extra: Any = lambda extra: None
+        # The caller's step count at a sync, and what to do when a sit-out replica learns the contributors'
+        # (it sat out their local steps; its schedule must not fall a round behind).
+        self.round_step: Any = lambda: 0
+        self.on_contributor_step: Any = lambda step: None
+        if early_heal:
+            manager.serve_committed(self._committed_state, self._load_committed)
 
     def __enter__(self) -> DiLoCo:
         return self
@@ -244,6 +295,47 @@ class DiLoCo:
     def local_step(self) -> int:
         return self._local_step
 
+    def _committed_state(self) -> dict[str, Any]:
+        return {"fragments": {str(f.index): f.state_dict() for f in self.fragments}, "extra": self.committed_extra()}
+
+    def _load_committed(self, state: dict[str, Any]) -> None:
+        """A holder's committed state: the global parameters become this replica's parameters."""
+        with torch.no_grad():
+            for f in self.fragments:
+                f.load_state_dict(state["fragments"][str(f.index)])
+                for name, p in f.params.items():
+                    p.copy_(f.original[name])
+        self.load_committed_extra(state["extra"])
+
+    def recover(self) -> str:
+        """Before the first sync of a restarted replica: get the committed state now (see
+        `Manager.recover_committed`); the replica then sits out the round in progress (`join_now`)."""
+        how = self._manager.recover_committed()
+        if how in ("early", "restored"):
+            self._manager.publish_committed()  # it holds the committed state: it can serve it too
+        return how
+
+    def _sync(self, fragment: _Fragment) -> bool:
+        """Perform `fragment`'s sync; if it fails (say a replica died in it), re-form the quorum at once and
+        retry with the survivors rather than rolling everyone back to the last global parameters."""
+        committed = fragment.perform_sync()
+        attempt = 0
+        while not committed and attempt < self.sync_retries and fragment.keep_local and fragment._local:
+            attempt += 1
+            self.retried_syncs += 1
+            logger.warning("fragment %d sync failed; retrying with the replicas still alive (%d/%d)",
+                           fragment.index, attempt, self.sync_retries)
+            self._manager.start_quorum()
+            fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step())
+            committed = fragment.perform_sync()
+        fragment.drop_local()
+        if committed and self._sit_out and fragment.contributor_step is not None:
+            self.on_contributor_step(fragment.contributor_step)
+        self._sit_out = False  # from here on it has local steps of its own (after a failure too: rolled back)
+        if committed:
+            self._manager.publish_committed()
+        return committed
+
     def join_now(self) -> bool:
         """Take part in the replicas' current sync round right away (a replica that has just started).
 
@@ -253,14 +345,15 @@ class DiLoCo:
         of training this is the initial weight sync (a no-op outer step). Returns whether a sync committed.
         """
         self._manager.start_quorum()
+        self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
-        self._pending.prepare_sync()
+        self._pending.prepare_sync(sit_out=True, round_step=self.round_step())
         self._local_step = self._period - self._delay
         if self._local_step < self._period:
             return False  # the allreduce is in flight; it is applied after `fragment_sync_delay` steps
         fragment, self._pending = self._pending, None
         self._local_step = 0
-        committed = fragment.perform_sync()
+        committed = self._sync(fragment)
         self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
         return committed
 
@@ -270,11 +363,11 @@ class DiLoCo:
             self._manager.start_quorum()
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
-            self._pending.prepare_sync()
+            self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step())
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None
             self._local_step = 0
             if fragment is None:
                 return
-            committed = fragment.perform_sync()
+            committed = self._sync(fragment)
             self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}

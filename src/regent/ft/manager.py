@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import json
 import logging
 import os
 import socket
@@ -42,8 +43,9 @@ import torch.distributed as dist
 from regent.ft.config import env_timeout
 from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
-from regent.ft.recovery import LINEAGE_KEY, QuorumResult, compute_quorum_results
-from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, local_view
+from regent.ft.quorum import group_name
+from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, QuorumResult, compute_quorum_results
+from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, StreamTransport, local_view
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +131,11 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         # quorum id of the last committed step (see `recovery.state_version`) and of the latest quorum
         self._lineage = 0
         self._round_quorum_id: int | None = None
+        # What the heartbeats report (Regent extension): committed step, and the step whose loss this replica
+        # accepted when it restored older state (0: none). Set by the Manager of group rank 0.
+        self.committed_step = 0
+        self.accepted_loss = 0
+        self._committed_meta: dict[int, str] = {}
         self._stopped = threading.Event()
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
@@ -166,7 +173,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         failing_since: float | None = None
         while not self._stopped.wait(self._heartbeat_interval):
             try:
-                self._client.heartbeat(self.replica_id, timeout=max(1.0, 10 * self._heartbeat_interval))
+                self.heartbeat_now(timeout=max(1.0, 10 * self._heartbeat_interval))
                 if failing_since is not None:
                     logger.info("heartbeats to the Lighthouse resumed")
                 failing_since = None
@@ -175,6 +182,19 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     failing_since = time.monotonic()
                     logger.warning("heartbeat to Lighthouse %s failed: %s", self._lighthouse_addr, err)
 
+    def heartbeat_now(self, timeout: float = 5.0) -> None:
+        """One heartbeat with this replica's committed state (also sent before a quorum after a restore)."""
+        self._client.heartbeat(self.replica_id, timeout=timeout,
+                               committed=(self.committed_step, self._lineage, self.accepted_loss))
+
+    @property
+    def lineage(self) -> int:
+        return self._lineage
+
+    @lineage.setter
+    def lineage(self, value: int) -> None:
+        self._lineage = int(value)
+
     # gRPC handlers
     def Quorum(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC name)
         timeout = context.time_remaining()
@@ -182,6 +202,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing timeout")
         with self._cond:
             self._metadata[request.group_rank] = request.checkpoint_metadata
+            if request.regent_committed_metadata:
+                self._committed_meta[request.group_rank] = request.regent_committed_metadata
             rnd = self._quorum_round
             rnd.arrived[request.group_rank] = request
             leader = len(rnd.arrived) >= self.world_size
@@ -213,7 +235,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     world_size=self.world_size,
                     shrink_only=any(r.shrink_only for r in requests),
                     commit_failures=max(r.commit_failures for r in requests),
-                    data={LINEAGE_KEY: self._lineage},
+                    data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: self.accepted_loss}
+                                                           if self.accepted_loss else {})},
                 )
                 rnd.result = quorum
                 self._round_quorum_id = int(quorum.quorum_id)
@@ -234,7 +257,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
             meta = self._metadata.get(request.rank)
         if meta is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"group rank {request.rank} has not registered metadata")
-        return torchft_pb2.CheckpointMetadataResponse(checkpoint_metadata=meta)
+        return torchft_pb2.CheckpointMetadataResponse(
+            checkpoint_metadata=meta, regent_committed_metadata=self._committed_meta.get(request.rank, ""))
 
     def ShouldCommit(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self._cond:
@@ -275,6 +299,7 @@ def _result_to_proto(r: QuorumResult) -> Any:
         heal=r.heal,
         commit_failures=r.commit_failures,
         replica_ids=r.replica_ids,
+        regent_committed_step=r.committed_step,
     )
     if r.recover_src_replica_rank is not None:
         msg.recover_src_replica_rank = r.recover_src_replica_rank
@@ -298,6 +323,7 @@ def _result_from_proto(m: Any) -> QuorumResult:
         heal=m.heal,
         commit_failures=m.commit_failures,
         replica_ids=list(m.replica_ids),
+        committed_step=m.regent_committed_step,
     )
 
 
@@ -369,6 +395,7 @@ class Manager:
         max_retries: int | None = None,
         quorum_retries: int = 0,
         on_event: EventCallback | None = None,
+        backstop: Any = None,
     ) -> None:
         self.timeout = env_timeout("timeout", _secs(timeout))
         self.quorum_timeout = env_timeout("quorum_timeout", _secs(quorum_timeout))
@@ -417,6 +444,14 @@ class Manager:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="regent-quorum")
 
         self._server: ManagerServer | None = None
+        # Committed state (Regent): served to restarted replicas between syncs (`serve_committed`), restored
+        # from the durable backstop when no live replica holds it (`recover_committed`).
+        self.backstop = backstop
+        self._hostname = hostname
+        self._committed_fns: tuple[Callable[[], Any], Callable[[Any], None]] | None = None
+        self._committed_transport: StreamTransport | None = None
+        self._recover_needed = False
+        self._recover_calls = 0
         self._group_store = self._make_group_store(store_addr, store_port)
         if self.group_rank == 0:
             if not lighthouse_addr:
@@ -483,6 +518,8 @@ class Manager:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._step = int(state["step"])
         self._batches_committed = int(state["batches_committed"])
+        if self._server is not None:
+            self._server.committed_step = self._step
 
     def full_state_dict(self) -> dict[str, Any]:
         """Everything a healer receives: every registered user state and the Manager's own. Also what a disk
@@ -503,6 +540,170 @@ class Manager:
 
     def allow_state_dict_read(self) -> None:
         self._state_lock.release_write()
+
+    # ---- committed state: early heal and the durable backstop (Regent) ------------------------------------
+    def serve_committed(self, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        """Serve this replica's committed state to restarted replicas while it keeps computing.
+
+        `save()` returns the committed state (tensors that do not change between two commits, e.g. DiLoCo's
+        last global parameters and outer optimizer); `load(state)` applies a peer's on a restarted replica.
+        Call `publish_committed()` after each commit and `withdraw_committed()` before the tensors change."""
+        self._committed_fns = (save, load)
+        if self._committed_transport is None:
+            self._committed_transport = StreamTransport(host=self._hostname or "127.0.0.1", timeout=self.timeout)
+
+    def _committed_tree(self) -> dict[str, Any]:
+        assert self._committed_fns is not None
+        lineage = self._server.lineage if self._server is not None else 0
+        return {"user": self._committed_fns[0](), "regent": {**self.state_dict(), "lineage": lineage}}
+
+    def publish_committed(self) -> None:
+        if self._committed_transport is not None:
+            self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout)
+
+    def withdraw_committed(self) -> None:
+        if self._committed_transport is not None:
+            self._committed_transport.disallow_checkpoint()
+
+    def recover_committed(self) -> str:
+        """Make sure this replica will not train on from less than the run has committed.
+
+        Called by a restarted replica before its first quorum, and after a quorum reported that no member holds
+        the committed watermark. Every group rank calls it at the same point; group rank 0 decides and the
+        others follow through the group store. Returns what happened:
+        - "none": nothing to do (nothing committed yet, this replica holds it, or the next quorum heals it);
+        - "early": pulled the committed state from a live holder now (`serve_committed` on both sides), without
+          waiting for the holders' next sync: the window in which only the holders have it closes here;
+        - "restored": no live replica holds it: restored the newest durable backstop, counted as a lineage
+          reset (`state_lost` event with what was lost); the Lighthouse is told, so the quorum goes on from it;
+        - raises `StateLostError` when no backstop exists either (`state_lost` with fatal=True).
+        """
+        self._recover_calls += 1
+        for attempt in range(RECOVER_ATTEMPTS):
+            key = f"regent/recover/{self._recover_calls}/{attempt}"
+            plan = self._share(f"{key}/plan", self._recover_plan if self.group_rank == 0 else None)
+            kind = plan["kind"]
+            if kind == "none":
+                return "none"
+            if kind == "fatal":
+                self._emit("state_lost", lost_step=plan["watermark"], restored_step=None, source=None,
+                           fatal=True, reason=plan["reason"])
+                raise StateLostError(plan["reason"])
+            start = time.monotonic()
+            try:
+                state = self._fetch_early(plan) if kind == "early" else self.backstop.load(plan["path"],
+                                                                                            self.group_rank)
+                error = ""
+            except Exception as err:  # reported below; every rank agrees before anything is applied
+                state, error = None, f"{type(err).__name__}: {err}"
+            errors = self._gather(f"{key}/ok", error)
+            if any(errors):
+                logger.warning("recovering the committed state (%s, attempt %d) failed: %s", kind, attempt + 1,
+                               [e for e in errors if e])
+                self._emit("recover_failed", how=kind, attempt=attempt + 1, errors=[e for e in errors if e])
+                time.sleep(min(2.0, 0.25 * 2 ** attempt))
+                continue
+            if kind == "early":
+                self._committed_fns[1](state["user"])
+                self.load_state_dict(state["regent"])
+                if self._server is not None:
+                    self._server.lineage = int(state["regent"].get("lineage", 0))
+                self._emit("early_heal_done", donor=plan["donor"], manager_step=self._step,
+                           seconds=round(time.monotonic() - start, 4), bytes=_state_nbytes(state))
+                return "early"
+            self.load_full_state_dict(state)
+            if self._server is not None:
+                self._server.accepted_loss = int(plan["watermark"])
+                self._server.heartbeat_now()  # the Lighthouse lowers its watermark before our next quorum
+            self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source=plan["path"],
+                       fatal=False, cause="backstop_restore", seconds=round(time.monotonic() - start, 4), reason=plan["reason"])
+            return "restored"
+        logger.warning("could not recover the committed state early; the next quorum heals this replica")
+        return "none"
+
+    def accept_loss(self, source: str) -> None:
+        """This replica went back to older state on purpose (a checkpoint restart): if that is less than the
+        run has committed, count it (`state_lost`) and tell the Lighthouse, so the quorum goes on from here."""
+        if self._server is None:
+            return
+        watermark, _, _ = self._server._client.holders(self.replica_id, timeout=self.connect_timeout)
+        if watermark <= self._step:
+            return
+        self._server.accepted_loss = watermark
+        self._server.heartbeat_now()
+        self._emit("state_lost", lost_step=watermark, restored_step=self._step, source=source, fatal=False,
+                   cause="checkpoint_restart", reason=f"restarted from {source}")
+
+    def _recover_plan(self) -> dict[str, Any]:
+        """Group rank 0: where the committed state comes from (see `recover_committed`)."""
+        assert self._server is not None
+        client = self._server._client
+        mine = group_name(self.replica_id)
+        deadline = time.monotonic() + HOLDER_GRACE_S
+        while True:
+            watermark, lineage, holders = client.holders(self.replica_id, timeout=self.connect_timeout)
+            if watermark <= self._step:
+                return {"kind": "none"}
+            others = [h for h in holders if group_name(h.replica_id) != mine and h.replica_id != self.replica_id]
+            if others:
+                if self._committed_transport is None:
+                    return {"kind": "none"}  # the next quorum heals us from them (per-step mode: one step)
+                donor = others[0]
+                return {"kind": "early", "watermark": watermark, "donor": donor.replica_id,
+                        "address": donor.address}
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        reason = (f"no live replica holds committed step {watermark} (lineage {lineage}): every holder is gone")
+        latest = self.backstop.latest() if self.backstop is not None else None
+        if latest is None:
+            where = f" and the backstop at {self.backstop.root} has none" if self.backstop is not None else ""
+            return {"kind": "fatal", "watermark": watermark,
+                    "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
+                              "(--recovery restart) or enable the durable backstop (ft.backstop_every_s)"}
+        step, path = latest
+        return {"kind": "restore", "watermark": watermark, "path": path, "step": step,
+                "reason": f"{reason}; restoring the durable backstop of step {step}"}
+
+    def _fetch_early(self, plan: dict[str, Any]) -> Any:
+        assert self._committed_transport is not None
+        with grpc.insecure_channel(plan["address"]) as channel:
+            stub = torchft_pb2_grpc.ManagerServiceStub(channel)
+            try:
+                reply = stub.CheckpointMetadata(
+                    torchft_pb2.CheckpointMetadataRequest(rank=self.group_rank), timeout=self.connect_timeout)
+            except grpc.RpcError as err:
+                raise _rpc_error("committed-state address", plan["address"], err) from None
+        if not reply.regent_committed_metadata:
+            raise RuntimeError(f"holder {plan['donor']} serves no committed state for group rank {self.group_rank}")
+        return self._committed_transport.recv_checkpoint(
+            0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
+
+    def _share(self, key: str, decide: Callable[[], Any] | None) -> Any:
+        """Group rank 0's decision, seen by every group rank (through the group store)."""
+        if self.group_world_size == 1:
+            assert decide is not None
+            return decide()
+        if decide is not None:
+            try:
+                value = decide()
+            except Exception as err:  # the others must not wait for a decision that will never come
+                self._group_store.set(key, json.dumps({"kind": "error", "error": repr(err)}))
+                raise
+            self._group_store.set(key, json.dumps(value))
+            return value
+        value = json.loads(self._group_store.get(key).decode())
+        if value.get("kind") == "error":
+            raise RuntimeError(f"group rank 0 could not plan the recovery: {value['error']}")
+        return value
+
+    def _gather(self, key: str, error: str) -> list[str]:
+        """Every group rank's outcome (empty string: ok)."""
+        if self.group_world_size == 1:
+            return [error]
+        self._group_store.set(f"{key}/{self.group_rank}", error or "ok")
+        out = [self._group_store.get(f"{key}/{r}").decode() for r in range(self.group_world_size)]
+        return ["" if e == "ok" else e for e in out]
 
     # ---- events and errors ------------------------------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
@@ -569,6 +770,9 @@ class Manager:
                 self._quorum_future.result()
             except Exception as err:  # already reported or raised in wait_quorum
                 logger.debug("previous quorum failed: %s", err)
+        if self._recover_needed:
+            self._recover_needed = False
+            self.recover_committed()
         self._errored = None
         self._healing = False
         self._pending_state = None
@@ -600,6 +804,8 @@ class Manager:
             group_rank=self.group_rank,
             step=self._step,
             checkpoint_metadata=self._transport.metadata(),
+            regent_committed_metadata=(self._committed_transport.metadata()
+                                       if self._committed_transport is not None else ""),
             shrink_only=shrink_only,
             init_sync=self.init_sync,
             commit_failures=self._commit_failures,
@@ -613,6 +819,14 @@ class Manager:
 
     def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: float) -> None:
         result = self._quorum_rpc(shrink_only, timeout)
+        if result.state_lost:
+            # Every member holds less than the run has committed: training on would silently reset the
+            # lineage. Do not commit; the next start_quorum() recovers the committed state first.
+            self._recover_needed = True
+            self.report_error(StateLostError(
+                f"quorum {result.quorum_id}: no member holds committed step {result.committed_step} "
+                f"(members at most at step {result.max_step}); recovering it before training on"))
+            return
         self._replica_rank = result.replica_rank
         self._replica_world_size = result.replica_world_size
         if self.use_async_quorum and allow_heal:
@@ -787,6 +1001,9 @@ class Manager:
             self._step += 1
             self._batches_committed += self._participating_world_size
             self._commit_failures = 0
+            if self._server is not None:
+                self._server.committed_step = self._step
+                self._server.accepted_loss = 0
         else:
             self._commit_failures += 1
         self._emit(
@@ -828,7 +1045,20 @@ class Manager:
             self._server.shutdown()  # ends rank 0's own in-process quorum call the same way
         self._executor.shutdown(wait=wait, cancel_futures=True)
         self._transport.shutdown()
+        if self._committed_transport is not None:
+            self._committed_transport.shutdown()
         self._pg.shutdown()
+
+
+class StateLostError(RuntimeError):
+    """No live replica and no durable backstop holds the committed state: training cannot go on without
+    silently losing it."""
+
+
+# How long a restarted replica looks for a live holder of the committed state before it concludes that none
+# is left (a restarted Lighthouse learns who holds what from the next heartbeats, 0.1 s apart by default).
+HOLDER_GRACE_S = 6.0
+RECOVER_ATTEMPTS = 4
 
 
 def _state_nbytes(state: Any) -> int:

@@ -19,6 +19,12 @@ heartbeat still counts as healthy for `heartbeat_timeout_ms`. Under rules 6 and 
 every survivor wait (5 s by default) before it can train on without it. So the first heartbeat or request of a
 new incarnation retires the group's older ids, and a supervisor that saw a process die can retire its id at once.
 
+The committed watermark (Regent's addition; `note_committed`, `holders`): the highest committed step (and its
+lineage, the quorum id it was committed in) any replica has reported, from heartbeats and quorum requests. It is
+what tells a quorum of freshly restarted replicas, all at step 0, that they would silently throw away committed
+training (TorchFT would train on from step 0). It only goes down when a replica that restored older state (the
+durable backstop) says so (`accepted_loss` >= the watermark): that is a counted lineage reset (`resets`).
+
 `quorum_id` increases when the sorted list of member ids changes, or when the membership is the same but a
 member reports `commit_failures > 0` (everyone must rebuild its process group after a failed commit).
 Address or step changes alone keep the id.
@@ -60,6 +66,15 @@ class Participant:
 
 
 @dataclass
+class Watermark:
+    """The run's highest committed state: `step` committed in quorum `lineage`; `resets` lineage resets so far."""
+
+    step: int = 0
+    lineage: int = 0
+    resets: int = 0
+
+
+@dataclass
 class LighthouseState:
     """Everything the decision looks at. Times are monotonic seconds (time.monotonic())."""
 
@@ -68,6 +83,35 @@ class LighthouseState:
     quorum_id: int = 0
     heartbeats: dict[str, float] = field(default_factory=dict)
     incarnations: dict[str, str] = field(default_factory=dict)  # group name -> its newest replica id
+    committed: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica id -> (step, lineage) reported
+    watermark: Watermark = field(default_factory=Watermark)
+
+
+def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: int,
+                   accepted_loss: int = 0) -> bool:
+    """Record what `replica_id` holds; returns whether the watermark changed. O(1).
+
+    The watermark rises with any higher (step, lineage). It falls only when this replica restored older state
+    and accepts losing everything up to the current watermark (`accepted_loss >= watermark.step`): the reset is
+    then counted, never silent."""
+    state.committed[replica_id] = (step, lineage)
+    w = state.watermark
+    if accepted_loss and accepted_loss >= w.step and step < w.step:
+        state.watermark = Watermark(step, lineage, w.resets + 1)
+        return True
+    if (step, lineage) > (w.step, w.lineage):
+        state.watermark = Watermark(step, lineage, w.resets)
+        return True
+    return False
+
+
+def holders(now: float, state: LighthouseState, opts: QuorumOptions) -> list[str]:
+    """Healthy replicas that hold the watermark's step (those at its lineage first), sorted by id."""
+    limit = opts.heartbeat_timeout_ms / 1000.0
+    w = state.watermark
+    found = [rid for rid, (step, _) in state.committed.items()
+             if step == w.step and now - state.heartbeats.get(rid, -1e18) < limit]
+    return sorted(found, key=lambda rid: (state.committed[rid][1] != w.lineage, rid))
 
 
 def group_name(replica_id: str) -> str | None:
@@ -87,12 +131,15 @@ def note_incarnation(state: LighthouseState, replica_id: str) -> list[str]:
     stale = [rid for rid in state.heartbeats if rid != replica_id and group_name(rid) == name]
     for rid in stale:
         del state.heartbeats[rid]
+        state.committed.pop(rid, None)
     return stale
 
 
 def forget_replicas(state: LighthouseState, replica_ids: list[str]) -> list[str]:
     """Count these replicas as failed now instead of when their heartbeats time out. Returns those that were
     still counted healthy. A replica that is in fact alive counts again from its next heartbeat."""
+    for rid in replica_ids:
+        state.committed.pop(rid, None)
     return [rid for rid in replica_ids if state.heartbeats.pop(rid, None) is not None]
 
 

@@ -39,11 +39,21 @@ class QuorumResult:
     heal: bool
     commit_failures: int
     replica_ids: list[str] = field(default_factory=list)
+    # Regent: the run's committed watermark. Above `max_step`, no member holds the committed state: training
+    # on would silently reset the lineage (see `Manager.recover_committed`).
+    committed_step: int = 0
+
+    @property
+    def state_lost(self) -> bool:
+        return self.committed_step > self.max_step
 
 
 # Key in `QuorumMember.data` under which a Regent ManagerServer reports its replica's *lineage*: the quorum id
 # in which it last committed a step.
 LINEAGE_KEY = "regent_lineage"
+# Key under which a replica that restored older state (the durable backstop) says which committed step it
+# accepts losing (see `regent.ft.quorum.note_committed`).
+ACCEPTED_LOSS_KEY = "regent_accepted_loss"
 
 
 def state_version(member: Any) -> tuple[int, int]:
@@ -118,4 +128,5 @@ def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_s
         heal=my_src is not None,
         commit_failures=max(int(getattr(m, "commit_failures", 0)) for m in participants),
         replica_ids=ids,
+        committed_step=int(getattr(quorum, "committed_step", 0) or 0),
     )

@@ -79,6 +79,8 @@ class Quorum:
     quorum_id: int
     participants: list[QuorumMember]
     created: datetime
+    # Regent extension: the run's committed watermark when the quorum was issued (0 from a TorchFT Lighthouse)
+    committed_step: int = 0
 
     def replica_ids(self) -> list[str]:
         return [m.replica_id for m in self.participants]
@@ -101,6 +103,7 @@ class Quorum:
             quorum_id=msg.quorum_id,
             participants=[QuorumMember.from_proto(m) for m in msg.participants],
             created=created,
+            committed_step=msg.regent_committed.step if msg.HasField("regent_committed") else 0,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from regent.orchestrate.config import (
+    FAULT_KINDS,
     ConfigError,
     RunConfig,
     apply_toml,
@@ -37,7 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--steps", type=int, help="stop after N committed steps")
     g.add_argument("--duration", help="stop after this wall time, e.g. 180s or 3m (default 180s)")
     p.add_argument("--fault-every", help="inject one fault every F seconds, e.g. 30s")
-    p.add_argument("--fault-kinds", help="comma list of: exception,segfault,kill,exit,comm,hang,node")
+    p.add_argument("--fault-kinds", help=f"comma list of: {','.join(FAULT_KINDS)} (default kill,exception,comm,hang)")
+    p.add_argument("--chaos", action="store_true",
+                   help="every fault kind, at --fault-every: process faults plus straggler (a paused trainer), "
+                        "correlated (several replicas killed together) and lighthouse (Lighthouse killed and "
+                        "restarted on its address); tune with --faults.straggler-s, --faults.correlated-size, "
+                        "--faults.correlated-window-s, --faults.lighthouse-down-s")
     p.add_argument("--faults-file", help="replay a fault schedule (JSON lines) instead of random faults")
     p.add_argument("--no-faults", action="store_true", help="inject no faults")
     p.add_argument("--recovery", choices=["peer", "restart"], help="peer healing (default) or checkpoint restart")
@@ -86,6 +92,11 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
         cfg.steps = None
     elif args.steps is not None:
         cfg.duration = None
+    if getattr(args, "chaos", False):
+        if args.no_faults or args.fault_kinds is not None:
+            raise ConfigError("--chaos turns on every fault kind; drop --no-faults / --fault-kinds, or --chaos")
+        cfg.faults.enabled = True
+        cfg.faults.kinds = list(FAULT_KINDS)
     if args.no_faults:
         cfg.faults.enabled = False
     if args.no_ft:

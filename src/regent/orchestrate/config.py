@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAULT_KINDS = ("exception", "segfault", "kill", "exit", "comm", "hang", "node")
+# Single-replica kinds hit one trainer (`node`: every process of one replica); `straggler` pauses one trainer for
+# `straggler_s`; `correlated` kills several whole replicas within a short window (a rack); `lighthouse` kills
+# the Lighthouse and starts it again on the same address. `regent train --chaos` turns every kind on.
+FAULT_KINDS = ("exception", "segfault", "kill", "exit", "comm", "hang", "node", "straggler", "correlated",
+               "lighthouse")
 DEFAULT_FAULT_KINDS = ("kill", "exception", "comm", "hang")
 
 
@@ -47,8 +51,25 @@ class FaultConfig:
     kinds: list[str] = field(default_factory=lambda: list(DEFAULT_FAULT_KINDS))
     warmup: float = 25.0  # seconds before the first injection
     holdoff: float = 20.0  # seconds a replica is left alone after its restart
-    file: str | None = None  # replay this schedule (JSON lines: {"at": s, "replica": r, "kind": k, "rank": i})
-    hang_timeout: float = 15.0  # a trainer that makes no progress for this long is declared hung
+    file: str | None = None  # replay this schedule (JSON lines: {"at": s, "replica": r, "kind": k, "rank": i};
+    # {"at": s, "kind": "lighthouse"}; {"at": s, "kind": "correlated", "replicas": [..], "offsets": [..]})
+    # Hang detection (orchestrate/hang.py): one ping in flight per replica, the next `ping_every_s` after an
+    # answer. The time a ping may stay unanswered adapts to the replica's own answers:
+    #   clamp(max(hang_latency_k x p99 ping latency, hang_step_k x median step time) + hang_margin_s,
+    #         hang_floor_s, hang_timeout)
+    # Until a generation has answered ready it gets the start-up allowance max(90 s, 4 x hang_timeout), and
+    # hang_timeout until it has taken a step (quorum, heal, first step).
+    hang_timeout: float = 15.0  # the ceiling: never wait longer than this for a trainer that stopped answering
+    hang_floor_s: float = 4.0  # the least (capped at hang_timeout); keep it above straggler_s
+    hang_latency_k: float = 3.0  # x the recent p99 ping latency
+    hang_step_k: float = 0.5  # x the recent median step time (a slow machine answers late mid-step)
+    hang_margin_s: float = 1.0  # added to the estimate, for scheduling noise
+    ping_every_s: float = 0.5  # gap between one answer and the next ping
+    # Chaos kinds. A straggler shorter than the hang deadline is tolerated; a longer one is declared hung.
+    straggler_s: float = 3.0  # `straggler`: how long one trainer is paused (SIGSTOP, then SIGCONT)
+    correlated_size: str = "2"  # `correlated`: how many replicas are killed together ("all": every eligible one)
+    correlated_window_s: float = 2.0  # `correlated`: every kill lands within this many seconds of the first
+    lighthouse_down_s: float = 3.0  # `lighthouse`: seconds between the kill and the new Lighthouse
 
 
 @dataclass
@@ -223,6 +244,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--fault-every must be positive (for example 30s); use --no-faults to disable")
     if cfg.faults.file and not Path(cfg.faults.file).is_file():
         raise ConfigError(f"--faults-file {cfg.faults.file} does not exist")
+    _validate_fault_knobs(cfg)
     if cfg.in_place_restarts < 1 or cfg.crash_loop_starts < 1:
         raise ConfigError("--in-place-restarts and --crash-loop-starts must be at least 1")
     if cfg.restart_backoff_s < 0:
@@ -245,3 +267,22 @@ def validate(cfg: RunConfig) -> None:
             section.validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+
+
+def _validate_fault_knobs(cfg: RunConfig) -> None:
+    """The hang rule's and the chaos kinds' knobs: refuse values that would make them meaningless."""
+    f = cfg.faults
+    if f.hang_timeout <= 0 or f.hang_floor_s <= 0 or f.ping_every_s <= 0:
+        raise ConfigError("--faults.hang-timeout, --faults.hang-floor-s and --faults.ping-every-s must be positive")
+    if min(f.hang_latency_k, f.hang_step_k, f.hang_margin_s) < 0:
+        raise ConfigError("--faults.hang-latency-k, --faults.hang-step-k and --faults.hang-margin-s must be >= 0")
+    if f.straggler_s <= 0 or f.correlated_window_s < 0 or f.lighthouse_down_s < 0:
+        raise ConfigError("--faults.straggler-s must be positive; --faults.correlated-window-s and "
+                          "--faults.lighthouse-down-s zero or positive")
+    size = str(f.correlated_size).strip().lower()
+    if size != "all" and not (size.isdigit() and int(size) >= 2):
+        raise ConfigError(f"--faults.correlated-size must be a number of replicas (2 or more) or all, "
+                          f"not {f.correlated_size!r}")
+    if cfg.lighthouse.address and f.enabled and "lighthouse" in f.kinds and not f.file:
+        raise ConfigError("the lighthouse fault kills the Lighthouse this run started; with --lighthouse.address "
+                          "(an external one) drop it from --fault-kinds")

@@ -24,6 +24,13 @@ EVENT_KINDS = (
     "group_failed",
     "allocation",
     "gave_up",
+    "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
+    "early_heal_done",  # a restarted replica pulled the committed state from a live holder
+    "recover_failed",
+    "backstop_saved",
+    "backstop_failed",
+    "run_failed",
+    "lighthouse_restarted",
     "run_finished",
 )
 

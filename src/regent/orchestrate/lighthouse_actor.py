@@ -1,10 +1,20 @@
-"""LighthouseActor: runs the Lighthouse in its own process and reports its address."""
+"""LighthouseActor: runs the Lighthouse in its own process and reports its address.
+
+The process can be killed (the `lighthouse` chaos fault, or a real crash): the orchestrator then starts a new
+LighthouseActor on the same bind address and state file, and the trainers' Lighthouse clients reconnect by
+themselves (regent.ft.lighthouse_client retries while it is down).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from typing import Any
 
 from regent.actor import Actor, endpoint
+
+logger = logging.getLogger(__name__)
 
 
 class LighthouseActor(Actor):
@@ -13,21 +23,35 @@ class LighthouseActor(Actor):
 
     @endpoint
     def start_lighthouse(self, bind: str, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-              heartbeat_timeout_ms: int, state_file: str | None = None) -> dict[str, str]:
+                         heartbeat_timeout_ms: int, state_file: str | None = None,
+                         bind_retry_s: float = 0.0) -> dict[str, str]:
         """Start (once) and return the addresses. `state_file` keeps quorum ids increasing if the Lighthouse is
-        started again for the same run."""
+        started again for the same run. `bind_retry_s`: a fixed port may still be held for a moment by the
+        Lighthouse that was just killed; keep trying to bind it that long."""
         from regent.ft.lighthouse import LighthouseServer
 
-        if self._server is None:
-            self._server = LighthouseServer(
-                bind=bind,
-                min_replicas=min_replicas,
-                join_timeout_ms=join_timeout_ms,
-                quorum_tick_ms=quorum_tick_ms,
-                heartbeat_timeout_ms=heartbeat_timeout_ms,
-                state_file=state_file,
-            )
+        deadline = time.monotonic() + bind_retry_s
+        while self._server is None:
+            try:
+                self._server = LighthouseServer(
+                    bind=bind,
+                    min_replicas=min_replicas,
+                    join_timeout_ms=join_timeout_ms,
+                    quorum_tick_ms=quorum_tick_ms,
+                    heartbeat_timeout_ms=heartbeat_timeout_ms,
+                    state_file=state_file,
+                )
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                logger.info("binding the Lighthouse to %s: %s; retrying", bind, exc)
+                time.sleep(0.2)
         return {"address": self._server.address(), "dashboard": self._server.dashboard_url()}
+
+    @endpoint
+    def pid(self) -> int:
+        """This process's id: the `lighthouse` fault kills it from outside, as a crash would."""
+        return os.getpid()
 
     @endpoint
     def forget_replicas(self, replica_ids: list[str]) -> list[str]:

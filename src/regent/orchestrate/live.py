@@ -37,6 +37,15 @@ class RunView:
     reps: dict[int, ReplicaView] = field(default_factory=dict)
     dashboard: str = ""
     group_failures: set = field(default_factory=set)  # (replica, group build) already shown
+    # honest accounting, as summary.json counts it (roughly: DiLoCo's failed syncs are left to the summary)
+    lineage_resets: int = 0
+    steps_lost: int = 0
+    max_stall: float = 0.0
+    _resets_seen: list = field(default_factory=list)  # [lost_step, time of its latest state_lost]
+    _top: dict = field(default_factory=dict)  # replica -> highest step since its last reset
+    _reset_pending: dict = field(default_factory=dict)  # replica -> its top when its state was lost
+    _high: float | None = None  # highest committed progress seen, and when it was reached
+    _high_at: float = 0.0
 
     def __post_init__(self) -> None:
         for r in range(self.replicas):
@@ -47,11 +56,35 @@ class RunView:
         if rv is None:
             return
         rv.step = m.get("step", rv.step)
+        self._account(m)
         rv.loss = m.get("loss", rv.loss)
         rv.tokens_per_s = m.get("tokens_per_s", rv.tokens_per_s)
         if rv.status in ("starting", "restarted", "healing"):
             rv.status = "training"
             rv.healthy_since = rv.healthy_since or time.time()
+
+    def _account(self, m: dict[str, Any]) -> None:
+        """Steps lost (uncommitted, and dropped by a lineage reset) and the longest stall, from one metric."""
+        r, step = m.get("replica"), m.get("step")
+        if not m.get("committed", True):
+            self.steps_lost += 1
+            return
+        if step is not None:
+            if r in self._reset_pending:
+                self.steps_lost += max(0, self._reset_pending.pop(r) - (step - 1))
+                self._top[r] = step
+            else:
+                self._top[r] = max(self._top.get(r, 0), step)
+        v = m.get("manager_step", step)
+        t = m.get("time", time.time())
+        if v is not None and (self._high is None or v > self._high):
+            if self._high is not None:
+                self.max_stall = max(self.max_stall, t - self._high_at)
+            self._high, self._high_at = v, t
+
+    def stall_now(self) -> float:
+        """The longest stall so far, counting the one in progress."""
+        return max(self.max_stall, time.time() - self._high_at) if self._high is not None else 0.0
 
     def on_event(self, e: dict[str, Any]) -> str | None:
         """Update from one event; returns the feed line (None for events too frequent to show)."""
@@ -95,6 +128,26 @@ class RunView:
                 rv.healthy_since = time.time()
             mb = (e.get("bytes") or 0) / 1e6
             line = f"replica {r} healed from {e.get('donor')}: {mb:.1f} MB in {e.get('seconds', 0):.2f}s"
+        elif kind == "state_lost":
+            if r is not None:
+                self._reset_pending[r] = self._top.get(r, 0)
+            lost, now = e.get("lost_step"), e.get("time", time.time())
+            same = [g for g in self._resets_seen if g[0] == lost and now - g[1] <= 30]
+            if same:
+                same[-1][1] = now
+            else:
+                self._resets_seen.append([lost, now])
+                self.lineage_resets += 1
+                restored = e.get("restored_step")
+                line = (f"STATE LOST: no live replica held step {lost}; "
+                        + ("the run stops (no backstop)" if e.get("fatal") or restored is None
+                           else f"restarting every replica from step {restored} ({e.get('source')})"))
+        elif kind == "early_heal_done":
+            if rv:
+                rv.status = "training"
+            line = f"replica {r} pulled the committed state from {e.get('donor')} in {e.get('seconds', 0):.2f}s"
+        elif kind == "backstop_saved":
+            line = f"backstop checkpoint of step {e.get('manager_step')} saved in {e.get('seconds', 0):.1f}s"
         elif kind == "allocation":
             line = f"replica {r}: fresh allocation from the job layer"
         elif kind == "gave_up":
@@ -122,7 +175,9 @@ class RunView:
             )
         head = (
             f"quorum [bold]{self.quorum_id}[/] with {len(self.participants)} replicas   "
-            f"elapsed {time.time() - self.started:5.0f}s   dashboard {self.dashboard}"
+            f"elapsed {time.time() - self.started:5.0f}s   dashboard {self.dashboard}\n"
+            f"lineage resets {f'[bold red]{self.lineage_resets}[/]' if self.lineage_resets else 0}   "
+            f"steps lost {self.steps_lost}   max stall {self.stall_now():.0f}s"
         )
         feed = "\n".join(self.feed) or "(no events yet)"
         return Group(Panel(head, title="Regent"), t, Panel(feed, title="events"))
@@ -160,4 +215,7 @@ class LiveDisplay:
             self._last_plain = time.time()
             parts = [f"r{r}:{rv.status}@{rv.step}" + (f" loss {rv.loss:.3f}" if rv.loss else "")
                      for r, rv in sorted(self.view.reps.items())]
-            print(f"[regent] quorum {self.view.quorum_id} | " + " | ".join(parts), flush=True)
+            v = self.view
+            print(f"[regent] quorum {v.quorum_id} | " + " | ".join(parts)
+                  + f" | resets {v.lineage_resets}, steps lost {v.steps_lost}, max stall {v.stall_now():.0f}s",
+                  flush=True)

@@ -252,37 +252,74 @@ class ReplicaActor(Actor):
     async def _liveness_watchdog(self) -> None:
         """A trainer that stops answering (SIGSTOP, a thread holding the GIL) is a failure too.
 
-        Until a generation has answered once, it gets a longer start-up allowance: a cold process importing
-        torch can hold the GIL for many seconds on a loaded machine.
+        One ping is in flight at a time (answered by every rank), the next `faults.ping_every_s` after an
+        answer. How long it may stay unanswered adapts to this replica's own ping latency and step time
+        (orchestrate/hang.py): a few seconds on a responsive machine, at most `faults.hang_timeout`, and a long
+        start-up allowance until a generation has answered ready (a cold process importing torch can hold the
+        GIL for many seconds on a loaded machine). A declared hang goes through `_on_failure` like any failure:
+        `failure_detected` makes the orchestrator tell the peers and the Lighthouse at once.
         """
-        timeout = self.cfg.faults.hang_timeout
-        startup = max(90.0, 4 * timeout)
-        answered: set[int] = set()
+        from regent.orchestrate.hang import HangDetector, HangRule
+
+        detector = HangDetector(HangRule.from_faults(self.cfg.faults))
+        every = float(self.cfg.faults.ping_every_s)
+        tick = min(0.25, every)  # how often an unanswered ping is checked against the deadline
+        inflight: _Ping | None = None
+        last_answer = 0.0
         while not self.finished:
-            await asyncio.sleep(min(2.0, timeout / 4))
+            await asyncio.sleep(tick)
             trainers, gen = self.trainers, self.policy.generation
+            if inflight is not None and (trainers is None or self.policy.restarting
+                                         or inflight.trainers is not trainers):
+                inflight.drop()  # its mesh is being replaced: a late answer means nothing
+                inflight = None
             if trainers is None or self.policy.restarting:
                 continue
-            limit = timeout if gen in answered else startup
-            try:
-                steps = await asyncio.wait_for(_as_awaitable(trainers.ping.call()), timeout=limit)
-                answered.add(gen)
-                if not self._spares_started and all(v >= 0 for _, v in steps.items()):
+            detector.start_generation(gen)
+            now = time.monotonic()
+            if inflight is None:
+                if now - last_answer >= every:
+                    inflight = _Ping(trainers, gen)
+                continue
+            if inflight.task.done():
+                ping, inflight = inflight, None
+                try:
+                    steps, latency = ping.task.result()
+                except Exception:
+                    continue  # a dead mesh: __supervise__ handles it
+                last_answer = time.monotonic()
+                detector.on_answer(ping.generation, latency, [v for _, v in steps.items()], last_answer)
+                if not self._spares_started and detector.ready:
                     self._start_spares()
-            except asyncio.TimeoutError:
-                if trainers is self.trainers and not self.finished:
-                    self._on_failure(gen, f"trainer unresponsive for {limit:.0f}s (hung)", "")
-            except Exception:
-                pass  # a dead mesh: __supervise__ handles it
+                continue
+            silent = now - inflight.sent
+            if detector.is_hung(silent) and not self.finished:
+                inflight.drop()
+                inflight = None
+                self._on_failure(gen, f"trainer unresponsive for {silent:.1f}s (hung; {detector.explain()})", "")
 
     @endpoint
     async def inject_fault(self, kind: str, rank: int) -> bool:
-        """Deliver a fault to one trainer (or, for `node`, to every process of this replica)."""
+        """Deliver a fault to one trainer (for `node` and `correlated`, to every process of this replica).
+
+        `straggler` pauses the trainer's process (SIGSTOP) for `faults.straggler_s`, then resumes it (SIGCONT):
+        from here when the trainer runs on this host, else by a helper process next to the trainer."""
         trainers = self.trainers
         if trainers is None or self.policy.restarting:
             return False
-        if kind == "node":
+        if kind in ("node", "correlated"):
             trainers.inject.broadcast("kill")
+        elif kind == "straggler":
+            target = trainers.slice(gpus=rank % self.cfg.procs_per_replica)
+            seconds = float(self.cfg.faults.straggler_s)
+            try:
+                where = await _as_awaitable(target.inject.call_one("straggler"))
+            except Exception:  # that trainer is failing already: supervision deals with it
+                return False
+            if where["host"] == socket.gethostname():
+                _pause_process(where["pid"], seconds)
+            else:
+                target.inject.broadcast("straggler_self", seconds)
         else:
             trainers.slice(gpus=rank % self.cfg.procs_per_replica).inject.broadcast(kind)
         return True
@@ -373,3 +410,41 @@ def replica_gpu_env(replica_index: int, procs_per_replica: int, environ: dict[st
         return {}
     chosen = [visible[(replica_index * procs_per_replica + g) % len(visible)] for g in range(procs_per_replica)]
     return {name: ",".join(chosen)}
+
+
+class _Ping:
+    """One liveness ping in flight to every rank of a trainer mesh, timed from when it was sent."""
+
+    def __init__(self, trainers: Any, generation: int) -> None:
+        self.trainers = trainers
+        self.generation = generation
+        self.sent = time.monotonic()
+        self.task = asyncio.get_running_loop().create_task(_timed_ping(trainers))
+
+    def drop(self) -> None:
+        """Stop waiting for the answer (the mesh is being replaced, or was declared hung)."""
+        self.task.cancel()
+
+
+async def _timed_ping(trainers: Any) -> tuple[Any, float]:
+    """Every rank's step and the round-trip time, measured when the answer arrives (not at the next tick)."""
+    t0 = time.monotonic()
+    steps = await _as_awaitable(trainers.ping.call())
+    return steps, time.monotonic() - t0
+
+
+def _pause_process(pid: int, seconds: float) -> None:
+    """A straggler: stop process `pid` now and let it go on after `seconds` (a timer on this loop)."""
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    asyncio.get_running_loop().call_later(seconds, _resume_process, pid)
+
+
+def _resume_process(pid: int) -> None:
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass  # it was stopped for good in the meantime (a restart or the end of the run): nothing to resume

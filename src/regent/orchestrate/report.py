@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import html
 import json
 from collections import defaultdict
@@ -9,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from regent.orchestrate.events import read_jsonl
-from regent.orchestrate.summary import recovery_breakdowns
+from regent.orchestrate.summary import (
+    DOWN_KINDS,
+    committing_replicas_series,
+    compute_summary,
+    healthy_step_rate,
+    recovery_breakdowns,
+    state_lost_groups,
+)
 
 FAULT_COLORS = {
     "kill": "tab:red",
@@ -18,7 +26,7 @@ FAULT_COLORS = {
     "exit": "tab:brown",
     "comm": "tab:blue",
     "hang": "tab:gray",
-    "node": "black",
+    "node": "tab:cyan",  # black is for lost state
 }
 
 
@@ -43,21 +51,30 @@ def _plt():
     return plt
 
 
-def plot_active_replicas(events: list[dict[str, Any]], replicas: int | None, out: Path) -> None:
+def plot_active_replicas(events: list[dict[str, Any]], replicas: int | None, out: Path,
+                         metrics: list[dict[str, Any]] | None = None) -> None:
+    """Replicas in the quorum, and (with metrics) replicas committing, as time_below_n_seconds counts them."""
     plt = _plt()
     series = active_replicas_series(events)
     t0 = min((e["time"] for e in events), default=0.0)
+    end = max((e["time"] for e in events), default=t0) - t0
     fig, ax = plt.subplots(figsize=(8, 3.2))
     if series:
         xs = [t - t0 for t, _ in series]
         ys = [n for _, n in series]
-        end = max(e["time"] for e in events) - t0
-        ax.step(xs + [end], ys + [ys[-1]], where="post", color="tab:green", lw=2)
+        ax.step(xs + [end], ys + [ys[-1]], where="post", color="tab:green", lw=2, label="in quorum")
+    committing = committing_replicas_series(events, metrics) if metrics else []
+    if committing:
+        xs = [t - t0 for t, _ in committing]
+        ys = [n for _, n in committing]
+        ax.step(xs + [end], ys + [ys[-1]], where="post", color="tab:olive", lw=1, ls="--", label="committing")
+    if series or committing:
+        ax.legend(fontsize=7, loc="lower right")
     for e in events:
         if e["kind"] == "fault_injected":
             ax.axvline(e["time"] - t0, color=FAULT_COLORS.get(e.get("fault_kind"), "red"), ls=":", lw=1)
     ax.set_xlabel("seconds since start")
-    ax.set_ylabel("replicas in quorum")
+    ax.set_ylabel("replicas")
     if replicas:
         ax.set_ylim(0, replicas + 0.5)
     ax.set_title("Active replicas over time (dotted: injected faults)")
@@ -68,6 +85,7 @@ def plot_active_replicas(events: list[dict[str, Any]], replicas: int | None, out
 
 def plot_loss(metrics: list[dict[str, Any]], events: list[dict[str, Any]], out: Path,
               baseline: list[dict[str, Any]] | None = None) -> None:
+    """Loss per replica by step, with the faults and lineage resets drawn where they happened."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     by_rep: dict[Any, list[tuple[int, float]]] = defaultdict(list)
@@ -82,16 +100,114 @@ def plot_loss(metrics: list[dict[str, Any]], events: list[dict[str, Any]], out: 
         if bpts:
             ax.plot([p[0] for p in bpts], [p[1] for p in bpts], color="black", lw=1.5, ls="--",
                     label="fault-free baseline")
-    for e in events:
-        if e["kind"] == "failure_detected" and e.get("step") is not None:
-            ax.axvline(e["step"], color="red", alpha=0.25, lw=1)
+    _mark_faults(ax, events, step_of=_step_at_time(metrics))
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title("Loss (red lines: failures detected)")
+    ax.set_title("Loss (vertical lines: faults by kind; black: state lost)")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _step_at_time(metrics: list[dict[str, Any]]) -> Any:
+    """t -> the highest step any replica had reached by time t: places events without a step on a step axis."""
+    pts = sorted((m["time"], m["step"]) for m in metrics if m.get("step") is not None and m.get("time") is not None)
+    times, top, high = [], [], 0
+    for t, step in pts:
+        high = max(high, step)
+        times.append(t)
+        top.append(high)
+
+    def at(t: float) -> int | None:
+        i = bisect.bisect_right(times, t)
+        return top[i - 1] if i else (top[0] if top else None)
+
+    return at
+
+
+def _mark_faults(ax: Any, events: list[dict[str, Any]], *, step_of: Any = None, t0: float | None = None) -> None:
+    """Vertical lines for injected faults (coloured by kind), failures no injected fault explains (red) and
+    lineage resets (black); one legend entry per kind. x is the step (`step_of`) or seconds since `t0`."""
+    def x(e: dict[str, Any]) -> float | None:
+        if t0 is not None:
+            return e["time"] - t0
+        return e["step"] if e.get("step") is not None else step_of(e["time"])
+
+    labelled: set[str] = set()
+
+    def line(pos: float | None, label: str, **kw: Any) -> None:
+        if pos is None:
+            return
+        ax.axvline(pos, label=None if label in labelled else label, **kw)
+        labelled.add(label)
+
+    injected: dict[Any, float] = {}
+    for e in sorted(events, key=lambda e: e["time"]):
+        if e["kind"] == "fault_injected":
+            injected[e.get("replica")] = e["time"]
+            kind = e.get("fault_kind") or "fault"
+            line(x(e), f"fault: {kind}", color=FAULT_COLORS.get(kind, "red"), ls=":", lw=1.2, alpha=0.8)
+        elif e["kind"] == "failure_detected" and e["time"] - injected.get(e.get("replica"), -1e18) > 120:
+            line(x(e), "failure (not injected)", color="red", ls="--", lw=1, alpha=0.6)
+    for g in state_lost_groups(events):
+        line(x({"time": g["time"]}), "state lost (lineage reset)", color="black", lw=1.8)
+
+
+def plot_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]], out: Path,
+                  summary: dict[str, Any] | None = None) -> None:
+    """Global committed step over time: what the run really kept, with faults and lineage resets marked."""
+    plt = _plt()
+    t0 = min((e["time"] for e in events), default=min((m["time"] for m in metrics), default=0.0))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    per_rep: dict[Any, list[tuple[float, int]]] = defaultdict(list)
+    for m in metrics:
+        if m.get("committed", True) and m.get("step") is not None:
+            per_rep[m.get("replica")].append((m["time"] - t0, m["step"]))
+    for r, pts in sorted(per_rep.items(), key=lambda kv: str(kv[0])):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8, alpha=0.35, label=f"replica {r}")
+    xs, ys = global_committed_series(events, metrics)
+    if xs:
+        ax.plot([t - t0 for t in xs], ys, color="tab:blue", lw=2, label="global committed step")
+    undetected = [rb["time"] for rb in (summary or {}).get("rollbacks") or [] if rb.get("cause") == "undetected_reset"]
+    for i, t in enumerate(undetected):  # on the global line where it resumed (the drop may be in manager steps)
+        y = next((y for x, y in zip(xs, ys) if x >= t and y == y), 0)
+        ax.plot([t - t0], [y], marker="x", color="red", ms=10, ls="", label=None if i else "UNDETECTED reset")
+    _mark_faults(ax, events, t0=t0)
+    for g in state_lost_groups(events):
+        text = f"state lost {g['lost_step']}->{g['restored_step']}" + (" (fatal)" if g["fatal"] else "")
+        ax.annotate(text, (g["time"] - t0, 0.5), xycoords=("data", "axes fraction"), xytext=(3, 0),
+                    textcoords="offset points", rotation=90, fontsize=7, va="center", ha="left")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("committed trainer step")
+    ax.set_title("Progress: global committed step (max over live replicas)")
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def global_committed_series(events: list[dict[str, Any]], metrics: list[dict[str, Any]]
+                            ) -> tuple[list[float], list[float]]:
+    """(times, steps): the max committed trainer step over replicas that are up, at each record and event
+    that changes it; a replica stops counting at its failure_detected/gave_up/restart_started, so a
+    lineage reset shows as a drop. NaN while no replica is up (a gap in the line)."""
+    marks = [(m["time"], 1, m.get("replica"), m["step"]) for m in metrics
+             if m.get("committed", True) and m.get("step") is not None and m.get("time") is not None]
+    marks += [(e["time"], 0, e.get("replica"), None) for e in events
+              if e["kind"] in DOWN_KINDS and e.get("replica") is not None]
+    latest: dict[Any, int] = {}
+    xs: list[float] = []
+    ys: list[float] = []
+    for t, up, r, step in sorted(marks, key=lambda x: (x[0], x[1])):
+        if up:
+            latest[r] = step
+        else:
+            latest.pop(r, None)
+        xs.append(t)
+        ys.append(max(latest.values()) if latest else float("nan"))
+    return xs, ys
 
 
 def plot_quorum_ids(events: list[dict[str, Any]], out: Path) -> None:
@@ -134,6 +250,7 @@ def plot_recovery(recs: list[dict[str, Any]], out: Path) -> None:
 
 
 def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> Path:
+    """report.html and its figures, from the run directory alone (so old runs can be re-reported)."""
     run = Path(run_dir)
     if not (run / "events.jsonl").exists():
         raise FileNotFoundError(f"{run} has no events.jsonl; is it a regent run directory?")
@@ -145,15 +262,30 @@ def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> Pat
     if baseline is None:
         baseline = summary.get("baseline")
     base_metrics = list(read_jsonl(Path(baseline) / "metrics.jsonl")) if baseline else None
+    if "how" not in summary and summary.get("replicas"):
+        # a run from before the accounting figures: compute them for the page (summary.json stays as it is)
+        rate = healthy_step_rate(base_metrics, list(read_jsonl(Path(baseline) / "events.jsonl"))) \
+            if base_metrics else None
+        fresh = compute_summary(events, metrics, replicas=summary["replicas"], replicas_consistent=None,
+                                baseline_rate=rate, baseline_dir=str(baseline) if rate else None)
+        summary.update({k: v for k, v in fresh.items() if k not in summary or k in fresh["how"] or k == "how"})
     recs = recovery_breakdowns(events)
-    plot_active_replicas(events, summary.get("replicas"), run / "active_replicas.png")
+    plot_progress(events, metrics, run / "progress.png", summary)
+    plot_active_replicas(events, summary.get("replicas"), run / "active_replicas.png", metrics)
     plot_loss(metrics, events, run / "loss.png", base_metrics)
     plot_quorum_ids(events, run / "quorum_ids.png")
     plot_recovery(recs, run / "recovery.png")
+    how = summary.get("how") or {}
+    accounting = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{_cell(summary.get(k))}</td><td>{html.escape(str(text))}</td></tr>"
+        for k, text in how.items()
+    )
+    if "goodput_basis" in summary:
+        accounting += f"<tr><th>goodput_basis</th><td colspan=2>{_cell(summary['goodput_basis'])}</td></tr>"
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
+        f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>"
         for k, v in summary.items()
-        if k != "recovery_breakdown"
+        if k not in ("recovery_breakdown", "how", "goodput_basis") and k not in how
     )
     feed = "".join(
         f"<tr><td>{e['time'] - events[0]['time']:.1f}</td><td>{html.escape(e['kind'])}</td>"
@@ -167,6 +299,8 @@ def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> Pat
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}}img{{max-width:100%}}
 td pre{{white-space:pre-wrap;margin:0;max-height:8em;overflow:auto}}</style></head><body>
 <h1>Regent run: {html.escape(run.name)}</h1>
+<h2>Accounting</h2><table><tr><th>figure</th><th>value</th><th>how it was made</th></tr>{accounting}</table>
+<h2>Progress</h2><img src="progress.png">
 <h2>Summary</h2><table>{rows}</table>
 <h2>Active replicas</h2><img src="active_replicas.png">
 <h2>Loss</h2><img src="loss.png">
@@ -177,6 +311,10 @@ td pre{{white-space:pre-wrap;margin:0;max-height:8em;overflow:auto}}</style></he
     out = run / "report.html"
     out.write_text(page)
     return out
+
+
+def _cell(v: Any) -> str:
+    return html.escape(v if isinstance(v, str) else json.dumps(v, default=str))
 
 
 def _details(e: dict[str, Any]) -> str:

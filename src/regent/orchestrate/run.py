@@ -2,6 +2,16 @@
 
 It starts a LighthouseActor and N ReplicaActors, runs the fault injector, writes the run directory, and stops
 everything cleanly at the end or on Ctrl-C. Events and metrics flow back to it through one port.
+
+What it does on its own, beyond starting and stopping:
+- a replica's `failure_detected` is passed on at once to the other replicas (`_tell_peers`: abort collectives
+  with it) and to the Lighthouse (`_forget_at_lighthouse`: do not wait for its heartbeats to time out);
+- the Lighthouse process dying (the `lighthouse` fault, or a real crash) is not the end of the run: a new one
+  is started on the same address (the port the first one got is kept) with the same state file, so quorum ids
+  keep increasing, and the trainers' clients reconnect by themselves;
+- a fatal `state_lost` (no live replica and no backstop holds the committed state) stops the run at once:
+  `run_failed` with the reason, exit code 1;
+- processes of this run still alive after everything was stopped are listed in summary.json (`leaked_pids`).
 """
 
 from __future__ import annotations
@@ -11,18 +21,27 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from regent.actor import Channel, this_host
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
-from regent.orchestrate.faults import RandomFaultSchedule, ReplayFaultSchedule, fault_record
+from regent.orchestrate.faults import PlannedFault, RandomFaultSchedule, ReplayFaultSchedule, fault_record
 from regent.orchestrate.live import LiveDisplay, RunView
 from regent.orchestrate.summary import compute_summary, healthy_step_rate
 
 logger = logging.getLogger(__name__)
+
+# Set in the controller's environment before anything is spawned: every process of this run inherits it, which
+# is how processes left behind are found at the end (`leaked_processes`).
+RUN_MARKER_ENV = "REGENT_RUN_MARKER"
+# A fatal `state_lost` ends the run with this exit code (2 is a configuration error, 130 an interrupt).
+EXIT_RUN_FAILED = 1
 
 
 class OrchestrationManager:
@@ -53,6 +72,16 @@ class OrchestrationManager:
         self._told_group_failed: set[tuple[int, str | None]] = set()
         self._lighthouse: Any = None
         self._replica_ids: dict[int, dict[str, int]] = {}  # replica -> {Lighthouse id seen: its generation}
+        self._lh_procs: list[Any] = []  # every Lighthouse process mesh started (a killed one is stopped too)
+        self._lh_actors: list[Any] = []  # ... and their actors: a failure of any of them is the Lighthouse's
+        self._lh_killed: list[Any] = []  # Lighthouse actors killed on purpose (the `lighthouse` fault)
+        self._lh_bind: str | None = None  # where a restarted Lighthouse binds: the first one's address
+        self._lh_address: str | None = None
+        self._lh_task: asyncio.Task | None = None  # a Lighthouse restart in progress
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._failed: asyncio.Event | None = None
+        self.failed_reason: str | None = None
+        self.leaked_pids: list[int] = []
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -64,6 +93,10 @@ class OrchestrationManager:
             self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
             self.healthy_since[r] = None
+        if e["kind"] == "state_lost" and e.get("fatal"):
+            detail = e.get("reason") or "no live replica and no backstop holds the committed state"
+            lost = e.get("lost_step", e.get("step"))
+            self.fail_run(f"the committed state of step {lost} is lost (reported by replica {r}): {detail}")
         if e["kind"] == "failure_detected" and r is not None and self._lighthouse is not None:
             # Its processes are gone: the Lighthouse should not count them healthy until their heartbeats
             # time out (the survivors would wait that long for them before training on).
@@ -81,6 +114,17 @@ class OrchestrationManager:
             if key not in self._told_group_failed:
                 self._told_group_failed.add(key)
                 self._spawn(self._tell_peers(r, e.get("group")))
+
+    def fail_run(self, reason: str) -> None:
+        """The run cannot go on (its committed state is gone, or the Lighthouse cannot be restarted): say why,
+        record `run_failed`, and make `run` stop everything at once and exit with EXIT_RUN_FAILED."""
+        if self.failed_reason is not None:
+            return
+        self.failed_reason = reason
+        print(f"[regent] RUN FAILED: {reason}", flush=True)
+        self.record_event(_event("run_failed", reason=reason, step=self.max_step))
+        if self._failed is not None:
+            self._failed.set()
 
     def _spawn(self, coro: Any) -> None:
         self._tasks.add(task := asyncio.get_running_loop().create_task(coro))
@@ -125,56 +169,158 @@ class OrchestrationManager:
     # -- main -----------------------------------------------------------------------------------------
     async def run(self) -> int:
         cfg = self.cfg
+        self._loop = asyncio.get_running_loop()
+        self._failed = asyncio.Event()
+        marker = os.environ[RUN_MARKER_ENV] = uuid.uuid4().hex
         (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         port, receiver = Channel.open()
         drain = asyncio.get_running_loop().create_task(self.drain(receiver))
         self.record_event(make_event("run_started", replicas=cfg.replicas, procs_per_replica=cfg.procs_per_replica,
                                      mode=cfg.ft.mode, recovery=cfg.recovery))
+        import regent.actor as actor_api
+
+        previous_hook = actor_api.unhandled_fault_hook
+        actor_api.unhandled_fault_hook = self._fault_hook(previous_hook)
         host = this_host()
-        lh_procs = host.spawn_procs(per_host={"lighthouse": 1})
-        from regent.orchestrate.lighthouse_actor import LighthouseActor
-
-        lighthouse = lh_procs.spawn("lighthouse", LighthouseActor)
-        self._lighthouse = lighthouse
-        lc = cfg.lighthouse
-        if lc.address:
-            addr, dashboard = lc.address, ""
-        else:
-            info = await lighthouse.start_lighthouse.call_one(lc.bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms,
-                                                   lc.quorum_tick_ms, lc.heartbeat_timeout_ms,
-                                                   str(self.run_dir / "lighthouse.state"))
-            addr, dashboard = info["address"], info["dashboard"]
-        self.view.dashboard = dashboard
-        print(f"[regent] run directory {self.run_dir}", flush=True)
-        print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
-
-        from regent.orchestrate.replica import ReplicaActor
-
-        rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas})
-        replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port)
-        self._replicas = replicas
-        await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
-                               for r in range(cfg.replicas)])
-        self.t_start = time.time()
+        rep_procs = None
         code = 0
         try:
-            with self.display:
-                await self._supervise_run(replicas)
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print("[regent] interrupted: stopping every replica now", flush=True)
-            code = 130
+            lc = cfg.lighthouse
+            if lc.address:
+                await self._start_lighthouse(None)  # only to have a `forget_replicas` to call; it serves nothing
+                addr, dashboard = lc.address, ""
+            else:
+                info = await self._start_lighthouse(lc.bind)
+                addr, dashboard = info["address"], info["dashboard"]
+            self.view.dashboard = dashboard
+            print(f"[regent] run directory {self.run_dir}", flush=True)
+            print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
+
+            from regent.orchestrate.replica import ReplicaActor
+
+            rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas})
+            replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port)
+            self._replicas = replicas
+            await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
+                                   for r in range(cfg.replicas)])
+            self.t_start = time.time()
+            try:
+                with self.display:
+                    await self._unless_failed(self._supervise_run(replicas))
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                print("[regent] interrupted: stopping every replica now", flush=True)
+                code = 130
+            if code == 0 and self.failed_reason is None:
+                if self._lh_task is not None:
+                    await asyncio.wait({self._lh_task}, timeout=120)  # the trainers need it to reach the stop step
+                # stop at a common sync boundary and compare the replicas
+                await self._unless_failed(self._finish(replicas))
         finally:
-            if code == 0:
-                await self._finish(replicas)  # stop at a common sync boundary and compare the replicas
+            if self.failed_reason is not None and code == 0:
+                code = EXIT_RUN_FAILED
             drain.cancel()
-            for mesh in (rep_procs, lh_procs):
+            if self._lh_task is not None:
+                self._lh_task.cancel()
+            for mesh in [m for m in (rep_procs, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(_aw(mesh.stop()), timeout=30)
                 except Exception as exc:
                     logger.warning("stopping %s: %r", mesh, exc)
+            self.leaked_pids = await asyncio.to_thread(leaked_processes, marker)
+            if self.leaked_pids:
+                print(f"[regent] processes of this run still alive after it stopped: {self.leaked_pids}", flush=True)
+            actor_api.unhandled_fault_hook = previous_hook
             self.record_event(make_event("run_finished"))
             self.write_summary()
         return code
+
+    async def _unless_failed(self, coro: Any) -> None:
+        """Run `coro`, cut short the moment the run fails (`fail_run`), whatever it is waiting for."""
+        assert self._failed is not None
+        supervise = asyncio.get_running_loop().create_task(coro)
+        failed = asyncio.get_running_loop().create_task(self._failed.wait())
+        try:
+            await asyncio.wait({supervise, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (supervise, failed):
+                task.cancel()
+        if supervise.done() and not supervise.cancelled() and supervise.exception() is not None:
+            raise supervise.exception()
+
+    # -- the Lighthouse -------------------------------------------------------------------------------
+    async def _start_lighthouse(self, bind: str | None, bind_retry_s: float = 0.0) -> dict[str, str]:
+        """A Lighthouse process (and actor); with `bind`, serving there. The first one's port is kept for the
+        ones started after it (a bind to port 0 is turned into a bind to the port it got)."""
+        from regent.orchestrate.lighthouse_actor import LighthouseActor
+
+        cfg, lc = self.cfg, self.cfg.lighthouse
+        procs = this_host().spawn_procs(per_host={"lighthouse": 1})
+        self._lh_procs.append(procs)
+        actor = procs.spawn("lighthouse", LighthouseActor)
+        self._lh_actors.append(actor)
+        info: dict[str, str] = {}
+        if bind is not None:
+            info = await actor.start_lighthouse.call_one(
+                bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms, lc.quorum_tick_ms,
+                lc.heartbeat_timeout_ms, str(self.run_dir / "lighthouse.state"), bind_retry_s)
+            if self._lh_address is not None and info["address"] != self._lh_address:
+                raise RuntimeError(f"the new Lighthouse serves at {info['address']}, not {self._lh_address}")
+            self._lh_address = info["address"]
+            self._lh_bind = fixed_bind(bind, info["address"])
+        self._lighthouse = actor
+        return info
+
+    def _fault_hook(self, previous: Any) -> Any:
+        """The runtime's hook for failures nobody supervises (on the controller: the Lighthouse and replica
+        meshes). A dead Lighthouse is restarted; anything else goes to the previous hook (which ends the run)."""
+
+        def hook(failure: Any) -> None:  # runs on a thread of the actor runtime
+            mesh = getattr(failure, "mesh", None)
+            if not any(mesh is a for a in self._lh_actors):
+                previous(failure)
+                return
+            if any(mesh is a for a in self._lh_killed):
+                return  # the `lighthouse` fault: its restart is already scheduled
+            logger.error("the Lighthouse process failed: %s", failure)
+            if self._loop is not None and mesh is self._lighthouse:
+                self._loop.call_soon_threadsafe(self._lighthouse_crashed)
+
+        return hook
+
+    def _lighthouse_crashed(self) -> None:
+        if self._lh_task is None and self._lh_bind is not None and self.failed_reason is None:
+            print("[regent] the Lighthouse process died; starting a new one on the same address", flush=True)
+            self._lh_task = asyncio.get_running_loop().create_task(self._restart_lighthouse(0.0, "crashed"))
+
+    async def _kill_lighthouse(self) -> bool:
+        """The `lighthouse` fault: SIGKILL the Lighthouse process; a new one starts after `lighthouse_down_s`."""
+        if self.cfg.lighthouse.address or self._lh_bind is None or self._lh_task is not None:
+            return False  # an external Lighthouse is not ours to kill; one restart at a time
+        actor = self._lighthouse
+        try:
+            pid = await actor.pid.call_one()
+        except Exception as exc:
+            logger.warning("the lighthouse fault could not reach the Lighthouse: %r", exc)
+            return False
+        self._lh_killed.append(actor)
+        os.kill(pid, signal.SIGKILL)
+        down = float(self.cfg.faults.lighthouse_down_s)
+        self._lh_task = asyncio.get_running_loop().create_task(self._restart_lighthouse(down, "injected"))
+        return True
+
+    async def _restart_lighthouse(self, down_s: float, cause: str) -> None:
+        await asyncio.sleep(down_s)
+        t0 = time.time()
+        try:
+            info = await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
+        except Exception as exc:
+            self.fail_run(f"the Lighthouse could not be started again on {self._lh_bind}: {exc!r}")
+            return
+        finally:
+            self._lh_task = None
+        self.record_event(_event("lighthouse_restarted", address=info["address"], cause=cause, down_s=down_s,
+                                 seconds=time.time() - t0, step=self.max_step))
+        print(f"[regent] Lighthouse started again at {info['address']} ({cause})", flush=True)
 
     def _schedule(self) -> Any:
         f = self.cfg.faults
@@ -183,7 +329,8 @@ class OrchestrationManager:
         if f.file:
             return ReplayFaultSchedule.from_file(f.file)
         return RandomFaultSchedule(f.kinds, f.every, f.warmup, f.holdoff, self.cfg.procs_per_replica,
-                                   seed=self.cfg.seed)
+                                   seed=self.cfg.seed, correlated_size=f.correlated_size,
+                                   correlated_window=f.correlated_window_s)
 
     def _done(self) -> bool:
         cfg = self.cfg
@@ -193,7 +340,7 @@ class OrchestrationManager:
 
     async def _supervise_run(self, replicas: Any) -> None:
         schedule = self._schedule()
-        while not self._done():
+        while not self._done() and self.failed_reason is None:
             await asyncio.sleep(0.25)
             self.display.refresh()
             if self.t_train is None:
@@ -203,16 +350,59 @@ class OrchestrationManager:
                 fault = schedule.pick(now, since_first_step(self.healthy_since, self.t_train))
                 if fault is not None:
                     self.faults_log.write(json.loads(fault_record(fault)))
-                    target = replicas.slice(replicas=fault.replica)
-                    delivered = await target.inject_fault.call_one(fault.kind, fault.rank)
-                    if delivered:
-                        self.record_event(make_event("fault_injected", replica=fault.replica,
-                                                     fault_kind=fault.kind, rank=fault.rank, step=self.max_step))
+                    await self._inject(replicas, fault)
             if self.full_restart_pending:
                 await self._full_restart(replicas)
             if all(v.status == "gave up" for v in self.view.reps.values()):
                 print("[regent] every replica gave up; stopping", flush=True)
                 break
+
+    async def _inject(self, replicas: Any, fault: PlannedFault) -> None:
+        """Deliver one fault and record `fault_injected` with the replicas it hit (`replica` for a single-replica
+        kind, `replicas` for every kind; neither for `lighthouse`)."""
+        if fault.kind == "lighthouse":
+            if await self._kill_lighthouse():
+                self.record_event(make_event("fault_injected", replica=None, replicas=[], fault_kind=fault.kind,
+                                             rank=None, step=self.max_step,
+                                             down_s=self.cfg.faults.lighthouse_down_s))
+            return
+        if fault.kind == "correlated":
+            self._spawn(self._inject_correlated(replicas, fault))  # its kills are spread over a window
+            return
+        try:
+            delivered = await replicas.slice(replicas=fault.replica).inject_fault.call_one(fault.kind, fault.rank)
+        except Exception as exc:  # that replica is failing itself; its supervisor handles it
+            logger.warning("injecting %s into replica %s: %r", fault.kind, fault.replica, exc)
+            return
+        if delivered:
+            extra = {"seconds": self.cfg.faults.straggler_s} if fault.kind == "straggler" else {}
+            self.record_event(make_event("fault_injected", replica=fault.replica, replicas=[fault.replica],
+                                         fault_kind=fault.kind, rank=fault.rank, step=self.max_step, **extra))
+
+    async def _inject_correlated(self, replicas: Any, fault: PlannedFault) -> None:
+        """Kill every replica of `fault.replicas`, each at its offset: one event, timed at the first kill."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        offsets = fault.offsets or (0.0,) * len(fault.replicas)
+        hit: list[int] = []
+        at: list[float] = []
+        first: float | None = None
+        for r, offset in zip(fault.replicas, offsets):
+            await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
+            try:
+                delivered = await replicas.slice(replicas=r).inject_fault.call_one(fault.kind, 0)
+            except Exception as exc:
+                logger.warning("injecting %s into replica %s: %r", fault.kind, r, exc)
+                delivered = False
+            if delivered:
+                now = time.time()
+                first = now if first is None else first
+                hit.append(r)
+                at.append(round(now - first, 3))
+        if hit:
+            self.record_event(make_event("fault_injected", replica=None, replicas=hit, fault_kind=fault.kind,
+                                         rank=None, step=self.max_step, offsets=at, t=first,
+                                         window_s=self.cfg.faults.correlated_window_s))
 
     async def _full_restart(self, replicas: Any) -> None:
         """The checkpoint-restart baseline: every replica stops and reloads the last checkpoint."""
@@ -254,11 +444,21 @@ class OrchestrationManager:
             b = Path(self.cfg.baseline)
             baseline_rate = healthy_step_rate(list(read_jsonl(b / "metrics.jsonl")), list(read_jsonl(b / "events.jsonl")))
         summary = compute_summary(events, metrics, replicas=self.cfg.replicas, replicas_consistent=consistent,
-                                  baseline_rate=baseline_rate, recovery_mode=self.cfg.recovery)
+                                  baseline_rate=baseline_rate, recovery_mode=self.cfg.recovery,
+                                  baseline_dir=self.cfg.baseline)
         summary["final_states"] = self.final_states
         summary["baseline"] = self.cfg.baseline
-        summary["full_restarts"] = summary["full_restarts"] if self.cfg.recovery == "restart" else 0
+        summary["run_failed"] = self.failed_reason
+        summary["leaked_pids"] = self.leaked_pids
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        from regent.orchestrate.invariants import check_run
+
+        # The invariants (no uncounted lineage reset, no committed step going backwards unexplained, equal
+        # replicas equal, no leaked processes, bounded memory), checked on what was written, every run.
+        summary["invariant_violations"] = violations = check_run(self.run_dir)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        for v in violations:
+            print(f"[regent] INVARIANT VIOLATED: {v}", flush=True)
         try:
             from regent.orchestrate.report import write_report
 
@@ -272,6 +472,14 @@ class OrchestrationManager:
             f"consistent={s['replicas_consistent']}, goodput={s['goodput']}",
             flush=True,
         )
+        print(
+            f"[regent] accounting: steps lost {s.get('steps_lost')}, lineage resets {s.get('lineage_resets')} "
+            f"(undetected {s.get('lineage_resets_undetected')}), full restarts {s.get('full_restarts')}, "
+            f"gave up {s.get('gave_up')}, longest stall of the committed step {s.get('max_stall_seconds')} s, "
+            f"below {self.cfg.replicas} replicas for {s.get('time_below_n_seconds')} s; goodput basis: "
+            f"{s.get('goodput_basis')}",
+            flush=True,
+        )
         print(f"[regent] report: {self.run_dir / 'report.html'}", flush=True)
         return summary
 
@@ -283,6 +491,44 @@ def since_first_step(healthy_since: dict[int, float | None], t_train: float) -> 
     eligible, and a run injected no faults at all.
     """
     return {r: (since - t_train if since is not None else None) for r, since in healthy_since.items()}
+
+
+def fixed_bind(bind: str, address: str) -> str:
+    """The bind address for a Lighthouse started again: `bind`, with port 0 replaced by the port the first
+    Lighthouse got (read from its `address`, e.g. http://127.0.0.1:29510), so clients find it where it was."""
+    host, _, port = bind.rpartition(":")
+    if port != "0":
+        return bind
+    return f"{host}:{address.rstrip('/').rpartition(':')[2]}"
+
+
+def leaked_processes(marker: str, grace_s: float = 5.0, proc: str = "/proc") -> list[int]:
+    """Pids of live processes (not this one, not zombies) whose environment holds this run's marker: trainers,
+    replicas, Lighthouses or warm spares that outlived the meshes they belonged to. They are given `grace_s`
+    to exit first. Empty where there is no /proc."""
+    needle = f"{RUN_MARKER_ENV}={marker}".encode()
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = []
+        for entry in Path(proc).glob("[0-9]*") if Path(proc).is_dir() else []:
+            pid = int(entry.name)
+            if pid == os.getpid():
+                continue
+            try:
+                if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
+                continue  # gone meanwhile, or not ours to read
+            if state not in ("Z", "X"):
+                found.append(pid)
+        if not found or time.monotonic() >= deadline:
+            return sorted(found)
+        time.sleep(0.25)
+
+
+def _event(kind: str, **details: Any) -> dict[str, Any]:
+    return make_event(kind, **details)
 
 
 async def _aw(x: Any) -> Any:

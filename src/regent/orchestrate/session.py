@@ -62,6 +62,13 @@ class TrainingSession:
         )
         ft = cfg.ft
         self.mode = ft.mode
+        self.backstop: Any = None
+        if ft.backstop_every_s > 0 and cfg.recovery == "peer":
+            from regent.ft.backstop import Backstop
+
+            self.backstop = Backstop(os.path.join(cfg.run_dir, "backstop"), rank=rank, world_size=world_size,
+                                     every_s=ft.backstop_every_s, keep=ft.backstop_keep,
+                                     on_event=lambda kind, d: self._manager_event(kind, d))
         self._in_step = False  # inside optimizer.step(): the trainer's step counter has not moved yet
         self.trainer.optimizer.register_step_pre_hook(lambda *_: self._set_in_step(True))
         self.manager = Manager(
@@ -81,6 +88,7 @@ class TrainingSession:
             init_sync=ft.init_sync,
             max_retries=ft.max_retries,
             on_event=self._manager_event,
+            backstop=self.backstop,
         )
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
@@ -98,7 +106,13 @@ class TrainingSession:
                 sync_every=ft.sync_every,
                 fragment_sync_delay=ft.fragment_sync_delay,
                 fragment_update_alpha=ft.fragment_update_alpha,
+                sync_retries=ft.sync_retries,
+                early_heal=ft.early_heal,
             )
+            self.diloco.committed_extra = self._committed_extra
+            self.diloco.load_committed_extra = self._load_committed_extra
+            self.diloco.round_step = lambda: self.trainer.step + int(self._in_step)
+            self.diloco.on_contributor_step = self._align_step
             self.diloco.__enter__()
         else:
             if ft.bucket_mb > 0 and not self.trainer.sharded:
@@ -117,10 +131,17 @@ class TrainingSession:
         self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
         if resume_from:
             self._resume(resume_from)
+            self.manager.accept_loss(f"checkpoint restart from {resume_from}")
         self.stop_at: int | None = None
         self.inject_exception = False
         if on_ready is not None:
             on_ready(self)  # built and ready; what follows is waiting for the other replicas
+        # Never train on from less than the run has committed: pull it from a live holder now (DiLoCo's early
+        # heal), or restore the durable backstop when no holder is left (a counted lineage reset).
+        if self.diloco is not None:
+            self.diloco.recover()
+        else:
+            self.manager.recover_committed()
         if self.diloco is not None:
             # Join the replicas' sync round right away instead of after `sync_every` local steps: a fresh
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
@@ -138,6 +159,36 @@ class TrainingSession:
         sd = self.trainer.state_dict()
         sd["mid_step"] = self._in_step
         return sd
+
+    def _committed_extra(self) -> dict[str, Any]:
+        """The trainer's part of DiLoCo's committed state, taken at the commit (inside optimizer.step())."""
+        import copy
+
+        t = self.trainer
+        return {"lr_scheduler": copy.deepcopy(t.lr_scheduler.state_dict()), "data": dict(t.dataloader.state_dict()),
+                "step": t.step, "mid_step": self._in_step}
+
+    def _load_committed_extra(self, extra: dict[str, Any]) -> None:
+        t = self.trainer
+        delta = int(bool(extra.get("mid_step", False))) - int(self._in_step)
+        t.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        t.dataloader.load_state_dict(extra["data"])
+        t.step = int(extra["step"]) + delta
+        if delta:
+            sched = t.lr_scheduler.state_dict()
+            sched["step_count"] += delta
+            t.lr_scheduler.load_state_dict(sched)
+
+    def _align_step(self, step: int) -> None:
+        """A replica that sat out a round takes the contributors' step count (and schedule position)."""
+        t = self.trainer
+        delta = step - int(self._in_step) - t.step
+        if delta <= 0:
+            return
+        t.step += delta
+        sched = t.lr_scheduler.state_dict()
+        sched["step_count"] += delta
+        t.lr_scheduler.load_state_dict(sched)
 
     def _load_peer_state(self, sd: dict[str, Any]) -> None:
         sd = dict(sd)
@@ -195,12 +246,32 @@ class TrainingSession:
             quorum_id=self.manager.quorum_id(),
             manager_step=self.manager.current_step(),
             wall_s=time.time() - t0,
+            rss_mb=_rss_mb(),
         )
+        if self.backstop is not None and self.at_boundary() and record.get("committed", True):
+            self._maybe_backstop()
         if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
             every = self.cfg.checkpoint_every
             if every and self.trainer.step % every == 0 and self.trainer.step > 0:
                 self._checkpoint()
         return record
+
+    # -- the durable backstop -------------------------------------------------------------------------
+    def _maybe_backstop(self) -> None:
+        """At a commit boundary: the writing replica (replica rank 0 of the quorum) saves the committed state
+        when the interval is up. Group rank 0 decides for all ranks, so they save the same step."""
+        if self.manager.replica_rank() != 0:
+            return
+        step = self.manager.current_step()
+        due = self.backstop.due()
+        if self.world_size > 1:
+            store, key = self.manager._group_store, f"regent/backstop/{step}"
+            if self.rank == 0:
+                store.set(key, "1" if due else "0")
+            else:
+                due = store.get(key) == b"1"
+        if due:
+            self.backstop.maybe_save(step, self.manager.full_state_dict, force=True)
 
     # -- checkpoint-restart baseline ------------------------------------------------------------------
     def _full_state(self) -> dict[str, Any]:
@@ -229,12 +300,23 @@ class TrainingSession:
         return self.trainer.param_hash()
 
     def close(self) -> None:
+        if self.backstop is not None:
+            self.backstop.wait(timeout=60)
         if self.diloco is not None:
             try:
                 self.diloco.__exit__(None, None, None)
             except Exception:
                 pass
         self.manager.shutdown(wait=False)
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory (for the invariant checker's unbounded-growth check)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):  # not Linux: the check is skipped
+        return None
 
 
 def common_checkpoint_step(root: str, replicas: int, ranks: int) -> str | None:

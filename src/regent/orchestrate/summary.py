@@ -77,6 +77,7 @@ def _close(rec: dict[str, Any], t_commit: float) -> dict[str, Any]:
 
 
 def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated quantile; None for no values (a run without recoveries has no p50)."""
     if not values:
         return None
     xs = sorted(values)
@@ -111,7 +112,9 @@ def compute_summary(
     replicas_consistent: bool | None,
     baseline_rate: float | None = None,
     recovery_mode: str = "peer",
+    baseline_dir: str | None = None,
 ) -> dict[str, Any]:
+    """summary.json: the run's figures; `how` says in one sentence how each accounting figure was made."""
     recs = recovery_breakdowns(events)
     totals = [r["total"] for r in recs]
     committed = [m for m in metrics if m.get("committed", True)]
@@ -122,23 +125,26 @@ def compute_summary(
     # the training time: first to last step (start-up and the final stop are not training time)
     t0 = min(m["time"] for m in metrics) if metrics else (starts[0] if starts else 0.0)
     t1 = max(m["time"] for m in metrics) if metrics else (ends[-1] if ends else t0)
-    rate = baseline_rate or healthy_step_rate(metrics, events)
-    # replica-steps a fault-free run would have committed between the first and the last step
-    expected = rate * replicas * max(t1 - t0, 1e-9) if rate else None
-    committed_replica_steps = len(committed)
+    if baseline_rate:
+        rate: float | None = baseline_rate
+        basis = f"baseline run {baseline_dir}: {baseline_rate:.4g} steps/s" if baseline_dir else \
+            f"baseline run: {baseline_rate:.4g} steps/s"
+    else:
+        rate = healthy_step_rate(metrics, events)
+        basis = (f"ESTIMATE from this run's pace before its first fault (all of it if none): {rate:.4g} steps/s "
+                 "(pass --baseline DIR for a measured fault-free pace)") if rate else \
+            "no fault-free pace: too few steps before the first fault and no --baseline run"
+    acct = accounting(events, metrics, replicas=replicas, rate=rate, rate_basis=basis, t0=t0, t1=t1)
     final_losses = _final_losses(losses)
     return {
         "replicas": replicas,
         "recovery_mode": recovery_mode,
         "steps_committed": max((m["step"] for m in committed), default=0),
-        "replica_steps_committed": committed_replica_steps,
+        "replica_steps_committed": len(committed),
         "faults_injected": sum(e["kind"] == "fault_injected" for e in events),
         "failures_detected": sum(e["kind"] == "failure_detected" for e in events),
         "recoveries": len(recs),
         "heals": sum(e["kind"] == "heal_done" for e in events),
-        # one full restart restarts every replica: count the restarts, not the replicas restarted
-        "full_restarts": len({e.get("generation") for e in events
-                              if e["kind"] == "restart_done" and e.get("full_restart", False)}),
         "gave_up": sum(e["kind"] == "gave_up" for e in events),
         "max_quorum_id": max(quorum_ids, default=0),
         "initial_loss": losses[0]["loss"] if losses else None,
@@ -146,7 +152,8 @@ def compute_summary(
         "replicas_consistent": replicas_consistent,
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
-        "goodput": (min(1.0, committed_replica_steps / expected) if expected else None),
+        "goodput_is_estimate": not baseline_rate,
+        **acct,
         "recovery_seconds": {"p50": percentile(totals, 0.5), "max": max(totals) if totals else None},
         "recovery_breakdown": recs,
     }
@@ -158,3 +165,347 @@ def _final_losses(losses: list[dict[str, Any]], window: int = 5) -> list[float]:
     for m in losses:
         by_rep[m.get("replica")].append(m["loss"])
     return [sum(v[-window:]) / len(v[-window:]) for v in by_rep.values() if v]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Honest accounting (the issue's item 7): what was lost, when progress stood still, and how goodput was made.
+# ---------------------------------------------------------------------------------------------------------
+
+RESET_GROUP_S = 30.0  # state_lost events of one lineage reset (one per restoring replica) arrive within this
+RESET_MATCH_S = 60.0  # a drop in progress is explained by a state_lost (or full restart) this close to it
+DOWN_KINDS = ("failure_detected", "gave_up", "restart_started")
+
+
+def progress_key(metrics: list[dict[str, Any]]) -> str:
+    """`manager_step` (committed syncs) when metrics carry it, else the trainer step.
+
+    The manager step moves only at commits; in DiLoCo the trainer step keeps counting through a failed sync
+    (whose local steps are rolled back), so it overstates committed progress.
+    """
+    return "manager_step" if any(m.get("manager_step") is not None for m in metrics) else "step"
+
+
+def _committed(metrics: list[dict[str, Any]], key: str = "step") -> list[dict[str, Any]]:
+    return sorted((m for m in metrics if m.get("committed", True) and m.get(key) is not None
+                   and m.get("time") is not None), key=lambda m: m["time"])
+
+
+def state_lost_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per lineage reset: every restoring replica emits a `state_lost`, one reset is one group."""
+    groups: list[dict[str, Any]] = []
+    for e in sorted((e for e in events if e["kind"] == "state_lost"), key=lambda e: e["time"]):
+        for g in reversed(groups):
+            if g["lost_step"] == e.get("lost_step") and e["time"] - g["last"] <= RESET_GROUP_S:
+                break
+        else:
+            g = {"time": e["time"], "last": e["time"], "lost_step": e.get("lost_step"), "restored_step": None,
+                 "source": None, "reason": e.get("reason"), "fatal": False, "replicas": []}
+            groups.append(g)
+        g["last"] = e["time"]
+        g["fatal"] = g["fatal"] or bool(e.get("fatal"))
+        if e.get("restored_step") is not None:
+            g["restored_step"] = max(g["restored_step"] or 0, e["restored_step"])
+            g["source"] = g["source"] or e.get("source")
+        if e.get("replica") is not None and e["replica"] not in g["replicas"]:
+            g["replicas"].append(e["replica"])
+    return groups
+
+
+def checkpoint_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checkpoint-restart baseline's full restarts: one per new generation, from when it began."""
+    by_gen: dict[Any, float] = {}
+    for e in events:
+        if e["kind"] == "restart_done" and e.get("full_restart", False):
+            began = e["time"] - float(e.get("seconds") or 0.0)
+            by_gen[e.get("generation")] = min(by_gen.get(e.get("generation"), began), began)
+    return [{"time": t, "generation": g} for g, t in sorted(by_gen.items(), key=lambda kv: kv[1])]
+
+
+def sync_round(events: list[dict[str, Any]]) -> int:
+    """Trainer steps between two committed syncs of one replica (the median): 1 in ddp, H in DiLoCo."""
+    last: dict[Any, int] = {}
+    gaps: list[int] = []
+    for e in sorted(events, key=lambda e: e["time"]):
+        if e["kind"] == "commit" and e.get("committed", True) and e.get("step") is not None:
+            key = (e.get("replica"), e.get("generation"))
+            if key in last and e["step"] > last[key]:
+                gaps.append(e["step"] - last[key])
+            last[key] = e["step"]
+    return max(1, int(statistics.median(gaps))) if gaps else 1
+
+
+def progress_drops(
+    metrics: list[dict[str, Any]],
+    *,
+    key: str | None = None,
+    tolerance: int = 1,
+    min_records: int | None = None,
+) -> list[dict[str, Any]]:
+    """Times the global committed progress went backwards, from metrics alone.
+
+    A drop is `min_records` committed records in a row (by time, every replica's) that are all more than
+    `tolerance` below the highest value seen so far. One replica restarting from 0 is no drop: the others'
+    records, still at the top, break the run. After a drop the new, lower lineage becomes the reference.
+    """
+    key = key or progress_key(metrics)
+    recs = _committed(metrics, key)
+    if min_records is None:
+        min_records = max(3, len({m.get("replica") for m in recs}))
+    drops: list[dict[str, Any]] = []
+    high: float | None = None
+    run: list[dict[str, Any]] = []
+    for m in recs:
+        v = m[key]
+        if high is None:
+            high = v
+        elif v < high - tolerance:
+            run.append(m)
+            if len(run) >= min_records:
+                drops.append({"time": run[0]["time"], "from": high, "to": min(r[key] for r in run),
+                              "key": key})
+                high, run = max(r[key] for r in run), []
+        else:
+            run = []
+            high = max(high, v)
+    return drops
+
+
+def _rollback_losses(
+    committed: list[dict[str, Any]], times: list[float], fatal: list[bool]
+) -> list[dict[Any, tuple[int, int]]]:
+    """For each rollback (sorted times): replica -> (highest trainer step before it, step it went on from)."""
+    by_rep: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for m in committed:
+        by_rep[m.get("replica")].append(m)
+    out: list[dict[Any, tuple[int, int]]] = []
+    for i, t in enumerate(times):
+        prev = times[i - 1] if i else float("-inf")
+        nxt = times[i + 1] if i + 1 < len(times) else float("inf")
+        per: dict[Any, tuple[int, int]] = {}
+        for r, ms in by_rep.items():
+            before = [m["step"] for m in ms if prev <= m["time"] < t]
+            after = [m["step"] for m in ms if t <= m["time"] < nxt]
+            if before and after:
+                per[r] = (max(before), max(0, after[0] - 1))  # a record's step counts the step it just took
+            elif before and fatal[i]:
+                per[r] = (max(before), 0)  # nothing to go on from: the run stopped with its state gone
+        out.append(per)
+    return out
+
+
+def failed_sync_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """DiLoCo: each failed sync rolls its replica back to the last global parameters, losing the local
+    steps since that replica's previous sync (of the same generation; none before its first)."""
+    prev: dict[Any, int] = {}
+    out = []
+    for e in sorted(events, key=lambda e: e["time"]):
+        if e["kind"] != "commit" or e.get("step") is None:
+            continue
+        key = (e.get("replica"), e.get("generation"))
+        if not e.get("committed", True) and key in prev:
+            out.append({"time": e["time"], "replica": e.get("replica"), "step": e["step"],
+                        "lost": max(0, e["step"] - prev[key])})
+        prev[key] = e["step"]
+    return out
+
+
+def committing_replicas_series(
+    events: list[dict[str, Any]], metrics: list[dict[str, Any]]
+) -> list[tuple[float, int]]:
+    """(time, replicas committing) at each change: a replica is active from a committed step until its next
+    failure_detected, gave_up or restart_started event."""
+    marks = [(m["time"], 1, m.get("replica")) for m in _committed(metrics)]
+    marks += [(e["time"], 0, e.get("replica")) for e in events
+              if e["kind"] in DOWN_KINDS and e.get("replica") is not None]
+    active: set[Any] = set()
+    series: list[tuple[float, int]] = []
+    for t, up, r in sorted(marks, key=lambda x: (x[0], x[1])):
+        (active.add if up else active.discard)(r)
+        if not series or series[-1][1] != len(active):
+            series.append((t, len(active)))
+    return series
+
+
+def time_below(series: list[tuple[float, int]], n: int, t0: float, t1: float) -> float:
+    """Seconds within [t0, t1] during which the step series `series` was below n."""
+    if not series:
+        return max(0.0, t1 - t0) if n > 0 else 0.0
+    total = 0.0
+    for i, (t, count) in enumerate(series):
+        end = series[i + 1][0] if i + 1 < len(series) else t1
+        lo, hi = max(t, t0), min(end, t1)
+        if count < n and hi > lo:
+            total += hi - lo
+    if series[0][0] > t0:  # nobody committing yet
+        total += min(series[0][0], t1) - t0
+    return total
+
+
+def vulnerability_windows(events: list[dict[str, Any]]) -> list[float]:
+    """Per restart: seconds from restart_started until the replica holds the committed state again (its first
+    early_heal_done or heal_done of the new generation or later, else its first committed commit)."""
+    by_rep: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for e in sorted(events, key=lambda e: e["time"]):
+        if e.get("replica") is not None:
+            by_rep[e["replica"]].append(e)
+    out = []
+    for evs in by_rep.values():
+        started: float | None = None
+        for i, e in enumerate(evs):
+            if e["kind"] == "restart_started":
+                started = e["time"]
+            if e["kind"] != "restart_done":
+                continue
+            g = e.get("generation") or 0
+            t_start = started if started is not None else e["time"] - float(e.get("seconds") or 0.0)
+            later = [x for x in evs[i + 1:] if (x.get("generation") or 0) >= g]
+            held = next((x["time"] for x in later if x["kind"] in ("early_heal_done", "heal_done")), None)
+            if held is None:
+                held = next((x["time"] for x in later if x["kind"] == "commit" and x.get("committed", True)), None)
+            if held is not None:
+                out.append(max(0.0, held - t_start))
+            started = None
+    return out
+
+
+def max_stall(metrics: list[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
+    """(longest time the global committed progress stayed at or below a level it had reached, its start)."""
+    recs = _committed(metrics, key)
+    if not recs:
+        return None, None
+    high, since = recs[0][key], recs[0]["time"]
+    best, at = 0.0, since
+    for m in recs[1:]:
+        if m[key] > high:
+            if m["time"] - since > best:
+                best, at = m["time"] - since, since
+            high, since = m[key], m["time"]
+    if recs[-1]["time"] - since > best:
+        best, at = recs[-1]["time"] - since, since
+    return best, at
+
+
+def accounting(
+    events: list[dict[str, Any]],
+    metrics: list[dict[str, Any]],
+    *,
+    replicas: int,
+    rate: float | None,
+    rate_basis: str,
+    t0: float,
+    t1: float,
+) -> dict[str, Any]:
+    """The honest-accounting figures of summary.json, each with a one-sentence `how`."""
+    key = progress_key(metrics)
+    committed = _committed(metrics)
+    tol = 1 if key == "manager_step" else sync_round(events)
+    groups = state_lost_groups(events)
+    ckpts = checkpoint_restarts(events)
+    explained = [g["time"] for g in groups] + [c["time"] for c in ckpts]
+    undetected = [d for d in progress_drops(metrics, key=key, tolerance=tol)
+                  if not any(abs(d["time"] - t) <= RESET_MATCH_S for t in explained)]
+    rollbacks = sorted(
+        [{"time": g["time"], "cause": "state_lost", "fatal": g["fatal"], "lost_step": g["lost_step"],
+          "restored_step": g["restored_step"], "replicas": g["replicas"]} for g in groups]
+        + [{"time": c["time"], "cause": "checkpoint_restart", "fatal": False} for c in ckpts]
+        + [{"time": d["time"], "cause": "undetected_reset", "fatal": False, "from": d["from"], "to": d["to"]}
+           for d in undetected],
+        key=lambda r: r["time"],
+    )
+    losses = _rollback_losses(committed, [r["time"] for r in rollbacks], [r["fatal"] for r in rollbacks])
+    for rb, per in zip(rollbacks, losses):
+        rb["steps_lost"] = sum(max(0, hi - lo) for hi, lo in per.values())
+        rb["at"] = rb["time"] - t0
+    reset_lost = sum(rb["steps_lost"] for rb in rollbacks)
+
+    uncommitted_records = sum(1 for m in metrics if not m.get("committed", True))
+    modes = [e.get("mode") for e in events if e["kind"] == "run_started" and e.get("mode")]
+    diloco = modes[-1] == "diloco" if modes else uncommitted_records == 0
+    window_lost = 0
+    if diloco:
+        for w in failed_sync_windows(events):
+            lost = w["lost"]
+            # steps a later rollback threw away anyway are counted there, not twice
+            nxt = next((i for i, rb in enumerate(rollbacks) if rb["time"] > w["time"]), None)
+            if nxt is not None and w["replica"] in losses[nxt]:
+                went_on_from = losses[nxt][w["replica"]][1]
+                lost -= max(0, w["step"] - max(w["step"] - lost, went_on_from))
+            window_lost += max(0, lost)
+    uncommitted = uncommitted_records + window_lost
+
+    last_rb = rollbacks[-1]["time"] if rollbacks else float("-inf")
+    final_step = max((m["step"] for m in committed if m["time"] > last_rb), default=0)
+    useful = max(0, min(len(committed) - window_lost - reset_lost, final_step * replicas))
+    expected = rate * replicas * max(t1 - t0, 1e-9) if rate else None
+    stall, stall_at = max_stall(metrics, key)
+    series = committing_replicas_series(events, metrics)
+    vw = vulnerability_windows(events)
+    n_ckpt = len(ckpts)
+    return {
+        "steps_lost": uncommitted + reset_lost,
+        "steps_lost_uncommitted": uncommitted,
+        "steps_lost_reset": reset_lost,
+        "lineage_resets": len(groups),
+        "lineage_resets_fatal": sum(g["fatal"] for g in groups),
+        "lineage_resets_undetected": len(undetected),
+        "full_restarts": n_ckpt + len(groups),
+        "full_restart_causes": [{"time": rb["at"], "cause": rb["cause"]} for rb in rollbacks
+                                if rb["cause"] != "undetected_reset"],
+        "rollbacks": rollbacks,
+        "global_committed_step": final_step,
+        "progress_key": key,
+        "replica_steps_useful": useful,
+        "max_stall_seconds": stall,
+        "max_stall_at": None if stall_at is None else stall_at - t0,
+        "time_below_n_seconds": time_below(series, replicas, t0, t1) if metrics else None,
+        "vulnerability_window_seconds": {"p50": percentile(vw, 0.5), "max": max(vw) if vw else None,
+                                         "n": len(vw)},
+        "early_heals": sum(e["kind"] == "early_heal_done" for e in events),
+        "backstop_saves": sum(e["kind"] == "backstop_saved" for e in events),
+        "goodput": min(1.0, max(0.0, useful / expected)) if expected else None,
+        "goodput_basis": rate_basis,
+        "how": {
+            "steps_lost": "steps_lost_uncommitted + steps_lost_reset: replica-steps trained and then thrown away.",
+            "steps_lost_uncommitted": (
+                "Metric records with committed false (ddp), plus in DiLoCo the local steps of each failed sync "
+                "(trainer step at the failed commit minus at that replica's previous sync), less any a later "
+                "rollback already counts."),
+            "steps_lost_reset": (
+                "For every rollback of all replicas (lineage reset, checkpoint restart, undetected drop): per "
+                "replica, its highest trainer step before it minus the step it went on from (all of it when "
+                "a fatal reset stopped the run)."),
+            "lineage_resets": f"Groups of state_lost events with the same lost_step within {RESET_GROUP_S:.0f} s "
+                              "of each other (one event per restoring replica).",
+            "lineage_resets_undetected": (
+                f"Drops of the global committed {key} found in metrics alone (a few records in a row, from "
+                f"every replica, more than {tol} below the highest so far) with no state_lost or full restart "
+                f"within {RESET_MATCH_S:.0f} s."),
+            "full_restarts": "Checkpoint-restart baseline restarts (restart_done with full_restart, one per "
+                             "generation) plus lineage resets.",
+            "gave_up": "Count of gave_up events: replicas whose supervisor stopped restarting them.",
+            "full_restart_causes": "One entry per full restart: seconds since the first step and its cause.",
+            "global_committed_step": "Highest committed trainer step after the last rollback.",
+            "replica_steps_useful": (
+                "Committed step records, less failed-sync and rollback losses, capped at "
+                "global_committed_step x replicas."),
+            "max_stall_seconds": (
+                f"Longest time between two records that raised the global committed {key} above its highest "
+                "value so far (after a reset the stall lasts until the lost progress is made up); "
+                "max_stall_at is when it began, seconds since the first step."),
+            "time_below_n_seconds": (
+                f"Time between the first and last step with fewer than {replicas} replicas committing (a replica "
+                "counts from a committed step until its next failure_detected, gave_up or restart_started)."),
+            "vulnerability_window_seconds": (
+                "Per restart, restart_started to the replica's first early_heal_done/heal_done of that "
+                "generation or later (else its first committed commit): how long it did not hold the committed state."),
+            "max_stall_at": "When the longest stall began, seconds since the first step.",
+            "lineage_resets_fatal": "Lineage resets with fatal set: no backstop checkpoint, the run stopped.",
+            "rollbacks": "Every rollback of all replicas with its time, cause and the replica-steps it threw away.",
+            "early_heals": "Count of early_heal_done events: restarted replicas that pulled the committed state "
+                           "from a live holder before the next sync.",
+            "backstop_saves": "Count of backstop_saved events: durable checkpoints that finished.",
+            "goodput": (
+                "replica_steps_useful / (fault-free steps/s per replica x replicas x seconds from the first "
+                f"to the last step), clamped to [0, 1]; pace: {rate_basis}."),
+        },
+    }

@@ -50,13 +50,15 @@ class TrainerActor(Actor):
                 (kind == "commit" and details.get("committed")) or kind in ("heal_done", "early_heal_done")):
             self._progress_told = True  # once per incarnation: not a crash loop (orchestrate/policy.py)
             self.supervisor.made_progress.broadcast(self.generation)
-        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed"):
+        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed",
+                        "state_lost", "early_heal_done", "recover_failed", "backstop_saved", "backstop_failed"):
             return
-        if kind in ("commit", "quorum", "peer_abort") and self.rank != 0:
+        if kind in ("commit", "quorum", "peer_abort", "state_lost", "early_heal_done", "recover_failed",
+                    "backstop_saved") and self.rank != 0:
             return  # one line per replica, not per rank
         details = dict(details)
         # the Manager counts syncs ("manager_step"); events carry the trainer's step like metrics.jsonl
-        details["manager_step"] = details.pop("step", None)
+        details["manager_step"] = details.pop("step", details.get("manager_step"))
         quorum_id = details.pop("quorum_id", None)
         step = self.session.trainer.step if self.session is not None else None
         self.report.send(("event", make_event(kind, replica=self.replica_index, generation=self.generation,
@@ -101,9 +103,13 @@ class TrainerActor(Actor):
         self.session = session
 
     # -- control --------------------------------------------------------------------------------------
-    @endpoint
+    @concurrent_endpoint
     async def ping(self) -> int:
-        return self.session.trainer.step if self.session is not None else -1
+        """This rank's step (-1 until its model is built). The liveness watchdog's probe: it must answer as soon
+        as the event loop runs, so it is concurrent (never queued behind another endpoint) and only reads one
+        attribute; its latency is what the adaptive hang rule learns from (orchestrate/hang.py)."""
+        session = self.session
+        return session.trainer.step if session is not None else -1
 
     @endpoint
     async def stop_at(self, step: int) -> None:
@@ -126,9 +132,25 @@ class TrainerActor(Actor):
         return self.session.manager.peer_failed(replica_prefix, "lost its replicated group", group=group)
 
     @endpoint
-    async def inject(self, kind: str) -> None:
-        """Carry out one fault on this process (the injector picked it)."""
+    async def inject(self, kind: str, seconds: float = 0.0) -> dict[str, Any] | None:
+        """Carry out one fault on this process (the injector picked it).
+
+        `straggler` only says where this process is (its pid and host): the ReplicaActor pauses and resumes it
+        from outside, as a stuck host would. `straggler_self` (for a trainer on another host than its
+        ReplicaActor) has a helper process pause this one for `seconds`."""
         logger.warning("replica %d rank %d: injecting %s", self.replica_index, self.rank, kind)
+        if kind == "straggler":
+            import socket
+
+            return {"pid": os.getpid(), "host": socket.gethostname()}
+        if kind == "straggler_self":
+            import subprocess
+
+            pid = os.getpid()
+            # a separate process: this one cannot resume itself once stopped
+            subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -STOP {pid}; sleep {float(seconds)}; kill -CONT {pid}"],
+                             start_new_session=True)
+            return None
         if kind == "exception":
             if self.session is not None:
                 self.session.inject_exception = True
@@ -148,6 +170,7 @@ class TrainerActor(Actor):
             threading.Thread(target=_hold_gil_forever, daemon=True).start()
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+        return None
 
 
 def _hold_gil_forever() -> None:

@@ -30,14 +30,28 @@ class QuorumMember(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ...) -> None: ...
 
 class Quorum(_message.Message):
-    __slots__ = ("quorum_id", "participants", "created")
+    __slots__ = ("quorum_id", "participants", "created", "regent_committed")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     participants: _containers.RepeatedCompositeFieldContainer[QuorumMember]
     created: _timestamp_pb2.Timestamp
-    def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    regent_committed: RegentCommitted
+    def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., regent_committed: _Optional[_Union[RegentCommitted, _Mapping]] = ...) -> None: ...
+
+class RegentCommitted(_message.Message):
+    __slots__ = ("step", "lineage", "accepted_loss", "resets")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_LOSS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    lineage: int
+    accepted_loss: int
+    resets: int
+    def __init__(self, step: _Optional[int] = ..., lineage: _Optional[int] = ..., accepted_loss: _Optional[int] = ..., resets: _Optional[int] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
     __slots__ = ("requester",)
@@ -52,33 +66,51 @@ class LighthouseQuorumResponse(_message.Message):
     def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id",)
+    __slots__ = ("replica_id", "regent_committed")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
-    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+    regent_committed: RegentCommitted
+    def __init__(self, replica_id: _Optional[str] = ..., regent_committed: _Optional[_Union[RegentCommitted, _Mapping]] = ...) -> None: ...
 
 class LighthouseHeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RegentHoldersRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class RegentHoldersResponse(_message.Message):
+    __slots__ = ("watermark", "holders")
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    watermark: RegentCommitted
+    holders: _containers.RepeatedCompositeFieldContainer[QuorumMember]
+    def __init__(self, watermark: _Optional[_Union[RegentCommitted, _Mapping]] = ..., holders: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ...) -> None: ...
+
 class ManagerQuorumRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures")
+    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "regent_committed_metadata")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
     SHRINK_ONLY_FIELD_NUMBER: _ClassVar[int]
     INIT_SYNC_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMMITTED_METADATA_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     checkpoint_metadata: str
     shrink_only: bool
     init_sync: bool
     commit_failures: int
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ...) -> None: ...
+    regent_committed_metadata: str
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., regent_committed_metadata: _Optional[str] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids")
+    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "regent_committed_step")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_MANAGER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +124,7 @@ class ManagerQuorumResponse(_message.Message):
     HEAL_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     recover_src_manager_address: str
     recover_src_replica_rank: int
@@ -105,7 +138,8 @@ class ManagerQuorumResponse(_message.Message):
     heal: bool
     commit_failures: int
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    regent_committed_step: int
+    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regent_committed_step: _Optional[int] = ...) -> None: ...
 
 class CheckpointMetadataRequest(_message.Message):
     __slots__ = ("rank",)
@@ -114,10 +148,12 @@ class CheckpointMetadataRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ...) -> None: ...
 
 class CheckpointMetadataResponse(_message.Message):
-    __slots__ = ("checkpoint_metadata",)
+    __slots__ = ("checkpoint_metadata", "regent_committed_metadata")
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMMITTED_METADATA_FIELD_NUMBER: _ClassVar[int]
     checkpoint_metadata: str
-    def __init__(self, checkpoint_metadata: _Optional[str] = ...) -> None: ...
+    regent_committed_metadata: str
+    def __init__(self, checkpoint_metadata: _Optional[str] = ..., regent_committed_metadata: _Optional[str] = ...) -> None: ...
 
 class ShouldCommitRequest(_message.Message):
     __slots__ = ("should_commit", "group_rank", "step")

@@ -44,6 +44,11 @@ class LighthouseServiceStub:
                 request_serializer=torchft__pb2.LighthouseHeartbeatRequest.SerializeToString,
                 response_deserializer=torchft__pb2.LighthouseHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.RegentHolders = channel.unary_unary(
+                '/torchft.LighthouseService/RegentHolders',
+                request_serializer=torchft__pb2.RegentHoldersRequest.SerializeToString,
+                response_deserializer=torchft__pb2.RegentHoldersResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -61,6 +66,13 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegentHolders(self, request, context):
+        """Regent extension
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +85,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=torchft__pb2.LighthouseHeartbeatRequest.FromString,
                     response_serializer=torchft__pb2.LighthouseHeartbeatResponse.SerializeToString,
+            ),
+            'RegentHolders': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegentHolders,
+                    request_deserializer=torchft__pb2.RegentHoldersRequest.FromString,
+                    response_serializer=torchft__pb2.RegentHoldersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +146,33 @@ class LighthouseService:
             '/torchft.LighthouseService/Heartbeat',
             torchft__pb2.LighthouseHeartbeatRequest.SerializeToString,
             torchft__pb2.LighthouseHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegentHolders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchft.LighthouseService/RegentHolders',
+            torchft__pb2.RegentHoldersRequest.SerializeToString,
+            torchft__pb2.RegentHoldersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,151 @@
+"""The durable backstop: periodic asynchronous checkpoints of the committed state, for when no replica is left.
+
+Peer healing keeps committed state alive as long as one replica holds it. When every holder dies within one
+window (a rack, a switch, a run of bad luck), only disk can give it back. The backstop writes the committed
+state (what a healer would receive: `Manager.full_state_dict()`) every `every_s` seconds, off the critical
+path, and `Manager.recover_committed` restores the newest one only when no live donor exists, counting it as a
+lineage reset (`state_lost`).
+
+How a save works, and why it is cheap for training:
+- On the training thread, at a commit boundary, each rank copies its state to host memory (a clone: the
+  weights move on right after). For a model on an accelerator this is a device-to-host copy.
+- A background thread writes the copy with `torch.save` to `<root>/step-<N>/rank<r>.pt.tmp`, renames it, and
+  writes `rank<r>.done`. A directory counts as complete only when every rank's `.done` exists, so a crash in
+  the middle of a save never leaves a checkpoint that looks whole. One save runs at a time; a boundary that
+  comes while one is still writing is skipped (and counted).
+- Per-rank files rather than DCP: a restore always goes back into the same replica shape (the same ranks
+  and shards a peer heal would fill), so DCP's resharding buys nothing here, while its load needs a template
+  with the optimizer state already built, which a freshly started replica does not have.
+- Only one replica writes (replica rank 0 of the quorum): replicas at one step hold the same committed state.
+- After each completed save, directories older than the newest `keep` complete ones are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def host_copy(state: Any) -> Any:
+    """A deep copy of `state` with every tensor cloned to host memory (DTensors as their local shard)."""
+    if isinstance(state, torch.Tensor):
+        t = state.to_local() if hasattr(state, "to_local") else state
+        return t.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: host_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(host_copy(v) for v in state)
+    return state
+
+
+def complete_steps(root: Path, world_size: int) -> list[int]:
+    """Steps under `root` that every rank finished writing, oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        named = d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit()
+        if named and all((d / f"rank{r}.done").exists() for r in range(world_size)):
+            out.append(int(d.name[5:]))
+    return sorted(out)
+
+
+class Backstop:
+    """Asynchronous durable checkpoints of one replica rank's committed state under `root`."""
+
+    def __init__(self, root: str | os.PathLike[str], rank: int, world_size: int, every_s: float = 120.0,
+                 keep: int = 2, on_event: Callable[[str, dict], None] | None = None) -> None:
+        if every_s <= 0:
+            raise ValueError(f"backstop every_s={every_s}: must be > 0")
+        if keep < 1:
+            raise ValueError(f"backstop keep={keep}: must be >= 1")
+        self.root = Path(root)
+        self.rank = rank
+        self.world_size = world_size
+        self.every_s = every_s
+        self.keep = keep
+        self._on_event = on_event or (lambda kind, details: None)
+        self._last = time.monotonic()  # the first save comes one interval after start
+        self._thread: threading.Thread | None = None
+        self.saves = 0
+        self.skipped = 0
+        self.snapshot_seconds = 0.0  # time spent on the training thread, in total
+        self.last_error: str | None = None
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.every_s
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def maybe_save(self, step: int, state: Callable[[], Any], force: bool = False) -> bool:
+        """At a commit boundary: start a save of `state()` (committed step `step`) if one is due (or `force`:
+        the ranks of a replica agree on the boundary through their group rank 0, whose clock decides)."""
+        if not (force or self.due()):
+            return False
+        self._last = time.monotonic()
+        if self.busy():
+            self.skipped += 1
+            logger.warning("backstop: the save of the previous interval is still writing; skipping step %d", step)
+            return False
+        t0 = time.perf_counter()
+        snapshot = host_copy(state())
+        self.snapshot_seconds += time.perf_counter() - t0
+        self._thread = threading.Thread(target=self._write, args=(step, snapshot, t0), daemon=True,
+                                        name="regent-backstop")
+        self._thread.start()
+        return True
+
+    def _write(self, step: int, snapshot: Any, t0: float) -> None:
+        directory = self.root / f"step-{step:08d}"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"rank{self.rank}.pt"
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save(snapshot, tmp)
+            os.replace(tmp, path)
+            (directory / f"rank{self.rank}.done").write_text(str(step))
+            self.saves += 1
+            self.last_error = None
+            if self.rank == 0:
+                self._prune()
+            self._on_event("backstop_saved", {"manager_step": step, "path": str(directory),
+                                              "seconds": round(time.perf_counter() - t0, 4)})
+        except Exception as err:  # reported: the backstop is a safety net, training goes on without this save
+            self.last_error = f"{type(err).__name__}: {err}"
+            logger.error("backstop: saving step %d to %s failed: %s", step, directory, self.last_error)
+            self._on_event("backstop_failed", {"manager_step": step, "error": self.last_error})
+
+    def _prune(self) -> None:
+        complete = complete_steps(self.root, self.world_size)
+        if len(complete) <= self.keep:
+            return
+        oldest_kept = complete[-self.keep]
+        for d in self.root.iterdir():
+            if d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit() and int(d.name[5:]) < oldest_kept:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # restore side (used by Manager.recover_committed)
+    def latest(self) -> tuple[int, str] | None:
+        """(step, directory) of the newest complete backstop, or None."""
+        complete = complete_steps(self.root, self.world_size)
+        if not complete:
+            return None
+        return complete[-1], str(self.root / f"step-{complete[-1]:08d}")
+
+    def load(self, path: str, rank: int) -> Any:
+        return torch.load(Path(path) / f"rank{rank}.pt", weights_only=False, map_location="cpu")

@@ -1,0 +1,207 @@
+"""Never lose committed progress: the Lighthouse's committed watermark, the early heal of a restarted replica,
+the durable backstop when every holder is gone, and the sync retried with the survivors. Real processes,
+real sockets, Gloo."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from regent.ft.backstop import Backstop, complete_steps
+from regent.ft.lighthouse import LighthouseServer
+from regent.ft.lighthouse_client import LighthouseClient
+from regent.ft.quorum import LighthouseState, QuorumOptions, holders, note_committed
+from tests.ft.ft_harness import logs, records, wait_all
+from tests.ft.test_diloco_recovery import _committed_hashes, _spawn, _syncs, _wait_for_sync
+
+# ---- pure rules ------------------------------------------------------------------------------------------
+
+
+def test_watermark_rises_and_falls_only_on_an_accepted_loss():
+    s = LighthouseState()
+    assert note_committed(s, "a:1", 5, 3)
+    assert not note_committed(s, "b:1", 4, 3)  # less than the watermark: nothing changes
+    assert (s.watermark.step, s.watermark.lineage, s.watermark.resets) == (5, 3, 0)
+    # a restarted replica at step 0 does not pull the watermark down...
+    assert not note_committed(s, "a:2", 0, 0)
+    # ...unless it restored older state and says it accepts losing what the watermark holds
+    assert not note_committed(s, "a:2", 2, 1, accepted_loss=4)  # accepts less than was committed: no
+    assert note_committed(s, "a:2", 2, 1, accepted_loss=5)
+    assert (s.watermark.step, s.watermark.resets) == (2, 1)
+    assert not note_committed(s, "a:2", 2, 1, accepted_loss=5)  # counted once
+    assert note_committed(s, "a:2", 3, 7)
+
+
+def test_holders_are_healthy_replicas_at_the_watermark():
+    s = LighthouseState()
+    opts = QuorumOptions(heartbeat_timeout_ms=1000)
+    for rid, step, beat in (("a:1", 5, 10.0), ("b:1", 5, 8.0), ("c:1", 4, 10.0)):
+        note_committed(s, rid, step, 2)
+        s.heartbeats[rid] = beat
+    assert holders(10.5, s, opts) == ["a:1"]  # b's heartbeat is stale, c is behind
+    s.heartbeats["b:1"] = 10.2
+    assert holders(10.5, s, opts) == ["a:1", "b:1"]
+
+
+def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
+    state = tmp_path / "lh.state"
+    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
+    try:
+        client = LighthouseClient(lh.address())
+        client.heartbeat("g:1", committed=(7, 4, 0))
+        assert client.holders()[:2] == (7, 4)
+        assert [m.replica_id for m in client.holders()[2]] == []  # never asked for a quorum: no address yet
+        client.close()
+    finally:
+        lh.shutdown()
+    assert json.loads(state.read_text())["committed"]["step"] == 7
+    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state)
+    try:
+        client = LighthouseClient(lh2.address())
+        assert client.holders()[:2] == (7, 4)  # a restarted Lighthouse still knows what was committed
+        client.close()
+    finally:
+        lh2.shutdown()
+
+
+def test_backstop_saves_asynchronously_prunes_and_ignores_incomplete(tmp_path):
+    events = []
+    b = Backstop(tmp_path, rank=0, world_size=1, every_s=1e-3, keep=2, on_event=lambda k, d: events.append(k))
+    t = torch.arange(4.0)
+    for step in (1, 2, 3):
+        time.sleep(0.002)
+        assert b.maybe_save(step, lambda s=step: {"w": t, "step": s})
+        b.wait()
+        t.add_(1)  # the live state moves on; the saved copy must not
+    assert complete_steps(tmp_path, 1) == [2, 3]  # pruned to `keep`
+    step, path = b.latest()
+    assert step == 3 and torch.equal(b.load(path, 0)["w"], torch.arange(4.0) + 2)
+    # a save that died before its .done is never a candidate
+    (tmp_path / "step-00000009").mkdir()
+    (tmp_path / "step-00000009" / "rank0.pt.tmp").write_bytes(b"partial")
+    assert b.latest()[0] == 3
+    # a two-rank replica: complete only when both ranks finished
+    b2 = Backstop(tmp_path / "two", rank=1, world_size=2, every_s=1e-3)
+    time.sleep(0.002)
+    b2.maybe_save(5, lambda: {"x": 1})
+    b2.wait()
+    assert b2.latest() is None
+    assert events.count("backstop_saved") == 3
+
+
+# ---- real replicas ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lighthouse(tmp_path):
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500,
+                              state_file=tmp_path / "lighthouse.state")
+    yield server
+    server.shutdown()
+
+
+def _kinds(path: Path, kind: str) -> list[dict]:
+    return [r for r in records(path) if r["kind"] == kind]
+
+
+def test_restarted_replica_heals_early_from_a_live_holder(lighthouse, tmp_path):
+    """b starts while a is in the middle of a long local phase: b pulls a's committed state at once (not at
+    a's next sync), sits out that round, and from the next sync on the two are bit-identical."""
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--sync-every", "10", "--syncs", "5", "--until-participants", "2", "--early-heal")
+    a = _spawn(lighthouse.address(), "a", a_out, *common, "--step-sleep", "0.4")
+    _wait_for_sync(a_out, 2)
+    b = _spawn(lighthouse.address(), "b", b_out, *common, "--seed", "9")
+    assert wait_all([a, b], timeout=180) == [0, 0], logs(a_out) + logs(b_out)
+    early = _kinds(b_out, "early_heal_done")
+    assert len(early) == 1, logs(b_out)
+    assert _kinds(b_out, "recovered")[0]["how"] == "early"
+    assert not _kinds(b_out, "heal_done")  # nothing left to heal at the sync
+    # b held the committed state before a's next sync committed
+    t_heal = early[0]["manager_step"]
+    assert t_heal >= 2
+    ha, hb = _committed_hashes(a_out), _committed_hashes(b_out)
+    assert hb and all(ha[s] == hb[s] for s in hb), (ha, hb)
+    # the round b sat out did not shrink a's update: a's sync with b matches a solo-style average
+    joined = [r for r in _syncs(b_out) if r["committed"]][0]
+    assert joined["participants"] == 2
+
+
+def test_failed_sync_is_retried_with_the_survivors(tmp_path):
+    """c dies inside the sync at step 2: a and b re-form the quorum and commit that sync without c, instead
+    of rolling back to the last global parameters and losing the round."""
+    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=1500)
+    outs = [tmp_path / f"{n}.jsonl" for n in "abc"]
+    start = tmp_path / "start"
+    common = ("--sync-every", "4", "--syncs", "5", "--sync-retries", "2", "--start-file", str(start))
+    try:
+        procs = [_spawn(lh.address(), "a", outs[0], *common),
+                 _spawn(lh.address(), "b", outs[1], *common, "--seed", "3"),
+                 _spawn(lh.address(), "c", outs[2], *common, "--seed", "5", "--die-in-allreduce-at", "2")]
+        deadline = time.monotonic() + 60
+        while not all(out.exists() and _kinds(out, "ready") for out in outs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        start.touch()  # all three heartbeat now: the first quorum waits for all of them
+        codes = wait_all(procs, timeout=180)
+    finally:
+        lh.shutdown()
+    assert codes[:2] == [0, 0] and codes[2] == 1, "".join(logs(o) for o in outs)
+    assert _kinds(outs[2], "dying")
+    for out in outs[:2]:
+        syncs = _syncs(out)
+        assert all(r["committed"] for r in syncs), syncs  # no sync was given up and rolled back
+        at2 = next(r for r in syncs if r["step"] == 3)  # the sync of step 2 committed (manager step -> 3)
+        assert at2["retried"] >= 1 and at2["participants"] == 2
+    assert _committed_hashes(outs[0]) == _committed_hashes(outs[1])
+
+
+def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_path):
+    backstop = tmp_path / "backstop"
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--sync-every", "3", "--syncs", "100", "--backstop", str(backstop), "--early-heal",
+              "--backstop-every", "4")
+    procs = [_spawn(lighthouse.address(), "a", a_out, *common),
+             _spawn(lighthouse.address(), "b", b_out, *common, "--seed", "2")]
+    _wait_for_sync(a_out, 5)
+    _wait_for_sync(b_out, 5)
+    for p in procs:  # every holder of the committed state is gone at once
+        p.kill()
+    wait_all(procs, timeout=30)
+    lost = max(max(_committed_hashes(a_out)), max(_committed_hashes(b_out)))
+    saved = complete_steps(backstop, 1)[-1]
+    a2_out, b2_out = tmp_path / "a2.jsonl", tmp_path / "b2.jsonl"
+    again = ("--sync-every", "3", "--syncs", str(lost + 2), "--backstop", str(backstop), "--early-heal")
+    procs = [_spawn(lighthouse.address(), "a", a2_out, *again),
+             _spawn(lighthouse.address(), "b", b2_out, *again, "--seed", "2")]
+    assert wait_all(procs, timeout=120) == [0, 0], logs(a2_out) + logs(b2_out)
+    events = _kinds(a2_out, "state_lost") + _kinds(b2_out, "state_lost")
+    assert events, logs(a2_out)
+    for e in events:  # what was lost and what it came back from, never silently
+        assert e["lost_step"] >= lost - 1 and e["restored_step"] == saved and not e["fatal"]
+        assert e["restored_step"] <= e["lost_step"]
+    # the Lighthouse counted the reset (when something was lost; with nothing lost there is nothing to lower)
+    assert lighthouse.status()["committed"]["resets"] == int(saved < lost)
+    assert saved < lost or lost % 4 == 0
+    # and the run went on from the backstop, not from step 0
+    first = min(_committed_hashes(a2_out))
+    assert first == saved + 1
+    assert _committed_hashes(a2_out) == _committed_hashes(b2_out)
+
+
+def test_all_replicas_down_without_backstop_stops_with_a_clear_error(lighthouse, tmp_path):
+    a_out = tmp_path / "a.jsonl"
+    a = _spawn(lighthouse.address(), "a", a_out, "--sync-every", "3", "--syncs", "100")
+    _wait_for_sync(a_out, 3)
+    a.kill()
+    wait_all([a], timeout=30)
+    a2_out = tmp_path / "a2.jsonl"
+    a2 = _spawn(lighthouse.address(), "a", a2_out, "--sync-every", "3", "--syncs", "100")
+    assert wait_all([a2], timeout=60) == [3], logs(a2_out)
+    fatal = _kinds(a2_out, "fatal")[0]["error"]
+    assert "no live replica holds committed step" in fatal and "backstop" in fatal
+    lost = _kinds(a2_out, "state_lost")
+    assert lost and lost[0]["fatal"] and lost[0]["restored_step"] is None

@@ -1,0 +1,253 @@
+"""Honest accounting (summary.json), run invariants and the progress plot, on small synthetic runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regent.orchestrate.invariants import check_run, main
+from regent.orchestrate.live import RunView
+from regent.orchestrate.report import _mark_faults, write_report
+from regent.orchestrate.summary import compute_summary, progress_drops
+
+
+def ev(kind: str, t: float, replica: int | None = None, generation: int | None = 0, **kw: Any) -> dict[str, Any]:
+    """An event as events.jsonl holds it (plain dicts: the newest kinds need not be registered yet)."""
+    return {"time": t, "kind": kind, "replica": replica, "generation": generation, "quorum_id": None,
+            "step": None, **kw}
+
+
+def rec(t: float, replica: int, step: int, *, gen: int = 0, manager_step: int | None = None,
+        committed: bool = True) -> dict[str, Any]:
+    return {"time": float(t), "replica": replica, "generation": gen, "step": step,
+            "manager_step": step if manager_step is None else manager_step, "committed": committed,
+            "loss": 5.0 - step * 0.01, "quorum_id": 1}
+
+
+def all_down_run(with_state_lost: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two replicas train to step 50, both die, and come back from a backstop checkpoint at step 20."""
+    events = [ev("run_started", 0.0, generation=None, mode="ddp")]
+    metrics = [rec(t, r, t) for t in range(1, 51) for r in (0, 1)]
+    for r in (0, 1):
+        events += [
+            ev("fault_injected", 50.5, r, fault_kind="node", step=50),
+            ev("failure_detected", 51.0, r),
+            ev("restart_started", 51.1, r),
+            ev("restart_done", 55.0, r, generation=1, seconds=3.9),
+        ]
+        if with_state_lost:
+            events.append(ev("state_lost", 56.0 + r, r, generation=1, lost_step=50, restored_step=20,
+                             source="/ckpt/step-20", reason="no live replica held step 50", fatal=False))
+        events.append(ev("commit", 57.0, r, generation=1, committed=True, manager_step=21, step=21))
+    metrics += [rec(t, r, t - 36, gen=1) for t in range(57, 101) for r in (0, 1)]
+    events.append(ev("run_finished", 101.0, generation=None))
+    return events, metrics
+
+
+def write_run(tmp_path: Path, events: list[dict[str, Any]], metrics: list[dict[str, Any]], **summary: Any) -> Path:
+    for name, rows in (("events.jsonl", events), ("metrics.jsonl", metrics)):
+        (tmp_path / name).write_text("".join(json.dumps(x) + "\n" for x in rows))
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    s.update(summary)
+    (tmp_path / "summary.json").write_text(json.dumps(s))
+    return tmp_path
+
+
+def test_reset_with_state_lost_is_counted_and_costs_goodput():
+    events, metrics = all_down_run(with_state_lost=True)
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0,
+                        baseline_dir="/runs/base")
+    assert s["lineage_resets"] == 1 and s["lineage_resets_undetected"] == 0
+    assert s["full_restarts"] == 1
+    assert s["full_restart_causes"] == [{"time": pytest.approx(55.0), "cause": "state_lost"}]
+    assert s["steps_lost_reset"] == 2 * (50 - 20)
+    assert s["steps_lost_uncommitted"] == 0 and s["steps_lost"] == 60
+    assert s["global_committed_step"] == 64
+    assert s["replica_steps_useful"] == 2 * 64
+    # 188 committed records, but only 128 replica-steps are in the model; fault-free: 1 step/s x 2 x 99 s
+    assert s["goodput"] == pytest.approx(128 / 198)
+    assert s["goodput"] < s["replica_steps_committed"] / 198 < 1
+    # the old high (50) is passed again at t=87: the stall lasts from t=50 until then
+    assert s["max_stall_seconds"] == pytest.approx(37.0) and s["max_stall_at"] == pytest.approx(49.0)
+    assert s["goodput_basis"] == "baseline run /runs/base: 1 steps/s" and s["goodput_is_estimate"] is False
+    for key in ("steps_lost", "lineage_resets", "lineage_resets_undetected", "full_restarts", "gave_up",
+                "max_stall_seconds", "time_below_n_seconds", "vulnerability_window_seconds", "goodput"):
+        assert s["how"][key].endswith(".")
+
+
+def test_reset_without_state_lost_is_flagged(tmp_path):
+    events, metrics = all_down_run(with_state_lost=False)
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    assert s["lineage_resets"] == 0 and s["lineage_resets_undetected"] == 1
+    assert s["full_restarts"] == 0
+    assert s["steps_lost_reset"] == 60  # thrown away all the same
+    assert s["goodput"] == pytest.approx(128 / 198)
+    # detectable from metrics alone
+    (drop,) = progress_drops(metrics)
+    assert (drop["from"], drop["to"], drop["time"]) == (50, 21, 57.0)
+    violations = check_run(write_run(tmp_path, events, metrics))
+    assert len(violations) == 1 and "lineage reset not counted" in violations[0]
+    assert "from 50 to 21" in violations[0]
+
+
+def test_counted_reset_is_no_violation(tmp_path):
+    events, metrics = all_down_run(with_state_lost=True)
+    assert check_run(write_run(tmp_path, events, metrics)) == []
+    # ...unless summary.json does not count it (run.py zeroing full_restarts, say)
+    (tmp_path / "summary.json").write_text(json.dumps({"lineage_resets": 1, "full_restarts": 0}))
+    assert any("fewer than the 1 lineage resets" in v for v in check_run(tmp_path))
+
+
+def test_single_replica_restart_that_heals_is_not_a_reset(tmp_path):
+    events = [ev("run_started", 0.0, generation=None, mode="ddp"),
+              ev("fault_injected", 30.0, 0, fault_kind="kill", step=30),
+              ev("failure_detected", 30.2, 0), ev("restart_started", 30.3, 0),
+              ev("restart_done", 32.0, 0, generation=1, seconds=1.7),
+              ev("heal_done", 35.0, 0, generation=1, donor=1)]
+    metrics = [rec(t, r, t) for t in range(1, 61) for r in (1, 2)]
+    metrics += [rec(t, 0, t) for t in range(1, 31)]
+    # the restarted replica reports from scratch for a moment, then heals up to the others' step
+    metrics += [rec(33, 0, 1, gen=1), rec(34, 0, 2, gen=1)]
+    metrics += [rec(t, 0, t, gen=1) for t in range(36, 61)]
+    s = compute_summary(events, metrics, replicas=3, replicas_consistent=True)
+    assert s["lineage_resets"] == 0 and s["lineage_resets_undetected"] == 0
+    assert s["steps_lost_reset"] == 0 and s["full_restarts"] == 0
+    assert s["max_stall_seconds"] == pytest.approx(1.0)
+    assert check_run(write_run(tmp_path, events, metrics)) == []
+
+
+def test_diloco_failed_sync_loses_its_window_but_is_no_reset():
+    """DiLoCo: trainer step keeps counting through a failed sync; manager_step (syncs) does not move."""
+    h = 5
+    events = [ev("run_started", 0.0, generation=None, mode="diloco")]
+    metrics = []
+    manager = 0
+    for step in range(1, 31):
+        for r in (0, 1):
+            metrics.append(rec(step, r, step, manager_step=manager))
+        if step % h == 0:
+            ok = step != 15  # the sync at step 15 fails for everyone
+            for r in (0, 1):
+                events.append(ev("commit", step + 0.5, r, committed=ok, step=step, manager_step=manager + ok))
+            manager += ok
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    assert s["progress_key"] == "manager_step"
+    assert s["steps_lost_uncommitted"] == 2 * h and s["steps_lost_reset"] == 0
+    assert s["lineage_resets_undetected"] == 0
+    assert s["max_stall_seconds"] == pytest.approx(10.0)  # syncs at steps 10 and 20: manager_step 2 -> 3
+    assert s["replica_steps_useful"] == 60 - 2 * h
+
+
+def test_time_below_n_and_vulnerability_window():
+    events = [ev("restart_started", 10.0, 0), ev("restart_done", 12.0, 0, generation=1, seconds=2.0),
+              ev("early_heal_done", 13.0, 0, generation=1, donor=1, seconds=0.4, manager_step=9),
+              ev("failure_detected", 20.0, 1), ev("restart_started", 20.5, 1),
+              ev("restart_done", 21.0, 1, generation=1, seconds=0.5),
+              ev("heal_done", 22.0, 1, generation=0),  # an older generation's: not this restart's
+              ev("commit", 24.5, 1, generation=1, committed=False),
+              ev("commit", 25.0, 1, generation=1, committed=True)]
+    metrics = [rec(t, 0, t) for t in range(0, 10)] + [rec(t, 0, t) for t in range(14, 31)]
+    metrics += [rec(t, 1, t) for t in range(0, 20)] + [rec(t, 1, t) for t in range(26, 31)]
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True)
+    # replica 0 down 10 -> 14, replica 1 down 20 -> 26
+    assert s["time_below_n_seconds"] == pytest.approx(4.0 + 6.0)
+    assert s["vulnerability_window_seconds"] == {"p50": pytest.approx(3.75), "max": pytest.approx(4.5), "n": 2}
+
+
+def test_max_stall():
+    metrics = [rec(t, r, min(t, 20) if t < 32 else t - 11) for t in range(1, 41) for r in (0, 1)]
+    s = compute_summary([], metrics, replicas=2, replicas_consistent=None)
+    assert s["max_stall_seconds"] == pytest.approx(12.0)  # at 20 from t=20, 21 only at t=32
+    assert s["max_stall_at"] == pytest.approx(19.0)
+
+
+def test_goodput_basis_says_when_it_is_an_estimate():
+    metrics = [rec(t, r, t) for t in range(1, 41) for r in (0, 1)]
+    s = compute_summary([], metrics, replicas=2, replicas_consistent=None)
+    assert s["goodput_is_estimate"] is True
+    assert s["goodput_basis"].startswith("ESTIMATE from this run's pace before its first fault")
+    assert "1 steps/s" in s["goodput_basis"]
+    assert s["goodput"] == pytest.approx(1.0)
+    base = compute_summary([], metrics, replicas=2, replicas_consistent=None, baseline_rate=2.0)
+    assert base["goodput_basis"] == "baseline run: 2 steps/s" and base["goodput"] == pytest.approx(80 / 156)
+    none = compute_summary([], metrics[:4], replicas=2, replicas_consistent=None)
+    assert none["goodput"] is None and "no fault-free pace" in none["goodput_basis"]
+
+
+def test_invariants_states_processes_memory(tmp_path, capsys):
+    events, metrics = all_down_run(with_state_lost=True)
+    for m in metrics:  # replica 1 balloons in the last part of the run
+        m["rss_mb"] = 1000.0 if m["replica"] == 1 and m["time"] > 80 else 300.0
+    finals = [{"replica": 0, "step": 64, "hash": "aaaa"}, {"replica": 1, "step": 64, "hash": "bbbb"},
+              {"replica": 2, "step": None, "hash": None}]
+    run = write_run(tmp_path, events, metrics, final_states=finals, leaked_pids=[123], processes_at_end=2)
+    violations = check_run(run)
+    assert any("replicas at final step 64 differ" in v for v in violations)
+    assert any("pids [123]" in v for v in violations)
+    assert any("still running at the end" in v for v in violations)
+    assert [v for v in violations if "memory" in v] == [violations[-1]] and "replica 1" in violations[-1]
+    assert main([str(run)]) == 1
+    assert capsys.readouterr().out.count("VIOLATION") == 4
+    run2 = write_run(tmp_path, events, metrics[:10], final_states=finals[:1], leaked_pids=[])
+    assert main([str(run2)]) == 0
+
+
+def test_report_draws_progress_and_fault_lines(tmp_path):
+    events, metrics = all_down_run(with_state_lost=True)
+    out = write_report(write_run(tmp_path, events, metrics))
+    page = out.read_text()
+    assert (tmp_path / "progress.png").stat().st_size > 1000 and "progress.png" in page
+    assert "how it was made" in page and "lineage_resets" in page and "baseline run: 1 steps/s" in page
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    _mark_faults(ax, events, step_of=lambda t: 50)
+    labels = [ln.get_label() for ln in ax.lines if not ln.get_label().startswith("_")]
+    assert labels == ["fault: node", "state lost (lineage reset)"]  # one legend entry each
+    assert len(ax.lines) == 3 and ax.lines[0].get_xdata()[0] == 50  # both faults, then the reset
+    plt.close(fig)
+
+
+def test_live_view_counts_resets_and_steps_lost():
+    view = RunView(replicas=2)
+    events, metrics = all_down_run(with_state_lost=True)
+    for item in sorted([("e", e) for e in events] + [("m", m) for m in metrics], key=lambda x: x[1]["time"]):
+        if item[0] == "e":
+            view.on_event(item[1])
+        else:
+            view.on_metric(item[1])
+    assert view.lineage_resets == 1 and view.steps_lost == 60
+    assert view.max_stall == pytest.approx(37.0)
+    assert any("STATE LOST" in line for line in view.feed)
+
+
+def test_checkpoint_restart_baseline_is_a_counted_rollback(tmp_path):
+    """recovery=restart: every replica reloads the step-30 checkpoint; counted, not flagged as undetected."""
+    events = [ev("run_started", 0.0, generation=None, mode="ddp")]
+    for r in (0, 1):
+        events += [ev("failure_detected", 40.5, r), ev("restart_started", 41.0, r, action="full_restart"),
+                   ev("restart_done", 44.0, r, generation=1, seconds=3.0, full_restart=True)]
+    metrics = [rec(t, r, t) for t in range(1, 41) for r in (0, 1)]
+    metrics += [rec(t, r, t - 14, gen=1) for t in range(45, 61) for r in (0, 1)]
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, recovery_mode="restart")
+    assert s["full_restarts"] == 1 and s["lineage_resets"] == 0 and s["lineage_resets_undetected"] == 0
+    assert s["full_restart_causes"] == [{"time": pytest.approx(40.0), "cause": "checkpoint_restart"}]
+    assert s["steps_lost_reset"] == 2 * (40 - 30)
+    assert check_run(write_run(tmp_path, events, metrics)) == []
+
+
+def test_fatal_reset_loses_everything():
+    events = [ev("run_started", 0.0, generation=None, mode="ddp")]
+    events += [ev("state_lost", 31.0 + r, r, lost_step=30, restored_step=None, source=None, fatal=True,
+                  reason="no backstop") for r in (0, 1)]
+    metrics = [rec(t, r, t) for t in range(1, 31) for r in (0, 1)]
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=None, baseline_rate=1.0)
+    assert s["lineage_resets"] == 1 and s["lineage_resets_fatal"] == 1 and s["full_restarts"] == 1
+    assert s["steps_lost_reset"] == 60 and s["replica_steps_useful"] == 0 and s["goodput"] == 0.0

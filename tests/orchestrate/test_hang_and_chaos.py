@@ -1,0 +1,343 @@
+"""Adaptive hang detection, the chaos fault kinds (straggler, correlated, lighthouse), and the run's own failure
+paths: pure tests first, then one real run with a Lighthouse kill and a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from regent.orchestrate.commands import parse_train_argv
+from regent.orchestrate.config import FAULT_KINDS, ConfigError, FaultConfig
+from regent.orchestrate.faults import (
+    PlannedFault,
+    RandomFaultSchedule,
+    ReplayFaultSchedule,
+    fault_record,
+)
+from regent.orchestrate.hang import HangDetector, HangRule, p99
+from regent.orchestrate.run import RUN_MARKER_ENV, _event, fixed_bind, leaked_processes
+
+# -- the hang rule ---------------------------------------------------------------------------------------------
+
+RULE = HangRule(ceiling_s=15.0, floor_s=4.0, latency_k=3.0, step_k=0.5, margin_s=1.0, startup_s=90.0)
+
+
+def stepping(detector: HangDetector, latency: float, step_time: float = 0.2, answers: int = 40,
+             generation: int = 0, start_step: int = 0, t0: float = 0.0) -> float:
+    """Feed `answers` pings of a ready replica taking a step every `step_time` s; returns the last answer's time."""
+    detector.start_generation(generation)
+    detector.on_answer(generation, 0.5, [start_step], t0)  # the first ready answer (start-up: not counted)
+    now = t0
+    for _ in range(answers):
+        now += 0.5 + latency
+        detector.on_answer(generation, latency, [start_step + int((now - t0) / step_time)], now)
+    return now
+
+
+def test_fast_answers_give_the_floor():
+    d = HangDetector(RULE)
+    stepping(d, latency=0.005)
+    assert d.phase == "steady"
+    assert d.deadline() == pytest.approx(4.0)
+    assert not d.is_hung(3.9) and d.is_hung(4.1)
+    assert "steady" in d.explain() and "p99 ping" in d.explain()
+
+
+def test_slow_machine_gets_a_longer_deadline():
+    d = HangDetector(RULE)
+    stepping(d, latency=1.5)
+    assert d.deadline() == pytest.approx(3 * 1.5 + 1.0)  # k x p99 latency + margin
+    slow_steps = HangDetector(RULE)
+    stepping(slow_steps, latency=0.01, step_time=12.0, answers=200)
+    # ~12 s per step observed: half of it, plus the margin, beats the fast pings
+    assert 6.0 < slow_steps.deadline() < 8.0
+
+
+def test_one_slow_answer_counts():
+    d = HangDetector(RULE)
+    stepping(d, latency=0.01)
+    d.on_answer(0, 2.0, [10_000], 1000.0)
+    assert d.deadline() == pytest.approx(3 * 2.0 + 1.0)
+    assert p99([0.01] * 98 + [2.0]) == 2.0  # nearest rank: the largest of fewer than 100
+
+
+def test_never_above_the_ceiling():
+    d = HangDetector(RULE)
+    stepping(d, latency=10.0, answers=5)
+    assert d.deadline() == 15.0
+    s = HangDetector(RULE)
+    stepping(s, latency=0.01, step_time=100.0, answers=1000)
+    assert s.deadline() == 15.0
+
+
+def test_start_up_allowance_until_a_generation_answers_ready():
+    d = HangDetector(RULE)
+    d.start_generation(0)
+    assert d.phase == "startup" and d.deadline() == 90.0 and not d.ready
+    assert not d.is_hung(60.0)  # a cold process importing torch
+    d.on_answer(0, 20.0, [-1], 20.0)  # the actor is up, the model not built yet: still start-up
+    assert d.deadline() == 90.0 and not d.latencies
+    d.on_answer(0, 8.0, [0], 30.0)  # ready; this slow first answer is not a sample
+    assert d.phase == "warming" and d.ready and not d.latencies
+    assert d.deadline() == 15.0  # ready but no step yet (quorum, heal): the ceiling
+    d.on_answer(0, 0.01, [0], 31.0)
+    assert d.deadline() == 15.0
+    d.on_answer(0, 0.01, [3], 32.0)
+    assert d.phase == "steady" and d.deadline() == pytest.approx(4.0)
+
+
+def test_a_new_generation_starts_over_but_keeps_the_machine_latencies():
+    d = HangDetector(RULE)
+    t = stepping(d, latency=1.0)
+    d.start_generation(1)
+    assert d.phase == "startup" and d.deadline() == 90.0
+    d.on_answer(0, 0.01, [999], t + 1)  # a late answer of the old generation changes nothing
+    assert d.phase == "startup"
+    stepping(d, latency=1.0, generation=1, answers=2, t0=t + 5)
+    assert d.deadline() == pytest.approx(4.0)
+
+
+def test_straggler_shorter_than_the_deadline_is_tolerated():
+    faults = FaultConfig()
+    rule = HangRule.from_faults(faults)
+    assert rule.floor_s > faults.straggler_s  # the default straggler must not look like a hang
+    d = HangDetector(rule)
+    t = stepping(d, latency=0.01)
+    # paused just after a ping was sent: it stays unanswered for the pause plus a bit
+    assert not d.is_hung(faults.straggler_s + 0.5)
+    d.on_answer(0, faults.straggler_s + 0.5, [10_000], t + 4)
+    # its late answer makes the deadline grow for a while; a pause longer than the deadline is a hang
+    assert d.deadline() == pytest.approx(min(15.0, 3 * (faults.straggler_s + 0.5) + 1.0))
+    assert d.is_hung(d.deadline() + 0.1)
+
+
+def test_rule_from_config_knobs():
+    rule = HangRule.from_faults(FaultConfig(hang_timeout=30.0, hang_floor_s=2.5, hang_latency_k=5.0))
+    assert (rule.ceiling_s, rule.floor_s, rule.latency_k, rule.startup_s) == (30.0, 2.5, 5.0, 120.0)
+    assert HangRule.from_faults(FaultConfig()).startup_s == 90.0
+    assert HangRule.from_faults(FaultConfig(hang_timeout=3.0)).floor_s == 3.0  # the floor never beats the ceiling
+
+
+# -- the fault schedule ----------------------------------------------------------------------------------------
+
+ALL_HEALTHY = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+
+
+def draw(kinds, seed=0, healthy=None, **kw):
+    s = RandomFaultSchedule(kinds, every=5, warmup=5, holdoff=1, procs_per_replica=2, seed=seed, **kw)
+    out = []
+    for t in range(0, 400):
+        if s.due(t) and (f := s.pick(t, healthy or ALL_HEALTHY)):
+            out.append(f)
+    return out
+
+
+def test_chaos_schedule_is_seeded():
+    a, b = draw(list(FAULT_KINDS), seed=3), draw(list(FAULT_KINDS), seed=3)
+    assert a == b and len(a) > 50
+    assert {f.kind for f in a} == set(FAULT_KINDS)
+    assert draw(list(FAULT_KINDS), seed=4) != a
+
+
+def test_correlated_picks_distinct_replicas_within_the_window():
+    faults = draw(["correlated"], seed=1, correlated_window=2.0)
+    assert faults
+    for f in faults:
+        assert f.replica is None and len(f.replicas) == 2 and len(set(f.replicas)) == 2
+        assert set(f.replicas) <= set(ALL_HEALTHY)
+        assert f.offsets[0] == 0.0 and list(f.offsets) == sorted(f.offsets)
+        assert all(0.0 <= o <= 2.0 for o in f.offsets)
+        assert f.targets == f.replicas
+    assert len({f.replicas for f in faults}) > 1  # not always the same pair
+
+
+def test_correlated_size_all_and_fewer_eligible():
+    for f in draw(["correlated"], correlated_size="all"):
+        assert sorted(f.replicas) == [0, 1, 2, 3]
+    for f in draw(["correlated"], correlated_size=3, healthy={0: 0.0, 1: None, 2: 0.0, 3: None}):
+        assert sorted(f.replicas) == [0, 2]  # only two are running
+    with pytest.raises(ValueError):
+        RandomFaultSchedule(["correlated"], 5, 5, 1, 1, correlated_size=1)
+
+
+def test_lighthouse_fault_hits_no_replica():
+    faults = draw(["lighthouse"])
+    assert faults and all(f.replica is None and f.targets == () for f in faults)
+    assert draw(["lighthouse"], healthy={0: None, 1: None}) == []  # waits until the run is healthy
+
+
+def test_single_replica_kinds_unchanged():
+    for f in draw(["kill", "straggler"], seed=2):
+        assert f.replica in ALL_HEALTHY and f.replicas == () and f.targets == (f.replica,)
+        assert 0 <= f.rank < 2
+
+
+def test_records_say_which_replicas_were_hit_and_replay(tmp_path):
+    planned = [
+        PlannedFault(1.0, 2, "hang", 1),
+        PlannedFault(2.0, None, "correlated", 0, replicas=(3, 0), offsets=(0.0, 1.25)),
+        PlannedFault(3.0, None, "lighthouse", 0),
+    ]
+    records = [json.loads(fault_record(f)) for f in planned]
+    assert records[0]["replica"] == 2 and records[0]["replicas"] == [2] and records[0]["kind"] == "hang"
+    assert records[1]["replica"] is None and records[1]["replicas"] == [3, 0] and records[1]["offsets"] == [0, 1.25]
+    assert records[2]["replica"] is None and records[2]["replicas"] == []
+    p = tmp_path / "faults.jsonl"
+    p.write_text("".join(fault_record(f) + "\n" for f in planned)
+                 + '{"at": 4, "kind": "lighthouse"}\n{"at": 5, "kind": "correlated", "replicas": [1, 2]}\n')
+    s = ReplayFaultSchedule.from_file(p)
+    replayed = [s.pick(100, {}) for _ in range(5)]
+    assert replayed[:3] == planned
+    assert replayed[3] == PlannedFault(4.0, None, "lighthouse", 0)
+    assert replayed[4].replicas == (1, 2) and replayed[4].offsets == (0.0, 0.0)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"at": 1, "kind": "correlated", "replicas": [1, 1]}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        ReplayFaultSchedule.from_file(bad)
+
+
+# -- configuration ---------------------------------------------------------------------------------------------
+
+
+def test_chaos_flag_turns_on_every_kind(tmp_path):
+    cfg = parse_train_argv(["--chaos", "--fault-every", "20s", "--run-dir", str(tmp_path / "r")])
+    assert cfg.faults.enabled and cfg.faults.kinds == list(FAULT_KINDS) and cfg.faults.every == 20
+    assert {"straggler", "correlated", "lighthouse"} <= set(cfg.faults.kinds)
+    assert parse_train_argv(["--run-dir", str(tmp_path / "d")]).faults.kinds == ["kill", "exception", "comm", "hang"]
+    with pytest.raises(ConfigError, match="--chaos"):
+        parse_train_argv(["--chaos", "--fault-kinds", "kill"])
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--faults.correlated-size", "1"], "correlated-size"),
+        (["--faults.correlated-size", "many"], "correlated-size"),
+        (["--faults.hang-floor-s", "0"], "hang-floor-s"),
+        (["--faults.straggler-s", "0"], "straggler-s"),
+        (["--fault-kinds", "lighthouse", "--lighthouse.address", "http://h:1"], "external"),
+    ],
+)
+def test_bad_chaos_knobs_refused(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_train_argv(argv)
+
+
+def test_correlated_size_all_accepted():
+    assert parse_train_argv(["--faults.correlated-size", "all"]).faults.correlated_size == "all"
+
+
+# -- run-level helpers -----------------------------------------------------------------------------------------
+
+
+def test_fixed_bind_keeps_the_first_port():
+    assert fixed_bind("127.0.0.1:0", "http://127.0.0.1:29517") == "127.0.0.1:29517"
+    assert fixed_bind("0.0.0.0:29510", "http://host:29510") == "0.0.0.0:29510"
+    assert fixed_bind("[::1]:0", "http://[::1]:4000/") == "[::1]:4000"
+
+
+def test_events_of_kinds_not_listed_yet_have_the_usual_fields():
+    e = _event("lighthouse_restarted", cause="crashed", step=7)
+    assert e["kind"] == "lighthouse_restarted" and e["cause"] == "crashed" and e["step"] == 7
+    assert {"time", "replica", "generation", "quorum_id"} <= set(e)
+    assert _event("fault_injected", replica=1)["kind"] == "fault_injected"
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_leaked_processes_are_found_by_the_run_marker():
+    marker = f"test-{os.getpid()}-{time.time()}"
+    env = dict(os.environ, **{RUN_MARKER_ENV: marker})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        assert leaked_processes(marker, grace_s=0.5) == [child.pid]
+        assert leaked_processes("another-run", grace_s=0) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert leaked_processes(marker, grace_s=0) == []
+
+
+def test_fatal_state_lost_fails_the_run(tmp_path, capsys):
+    from regent.orchestrate.run import OrchestrationManager
+
+    cfg = parse_train_argv(["--run-dir", str(tmp_path / "r"), "--no-live", "--replicas", "2"])
+    m = OrchestrationManager(cfg)
+    m.record_event(_event("state_lost", replica=1, fatal=False, lost_step=3, restored_step=0))
+    assert m.failed_reason is None  # restored from a backstop: not fatal
+    m.record_event(_event("state_lost", replica=1, fatal=True, lost_step=5, reason="replicas 0 and 1 died"))
+    assert "replicas 0 and 1 died" in m.failed_reason and "step 5" in m.failed_reason
+    assert "RUN FAILED" in capsys.readouterr().out
+    events = [json.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["kind"] == "run_failed"]
+    assert len(failed) == 1 and "replicas 0 and 1 died" in failed[0]["reason"]
+    m.record_event(_event("state_lost", replica=0, fatal=True, lost_step=5))
+    assert sum(e["kind"] == "run_failed" for e in map(json.loads, (tmp_path / "r" / "events.jsonl")
+                                                        .read_text().splitlines())) == 1
+
+
+# -- one real run: the Lighthouse killed and restarted, then a hang ---------------------------------------------
+
+LIGHTHOUSE_AT, HANG_AT = 12, 32
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
+    sched = tmp_path / "faults.jsonl"
+    sched.write_text(json.dumps({"at": LIGHTHOUSE_AT, "kind": "lighthouse"}) + "\n"
+                     + json.dumps({"at": HANG_AT, "replica": 1, "kind": "hang", "rank": 0}) + "\n")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1",
+         "--model", "debug", "--no-live", "--duration", "70s", "--run-dir", str(run_dir), "--faults-file", str(sched),
+         "--ft.sync-every", "5", "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
+         "--ft.quorum-timeout-s", "120", "--lighthouse.join-timeout-ms", "10000",
+         "--lighthouse.heartbeat-timeout-ms", "3000"],
+        env=env, capture_output=True, text=True, timeout=380,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    faults = {json.loads(x)["kind"]: json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()}
+    assert faults["lighthouse"]["replica"] is None and faults["lighthouse"]["replicas"] == []
+    assert faults["hang"]["replica"] == 1 and faults["hang"]["replicas"] == [1]
+
+    def committed_after(t: float, replica: int | None = None) -> list[dict]:
+        return [m for m in metrics if m["time"] > t and m.get("committed", True)
+                and (replica is None or m["replica"] == replica)]
+
+    # the Lighthouse: killed, started again on the same address, and quorums went on with increasing ids
+    lh = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "lighthouse")
+    assert lh["replica"] is None and lh["replicas"] == []
+    restarted = [e for e in events if e["kind"] == "lighthouse_restarted" and e["time"] > lh["time"]]
+    assert restarted and restarted[0]["cause"] == "injected", "the Lighthouse was not started again"
+    address = next(line for line in proc.stdout.splitlines() if "Lighthouse http" in line).split()[2]
+    assert restarted[0]["address"] == address
+    ids_before = [e["quorum_id"] for e in events if e["kind"] == "quorum" and e["time"] < lh["time"]]
+    ids_after = [e["quorum_id"] for e in events if e["kind"] == "quorum" and e["time"] > restarted[0]["time"]]
+    assert ids_after and min(ids_after) > max(ids_before), "quorum ids went back after the Lighthouse restart"
+    for r in (0, 1):
+        assert len(committed_after(restarted[0]["time"], r)) >= 3, f"replica {r} stopped after the Lighthouse kill"
+
+    # the hang: detected by the adaptive rule in well under the 15 s ceiling, and training went on after it
+    hang = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "hang")
+    assert hang["replica"] == 1 and hang["replicas"] == [1]
+    detected = next(e for e in events if e["kind"] == "failure_detected" and e["replica"] == 1
+                    and e["time"] >= hang["time"])
+    assert "unresponsive" in detected["error"]
+    assert detected["time"] - hang["time"] < 8.0, detected
+    assert len(committed_after(detected["time"], 0)) >= 3, "the survivor did not train on"
+    assert committed_after(detected["time"], 1), "the hung replica did not come back"
+    # no false alarm: the only failure of the run is the hang
+    assert [e["replica"] for e in events if e["kind"] == "failure_detected"] == [1]
+
+    assert summary["replicas_consistent"] is True, summary.get("final_states")
+    assert summary["run_failed"] is None and summary["leaked_pids"] == []
