@@ -108,6 +108,14 @@ def _kinds(path: Path, kind: str) -> list[dict]:
     return [r for r in records(path) if r["kind"] == kind]
 
 
+def _start_together(outs: list[Path], start: Path) -> None:
+    """Once every worker heartbeats, let them train: the first quorum then waits for all of them."""
+    deadline = time.monotonic() + 60
+    while not all(out.exists() and _kinds(out, "ready") for out in outs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    start.touch()
+
+
 def test_restarted_replica_heals_early_from_a_live_holder(lighthouse, tmp_path):
     """b starts while a is in the middle of a long local phase: b pulls a's committed state at once (not at
     a's next sync), sits out that round, and from the next sync on the two are bit-identical."""
@@ -142,10 +150,7 @@ def test_failed_sync_is_retried_with_the_survivors(tmp_path):
         procs = [_spawn(lh.address(), "a", outs[0], *common),
                  _spawn(lh.address(), "b", outs[1], *common, "--seed", "3"),
                  _spawn(lh.address(), "c", outs[2], *common, "--seed", "5", "--die-in-allreduce-at", "2")]
-        deadline = time.monotonic() + 60
-        while not all(out.exists() and _kinds(out, "ready") for out in outs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        start.touch()  # all three heartbeat now: the first quorum waits for all of them
+        _start_together(outs, start)
         codes = wait_all(procs, timeout=180)
     finally:
         lh.shutdown()
@@ -162,10 +167,12 @@ def test_failed_sync_is_retried_with_the_survivors(tmp_path):
 def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_path):
     backstop = tmp_path / "backstop"
     a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    start = tmp_path / "start"
     common = ("--sync-every", "3", "--syncs", "100", "--backstop", str(backstop), "--early-heal",
-              "--backstop-every", "4")
+              "--backstop-every", "4", "--step-sleep", "0.02", "--start-file", str(start))
     procs = [_spawn(lighthouse.address(), "a", a_out, *common),
              _spawn(lighthouse.address(), "b", b_out, *common, "--seed", "2")]
+    _start_together([a_out, b_out], start)
     _wait_for_sync(a_out, 5)
     _wait_for_sync(b_out, 5)
     for p in procs:  # every holder of the committed state is gone at once
@@ -173,6 +180,8 @@ def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_p
     wait_all(procs, timeout=30)
     lost = max(max(_committed_hashes(a_out)), max(_committed_hashes(b_out)))
     saved = complete_steps(backstop, 1)[-1]
+    known = lighthouse.status()["committed"]["step"]  # what the Lighthouse was told was committed
+    assert lost - 1 <= known <= lost  # a commit is reported at once; one in flight at the kill may be missing
     a2_out, b2_out = tmp_path / "a2.jsonl", tmp_path / "b2.jsonl"
     again = ("--sync-every", "3", "--syncs", str(lost + 2), "--backstop", str(backstop), "--early-heal")
     procs = [_spawn(lighthouse.address(), "a", a2_out, *again),
@@ -184,8 +193,8 @@ def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_p
         assert e["lost_step"] >= lost - 1 and e["restored_step"] == saved and not e["fatal"]
         assert e["restored_step"] <= e["lost_step"]
     # the Lighthouse counted the reset (when something was lost; with nothing lost there is nothing to lower)
-    assert lighthouse.status()["committed"]["resets"] == int(saved < lost)
-    assert saved < lost or lost % 4 == 0
+    assert lighthouse.status()["committed"]["resets"] == int(saved < known)
+    assert all(e["lost_step"] == known for e in events)
     # and the run went on from the backstop, not from step 0
     first = min(_committed_hashes(a2_out))
     assert first == saved + 1

@@ -82,7 +82,9 @@ def check_fault_recovered(run: Run, kind: str) -> None:
     restarted = [e for e in run.events if e["kind"] == "restart_done" and e["replica"] == r and e["time"] >= t_detect]
     assert restarted and not restarted[0].get("full_restart"), "expected an in-place restart"
     gen = restarted[0]["generation"]
-    heals = [e for e in run.events if e["kind"] == "heal_done" and e["replica"] == r and e["generation"] == gen]
+    # healed from a live peer: at once (early heal of the committed state, DiLoCo) or at the next quorum
+    heals = [e for e in run.events if e["kind"] in ("heal_done", "early_heal_done") and e["replica"] == r
+             and e["generation"] == gen]
     assert heals and heals[0]["donor"], f"replica {r} did not heal from a donor after {kind}"
     t_heal = heals[0]["time"]
     other = 1 - r

@@ -100,13 +100,14 @@ class Backstop:
             return False
         t0 = time.perf_counter()
         snapshot = host_copy(state())
-        self.snapshot_seconds += time.perf_counter() - t0
-        self._thread = threading.Thread(target=self._write, args=(step, snapshot, t0), daemon=True,
+        blocking = time.perf_counter() - t0
+        self.snapshot_seconds += blocking
+        self._thread = threading.Thread(target=self._write, args=(step, snapshot, t0, blocking), daemon=True,
                                         name="regent-backstop")
         self._thread.start()
         return True
 
-    def _write(self, step: int, snapshot: Any, t0: float) -> None:
+    def _write(self, step: int, snapshot: Any, t0: float, blocking: float) -> None:
         directory = self.root / f"step-{step:08d}"
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -119,8 +120,10 @@ class Backstop:
             self.last_error = None
             if self.rank == 0:
                 self._prune()
+            # `blocking_s`: what the training thread paid (the host copy); the rest ran beside training
             self._on_event("backstop_saved", {"manager_step": step, "path": str(directory),
-                                              "seconds": round(time.perf_counter() - t0, 4)})
+                                              "seconds": round(time.perf_counter() - t0, 4),
+                                              "blocking_s": round(blocking, 5)})
         except Exception as err:  # reported: the backstop is a safety net, training goes on without this save
             self.last_error = f"{type(err).__name__}: {err}"
             logger.error("backstop: saving step %d to %s failed: %s", step, directory, self.last_error)

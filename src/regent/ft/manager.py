@@ -137,6 +137,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self.accepted_loss = 0
         self._committed_meta: dict[int, str] = {}
         self._stopped = threading.Event()
+        self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
         )
@@ -157,6 +158,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
     def shutdown(self) -> None:
         """Stop serving; calls waiting for group ranks or the Lighthouse end with CANCELLED now."""
         self._stopped.set()
+        self._beat_now.set()
         with self._cond:
             self._cond.notify_all()
         self._client.close()
@@ -171,7 +173,11 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
 
     def _heartbeat_loop(self) -> None:
         failing_since: float | None = None
-        while not self._stopped.wait(self._heartbeat_interval):
+        while not self._stopped.is_set():
+            self._beat_now.wait(self._heartbeat_interval)
+            self._beat_now.clear()
+            if self._stopped.is_set():
+                break
             try:
                 self.heartbeat_now(timeout=max(1.0, 10 * self._heartbeat_interval))
                 if failing_since is not None:
@@ -1004,6 +1010,9 @@ class Manager:
             if self._server is not None:
                 self._server.committed_step = self._step
                 self._server.accepted_loss = 0
+                # The watermark must not lag: a commit followed at once by the loss of every replica would
+                # otherwise be lost without being counted. The heartbeat goes now, beside training.
+                self._server._beat_now.set()
         else:
             self._commit_failures += 1
         self._emit(
