@@ -350,15 +350,18 @@ def vulnerability_windows(events: list[dict[str, Any]]) -> list[float]:
             by_rep[e["replica"]].append(e)
     out = []
     for evs in by_rep.values():
-        started: float | None = None
+        started: int | None = None  # index of the open restart_started
         for i, e in enumerate(evs):
             if e["kind"] == "restart_started":
-                started = e["time"]
+                started = i
             if e["kind"] != "restart_done":
                 continue
             g = e.get("generation") or 0
-            t_start = started if started is not None else e["time"] - float(e.get("seconds") or 0.0)
-            later = [x for x in evs[i + 1:] if (x.get("generation") or 0) >= g]
+            # the new incarnation may hold the state before its restart_done is recorded (an early heal
+            # that lands while the supervisor still waits for the other ranks): look from restart_started on
+            first = started if started is not None else i
+            t_start = evs[started]["time"] if started is not None else e["time"] - float(e.get("seconds") or 0.0)
+            later = [x for x in evs[first + 1:] if (x.get("generation") or 0) >= g]
             held = next((x["time"] for x in later if x["kind"] in ("early_heal_done", "heal_done")), None)
             if held is None:
                 held = next((x["time"] for x in later if x["kind"] == "commit" and x.get("committed", True)), None)
