@@ -565,7 +565,9 @@ class Manager:
 
     def publish_committed(self) -> None:
         if self._committed_transport is not None:
-            self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout)
+            # served in place: no device-to-host copy of the committed state at every sync (see StreamTransport)
+            self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout,
+                                                      copy_to_host=False)
 
     def withdraw_committed(self) -> None:
         if self._committed_transport is not None:

@@ -689,10 +689,19 @@ class StreamTransport:
         return f"tcp://{self._host}:{self._port}"
 
     # donor side
-    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float) -> None:
-        """Stage `state_dict` for `step` and start serving it (accelerator tensors copied to host once)."""
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float,
+                        copy_to_host: bool = True) -> None:
+        """Stage `state_dict` for `step` and start serving it (accelerator tensors copied to host once).
+
+        `copy_to_host=False`: keep accelerator tensors where they are and copy each to host only when a healer
+        asks for it. For state that is served for a long time and rarely fetched (the committed state a donor
+        serves between two syncs): no device-to-host copy of the whole state at every sync. Safe because
+        `disallow_checkpoint` stops serving before the tensors change."""
         meta, tensors = flatten_state(state_dict, step)
-        staged = [t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous() for t in tensors]
+        if copy_to_host:
+            staged = [t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous() for t in tensors]
+        else:
+            staged = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         blob = pickle.dumps(meta)
         with self._state_lock:
             self._serving = (step, meta, staged, blob)
@@ -747,7 +756,8 @@ class StreamTransport:
         chunk, of = int(request["chunk"]), int(request["of"])
         for i in range(chunk, len(tensors), of):
             if tensors[i].numel():
-                conn.sendall(_cpu_bytes_view(tensors[i]))
+                t = tensors[i] if tensors[i].device.type == "cpu" else tensors[i].to("cpu")
+                conn.sendall(_cpu_bytes_view(t))
 
     # healer side
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
