@@ -233,3 +233,26 @@ def test_all_replicas_down_without_backstop_stops_with_a_clear_error(lighthouse,
     assert "no live replica holds committed step" in fatal and "backstop" in fatal
     lost = _kinds(a2_out, "state_lost")
     assert lost and lost[0]["fatal"] and lost[0]["restored_step"] is None
+
+
+def test_per_step_backstop_hook_lets_the_optimizer_step_after_the_copy(tmp_path):
+    """The per-step mode's arrangement: the optimizer's pre-step hook waits for the backstop's copy (and, as
+    torch requires of a pre-step hook, returns None)."""
+    from types import SimpleNamespace
+
+    from regent.orchestrate.session import TrainingSession
+
+    model = torch.nn.Linear(512, 512)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    b = Backstop(tmp_path, rank=0, world_size=1, every_s=1e-3)
+    holder = SimpleNamespace(backstop=b)
+    opt.register_step_pre_hook(lambda *a: TrainingSession._wait_backstop_copy(holder, *a))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    time.sleep(0.002)
+    b.maybe_save(1, model.state_dict)
+    model(torch.ones(4, 512)).sum().backward()
+    opt.step()  # waits for the copy, then changes the weights
+    b.wait()
+    saved = b.load(b.latest()[1], 0)
+    assert all(torch.equal(saved[k], before[k]) for k in before)
+    assert not torch.equal(model.weight, before["weight"])

@@ -141,7 +141,7 @@ class TrainingSession:
                 # the full state changes at every optimizer step: its copy runs during the next forward and
                 # backward, and the optimizer step waits for it if it is not done by then
                 self._backstop_state = self.manager.full_state_dict
-                self.trainer.optimizer.register_step_pre_hook(lambda *_: self.backstop.wait_copied())
+                self.trainer.optimizer.register_step_pre_hook(self._wait_backstop_copy)
         if resume_from:
             self._resume(resume_from)
             self.manager.accept_loss(f"checkpoint restart from {resume_from}")
@@ -270,6 +270,10 @@ class TrainingSession:
         return record
 
     # -- the durable backstop -------------------------------------------------------------------------
+    def _wait_backstop_copy(self, *_: Any) -> None:
+        """Optimizer pre-step hook (must return None): the weights change next, so the copy must be done."""
+        self.backstop.wait_copied()
+
     def _maybe_backstop(self) -> None:
         """At a commit boundary: the writing replica (the first up-to-date replica of the quorum) saves the
         committed state when the interval is up. Group rank 0 decides for all ranks, so they save the same
