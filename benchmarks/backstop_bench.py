@@ -63,7 +63,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         events: list[dict] = []
         backstop = Backstop(tmp, rank=0, world_size=1, every_s=1e-3, on_event=lambda k, d: events.append(d))
-        trainer.optimizer.register_step_pre_hook(lambda *_: backstop.wait_copied() and None)
+        def wait_for_copy(*_: object) -> None:  # what `regent train` does in per-step mode
+            backstop.wait_copied()
+
+        trainer.optimizer.register_step_pre_hook(wait_for_copy)
         time.sleep(0.002)
         t0 = time.perf_counter()
         backstop.maybe_save(trainer.step, trainer.state_dict)
