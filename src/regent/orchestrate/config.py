@@ -101,7 +101,9 @@ class RunConfig:
     no_ft: bool = False
     baseline: str | None = None
     warm_spares: bool = True
-    in_place_restarts: int = 3  # K: in-place restarts before asking the job layer for a fresh allocation
+    # K: consecutive starts that fail before making progress, then a fresh allocation from the job layer (the host
+    # may be bad); 0 asks for one at every restart. A replica that recovers fine stays on its host.
+    in_place_restarts: int = 3
     # A replica gives up only in a crash loop: this many consecutive starts that fail before committing a
     # step or healing (there is no lifetime cap on restarts; see orchestrate/policy.py).
     crash_loop_starts: int = 5
@@ -245,8 +247,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.faults.file and not Path(cfg.faults.file).is_file():
         raise ConfigError(f"--faults-file {cfg.faults.file} does not exist")
     _validate_fault_knobs(cfg)
-    if cfg.in_place_restarts < 1 or cfg.crash_loop_starts < 1:
-        raise ConfigError("--in-place-restarts and --crash-loop-starts must be at least 1")
+    if cfg.in_place_restarts < 0 or cfg.crash_loop_starts < 1:
+        raise ConfigError("--in-place-restarts must be at least 0 (0: a fresh allocation at every restart) and "
+                          "--crash-loop-starts at least 1")
     if cfg.restart_backoff_s < 0:
         raise ConfigError("--restart-backoff-s must be zero or positive")
     if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():

@@ -1,8 +1,11 @@
 """The restart policy of one replica, as a small state machine with no I/O.
 
 Restarts carry a generation number; a failure report from an older generation (a second dying rank of a mesh
-that is already being replaced) is ignored. After K in-place restarts the next one asks the job layer for a
-fresh allocation.
+that is already being replaced) is ignored. A replica restarts in place (on its host, from a warm spare) as
+long as its restarts work; after K consecutive starts that fail before making progress (the host may be bad:
+a node that vanished, a broken GPU) the next restart asks the job layer for a fresh allocation. K = 0 asks for
+one at every restart. A restart that works costs a warm spare, well under a second; a fresh allocation costs a
+cold start at least, so moving a replica that recovers fine would only make it slower.
 
 There is no lifetime budget. A replica that recovers and trains between faults restarts as often as it is hit:
 at one fault a minute that is 20,000 restarts over a two-week run, and each of them is the system working. What
@@ -27,7 +30,7 @@ class Action(str, Enum):
 
 @dataclass
 class RestartPolicy:
-    in_place_restarts: int = 3  # K: in-place restarts before a fresh allocation
+    in_place_restarts: int = 3  # K: consecutive failed starts before a fresh allocation (0: every restart)
     crash_loop_starts: int = 5  # give up after this many consecutive starts that never made progress
     backoff_s: float = 1.0  # wait before the 2nd consecutive failed start's restart; doubles after
     max_backoff_s: float = 60.0
@@ -50,7 +53,7 @@ class RestartPolicy:
                 return Action.GIVE_UP
         self.restarting = True
         self.attempts += 1
-        if self.in_place_since_allocation >= self.in_place_restarts:
+        if self.in_place_restarts == 0 or (self.failed_starts and self.failed_starts % self.in_place_restarts == 0):
             self.in_place_since_allocation = 0
             return Action.REALLOCATE
         self.in_place_since_allocation += 1

@@ -6,7 +6,8 @@ The supervision rules, in order of what happens on a failure:
    A process that stops answering (SIGSTOP, a thread holding the GIL) is seen by the liveness watchdog.
 2. The first report of a generation wins; reports from older generations are ignored (RestartPolicy).
 3. `_stop_and_restart` stops the old process mesh and spawns a new one on the same host (from a warm spare
-   when one is ready). After K in-place restarts it asks the job layer for a fresh allocation instead.
+   when one is ready). After K consecutive starts that failed before making progress it asks the job layer
+   for a fresh allocation instead (the host may be bad).
 4. There is no lifetime cap on restarts. Consecutive starts that fail before making progress back off
    exponentially, and after `crash_loop_starts` of them the replica gives up with `gave_up` and the reason
    (a crash loop); the other replicas keep training without it (orchestrate/policy.py).
