@@ -37,7 +37,6 @@ class RestartPolicy:
     generation: int = 0
     attempts: int = 0  # restarts so far (reported, never a limit)
     failed_starts: int = 0  # consecutive generations that failed without progress
-    in_place_since_allocation: int = 0
     restarting: bool = False
     gave_up: bool = False
     progressed: bool = False  # the current generation made progress
@@ -54,9 +53,7 @@ class RestartPolicy:
         self.restarting = True
         self.attempts += 1
         if self.in_place_restarts == 0 or (self.failed_starts and self.failed_starts % self.in_place_restarts == 0):
-            self.in_place_since_allocation = 0
             return Action.REALLOCATE
-        self.in_place_since_allocation += 1
         return Action.RESTART_IN_PLACE
 
     def on_progress(self, generation: int) -> None:
