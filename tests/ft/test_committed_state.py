@@ -200,7 +200,9 @@ def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_p
     lost = max(max(_committed_hashes(a_out)), max(_committed_hashes(b_out)))
     saved = complete_steps(backstop, 1)[-1]
     known = lighthouse.status()["committed"]["step"]  # what the Lighthouse was told was committed
-    assert lost - 1 <= known <= lost  # a commit is reported at once; one in flight at the kill may be missing
+    # a commit reaches the Lighthouse before any rank applies it: the watermark never lags what was held (it may
+    # name one more step, voted but not yet written to the log when the kill came)
+    assert lost <= known <= lost + 1
     a2_out, b2_out = tmp_path / "a2.jsonl", tmp_path / "b2.jsonl"
     again = ("--sync-every", "3", "--syncs", str(lost + 2), "--backstop", str(backstop), "--early-heal")
     procs = [_spawn(lighthouse.address(), "a", a2_out, *again),
@@ -209,7 +211,7 @@ def test_all_replicas_down_restores_the_backstop_and_counts_it(lighthouse, tmp_p
     events = _kinds(a2_out, "state_lost") + _kinds(b2_out, "state_lost")
     assert events, logs(a2_out)
     for e in events:  # what was lost and what it came back from, never silently
-        assert e["lost_step"] >= lost - 1 and e["restored_step"] == saved and not e["fatal"]
+        assert e["lost_step"] >= lost and e["restored_step"] == saved and not e["fatal"]
         assert e["restored_step"] <= e["lost_step"]
     # the Lighthouse counted the reset (when something was lost; with nothing lost there is nothing to lower)
     assert lighthouse.status()["committed"]["resets"] == int(saved < known)

@@ -53,6 +53,8 @@ EventCallback = Callable[[str, dict], None]
 
 _MANAGER_ADDR_KEY = "regent/manager_addr"
 _REPLICA_ID_KEY = "regent/replica_id"
+# A commit is reported to the Lighthouse before the ranks apply it; this bounds the wait on a slow Lighthouse.
+COMMIT_REPORT_TIMEOUT_S = 1.0
 
 
 # ---- the group-local server (hosted by group rank 0) ---------------------------------------------------
@@ -137,6 +139,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self.accepted_loss = 0
         self._committed_meta: dict[int, str] = {}
         self._stopped = threading.Event()
+        self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
         self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
@@ -180,6 +183,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                 break
             try:
                 self.heartbeat_now(timeout=max(1.0, 10 * self._heartbeat_interval))
+                self._lighthouse_unreachable = False
                 if failing_since is not None:
                     logger.info("heartbeats to the Lighthouse resumed")
                 failing_since = None
@@ -270,15 +274,39 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         with self._cond:
             rnd = self._commit_round
             rnd.arrived[request.group_rank] = request.should_commit
-            if len(rnd.arrived) >= self.world_size:
+            last = len(rnd.arrived) >= self.world_size
+            if last:
                 rnd.result = all(rnd.arrived.values())
-                if rnd.result and self._round_quorum_id is not None:
-                    self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
-                rnd.done = True
+                if rnd.result:
+                    if self._round_quorum_id is not None:
+                        self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
+                    self.committed_step = request.step + 1
+                    self.accepted_loss = 0
                 self._commit_round = _Round()
+        if last:
+            if rnd.result:
+                # The Lighthouse learns of the commit before any rank applies it, so its watermark never lags
+                # the state the replicas hold: if every replica then died, the loss is counted in full.
+                self._report_commit()
+            with self._cond:
+                rnd.done = True
                 self._cond.notify_all()
+        with self._cond:
             self._wait_round(rnd, context, "should_commit: not all group ranks voted in time")
         return torchft_pb2.ShouldCommitResponse(should_commit=bool(rnd.result))
+
+    def _report_commit(self) -> None:
+        """Tell the Lighthouse of a commit at once (bounded); while it is unreachable, the heartbeats retry."""
+        if self._lighthouse_unreachable:
+            self._beat_now.set()  # no per-step stall while the Lighthouse is down; the heartbeat loop reports it
+            return
+        try:
+            self.heartbeat_now(timeout=COMMIT_REPORT_TIMEOUT_S)
+        except Exception as err:
+            self._lighthouse_unreachable = True
+            self._beat_now.set()
+            logger.warning("could not report commit of step %d to the Lighthouse (%s); the heartbeats retry",
+                           self.committed_step, err)
 
     def Kill(self, request: Any, context: Any) -> Any:  # noqa: N802
         logger.error("replica %s killed by request: %s; exiting with status 1", self.replica_id, request.msg)
@@ -1022,12 +1050,6 @@ class Manager:
             self._step += 1
             self._batches_committed += self._participating_world_size
             self._commit_failures = 0
-            if self._server is not None:
-                self._server.committed_step = self._step
-                self._server.accepted_loss = 0
-                # The watermark must not lag: a commit followed at once by the loss of every replica would
-                # otherwise be lost without being counted. The heartbeat goes now, beside training.
-                self._server._beat_now.set()
         else:
             self._commit_failures += 1
         self._emit(
