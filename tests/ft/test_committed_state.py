@@ -5,6 +5,7 @@ real sockets, Gloo."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -28,12 +29,20 @@ def test_watermark_rises_and_falls_only_on_an_accepted_loss():
     assert (s.watermark.step, s.watermark.lineage, s.watermark.resets) == (5, 3, 0)
     # a restarted replica at step 0 does not pull the watermark down...
     assert not note_committed(s, "a:2", 0, 0)
-    # ...unless it restored older state and says it accepts losing what the watermark holds
-    assert not note_committed(s, "a:2", 2, 1, accepted_loss=4)  # accepts less than was committed: no
-    assert note_committed(s, "a:2", 2, 1, accepted_loss=5)
+    # ...unless it restored older state and says it accepts losing exactly the watermark it was told of
+    assert not note_committed(s, "a:2", 2, 1, accepted=(4, 3))  # accepts less than was committed: no
+    assert not note_committed(s, "a:2", 2, 1, accepted=(5, 2))  # another lineage's step 5: no
+    assert note_committed(s, "a:2", 2, 1, accepted=(5, 3))
     assert (s.watermark.step, s.watermark.resets) == (2, 1)
-    assert not note_committed(s, "a:2", 2, 1, accepted_loss=5)  # counted once
+    assert not note_committed(s, "a:2", 2, 1, accepted=(5, 3))  # counted once
     assert note_committed(s, "a:2", 3, 7)
+    # the other replica restored the same backstop; its message comes late, after the run committed on: the
+    # loss it names was counted already, so nothing falls and nothing is counted twice
+    assert not note_committed(s, "b:2", 2, 1, accepted=(5, 3))
+    assert (s.watermark.step, s.watermark.lineage, s.watermark.resets) == (3, 7, 1)
+    # a second loss, of a later lineage, still counts
+    assert note_committed(s, "c:2", 2, 1, accepted=(3, 7))
+    assert (s.watermark.step, s.watermark.resets) == (2, 2)
 
 
 def test_holders_are_healthy_replicas_at_the_watermark():
@@ -52,7 +61,7 @@ def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
     lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
     try:
         client = LighthouseClient(lh.address())
-        client.heartbeat("g:1", committed=(7, 4, 0))
+        client.heartbeat("g:1", committed=(7, 4, 0, 0))
         assert client.holders()[:2] == (7, 4)
         assert [m.replica_id for m in client.holders()[2]] == []  # never asked for a quorum: no address yet
         client.close()
@@ -108,6 +117,38 @@ def test_backstop_copy_runs_beside_training_until_waited_for(tmp_path):
     big.fill_(7.0)
     b.wait()
     assert float(b.load(b.latest()[1], 0)["w"].max()) == 0.0
+
+
+def test_a_copy_past_its_bound_is_abandoned_not_waited_for_forever(tmp_path, monkeypatch):
+    """A stuck host copy must not stop training: the wait is bounded, and the snapshot, which the changing
+    tensors would tear, is dropped and reported instead of written."""
+    import regent.ft.backstop as backstop_mod
+
+    release = threading.Event()
+    real_copy = backstop_mod.host_copy
+
+    def stuck_copy(state):
+        release.wait(10)
+        return real_copy(state)
+
+    monkeypatch.setattr(backstop_mod, "host_copy", stuck_copy)
+    events = []
+    b = Backstop(tmp_path, rank=0, world_size=1, every_s=1e-3, on_event=lambda k, d: events.append((k, d)))
+    b.copy_timeout_s = 0.2
+    time.sleep(0.002)
+    assert b.maybe_save(1, lambda: {"w": torch.zeros(8)})
+    waited = b.wait_copied()
+    assert 0.15 <= waited < 5
+    release.set()
+    b.wait(10)
+    assert b.latest() is None  # nothing torn on disk
+    assert [k for k, _ in events] == ["backstop_failed"] and "copy_timeout_s" in events[0][1]["error"]
+    monkeypatch.setattr(backstop_mod, "host_copy", real_copy)
+    time.sleep(0.002)
+    assert b.maybe_save(2, lambda: {"w": torch.ones(8)})  # the next save is whole again
+    assert b.wait_copied() < 5
+    b.wait(10)
+    assert b.latest()[0] == 2
 
 
 # ---- real replicas ---------------------------------------------------------------------------------------

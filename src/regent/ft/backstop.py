@@ -38,6 +38,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+COPY_TIMEOUT_S = 60.0
+
 
 def host_copy(state: Any) -> Any:
     """A deep copy of `state` with every tensor cloned to host memory (DTensors as their local shard)."""
@@ -85,6 +87,10 @@ class Backstop:
         self._thread: threading.Thread | None = None
         self._copied = threading.Event()
         self._copied.set()
+        self._abandoned = threading.Event()
+        # The training thread never waits longer than this for a copy (a stuck disk or host copy must not
+        # stop training; losing one backstop is the lesser harm).
+        self.copy_timeout_s = COPY_TIMEOUT_S
         self.saves = 0
         self.skipped = 0
         self.snapshot_seconds = 0.0  # time spent on the training thread, in total
@@ -118,6 +124,7 @@ class Backstop:
             return False
         t0 = time.perf_counter()
         refs = state()  # references only: the copy runs beside training (see the module docstring)
+        self._abandoned.clear()
         self._copied.clear()
         self._thread = threading.Thread(target=self._write, args=(step, refs, t0), daemon=True,
                                         name="regent-backstop")
@@ -125,12 +132,17 @@ class Backstop:
         return True
 
     def wait_copied(self, timeout: float | None = None) -> float:
-        """Block until the save in progress has its host copy (the live tensors may change after this).
+        """Block until the save in progress has its host copy (the live tensors may change after this), at most
+        `timeout` (default `copy_timeout_s`). A copy that is not done by then is abandoned: training goes on and
+        the snapshot, which the changing tensors would tear, is never written (`backstop_failed`).
         Returns the seconds waited: what the backstop cost the training thread."""
         if self._copied.is_set():
             return 0.0
         t0 = time.perf_counter()
-        self._copied.wait(timeout)
+        if not self._copied.wait(self.copy_timeout_s if timeout is None else timeout):
+            self._abandoned.set()  # read by the writer after its copy: it drops the torn snapshot
+            logger.error("backstop: the host copy took longer than %.0f s; abandoning this save so that training "
+                         "goes on (the previous backstop stays the newest)", self.copy_timeout_s)
         waited = time.perf_counter() - t0
         self.snapshot_seconds += waited
         return waited
@@ -144,6 +156,9 @@ class Backstop:
                 self._copied.set()
             copy_s = time.perf_counter() - t0
             del refs
+            if self._abandoned.is_set():
+                raise TimeoutError(f"host copy took {copy_s:.1f} s, past copy_timeout_s={self.copy_timeout_s}; "
+                                   "the tensors changed meanwhile, so this snapshot was dropped")
             directory.mkdir(parents=True, exist_ok=True)
             path = directory / f"rank{self.rank}.pt"
             tmp = path.with_name(path.name + ".tmp")

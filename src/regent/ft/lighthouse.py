@@ -436,8 +436,9 @@ class LighthouseServer:
         rid = member.replica_id
         self._heartbeat(rid)  # a Quorum request is an implicit heartbeat
         step, lineage = state_version(member)
-        accepted = member.data.get(ACCEPTED_LOSS_KEY, 0) if isinstance(member.data, dict) else 0
-        self._note_committed(rid, step, lineage, int(accepted) if isinstance(accepted, int) else 0)
+        accepted = member.data.get(ACCEPTED_LOSS_KEY) if isinstance(member.data, dict) else None
+        well_formed = isinstance(accepted, list) and len(accepted) == 2 and all(isinstance(x, int) for x in accepted)
+        self._note_committed(rid, step, lineage, (accepted[0], accepted[1]) if well_formed else None)
         logger.debug("quorum request from %s (step %d)", rid, member.step)
         mine = [self._join(wire, member)]
         while True:
@@ -454,9 +455,9 @@ class LighthouseServer:
         task.add_done_callback(lambda _: self._withdraw(rid, mine[0]))
         return task
 
-    def _note_committed(self, rid: str, step: int, lineage: int, accepted_loss: int = 0) -> None:
+    def _note_committed(self, rid: str, step: int, lineage: int, accepted: tuple[int, int] | None = None) -> None:
         before = self._state.watermark
-        if not note_committed(self._state, rid, step, lineage, accepted_loss):
+        if not note_committed(self._state, rid, step, lineage, accepted):
             return
         w = self._state.watermark
         if w.resets != before.resets:
@@ -485,7 +486,7 @@ class LighthouseServer:
     def _heartbeat(self, rid: str, message: torchft_pb2.LighthouseHeartbeatRequest | None = None) -> None:
         if message is not None and message.HasField("regent_committed"):
             c = message.regent_committed
-            self._note_committed(rid, c.step, c.lineage, c.accepted_loss)
+            self._note_committed(rid, c.step, c.lineage, (c.accepted_loss, c.accepted_lineage) if c.accepted_loss else None)
         self._state.heartbeats[rid] = time.monotonic()
         retired = note_incarnation(self._state, rid)
         if retired:

@@ -132,16 +132,17 @@ class LighthouseClient:
         return Quorum.from_proto(response.quorum)
 
     def heartbeat(self, replica_id: str, timeout: timedelta | float = 5.0,
-                  committed: tuple[int, int, int] | None = None) -> None:
+                  committed: tuple[int, int, int, int] | None = None) -> None:
         """Tell the Lighthouse this replica is alive; only heartbeating replicas count toward a quorum.
 
-        `committed` (Regent extension, skipped by a TorchFT Lighthouse): (step, lineage, accepted_loss) of the
-        state this replica holds; it feeds the Lighthouse's committed watermark."""
+        `committed` (Regent extension, skipped by a TorchFT Lighthouse): (step, lineage, accepted_loss,
+        accepted_lineage) of the state this replica holds; it feeds the Lighthouse's committed watermark. The last
+        two name the watermark this replica accepts losing after restoring older state (0, 0: none)."""
         request = torchft_pb2.LighthouseHeartbeatRequest(replica_id=replica_id)
         if committed is not None:
-            step, lineage, accepted = committed
-            request.regent_committed.CopyFrom(
-                torchft_pb2.RegentCommitted(step=step, lineage=lineage, accepted_loss=accepted))
+            step, lineage, accepted, accepted_lineage = committed
+            request.regent_committed.CopyFrom(torchft_pb2.RegentCommitted(
+                step=step, lineage=lineage, accepted_loss=accepted, accepted_lineage=accepted_lineage))
         self._call("Heartbeat", lambda stub, t: stub.Heartbeat(request, timeout=t), timeout)
 
     def holders(self, replica_id: str = "", timeout: timedelta | float = 10.0) -> tuple[int, int, list[QuorumMember]]:

@@ -136,7 +136,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         # What the heartbeats report (Regent extension): committed step, and the step whose loss this replica
         # accepted when it restored older state (0: none). Set by the Manager of group rank 0.
         self.committed_step = 0
-        self.accepted_loss = 0
+        # The watermark (step, lineage) this replica accepts losing after restoring older state; None: none.
+        self.accepted: tuple[int, int] | None = None
         self._committed_meta: dict[int, str] = {}
         self._stopped = threading.Event()
         self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
@@ -195,7 +196,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
     def heartbeat_now(self, timeout: float = 5.0) -> None:
         """One heartbeat with this replica's committed state (also sent before a quorum after a restore)."""
         self._client.heartbeat(self.replica_id, timeout=timeout,
-                               committed=(self.committed_step, self._lineage, self.accepted_loss))
+                               committed=(self.committed_step, self._lineage, *(self.accepted or (0, 0))))
 
     @property
     def lineage(self) -> int:
@@ -245,8 +246,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     world_size=self.world_size,
                     shrink_only=any(r.shrink_only for r in requests),
                     commit_failures=max(r.commit_failures for r in requests),
-                    data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: self.accepted_loss}
-                                                           if self.accepted_loss else {})},
+                    data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: list(self.accepted)}
+                                                           if self.accepted else {})},
                 )
                 rnd.result = quorum
                 self._round_quorum_id = int(quorum.quorum_id)
@@ -281,7 +282,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     if self._round_quorum_id is not None:
                         self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
                     self.committed_step = request.step + 1
-                    self.accepted_loss = 0
+                    self.accepted = None
                 self._commit_round = _Round()
         if last:
             if rnd.result:
@@ -662,7 +663,7 @@ class Manager:
             else:
                 self.load_full_state_dict(state)
             if self._server is not None:
-                self._server.accepted_loss = int(plan["watermark"])
+                self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
                 self._server.heartbeat_now()  # the Lighthouse lowers its watermark before our next quorum
             self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source=plan["path"],
                        fatal=False, cause="backstop_restore", seconds=round(time.monotonic() - start, 4), reason=plan["reason"])
@@ -675,10 +676,10 @@ class Manager:
         run has committed, count it (`state_lost`) and tell the Lighthouse, so the quorum goes on from here."""
         if self._server is None:
             return
-        watermark, _, _ = self._server._client.holders(self.replica_id, timeout=self.connect_timeout)
+        watermark, lineage, _ = self._server._client.holders(self.replica_id, timeout=self.connect_timeout)
         if watermark <= self._step:
             return
-        self._server.accepted_loss = watermark
+        self._server.accepted = (watermark, lineage)
         self._server.heartbeat_now()
         self._emit("state_lost", lost_step=watermark, restored_step=self._step, source=source, fatal=False,
                    cause="checkpoint_restart", reason=f"restarted from {source}")
@@ -707,11 +708,11 @@ class Manager:
         latest = self.backstop.latest() if self.backstop is not None else None
         if latest is None:
             where = f" and the backstop at {self.backstop.root} has none" if self.backstop is not None else ""
-            return {"kind": "fatal", "watermark": watermark,
+            return {"kind": "fatal", "watermark": watermark, "lineage": lineage,
                     "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
                               "(--recovery restart) or enable the durable backstop (ft.backstop_every_s)"}
         step, path = latest
-        return {"kind": "restore", "watermark": watermark, "path": path, "step": step,
+        return {"kind": "restore", "watermark": watermark, "lineage": lineage, "path": path, "step": step,
                 "reason": f"{reason}; restoring the durable backstop of step {step}"}
 
     def _fetch_early(self, plan: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ The committed watermark (Regent's addition; `note_committed`, `holders`): the hi
 lineage, the quorum id it was committed in) any replica has reported, from heartbeats and quorum requests. It is
 what tells a quorum of freshly restarted replicas, all at step 0, that they would silently throw away committed
 training (TorchFT would train on from step 0). It only goes down when a replica that restored older state (the
-durable backstop) says so (`accepted_loss` >= the watermark): that is a counted lineage reset (`resets`).
+durable backstop) says so (it names the watermark it accepts losing): that is a counted lineage reset (`resets`).
 
 `quorum_id` increases when the sorted list of member ids changes, or when the membership is the same but a
 member reports `commit_failures > 0` (everyone must rebuild its process group after a failed commit).
@@ -88,15 +88,17 @@ class LighthouseState:
 
 
 def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: int,
-                   accepted_loss: int = 0) -> bool:
+                   accepted: tuple[int, int] | None = None) -> bool:
     """Record what `replica_id` holds; returns whether the watermark changed. O(1).
 
     The watermark rises with any higher (step, lineage). It falls only when this replica restored older state
-    and accepts losing everything up to the current watermark (`accepted_loss >= watermark.step`): the reset is
-    then counted, never silent."""
+    and accepts losing exactly the current watermark (`accepted` is the watermark's (step, lineage) as the
+    replica was told it): the reset is then counted, never silent. Naming the watermark, not just a step, makes
+    the count exact: a late message from a replica whose loss was already counted (the watermark has moved on
+    since) lowers nothing, and a second loss of the same step in a later lineage still counts."""
     state.committed[replica_id] = (step, lineage)
     w = state.watermark
-    if accepted_loss and accepted_loss >= w.step and step < w.step:
+    if accepted is not None and accepted[0] and tuple(accepted) == (w.step, w.lineage) and step < w.step:
         state.watermark = Watermark(step, lineage, w.resets + 1)
         return True
     if (step, lineage) > (w.step, w.lineage):

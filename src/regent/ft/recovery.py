@@ -53,7 +53,7 @@ class QuorumResult:
 LINEAGE_KEY = "regent_lineage"
 # Key under which a replica that restored older state (the durable backstop) says which committed step it
 # accepts losing (see `regent.ft.quorum.note_committed`).
-ACCEPTED_LOSS_KEY = "regent_accepted_loss"
+ACCEPTED_LOSS_KEY = "regent_accepted_loss"  # [step, lineage] of the watermark accepted as lost
 
 
 def state_version(member: Any) -> tuple[int, int]:

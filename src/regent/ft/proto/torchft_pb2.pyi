@@ -42,16 +42,18 @@ class Quorum(_message.Message):
     def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., regent_committed: _Optional[_Union[RegentCommitted, _Mapping]] = ...) -> None: ...
 
 class RegentCommitted(_message.Message):
-    __slots__ = ("step", "lineage", "accepted_loss", "resets")
+    __slots__ = ("step", "lineage", "accepted_loss", "resets", "accepted_lineage")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_LOSS_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     step: int
     lineage: int
     accepted_loss: int
     resets: int
-    def __init__(self, step: _Optional[int] = ..., lineage: _Optional[int] = ..., accepted_loss: _Optional[int] = ..., resets: _Optional[int] = ...) -> None: ...
+    accepted_lineage: int
+    def __init__(self, step: _Optional[int] = ..., lineage: _Optional[int] = ..., accepted_loss: _Optional[int] = ..., resets: _Optional[int] = ..., accepted_lineage: _Optional[int] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
     __slots__ = ("requester",)
