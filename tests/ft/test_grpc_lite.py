@@ -278,3 +278,27 @@ def test_raw_not_http2_is_closed(server):
         received += chunk
     # SETTINGS and WINDOW_UPDATE first (sent on accept), then GOAWAY naming the problem, then close.
     assert b"not an HTTP/2 connection preface" in received
+
+
+def test_ipv6_wildcard_is_dual_stack():
+    """`::` accepts IPv4 clients as well (asyncio alone would make the socket IPv6-only)."""
+    if not socket.has_ipv6:
+        pytest.skip("this Python was built without IPv6")
+    loop = asyncio.new_event_loop()
+    server = grpc_lite.Server(grpc_lite.method_table("test.Svc", {"Echo": lambda request, deadline: request}))
+    try:
+        try:
+            port = loop.run_until_complete(server.start("::", 0))
+        except OSError as err:
+            pytest.skip(f"no IPv6 on this machine ({err})")
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        for host in ("127.0.0.1", "[::1]"):
+            with grpc.insecure_channel(f"{host}:{port}") as channel:
+                echo = channel.unary_unary("/test.Svc/Echo")
+                assert echo(b"hi", timeout=10) == b"hi"
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+    finally:
+        loop.close()

@@ -539,3 +539,32 @@ def test_cancelled_quorum_call_withdraws_the_participant_on_either_server(lighth
 def test_unknown_server_kind_is_rejected():
     with pytest.raises(ValueError, match="unknown Lighthouse server"):
         LighthouseServer(server="tornado")
+
+
+def _dual_stack_missing() -> str | None:
+    """Why a dual-stack [::] socket cannot be had here (no IPv6), or None."""
+    if not socket.has_ipv6:
+        return "this Python was built without IPv6"
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+    except OSError as err:
+        return f"no dual-stack IPv6 on this machine ({err})"
+    return None
+
+
+@pytest.mark.parametrize("kind", ["lite", "grpcio"])
+def test_wildcard_ipv6_bind_serves_ipv4_clients(lighthouse, kind):
+    """TorchFT's integration tests bind the Lighthouse to [::]:0 and dial 127.0.0.1: both must work."""
+    missing = _dual_stack_missing()
+    if missing:
+        pytest.skip(missing)
+    server = lighthouse(bind="[::]:0", min_replicas=1, server=kind)
+    for host in ("127.0.0.1", "[::1]"):
+        client = LighthouseClient(f"http://{host}:{server.port}", connect_timeout=10)
+        client.heartbeat("r:1", timeout=10)
+        assert client.quorum("r:1", 10).replica_ids() == ["r:1"]
+        client.close()
+    status = get_json(f"http://127.0.0.1:{server.port + 1}/status.json")  # the dashboard too
+    assert status["quorum_id"] == 1 and status["quorums_issued"] == 2

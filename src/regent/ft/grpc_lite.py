@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -688,11 +689,16 @@ class Server:
         self._handlers[path.encode()] = handler
 
     async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (an empty host means every interface) and return the bound port."""
+        """Listen on host:port (an empty host means every interface) and return the bound port. The IPv6
+        wildcard `::` is dual-stack (IPv4 clients connect too), as with grpcio and TorchFT's Lighthouse."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024
-        )
+        if host == "::":
+            self._server = await loop.create_server(lambda: _Connection(self), sock=dual_stack_socket(port),
+                                                    backlog=1024)
+        else:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024
+            )
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -711,6 +717,21 @@ class Server:
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+
+def dual_stack_socket(port: int) -> socket.socket:
+    """A TCP socket bound to [::]:port that also accepts IPv4 (IPV6_V6ONLY off). asyncio's create_server turns
+    IPV6_V6ONLY on for every IPv6 socket it makes, so `[::]` would refuse clients that dial 127.0.0.1."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def method_table(service: str, methods: dict[str, Handler]) -> dict[str, Handler]:

@@ -62,12 +62,13 @@ from regent.ft.quorum import (
     Participant,
     QuorumOptions,
     Watermark,
+    expire_heartbeats,
     forget_replicas,
     healthy_replicas,
     holders,
     issue_quorum,
     note_committed,
-    note_incarnation,
+    note_heartbeat,
     quorum_compute,
     quorum_possible,
 )
@@ -165,6 +166,12 @@ class _DashboardHTTPServer(ThreadingHTTPServer):
 
 class _DashboardHTTPServer6(_DashboardHTTPServer):
     address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        # Dual-stack like the gRPC port: `[::]:P` answers IPv4 clients too, whatever the OS default.
+        with contextlib.suppress(OSError, AttributeError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 EMPTY_HEARTBEAT_RESPONSE = torchft_pb2.LighthouseHeartbeatResponse().SerializeToString()
@@ -278,6 +285,7 @@ class LighthouseServer:
         self._waiters: list[asyncio.Future] = []
         self._last_reason = ""
         self._quorums_issued = 0
+        self._tick_pending = False
         self._stopped = threading.Event()
 
         self._loop = new_event_loop()
@@ -487,11 +495,12 @@ class LighthouseServer:
         if message is not None and message.HasField("regent_committed"):
             c = message.regent_committed
             self._note_committed(rid, c.step, c.lineage, (c.accepted_loss, c.accepted_lineage) if c.accepted_loss else None)
-        self._state.heartbeats[rid] = time.monotonic()
-        retired = note_incarnation(self._state, rid)
+        retired = note_heartbeat(self._state, rid, time.monotonic())
         if retired:
             logger.info("replica %s is a new incarnation; retired %s", rid, retired)
-            self._tick()  # survivors waiting on the old incarnation may form a quorum now
+            for old in retired:
+                self._member_wire.pop(old, None)
+            self._tick_soon()  # survivors waiting on the old incarnation may form a quorum now
 
     def forget_replicas(self, replica_ids: list[str]) -> list[str]:
         """Count `replica_ids` as failed now (their processes are known dead), not after their heartbeats time
@@ -500,6 +509,8 @@ class LighthouseServer:
 
     async def _forget(self, replica_ids: list[str]) -> list[str]:
         forgotten = forget_replicas(self._state, replica_ids)
+        for rid in replica_ids:
+            self._member_wire.pop(rid, None)
         if forgotten:
             logger.info("replicas %s reported failed; no longer waited for", forgotten)
             self._tick()
@@ -563,24 +574,40 @@ class LighthouseServer:
             if not issued.done():  # a cancelled call's future is done already
                 issued.set_result((ids, quorum.quorum_id, payload))
 
+    def _tick_soon(self) -> None:
+        """One tick at the loop's next turn, however many events ask for it meanwhile: a burst of restarts
+        costs one quorum computation, not one per new incarnation."""
+        if not self._tick_pending:
+            self._tick_pending = True
+            self._loop.call_soon(self._deferred_tick)
+
+    def _deferred_tick(self) -> None:
+        self._tick_pending = False
+        if quorum_possible(self._state, self._opts):
+            self._tick()
+
     async def _tick_forever(self) -> None:
+        """The periodic tick. It computes a quorum only while one could form (`quorum_possible`: someone is
+        waiting), so heartbeats alone cost O(1) each however many replicas there are; old heartbeats are swept
+        every `forget_after / 10` seconds, an O(table) pass that is cheap at that rate."""
         period = self._opts.quorum_tick_ms / 1000.0
         forget_after = max(60.0, 10 * self._opts.heartbeat_timeout_ms / 1000.0)
+        next_sweep = time.monotonic() + forget_after / 10
         while True:
             await asyncio.sleep(period)
             try:
-                self._tick()
-                self._forget_old_heartbeats(time.monotonic() - forget_after)
+                if quorum_possible(self._state, self._opts):
+                    self._tick()
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + forget_after / 10
+                    self._forget_old_heartbeats(now - forget_after)
             except Exception:
                 logger.exception("Lighthouse quorum tick failed; will retry next tick")
 
     def _forget_old_heartbeats(self, cutoff: float) -> None:
-        stale = [rid for rid, last in self._state.heartbeats.items() if last < cutoff]
-        for rid in stale:
-            if rid not in self._state.participants:
-                del self._state.heartbeats[rid]
-                self._state.committed.pop(rid, None)
-                self._member_wire.pop(rid, None)
+        for rid in expire_heartbeats(self._state, cutoff, keep=self._state.participants):
+            self._member_wire.pop(rid, None)
 
     # ---- dashboard ----------------------------------------------------------------------------------------
 

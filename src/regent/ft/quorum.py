@@ -18,6 +18,10 @@ One addition (`note_incarnation`, `forget_replicas`): a replica group that resta
 heartbeat still counts as healthy for `heartbeat_timeout_ms`. Under rules 6 and 7 that fresh-looking ghost makes
 every survivor wait (5 s by default) before it can train on without it. So the first heartbeat or request of a
 new incarnation retires the group's older ids, and a supervisor that saw a process die can retire its id at once.
+Retiring is O(1) in the size of the table: since each new incarnation retires the one before, a group has at
+most one id in the table, the one `LighthouseState.incarnations` names, so that map is the index. Every function
+here that adds or removes a heartbeat (`note_heartbeat`, `note_incarnation`, `forget_replicas`,
+`expire_heartbeats`) keeps it in step, so a storm of restarts costs O(restarts), not O(restarts x table).
 
 The committed watermark (Regent's addition; `note_committed`, `holders`): the highest committed step (and its
 lineage, the quorum id it was committed in) any replica has reported, from heartbeats and quorum requests. It is
@@ -32,6 +36,7 @@ Address or step changes alone keep the id.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -82,7 +87,8 @@ class LighthouseState:
     prev_quorum: Quorum | None = None
     quorum_id: int = 0
     heartbeats: dict[str, float] = field(default_factory=dict)
-    incarnations: dict[str, str] = field(default_factory=dict)  # group name -> its newest replica id
+    # group name -> its newest replica id, the group's only id in `heartbeats` (absent once that id is gone)
+    incarnations: dict[str, str] = field(default_factory=dict)
     committed: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica id -> (step, lineage) reported
     watermark: Watermark = field(default_factory=Watermark)
 
@@ -125,24 +131,56 @@ def group_name(replica_id: str) -> str | None:
 def note_incarnation(state: LighthouseState, replica_id: str) -> list[str]:
     """Record a heartbeat or request from `replica_id`; when it is a new incarnation of its group, forget the
     heartbeats of the group's other ids (they are dead: a group runs one incarnation at a time). Returns the
-    ids forgotten. O(1) unless the incarnation changed."""
+    ids forgotten. O(1): the group's only other id in the table is its previous incarnation."""
     name = group_name(replica_id)
-    if name is None or state.incarnations.get(name) == replica_id:
+    if name is None:
+        return []
+    previous = state.incarnations.get(name)
+    if previous == replica_id:
         return []
     state.incarnations[name] = replica_id
-    stale = [rid for rid in state.heartbeats if rid != replica_id and group_name(rid) == name]
-    for rid in stale:
-        del state.heartbeats[rid]
-        state.committed.pop(rid, None)
-    return stale
+    if previous is None or state.heartbeats.pop(previous, None) is None:
+        return []
+    state.committed.pop(previous, None)
+    return [previous]
+
+
+def note_heartbeat(state: LighthouseState, replica_id: str, now: float) -> list[str]:
+    """A heartbeat (or Quorum request) from `replica_id` at `now`: refresh it and retire its group's older
+    incarnation (`note_incarnation`). Returns the ids retired. O(1)."""
+    state.heartbeats[replica_id] = now
+    return note_incarnation(state, replica_id)
+
+
+def _unindex(state: LighthouseState, replica_id: str) -> None:
+    """`replica_id` left the table: its group has no id there any more."""
+    name = group_name(replica_id)
+    if name is not None and state.incarnations.get(name) == replica_id:
+        del state.incarnations[name]
 
 
 def forget_replicas(state: LighthouseState, replica_ids: list[str]) -> list[str]:
     """Count these replicas as failed now instead of when their heartbeats time out. Returns those that were
     still counted healthy. A replica that is in fact alive counts again from its next heartbeat."""
+    forgotten = []
     for rid in replica_ids:
         state.committed.pop(rid, None)
-    return [rid for rid in replica_ids if state.heartbeats.pop(rid, None) is not None]
+        if state.heartbeats.pop(rid, None) is not None:
+            forgotten.append(rid)
+        _unindex(state, rid)
+    return forgotten
+
+
+def expire_heartbeats(state: LighthouseState, cutoff: float, keep: Container[str] = ()) -> list[str]:
+    """Forget the replicas whose last heartbeat is older than `cutoff` (except those in `keep`, e.g. replicas
+    waiting in a Quorum call), with what they reported. Returns the ids forgotten. O(table): the server runs
+    it every few seconds, not per heartbeat."""
+    stale = [rid for rid, last in state.heartbeats.items() if last < cutoff and rid not in keep]
+    for rid in stale:
+        del state.heartbeats[rid]
+        state.committed.pop(rid, None)
+        _unindex(state, rid)
+    return stale
 
 
 def healthy_replicas(now: float, state: LighthouseState, opts: QuorumOptions) -> set[str]:
@@ -202,7 +240,7 @@ def quorum_possible(state: LighthouseState, opts: QuorumOptions) -> bool:
     if len(state.participants) >= opts.min_replicas:
         return True
     prev = state.prev_quorum
-    if prev is None:
+    if prev is None or len(state.participants) < len(prev.participants):  # distinct ids: one member must be missing
         return False
     return all(m.replica_id in state.participants for m in prev.participants)
 

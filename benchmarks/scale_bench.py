@@ -1,0 +1,387 @@
+"""Lighthouse scale: server CPU per heartbeat with many replica groups, and the cost of new incarnations.
+
+    .venv/bin/python benchmarks/scale_bench.py                          # both sections
+    .venv/bin/python benchmarks/scale_bench.py --groups 1024 4096 --ids 10000
+    .venv/bin/python benchmarks/scale_bench.py --src /tmp/before/src    # the same against another source tree
+    .venv/bin/python benchmarks/scale_bench.py --profile /tmp/lh.prof   # cProfile of the server's loop thread
+
+Why a raw HTTP/2 client: the quantity measured is the server's CPU, and the machine may be shared, so the client
+must be cheap and must not share the server's GIL. It speaks just enough HTTP/2 to send unary gRPC calls the way
+tonic (TorchFT's client) does: one connection per replica group, one stream per call, byte-identical headers.
+
+Sections:
+- steady: N groups ("group<i>:<uuid>"), each on its own connection (one Manager per group), heartbeat
+  round-robin at a fixed total rate (`--rate`, at most one call in flight per group). Reported: server CPU
+  (the Lighthouse process's threads, from /proc/<pid>/task/*/schedstat) per answered heartbeat over `--seconds`, then its CPU
+  per second with the N entries in the table and no calls for `--seconds / 2` (the periodic tick's cost, which
+  each heartbeat pays a share of: that share is idle CPU / rate).
+- incarnations: `--ids` new ids of new groups, pipelined on one connection ("fresh"); then every one of those
+  groups comes back under a new uuid while its older id is still in the table ("churn"). Reported: server CPU
+  per new id and in total.
+
+The server is `regent lighthouse` (the CLI users run) in its own process; `--src DIR` puts DIR first on its
+PYTHONPATH, so an older checkout (`git archive <rev> src | tar -x -C /tmp/before`) is measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
+END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
+HEARTBEAT_PATH = b"/torchft.LighthouseService/Heartbeat"
+
+
+# ---- a minimal gRPC-over-HTTP/2 client ----------------------------------------------------------------------------
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + stream_id.to_bytes(4, "big") + payload
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """'Literal without indexing, new name' (RFC 7541 6.2.2); names and values here are under 127 bytes."""
+    return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def heartbeat_message(replica_id: str) -> bytes:
+    """A length-prefixed `LighthouseHeartbeatRequest{replica_id}` (field 1, a string), as gRPC frames it."""
+    rid = replica_id.encode()
+    body = b"\x0a" + _varint(len(rid)) + rid
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+class H2Client:
+    """One HTTP/2 connection sending unary calls; counts the calls answered (DATA then trailers) and failed."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._headers = b"".join(_literal(k, v) for k, v in (
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", HEARTBEAT_PATH),
+            (b":authority", f"{host}:{port}".encode()), (b"content-type", b"application/grpc"),
+            (b"te", b"trailers")))
+        self._next_stream = 1
+        self._buf = bytearray()
+        self._with_data: set[int] = set()
+        big = 2**31 - 1
+        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 0x4, big))
+                          + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", big - 65_535)))
+
+    def request(self, message: bytes) -> bytes:
+        """The frames of one call (not sent)."""
+        sid = self._next_stream
+        self._next_stream += 2
+        return frame(HEADERS, END_HEADERS, sid, self._headers) + frame(DATA, END_STREAM, sid, message)
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        """Parse what the server sent; returns (calls answered, calls failed) completed by it."""
+        buf = self._buf
+        buf += data
+        ok = failed = pos = 0
+        reply = b""
+        while len(buf) - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            if len(buf) - pos < 9 + length:
+                break
+            kind, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            pos += 9 + length
+            if kind == DATA and sid:
+                self._with_data.add(sid)
+            elif kind == HEADERS and flags & END_STREAM:
+                if sid in self._with_data:
+                    self._with_data.discard(sid)
+                    ok += 1
+                else:
+                    failed += 1  # trailers only: an error status
+            elif kind == RST_STREAM:
+                failed += 1
+            elif kind == SETTINGS and not flags & ACK:
+                reply += frame(SETTINGS, ACK, 0)
+            elif kind == GOAWAY:
+                raise ConnectionError("server sent GOAWAY")
+        del buf[:pos]
+        if reply:
+            self.sock.sendall(reply)
+        return ok, failed
+
+
+# ---- the server under test ------------------------------------------------------------------------------------------
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 free (the Lighthouse's dashboard listens on P + 1)."""
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair on 127.0.0.1")
+
+
+def start_lighthouse(port: int, src: str | None, profile: str | None) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    if profile:
+        cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-profiled", str(port), profile]
+    else:
+        cmd = [PYTHON, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING",
+               "--min_replicas", "1", "--join_timeout_ms", "60000", "--quorum_tick_ms", "100",
+               "--heartbeat_timeout_ms", "5000"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the Lighthouse exited with {proc.returncode}") from None
+            time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError(f"no Lighthouse on 127.0.0.1:{port} after 60 s")
+
+
+def stop_lighthouse(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process, all threads, in nanoseconds from /proc/<pid>/task/*/schedstat (utime + stime in
+    /proc/<pid>/stat counts whole 10 ms clock ticks: too coarse for a near-idle server)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def serve_profiled(port: int, out: str) -> None:
+    """Internal mode: a Lighthouse whose loop thread runs under cProfile from SIGUSR1 on; stats go to `out` at
+    SIGTERM."""
+    import cProfile
+    import threading
+
+    from regent.ft.lighthouse import LighthouseServer
+
+    server = LighthouseServer(bind=f"127.0.0.1:{port}", min_replicas=1, join_timeout_ms=60000)
+    prof = cProfile.Profile(time.thread_time)  # CPU time: on a busy machine wall time counts others
+    # SIGUSR1 (sent as a measured window starts) profiles the loop thread from then on: enable() there.
+    signal.signal(signal.SIGUSR1, lambda *_: server._loop.call_soon_threadsafe(prof.enable))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    done = threading.Event()
+    server._loop.call_soon_threadsafe(lambda: (prof.disable(), done.set()))
+    done.wait(10)
+    prof.dump_stats(out)
+    server.shutdown()
+
+
+# ---- sections ---------------------------------------------------------------------------------------------------------
+
+
+def bench_steady(port: int, pid: int, groups: int, rate: float, seconds: float, warmup: float,
+                 profiling: bool = False) -> dict:
+    """Heartbeats from `groups` groups, one connection each, round-robin at `rate` calls/s in total."""
+    tag = uuid.uuid4().hex[:8]
+    conns = [H2Client(port) for _ in range(groups)]
+    messages = [heartbeat_message(f"group{i}:{tag}-{uuid.uuid4()}") for i in range(groups)]
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(conns):
+        c.sock.setblocking(False)
+        sel.register(c.sock, selectors.EVENT_READ, i)
+    idle = collections.deque(range(groups))
+    answered = failed = sent = 0
+
+    def run_for(duration: float, send: bool = True) -> None:
+        nonlocal answered, failed, sent
+        start = time.monotonic()
+        sent_at_start = sent
+        end = start + duration
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                return
+            due = int((now - start) * rate) - (sent - sent_at_start) if rate > 0 else len(idle)
+            for _ in range(min(due, len(idle)) if send else 0):
+                i = idle.popleft()
+                conns[i].sock.send(conns[i].request(messages[i]))
+                sent += 1
+            for key, _ in sel.select(timeout=0.002):
+                i = key.data
+                try:
+                    data = conns[i].sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    raise ConnectionError("the Lighthouse closed a connection")
+                ok, bad = conns[i].feed(data)
+                answered += ok
+                failed += bad
+                if ok or bad:
+                    idle.append(i)
+
+    for i in range(groups):  # every group's first heartbeat (a new incarnation), then the steady state
+        conns[i].sock.send(conns[i].request(messages[i]))
+    idle.clear()
+    while len(idle) < groups:
+        run_for(0.1, send=False)
+    run_for(warmup)
+    if profiling:
+        os.kill(pid, signal.SIGUSR1)
+    cpu0, answered0, t0 = cpu_seconds(pid), answered, time.monotonic()
+    run_for(seconds)
+    cpu1, answered1, t1 = cpu_seconds(pid), answered, time.monotonic()
+    while len(idle) < groups:  # let the calls in flight finish, then listen to the quiet
+        run_for(0.1, send=False)
+    cpu2, t2 = cpu_seconds(pid), time.monotonic()
+    run_for(seconds / 2, send=False)
+    idle_ms_per_s = 1e3 * (cpu_seconds(pid) - cpu2) / (time.monotonic() - t2)
+    for c in conns:
+        sel.unregister(c.sock)
+        c.sock.close()
+    calls = answered1 - answered0
+    if failed:
+        raise RuntimeError(f"{failed} heartbeats failed")
+    return {"section": "steady", "groups": groups, "calls": calls, "calls_per_s": calls / (t1 - t0),
+            "server_cpu_s": cpu1 - cpu0, "us_per_heartbeat": 1e6 * (cpu1 - cpu0) / max(calls, 1),
+            "idle_cpu_ms_per_s": idle_ms_per_s}
+
+
+def pipelined(port: int, pid: int, ids: list[str], window: int = 256) -> tuple[float, float]:
+    """Send one heartbeat per id on one connection, `window` in flight. Returns (server CPU s, wall s)."""
+    client = H2Client(port)
+    cpu0, t0 = cpu_seconds(pid), time.monotonic()
+    in_flight = answered = failed = 0
+    pending = iter(ids)
+    exhausted = False
+    while answered + failed < len(ids):
+        batch = []
+        while not exhausted and in_flight < window:
+            rid = next(pending, None)
+            if rid is None:
+                exhausted = True
+                break
+            batch.append(client.request(heartbeat_message(rid)))
+            in_flight += 1
+        if batch:
+            client.sock.sendall(b"".join(batch))
+        data = client.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the Lighthouse closed the connection")
+        ok, bad = client.feed(data)
+        answered += ok
+        failed += bad
+        in_flight -= ok + bad
+    cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    client.sock.close()
+    if failed:
+        raise RuntimeError(f"{failed} heartbeats failed")
+    return cpu1 - cpu0, t1 - t0
+
+
+def bench_incarnations(port: int, pid: int, n: int, profiling: bool = False) -> list[dict]:
+    if profiling:
+        os.kill(pid, signal.SIGUSR1)
+    groups = [f"inc{i}" for i in range(n)]
+    rows = []
+    for phase in ("fresh", "churn"):
+        ids = [f"{g}:{uuid.uuid4()}" for g in groups]
+        cpu, wall = pipelined(port, pid, ids)
+        rows.append({"section": "incarnations", "phase": phase, "ids": n, "server_cpu_s": cpu, "wall_s": wall,
+                     "us_per_id": 1e6 * cpu / n})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("steady", "incarnations"), action="append")
+    parser.add_argument("--groups", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--rate", type=float, default=5000.0, help="heartbeats/s in total (0: as fast as possible)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured window per group count")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--ids", type=int, default=10_000, help="new incarnations per phase")
+    parser.add_argument("--src", help="a source tree to put first on the server's PYTHONPATH")
+    parser.add_argument("--profile", help="write a cProfile of the server's loop thread here (one server run)")
+    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--serve-profiled", nargs=2, metavar=("PORT", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_profiled:
+        serve_profiled(int(args.serve_profiled[0]), args.serve_profiled[1])
+        return 0
+    sections = args.only or ["steady", "incarnations"]
+    rows: list[dict] = []
+    if "steady" in sections:
+        for groups in args.groups:
+            port = free_port_pair()
+            proc = start_lighthouse(port, args.src, args.profile)
+            try:
+                rows.append(bench_steady(port, proc.pid, groups, args.rate, args.seconds, args.warmup,
+                                         profiling=bool(args.profile)))
+            finally:
+                stop_lighthouse(proc)
+            print(json.dumps(rows[-1]), flush=True)
+    if "incarnations" in sections:
+        port = free_port_pair()
+        proc = start_lighthouse(port, args.src, args.profile)
+        try:
+            for row in bench_incarnations(port, proc.pid, args.ids, profiling=bool(args.profile)):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            stop_lighthouse(proc)
+    print(f"\nload average while measuring: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    for r in rows:
+        if r["section"] == "steady":
+            print(f"steady        {r['groups']:>6} groups  {r['us_per_heartbeat']:8.1f} us server CPU/heartbeat "
+                  f"({r['calls_per_s']:.0f} heartbeats/s); with no calls {r['idle_cpu_ms_per_s']:.1f} ms/s")
+        else:
+            print(f"incarnations  {r['phase']:>6} {r['ids']:>6} ids  {r['server_cpu_s']:8.2f} s server CPU "
+                  f"({r['us_per_id']:.1f} us/id)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
