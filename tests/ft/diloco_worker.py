@@ -16,11 +16,11 @@ import zlib
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
-from regent.ft.backstop import Backstop  # noqa: E402
-from regent.ft.local_sgd import DiLoCo  # noqa: E402
-from regent.ft.manager import Manager, StateLostError  # noqa: E402
+from regent.ft.backstop import Backstop
+from regent.ft.local_sgd import DiLoCo
+from regent.ft.manager import Manager, StateLostError
 
 
 def global_hash(diloco: DiLoCo) -> str:
@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--backstop-every", type=int, default=1, help="save the backstop every N committed syncs")
     ap.add_argument("--start-file", default="", help="start training once this file exists")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds per inner step (a slower replica)")
+    ap.add_argument("--lost-state", default="raise", choices=["raise", "accept"])
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"[{args.name}] %(name)s %(message)s")
@@ -75,6 +76,7 @@ def main() -> None:
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
         use_async_quorum=False, timeout=5, quorum_timeout=60, connect_timeout=20,
         lighthouse_addr=args.lighthouse, replica_id=args.name, on_event=record, backstop=backstop,
+        lost_state=args.lost_state,
     )
     diloco = DiLoCo(manager, fragments, inner, outers, sync_every=args.sync_every,
                     fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha,

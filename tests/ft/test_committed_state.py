@@ -278,6 +278,25 @@ def test_all_replicas_down_without_backstop_stops_with_a_clear_error(lighthouse,
     assert lost and lost[0]["fatal"] and lost[0]["restored_step"] is None
 
 
+def test_all_replicas_down_with_lost_state_accept_goes_on_and_counts_the_reset(lighthouse, tmp_path):
+    """TorchFT's behaviour, the library default: with every holder gone and no backstop, go on from what is
+    held, but never silently: a `state_lost` event and a reset counted by the Lighthouse."""
+    a_out = tmp_path / "a.jsonl"
+    a = _spawn(lighthouse.address(), "a", a_out, "--sync-every", "3", "--syncs", "100")
+    _wait_for_sync(a_out, 3)
+    a.kill()
+    wait_all([a], timeout=30)
+    known = lighthouse.status()["committed"]["step"]
+    a2_out = tmp_path / "a2.jsonl"
+    a2 = _spawn(lighthouse.address(), "a", a2_out, "--sync-every", "3", "--syncs", "4", "--lost-state", "accept")
+    assert wait_all([a2], timeout=60) == [0], logs(a2_out)
+    lost = _kinds(a2_out, "state_lost")
+    assert len(lost) == 1 and not lost[0]["fatal"] and lost[0]["cause"] == "no_holder"
+    assert lost[0]["lost_step"] == known and lost[0]["restored_step"] == 0
+    status = lighthouse.status()["committed"]
+    assert status["resets"] == 1 and status["step"] == 4
+
+
 def test_per_step_backstop_hook_lets_the_optimizer_step_after_the_copy(tmp_path):
     """The per-step mode's arrangement: the optimizer's pre-step hook waits for the backstop's copy (and, as
     torch requires of a pre-step hook, returns None)."""

@@ -66,7 +66,9 @@ class OverlappedAllreduce:
     backward. Use `finish` as the trainer's `grad_reduce_hook`; `remove()` unregisters the hooks."""
 
     def __init__(self, manager: Any, params: Iterable[torch.nn.Parameter],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, finish_after_backward: bool = False) -> None:
+        """`finish_after_backward`: call `finish()` by itself when each backward pass ends (as torch's DDP
+        does), for loops that do not call it; `enabled = False` skips the averaging (gradient accumulation)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self._manager = manager
@@ -86,6 +88,9 @@ class OverlappedAllreduce:
             buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
             self._buckets.append(_Bucket(members, offsets, buffer, pending=len(members)))
         self._next_launch = 0
+        self.enabled = True
+        self._finish_after_backward = finish_after_backward
+        self._finish_queued = False
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in ordered]
 
     @property
@@ -93,6 +98,11 @@ class OverlappedAllreduce:
         return len(self._buckets)
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        if self._finish_after_backward and not self._finish_queued:
+            self._finish_queued = True  # runs once this backward pass is over, on the autograd engine
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_queued_call)
         b, pos = self._where[id(param)]
         bucket = self._buckets[b]
         if pos in bucket.got_grad:  # accumulated twice in one backward (shared weights): counted once
@@ -110,7 +120,11 @@ class OverlappedAllreduce:
 
     def _launch(self, bucket: _Bucket) -> None:
         grads = [p.grad for p in bucket.params]
-        if all(g is not None for g in grads):
+        start = bucket.buffer.data_ptr()
+        size = bucket.buffer.element_size()
+        if all(g is not None and g.data_ptr() == start + o * size for g, o in zip(grads, bucket.offsets)):
+            pass  # the gradients are still the bucket's views (zero_grad(set_to_none=False)): already in place
+        elif all(g is not None for g in grads):
             # one kernel for the whole bucket: per-parameter copies cost a launch each inside backward
             torch.cat([g.reshape(-1) for g in grads], out=bucket.buffer)
         else:
@@ -136,6 +150,10 @@ class OverlappedAllreduce:
             bucket.future = None
             bucket.got_grad.clear()
         self._next_launch = 0
+
+    def _finish_queued_call(self) -> None:
+        self._finish_queued = False
+        self.finish()
 
     def remove(self) -> None:
         for h in self._handles:

@@ -21,15 +21,19 @@ parameters and the same fragment is retried at the next sync.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from regent.contiguous import contiguous_copy
+from regent.ft.grad_sync import plan_buckets
 from regent.ft.manager import Manager
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_CAP_MB = 32.0  # with use_bucketization and no bucket_cap_mb
 
 
 class _StepHooks:
@@ -107,8 +111,11 @@ class _Fragment:
         outer_optimizer: torch.optim.Optimizer,
         backup_device: torch.device | None,
         alpha: float,
+        pin_memory: bool = True,
+        bucket_bytes: int = 0,
     ) -> None:
         self.index = index
+        self.bucket_bytes = bucket_bytes  # 0: one allreduce per parameter
         self.module = module
         self.outer = outer_optimizer
         self.alpha = alpha
@@ -116,9 +123,10 @@ class _Fragment:
         self.params = dict(module.named_parameters())
         self.backup_device = backup_device
         # The last global parameters, in one buffer per device and dtype: a heal sends them as a few messages.
-        self.original: dict[str, torch.Tensor] = dict(
-            zip(self.params, contiguous_copy(list(self.params.values()), backup_device))
-        )
+        backup = contiguous_copy(list(self.params.values()), backup_device)
+        if pin_memory and torch.cuda.is_available() and all(t.device.type == "cpu" for t in backup):
+            backup = contiguous_copy([t.pin_memory() for t in backup], torch.device("cpu"))  # faster copies to GPU
+        self.original: dict[str, torch.Tensor] = dict(zip(self.params, backup))
         self._pseudo: dict[str, torch.Tensor] = {}
         self._futures: list[torch.futures.Future] = []
         self._weight: torch.Tensor | None = None
@@ -166,8 +174,31 @@ class _Fragment:
             device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
             w = 0.0 if sit_out else 1.0
             self._weight = torch.tensor([w, w * round_step], dtype=torch.float64, device=device)
-        self._futures = [self._manager.allreduce(t) for t in self._pseudo.values()]
+        if self.bucket_bytes:
+            self._futures = self._allreduce_bucketed(list(self._pseudo.values()))
+        else:
+            self._futures = [self._manager.allreduce(t) for t in self._pseudo.values()]
         self._futures.append(self._manager.allreduce(self._weight))
+
+    def _allreduce_bucketed(self, tensors: list[torch.Tensor]) -> list[torch.futures.Future]:
+        """Average `tensors` in flat buckets of about `bucket_bytes` (fewer, larger collectives); each future
+        copies its bucket's averages back into the tensors."""
+        plan = plan_buckets([(t.numel() * t.element_size(), t.dtype, t.device) for t in tensors], self.bucket_bytes)
+        futures = []
+        for indices in plan:
+            members = [tensors[i] for i in indices]
+            flat = torch.cat([t.reshape(-1) for t in members])
+
+            def unpack(f: torch.futures.Future, members: list[torch.Tensor] = members,
+                       flat: torch.Tensor = flat) -> None:
+                f.value()
+                offset = 0
+                for t in members:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+            futures.append(self._manager.allreduce(flat).then(unpack))
+        return futures
 
     def perform_sync(self) -> bool:
         """Wait for the average, restore the global params, vote, and (on commit) take the outer step."""
@@ -225,8 +256,15 @@ class DiLoCo:
         outer_optimizer: one optimizer, or one per fragment, over the fragments' parameters
             (typically `SGD(lr=0.7, momentum=0.9, nesterov=True)`).
         sync_every: inner steps between two syncs of the same fragment.
+        backup_device / pin_memory: where the last global parameters live (default: beside the parameters);
+            pinned when on the CPU with a GPU present.
+        use_bucketization / bucket_cap_mb: average the pseudo-gradients in flat buckets of about bucket_cap_mb
+            (default 32) instead of one allreduce per parameter (env TORCHFT_USE_BUCKETIZATION=True turns it on).
+        should_quantize: TorchFT's FP8 allreduce; not implemented (True raises).
         fragment_sync_delay: start a fragment's allreduce this many inner steps before applying it.
         fragment_update_alpha: 0 = take the new global params; >0 mixes in the local ones.
+        sync_retries / early_heal (Regent, keyword-only): retry a failed sync with the survivors; serve the
+            committed state to restarted replicas between syncs (`Manager.serve_committed`).
     """
 
     def __init__(
@@ -237,11 +275,23 @@ class DiLoCo:
         outer_optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer],
         sync_every: int,
         backup_device: torch.device | None = None,
+        pin_memory: bool = True,
+        use_bucketization: bool = False,
+        bucket_cap_mb: float | None = None,
+        should_quantize: bool = False,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        *,
         sync_retries: int = 0,
         early_heal: bool = False,
     ) -> None:
+        if should_quantize:
+            raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
+                                      "Regent; pass should_quantize=False")
+        if os.environ.get("TORCHFT_USE_BUCKETIZATION", "").lower() in ("1", "true"):
+            use_bucketization = True  # TorchFT's switch, honoured the same way
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb}: must be > 0")
         if manager.use_async_quorum:
             raise ValueError("DiLoCo needs Manager(use_async_quorum=False): healing must finish before syncing")
         n = len(model_fragments)
@@ -261,8 +311,9 @@ class DiLoCo:
             raise ValueError(f"got {len(outers)} outer optimizers for {n} fragments; pass one or one per fragment")
         self._manager = manager
         self._delay = fragment_sync_delay
+        bucket_bytes = int((bucket_cap_mb or DEFAULT_BUCKET_CAP_MB) * 1024 * 1024) if use_bucketization else 0
         self.fragments = [
-            _Fragment(manager, i, m, outers[i], backup_device, fragment_update_alpha)
+            _Fragment(manager, i, m, outers[i], backup_device, fragment_update_alpha, pin_memory, bucket_bytes)
             for i, m in enumerate(model_fragments)
         ]
         self._local_step = 0

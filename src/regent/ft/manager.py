@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import enum
 import json
 import logging
 import os
@@ -55,6 +56,14 @@ _MANAGER_ADDR_KEY = "regent/manager_addr"
 _REPLICA_ID_KEY = "regent/replica_id"
 # A commit is reported to the Lighthouse before the ranks apply it; this bounds the wait on a slow Lighthouse.
 COMMIT_REPORT_TIMEOUT_S = 1.0
+
+
+class WorldSizeMode(enum.Enum):
+    """How many replicas train (TorchFT's names): DYNAMIC, every healthy replica; FIXED_WITH_SPARES, at most
+    `min_replica_size`, the others kept in sync as spares."""
+
+    DYNAMIC = 0
+    FIXED_WITH_SPARES = 1
 
 
 # ---- the group-local server (hosted by group rank 0) ---------------------------------------------------
@@ -110,15 +119,21 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         replica_id: str,
         lighthouse_addr: str,
         hostname: str,
-        store_address: str,
-        world_size: int,
+        store_address: str | None = None,
+        world_size: int = 1,
         bind: str | None = None,
-        heartbeat_interval: float = 0.1,
-        connect_timeout: float = 60.0,
+        heartbeat_interval: float | datetime.timedelta = 0.1,
+        connect_timeout: float | datetime.timedelta = 60.0,
         quorum_retries: int = 0,
+        *,
+        store_addr: str | None = None,
     ) -> None:
         from regent.ft.lighthouse_client import LighthouseClient
 
+        store_address = _one_of("store_address", store_address, "store_addr", store_addr)  # TorchFT: store_addr
+        if store_address is None:
+            raise TypeError("ManagerServer: store_address (TorchFT: store_addr) is required")
+        heartbeat_interval, connect_timeout = _secs(heartbeat_interval), _secs(connect_timeout)
         self.replica_id = replica_id
         self.store_address = store_address
         self.world_size = world_size
@@ -133,8 +148,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         # quorum id of the last committed step (see `recovery.state_version`) and of the latest quorum
         self._lineage = 0
         self._round_quorum_id: int | None = None
-        # What the heartbeats report (Regent extension): committed step, and the step whose loss this replica
-        # accepted when it restored older state (0: none). Set by the Manager of group rank 0.
+        # What the heartbeats report (Regent extension): the committed step (set at each commit, and by the
+        # Manager of group rank 0 when it loads state).
         self.committed_step = 0
         # The watermark (step, lineage) this replica accepts losing after restoring older state; None: none.
         self.accepted: tuple[int, int] | None = None
@@ -188,7 +203,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                 if failing_since is not None:
                     logger.info("heartbeats to the Lighthouse resumed")
                 failing_since = None
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported once per outage; the heartbeat thread must keep beating
                 if failing_since is None:
                     failing_since = time.monotonic()
                     logger.warning("heartbeat to Lighthouse %s failed: %s", self._lighthouse_addr, err)
@@ -252,7 +267,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                 rnd.result = quorum
                 self._round_quorum_id = int(quorum.quorum_id)
                 break
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - retried; the last error is kept in rnd.error and sent back to the caller
                 attempt += 1
                 if attempt > self.quorum_retries or time.monotonic() >= deadline:
                     rnd.error = err
@@ -303,7 +318,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
             return
         try:
             self.heartbeat_now(timeout=COMMIT_REPORT_TIMEOUT_S)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported; the heartbeats retry the report
             self._lighthouse_unreachable = True
             self._beat_now.set()
             logger.warning("could not report commit of step %d to the Lighthouse (%s); the heartbeats retry",
@@ -400,6 +415,13 @@ class Manager:
         transport: how healers receive state (default: `GroupTransport` over the replicated group).
         init_sync: at step 0 every replica pulls the primary's weights.
         max_retries: raise after this many consecutive failed commits (None = never).
+        backstop: a `regent.ft.backstop.Backstop` to restore from when every holder of the committed state is
+            gone (Regent; see `recover_committed`).
+        lost_state: when every holder of the committed state is gone and no backstop has it: "accept" (default,
+            TorchFT's behaviour: go on from what is held, counted as a lineage reset, logged as an error) or
+            "raise" (`StateLostError`).
+        world_size_mode / rank / world_size / checkpoint_transport: TorchFT's spellings (`WorldSizeMode`;
+            group_rank, group_world_size and transport).
         on_event: called as on_event(kind, details) for "quorum", "heal_started", "heal_done", "commit",
             "error", "peer_abort" and "group_failed" (this build `group` of this replica's replicated group
             failed: no collective in it can complete any more; pass it on to the other replicas'
@@ -431,7 +453,18 @@ class Manager:
         quorum_retries: int = 0,
         on_event: EventCallback | None = None,
         backstop: Any = None,
+        lost_state: str = "accept",
+        world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        checkpoint_transport: CheckpointTransport | None = None,
     ) -> None:
+        # TorchFT's spellings of three arguments (its code runs unchanged); both at once is an error.
+        group_rank = _one_of("group_rank", group_rank, "rank", rank)
+        group_world_size = _one_of("group_world_size", group_world_size, "world_size", world_size)
+        transport = _one_of("transport", transport, "checkpoint_transport", checkpoint_transport)
+        self.world_size_mode = WorldSizeMode(world_size_mode)
         self.timeout = env_timeout("timeout", _secs(timeout))
         self.quorum_timeout = env_timeout("quorum_timeout", _secs(quorum_timeout))
         self.connect_timeout = env_timeout("connect_timeout", _secs(connect_timeout))
@@ -482,6 +515,9 @@ class Manager:
         # Committed state (Regent): served to restarted replicas between syncs (`serve_committed`), restored
         # from the durable backstop when no live replica holds it (`recover_committed`).
         self.backstop = backstop
+        if lost_state not in ("accept", "raise"):
+            raise ValueError(f"lost_state={lost_state!r}: use 'accept' or 'raise'")
+        self.lost_state = lost_state
         self._hostname = hostname
         self._committed_fns: tuple[Callable[[], Any], Callable[[Any], None]] | None = None
         self._committed_transport: StreamTransport | None = None
@@ -620,7 +656,9 @@ class Manager:
           waiting for the holders' next sync: the window in which only the holders have it closes here;
         - "restored": no live replica holds it: restored the newest durable backstop, counted as a lineage
           reset (`state_lost` event with what was lost); the Lighthouse is told, so the quorum goes on from it;
-        - raises `StateLostError` when no backstop exists either (`state_lost` with fatal=True).
+        - when no backstop exists either: with `lost_state="raise"` raises `StateLostError` (`state_lost` with
+          fatal=True); with "accept" (the default, TorchFT's behaviour) goes on from what this replica holds,
+          counted as a lineage reset (`state_lost`, cause "no_holder") and logged as an error: "accepted".
         """
         self._recover_calls += 1
         for attempt in range(RECOVER_ATTEMPTS):
@@ -629,6 +667,15 @@ class Manager:
             kind = plan["kind"]
             if kind == "none":
                 return "none"
+            if kind == "fatal" and self.lost_state == "accept":
+                logger.error("%s; going on from step %d (lost_state='accept'; pass lost_state='raise' to stop "
+                             "instead)", plan["reason"], self._step)
+                if self._server is not None:
+                    self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
+                    self._server.heartbeat_now()  # the Lighthouse counts the reset and lowers its watermark
+                self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source=None,
+                           fatal=False, cause="no_holder", reason=plan["reason"])
+                return "accepted"
             if kind == "fatal":
                 self._emit("state_lost", lost_step=plan["watermark"], restored_step=None, source=None,
                            fatal=True, reason=plan["reason"])
@@ -638,7 +685,7 @@ class Manager:
                 state = self._fetch_early(plan) if kind == "early" else self.backstop.load(plan["path"],
                                                                                             self.group_rank)
                 error = ""
-            except Exception as err:  # reported below; every rank agrees before anything is applied
+            except Exception as err:  # noqa: BLE001 - reported below; every rank agrees before anything is applied
                 state, error = None, f"{type(err).__name__}: {err}"
             errors = self._gather(f"{key}/ok", error)
             if any(errors):
@@ -710,7 +757,8 @@ class Manager:
             where = f" and the backstop at {self.backstop.root} has none" if self.backstop is not None else ""
             return {"kind": "fatal", "watermark": watermark, "lineage": lineage,
                     "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
-                              "(--recovery restart) or enable the durable backstop (ft.backstop_every_s)"}
+                              "(regent train --recovery restart) or enable the durable backstop "
+                              "(regent train: ft.backstop_every_s; library: Manager(backstop=Backstop(...)))"}
         step, path = latest
         return {"kind": "restore", "watermark": watermark, "lineage": lineage, "path": path, "step": step,
                 "reason": f"{reason}; restoring the durable backstop of step {step}"}
@@ -818,7 +866,7 @@ class Manager:
         if self._quorum_future is not None:
             try:
                 self._quorum_future.result()
-            except Exception as err:  # already reported or raised in wait_quorum
+            except Exception as err:  # noqa: BLE001 - already reported or raised in wait_quorum
                 logger.debug("previous quorum failed: %s", err)
         if self._recover_needed:
             self._recover_needed = False
@@ -835,7 +883,7 @@ class Manager:
             self._quorum_future = concurrent.futures.Future()
             try:
                 self._async_quorum(allow_heal, shrink_only, timeout or self.quorum_timeout)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported: wait_quorum() raises it
                 self._quorum_future.set_exception(err)
             else:
                 self._quorum_future.set_result(None)
@@ -891,6 +939,12 @@ class Manager:
         else:
             self._participating_rank = result.replica_rank
             self._participating_world_size = result.replica_world_size
+        if self.world_size_mode is WorldSizeMode.FIXED_WITH_SPARES:
+            # At most min_replica_size replicas train; the rest are spares that stay in sync (they receive
+            # every update, contribute zeros) and take over when a trainer fails.
+            self._participating_world_size = min(self._participating_world_size, self.min_replica_size)
+            if self._participating_rank is not None and self._participating_rank >= self.min_replica_size:
+                self._participating_rank = None
 
         # Rebuild the group when the membership decision changed. The quorum id alone is not enough: a
         # restarted Lighthouse counts from 1 again, so the members are part of the key, and a quorum that
@@ -916,7 +970,7 @@ class Manager:
                 self._quorum_id = result.quorum_id
                 self._quorum_key = quorum_key
                 self._group = build
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
                 self.report_error(RuntimeError(f"rebuilding the replicated group at {store} failed: {err}"))
                 return
             finally:
@@ -932,7 +986,7 @@ class Manager:
                     )
             if result.heal:
                 self._heal_from(result)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
             self.report_error(err)
 
     def _heal_from(self, result: QuorumResult) -> None:
@@ -972,12 +1026,21 @@ class Manager:
         self._healing = False
 
     # ---- collectives ------------------------------------------------------------------------------------
-    def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """Average `tensor` in place across participating replicas; never raises.
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,
+                  reduce_op: dist.ReduceOp.RedOpType = dist.ReduceOp.AVG) -> torch.futures.Future:
+        """Average (`reduce_op` AVG, the default) or sum (SUM) `tensor` in place across participating replicas;
+        never raises.
 
-        The returned future resolves to `tensor` (averaged, or untouched after an error, which is reported
-        so the step will not commit).
+        The returned future resolves to `tensor` (reduced, or untouched after an error, which is reported so the
+        step will not commit). `should_quantize` (TorchFT's FP8 allreduce, which needs triton and NCCL) is not
+        implemented: True raises rather than silently sending full precision.
         """
+        if should_quantize:
+            raise NotImplementedError("Manager.allreduce(should_quantize=True): quantized allreduce is not "
+                                      "implemented in Regent; pass should_quantize=False")
+        if reduce_op not in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+            raise ValueError(f"Manager.allreduce: reduce_op {reduce_op} unsupported; use ReduceOp.AVG or SUM")
+        average = reduce_op == dist.ReduceOp.AVG
         if self._errored is not None:
             return _completed(tensor)
         result = tensor
@@ -988,19 +1051,53 @@ class Manager:
             if not self.is_participating():
                 tensor.zero_()
             fut = self._pg.allreduce([tensor], dist.ReduceOp.SUM)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
             self.report_error(err)
             return _completed(result)
 
         def finish(f: torch.futures.Future) -> torch.Tensor:
             try:
                 f.value()
-                tensor.div_(max(1, num))
-            except Exception as err:
+                if average:
+                    tensor.div_(max(1, num))
+            except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
                 self.report_error(err)
             return result
 
         return fut.then(finish)
+
+    def wrap_future(self, fut: torch.futures.Future, default: Any,
+                    timeout: float | datetime.timedelta | None = None) -> torch.futures.Future:
+        """TorchFT's error rule for a user's own future: an error (or no result within `timeout`, default the
+        Manager's) is reported, so the step will not commit, and the future resolves to `default` instead."""
+        out: torch.futures.Future = torch.futures.Future()
+        settled = threading.Lock()
+        done = [False]
+
+        def settle(value: Any, err: Exception | None) -> None:
+            with settled:
+                if done[0]:
+                    return
+                done[0] = True
+            if err is not None:
+                self.report_error(err)
+            out.set_result(value)
+
+        limit = self.timeout if timeout is None else _secs(timeout)
+        timer = threading.Timer(limit, lambda: settle(default, TimeoutError(
+            f"future not done within {limit:.3g} s (Manager.wrap_future)")))
+        timer.daemon = True
+        timer.start()
+
+        def on_done(f: torch.futures.Future) -> None:
+            timer.cancel()
+            try:
+                settle(f.value(), None)
+            except Exception as err:  # noqa: BLE001 - reported (the step will not commit), as TorchFT does
+                settle(default, err)
+
+        fut.add_done_callback(on_done)
+        return out
 
     def num_participants(self) -> int:
         self.wait_quorum()
@@ -1020,21 +1117,21 @@ class Manager:
         """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
         try:
             self.wait_quorum()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
             self.report_error(err)
         if self._pg.errored() is not None:
             self.report_error(self._pg.errored())
         if self._healing and self._errored is None:
             try:
                 self._apply_pending_state()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
                 self.report_error(err)
         # Stop serving our state before the vote: once it passes, the optimizer changes the weights.
         # In-flight reads by healers finish first; if they cannot within the timeout, we vote no
         # (the weights then stay as they are, so nobody reads torn state).
         try:
             self._transport.disallow_checkpoint()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
             self.report_error(err)
         enough = self._participating_world_size >= self.min_replica_size
         local = enough and self._errored is None
@@ -1095,6 +1192,12 @@ class Manager:
         if self._committed_transport is not None:
             self._committed_transport.shutdown()
         self._pg.shutdown()
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    if value is not None and alias_value is not None:
+        raise TypeError(f"Manager: pass {name}= or {alias}=, not both")
+    return value if value is not None else alias_value
 
 
 class StateLostError(RuntimeError):

@@ -38,13 +38,10 @@ COALESCE_WINDOW = int(os.environ.get("REGENT_P2P_WINDOW", "64"))
 
 
 def default_backend() -> str:
-    """The collective backend for this machine: `regent.platform.backend()` when available, else gloo."""
-    try:
-        from regent import platform  # type: ignore[attr-defined]
+    """The collective backend for this machine, from `regent.platform.backend()`."""
+    from regent import platform
 
-        name = platform.backend()
-    except (ImportError, AttributeError):
-        name = "gloo"
+    name = platform.backend()
     return "nccl" if name in ("nccl", "rccl") else "gloo"
 
 
@@ -115,6 +112,27 @@ def _leak(obj: Any) -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
+class Work(torch.futures.Future):
+    """What an operation returns: a torch future (`wait`, `then`, `value`) that also answers torch's `Work`
+    calls (`get_future`, `is_completed`), so code written against TorchFT's groups runs unchanged."""
+
+    def get_future(self) -> torch.futures.Future:
+        return self
+
+    def is_completed(self) -> bool:
+        return self.done()
+
+
+def _settle(out: torch.futures.Future, done: torch.futures.Future, transform: Callable[[Any], Any]) -> None:
+    try:
+        value = done.value()
+        transform(value)
+    except Exception as err:  # noqa: BLE001 - not dropped: handed to the caller, whose wait() raises it
+        out.set_exception(err)
+        return
+    out.set_result(value)
+
+
 class ReplicatedGroup:
     """A reconfigurable communicator across replicas (for one group rank).
 
@@ -152,8 +170,10 @@ class ReplicatedGroup:
         self._next_op = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------------
-    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int) -> None:
-        """Drop the old communicator and rendezvous a new one at `store_addr` ('host:port/unique/prefix')."""
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, **_newer: Any) -> None:
+        """Drop the old communicator and rendezvous a new one at `store_addr` ('host:port/unique/prefix').
+        Newer TorchFT callers also pass quorum_id, group_rank, group_world_size, global_ranks: the prefix in
+        `store_addr` already makes each build unique, so they are not needed here."""
         self.abort(reason=None)
         with self._lock:
             generation = self._generation  # any abort from here on gives this rendezvous up
@@ -320,20 +340,58 @@ class ReplicatedGroup:
         self.abort(reason=err, wait=False)
 
     def allreduce(
-        self, tensors: torch.Tensor | list[torch.Tensor], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
-    ) -> torch.futures.Future:
-        """In-place allreduce; the future resolves to the tensor list, or errors within `timeout`."""
+        self, tensors: torch.Tensor | list[torch.Tensor],
+        op: dist.ReduceOp.RedOpType | dist.AllreduceOptions = dist.ReduceOp.SUM,
+    ) -> Work:
+        """In-place allreduce; the future resolves to the tensor list, or errors within `timeout`. `op` is a
+        ReduceOp or torch's AllreduceOptions (as TorchFT's groups take); AVG works on Gloo too (summed, then
+        divided by the group size)."""
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        pg, generation = self._current()
+        reduce_op = op.reduceOp if isinstance(op, dist.AllreduceOptions) else op
+        average = reduce_op == dist.ReduceOp.AVG and self.backend == "gloo"
         opts = dist.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = dist.ReduceOp.SUM if average else reduce_op
+        out = self._run("allreduce", lambda pg: pg.allreduce(tensors, opts), tensors)
+        if not average:
+            return out
+        size = self._world_size
+        averaged = Work()
+        out.add_done_callback(lambda f: _settle(averaged, f, lambda v: [t.div_(size) for t in v]))
+        return averaged
+
+    def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], root: int | dist.BroadcastOptions = 0) -> Work:
+        """In-place broadcast from replica rank `root` (an int or torch's BroadcastOptions)."""
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        opts = root if isinstance(root, dist.BroadcastOptions) else dist.BroadcastOptions()
+        if not isinstance(root, dist.BroadcastOptions):
+            opts.rootRank = root
+        return self._run("broadcast", lambda pg: pg.broadcast(tensors, opts), tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: torch.Tensor | list[torch.Tensor],
+                  opts: Any = None) -> Work:
+        """Gather every replica's `input_tensors` into `output_tensors[i][rank]` (torch's list-of-lists form)."""
+        inputs = [input_tensors] if isinstance(input_tensors, torch.Tensor) else list(input_tensors)
+        from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+
+        return self._run("allgather", lambda pg: pg.allgather(output_tensors, inputs, opts or AllgatherOptions()),
+                         output_tensors)
+
+    def _run(self, what: str, issue: Callable[[Any], Any], value: Any) -> Work:
+        pg, generation = self._current()
         try:
-            work = pg.allreduce(tensors, opts)
+            work = issue(pg)
             inner = self._gpu_done(work) if self.backend == "nccl" else work.get_future()
         except Exception as err:
             self._fail(generation, err)
             raise
-        return self._guard(inner, generation, "allreduce", tensors)
+        return self._guard(inner, generation, what, value)
+
+    def getBackendName(self) -> str:  # torch's ProcessGroup spelling, kept for TorchFT code
+        return f"regent-{self.backend}"
+
+    def set_timeout(self, timeout: float | datetime.timedelta) -> None:
+        """The deadline of each later operation (the watchdog aborts the group past it)."""
+        self.timeout = _seconds(timeout)
 
     def _gpu_done(self, work: Any) -> torch.futures.Future:
         """A future that completes when the collective has *finished on the GPU*.
@@ -357,14 +415,12 @@ class ReplicatedGroup:
         self._waiter.put(event, fut)
         return fut
 
-    def _guard(
-        self, inner: torch.futures.Future, generation: int, what: str, value: Any
-    ) -> torch.futures.Future:
+    def _guard(self, inner: torch.futures.Future, generation: int, what: str, value: Any) -> Work:
         # NCCL completes its work future as soon as the collective is *enqueued*: the result is ready only on
         # NCCL's stream. A CUDA-aware future (devices=...) completed from the callback below (whose current
         # stream already waits on the collective) records an event, and every later `wait()` or `then()`
         # waits on it. With a plain Future the caller could read the tensor before the all-reduce has run.
-        out: torch.futures.Future = torch.futures.Future(devices=[self.device] if self.backend == "nccl" else None)
+        out = Work(devices=[self.device] if self.backend == "nccl" else None)
         settled = threading.Lock()
         state = {"done": False}
         with self._lock:
@@ -402,7 +458,7 @@ class ReplicatedGroup:
             _WATCHDOG.cancel(token)
             try:
                 fut.value()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported: the group is failed and the caller's future raises it
                 if claim():
                     self._fail(generation, err)
                     out.set_exception(err)
@@ -471,7 +527,7 @@ class ReplicatedGroup:
                     raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
             if self.backend == "nccl":
                 self._wait_stream_done(torch.cuda.current_stream(), deadline, what, peer)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - reported: _p2p_failed() fails the group and re-raises
             self._p2p_failed(generation, err, what, peer)
 
     def _wait_stream_done(self, stream: Any, deadline: float, what: str, peer: int) -> None:
@@ -509,7 +565,7 @@ class _EventWaiter:
             try:
                 event.synchronize()  # returns once done, or once an abort has killed the hung kernel
                 fut.set_result(None)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - reported: the waiting future raises it
                 fut.set_exception(err)
 
 
@@ -528,9 +584,32 @@ def _wait_event(event: Any, timeout: float) -> bool:
 def _abort_communicator(pg: Any) -> None:
     try:
         pg.abort()
-    except Exception as err:  # the communicator may already be broken; we drop it anyway
+    except Exception as err:  # noqa: BLE001 - the communicator may already be broken; we drop it anyway
         logger.debug("abort of old communicator failed: %s", err)
 
 
 def _seconds(value: float | datetime.timedelta) -> float:
     return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+
+
+# ---- TorchFT's names ----------------------------------------------------------------------------------------
+class ProcessGroupGloo(ReplicatedGroup):
+    """TorchFT's `ProcessGroupGloo`: the replicated group over Gloo."""
+
+    def __init__(self, timeout: float | datetime.timedelta = 60.0,
+                 connect_timeout: float | datetime.timedelta = 60.0) -> None:
+        super().__init__("gloo", timeout=timeout, connect_timeout=connect_timeout)
+
+
+class ProcessGroupNCCL(ReplicatedGroup):
+    """TorchFT's `ProcessGroupNCCL` (RCCL on ROCm): non-blocking communicator, aborted by the watchdog."""
+
+    def __init__(self, timeout: float | datetime.timedelta = 60.0,
+                 connect_timeout: float | datetime.timedelta = 60.0) -> None:
+        super().__init__("nccl", timeout=timeout, connect_timeout=connect_timeout)
+
+
+# TorchFT's "baby" groups run the communicator in a subprocess so that a hang can always be aborted. Regent
+# gets that guarantee in-process (see the module docstring), so the names give the same groups.
+ProcessGroupBabyGloo = ProcessGroupGloo
+ProcessGroupBabyNCCL = ProcessGroupNCCL

@@ -89,6 +89,7 @@ class TrainingSession:
             max_retries=ft.max_retries,
             on_event=self._manager_event,
             backstop=self.backstop,
+            lost_state="raise",  # regent train keeps a backstop; with none, stopping beats a silent reset
         )
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
@@ -323,8 +324,8 @@ class TrainingSession:
         if self.diloco is not None:
             try:
                 self.diloco.__exit__(None, None, None)
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - reported; the manager below is still shut down
+                logger.warning("replica %d rank %d: closing DiLoCo failed: %r", self.replica_index, self.rank, exc)
         self.manager.shutdown(wait=False)
 
 
