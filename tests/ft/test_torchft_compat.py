@@ -176,3 +176,24 @@ def test_torchft_style_local_sgd_and_diloco_recover_from_a_kill(lighthouse, tmp_
     syncs = [json.loads(x) for x in text[2].splitlines() if x.startswith('{"sync"')]
     assert syncs and syncs[0]["sync"] > before_kill  # healed to the run's step, not from 0
     assert any(s["participants"] == 2 for s in syncs)
+
+
+def test_fixed_with_spares_trains_min_replica_size_and_keeps_the_spare_in_step(lighthouse, tmp_path):
+    """WorldSizeMode.FIXED_WITH_SPARES, min_replica_size=1: one replica trains, the other is a spare that
+    contributes nothing but applies every update, so both stay bit-identical."""
+    def cmd(r: int) -> list[str]:
+        return [str(STYLE_WORKER), "--replica", str(r), "--mode", "ddp", "--spares", "--syncs", "60",
+                "--step-time", "0.01"]
+
+    logs = [tmp_path / "r0.log", tmp_path / "r1.log"]
+    procs = [_start(cmd(r), logs[r], lighthouse) for r in range(2)]
+    codes = [p.wait(240) for p in procs]
+    text = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n---\n".join(text)
+    steps = [[json.loads(x) for x in t.splitlines() if x.startswith('{"sync"')] for t in text]
+    assert all(s["participants"] == 1 for rows in steps for s in rows)  # never more than min_replica_size
+    together = [{s["sync"]: s["participating"] for s in rows if s["sync"] > 5} for rows in steps]
+    common = set(together[0]) & set(together[1])
+    assert common and all(together[0][k] != together[1][k] for k in common)  # exactly one trains, one spares
+    finals = [[json.loads(x) for x in t.splitlines() if x.startswith('{"done"')][-1] for t in text]
+    assert finals[0] == finals[1]

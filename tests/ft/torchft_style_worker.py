@@ -3,6 +3,7 @@ regent.ft: only the imports differ. Prints one JSON line per committed sync and 
 parameters' digest, for test_torchft_compat.py."""
 
 import argparse
+import contextlib
 import hashlib
 import json
 import time
@@ -11,12 +12,14 @@ from datetime import timedelta
 import torch
 from torch import nn
 
-from regent.ft import Manager, ProcessGroupGloo
+from regent.ft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 from regent.ft.local_sgd import DiLoCo, LocalSGD
+from regent.ft.manager import WorldSizeMode
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--replica", type=int, required=True)
-parser.add_argument("--mode", choices=["localsgd", "diloco"], required=True)
+parser.add_argument("--mode", choices=["localsgd", "diloco", "ddp"], required=True)
+parser.add_argument("--spares", action="store_true", help="WorldSizeMode.FIXED_WITH_SPARES (min_replica_size=1)")
 parser.add_argument("--syncs", type=int, default=30)
 parser.add_argument("--sync-every", type=int, default=4)
 parser.add_argument("--step-time", type=float, default=0.02)
@@ -41,7 +44,8 @@ manager = Manager(
     load_state_dict=load_state_dict,
     state_dict=state_dict,
     min_replica_size=1,
-    use_async_quorum=False,
+    use_async_quorum=args.mode == "ddp",
+    world_size_mode=WorldSizeMode.FIXED_WITH_SPARES if args.spares else WorldSizeMode.DYNAMIC,
     replica_id=f"torchft_style_{args.replica}",
     timeout=timedelta(seconds=10),
     quorum_timeout=timedelta(seconds=30),
@@ -49,7 +53,18 @@ manager = Manager(
     rank=0,
     world_size=1,
 )
-if args.mode == "localsgd":
+if args.mode == "ddp":  # per step: DDP + OptimizerWrapper
+    ddp, optimizer = DistributedDataParallel(manager, model), Optimizer(manager, inner)
+    while manager.current_step() < args.syncs:
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(args.replica * 7919 + manager.current_step()))
+        optimizer.zero_grad()
+        nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True)).backward()
+        time.sleep(args.step_time)
+        optimizer.step()
+        print(json.dumps({"sync": manager.current_step(), "participants": manager.num_participants(),
+                          "participating": manager.is_participating()}), flush=True)
+    algo = None
+elif args.mode == "localsgd":
     algo = LocalSGD(manager, model, inner, sync_every=args.sync_every)
 else:
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
@@ -57,8 +72,8 @@ else:
                   should_quantize=False)  # TorchFT's positional order; bucketized (1 MiB buckets)
 
 local = 0
-with algo:
-    while manager.current_step() < args.syncs:
+with algo or contextlib.nullcontext():
+    while algo is not None and manager.current_step() < args.syncs:
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(args.replica * 7919 + local))
         inner.zero_grad()
         nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
