@@ -143,7 +143,7 @@ def measure_rounds(build, replicas: int, rounds: int, warmup: int) -> list[float
             start.wait()
             try:
                 quorum()
-            except BaseException as err:  # reported after the run
+            except BaseException as err:  # noqa: BLE001 - reported after the run
                 errors.append(err)
             done.wait()
 

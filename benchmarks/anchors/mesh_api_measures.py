@@ -75,7 +75,7 @@ def guarded(results: dict[str, Any], key: str, fn: Callable[[], Any], only: set[
     t0 = time.perf_counter()
     try:
         results[key] = fn()
-    except BaseException as exc:  # noqa: BLE001 - a runtime under test may fail in any way; keep going
+    except BaseException as exc:  # a runtime under test may fail in any way; keep going
         if isinstance(exc, KeyboardInterrupt):
             raise
         results[key] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -135,7 +135,7 @@ def define_actors(api: Any) -> type:
 
 def stop_mesh(mesh: Any) -> None:
     """Stop a proc mesh, tolerating either a Future-returning or a plain `stop()`."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a mesh that fails to stop must not end the benchmark run
         fut = mesh.stop()
         if hasattr(fut, "get"):
             fut.get(timeout=GET_TIMEOUT_S)
@@ -161,7 +161,7 @@ def run_measures(api: Any, quick: bool = False, only: set[str] | None = None) ->
     install_fault_hook(api, faults)
     try:
         results = _run_measures(api, quick, only)
-    except BaseException as exc:  # noqa: BLE001 - e.g. the mesh for every measure failed to start
+    except BaseException as exc:  # e.g. the mesh for every measure failed to start
         if isinstance(exc, KeyboardInterrupt):
             raise
         log(f"measures aborted: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")

@@ -16,7 +16,7 @@ from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mesh_api_measures import log, run_measures  # noqa: E402
+from mesh_api_measures import log, run_measures
 
 
 def main() -> None:

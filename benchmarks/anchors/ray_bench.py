@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mesh_api_measures import (  # noqa: E402
+from mesh_api_measures import (
     SMALL_PAYLOAD,
     TENSOR_BYTES,
     counts,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
+import _common
 
 MODES = ("local", "ddp", "fsdp", "ft_step", "ft_diloco")
 
@@ -174,7 +174,7 @@ def worker(args: argparse.Namespace) -> int:
             result = _run_mode(mode, args, rank, device, args.out)
             result["status"] = "ok"
             result["tokens_per_s_per_gpu"] = tokens / result["seconds"]
-        except Exception as err:  # record and go on: one broken mode must not hide the others' figures
+        except Exception as err:  # noqa: BLE001 - reported; one broken mode must not hide the others' figures
             import traceback
 
             traceback.print_exc()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
+import _common
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -18,10 +18,10 @@ import zlib
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
-from regent.ft.manager import Manager  # noqa: E402
-from regent.ft.transfer import StreamTransport  # noqa: E402
+from regent.ft.manager import Manager
+from regent.ft.transfer import StreamTransport
 
 
 def state_hash(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:

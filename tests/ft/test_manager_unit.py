@@ -118,7 +118,7 @@ def test_regent_manager_against_torchft_lighthouse():
                 manager.allreduce(t).wait()
                 committed = manager.should_commit()
             results[name] = (t.tolist(), committed, manager.current_step(), manager.num_participants())
-        except Exception as err:  # surfaced by the assertion below
+        except Exception as err:  # noqa: BLE001 - surfaced by the assertion below
             results[name] = err
         finally:
             manager.shutdown()

@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from regent.jobs.base import (  # noqa: E402
+from regent.jobs.base import (
     SECRET_ENV,
     JobError,
     JobFailedError,
@@ -35,7 +35,7 @@ from regent.jobs.base import (  # noqa: E402
     is_listening,
     pick_free_port,
 )
-from regent.jobs.kubernetes import INDEX_ANNOTATION, JOB_LABEL, KubernetesJob  # noqa: E402
+from regent.jobs.kubernetes import INDEX_ANNOTATION, JOB_LABEL, KubernetesJob
 
 KINDS = {("api/v1", "secrets"), ("api/v1", "services"), ("apis/batch/v1", "jobs"), ("api/v1", "pods")}
 
@@ -362,15 +362,7 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
         job.start()
 
 
-def _worker_available() -> bool:
-    try:
-        import regent.actor.commands  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
-
-@pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available")
 def test_pods_run_the_generated_worker_command_and_serve_actors(tmp_path: Path, api: FakeApiServer) -> None:
     import cloudpickle
 

@@ -35,13 +35,6 @@ _REASON = _slurm_ready()
 pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pytest.mark.slow]
 
 
-def _worker_available() -> bool:
-    try:
-        import regent.actor.commands  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 def _worker_pids(address: str) -> list[int]:
     """Pids of `regent worker` processes serving `address` (read from /proc, no cooperation needed)."""
@@ -82,7 +75,6 @@ def _job(tmp_path: Path, **kw) -> SlurmJob:
     return SlurmJob(2, **opts)
 
 
-@pytest.mark.skipif(not _worker_available(), reason="regent worker (regent.actor.commands) not available yet")
 def test_two_hosts_under_slurm_then_renew_and_scancel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     job = _job(tmp_path, name="regent-real", secret=None)  # the controller runtime's secret
     monkeypatch.setenv(SECRET_ENV, job.secret)  # sbatch copies the environment: the job must drop this

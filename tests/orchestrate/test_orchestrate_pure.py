@@ -73,6 +73,30 @@ def test_cli_bad_args_exit_2(capsys):
     assert "--replicas must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b'replicas = \n[ft\n', "is not valid TOML"),
+        (b"replicas = 2\n\xff\xfe\n", "is not UTF-8 text"),
+        (b'replicas = "many"\n', "expected int"),
+    ],
+)
+def test_bad_config_file_is_one_error_line_naming_the_file(tmp_path, capsys, content, match):
+    from regent.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(content)
+    assert main(["train", "--config", str(bad), "--no-live"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert str(bad) in lines[0] and match in lines[0] and "Traceback" not in lines[0]
+
+
+def test_config_file_that_cannot_be_read_names_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} cannot be read"):
+        parse_train_argv(["--config", str(tmp_path)])
+
+
 def test_restart_policy_generations_and_reallocation():
     p = RestartPolicy(in_place_restarts=2, crash_loop_starts=5)
     assert p.on_failure(0) is Action.RESTART_IN_PLACE  # generation 0 never made progress: failed start 1

@@ -175,7 +175,7 @@ class Cell:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
             args, kwargs = loads(body, buffers)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
             self._endpoint_raised(exc, reply, method)
             return
         if ep.explicit_response_port:
@@ -187,9 +187,9 @@ class Cell:
             return
         try:
             result = ep.fn(self.instance, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: an endpoint's error goes back to its caller
             self._endpoint_raised(exc, reply, method)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported: anything else fails the actor (supervision)
             self.fail(exc, current_reply=reply)
         else:
             if reply is not None:
@@ -205,7 +205,7 @@ class Cell:
             result = self.instance.__supervise__(failure)
             if inspect.isawaitable(result):
                 result = asyncio.run(_await(result))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported: a failing __supervise__ is a supervision event
             self._supervise_raised(failure, exc)
             return
         if not result:
@@ -221,7 +221,7 @@ class Cell:
         for mesh in reversed(self.owned):
             try:
                 mesh.stop().get(timeout=self.rt_stop_timeout())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - reported; one mesh that will not stop must not keep the others
                 logger.warning("stopping %s owned by %s: %s", mesh, self.display, exc)
         self.owned.clear()
 
@@ -239,7 +239,7 @@ class Cell:
             result = cleanup(exc)
             if inspect.isawaitable(result):
                 asyncio.run(_await(result))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - reported; a failing __cleanup__ must not stop the shutdown
             logger.error("__cleanup__ of %s raised: %s", self.display, err)
 
     # ---------------------------------------------------------------- async actors
@@ -247,7 +247,7 @@ class Cell:
         set_current(self.ctx, self.point)
         try:
             self._construct()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
             self.fail(exc, during_init=True)
             await self._cleanup_async(exc)
             return
@@ -277,7 +277,7 @@ class Cell:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
             args, kwargs = loads(body, buffers)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
             self._endpoint_raised(exc, reply, method)
             return
         if ep.concurrent:
@@ -294,7 +294,7 @@ class Cell:
                 await ep.fn(self.instance, port, *args, **kwargs)
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - explicit-port endpoints die on any exception
                 self.fail(exc, current_reply=reply)
             return
         try:
@@ -303,9 +303,9 @@ class Cell:
             if self.status == "stopping":
                 raise
             self.fail(asyncio.CancelledError("endpoint was cancelled"), current_reply=reply)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: an endpoint's error goes back to its caller
             self._endpoint_raised(exc, reply, method)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported: anything else fails the actor (supervision)
             self.fail(exc, current_reply=reply)
         else:
             if reply is not None:
@@ -327,7 +327,7 @@ class Cell:
                 result = await handler(failure)
             else:
                 result = await self.rt.loop.run_in_executor(None, handler, failure)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported: a failing __supervise__ is a supervision event
             self._supervise_raised(failure, exc)
             return
         if not result:
@@ -342,7 +342,7 @@ class Cell:
         for mesh in reversed(self.owned):
             try:
                 await asyncio.wait_for(mesh.stop(), self.rt_stop_timeout())
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - reported; one mesh that will not stop must not keep the others
                 logger.warning("stopping %s owned by %s: %s", mesh, self.display, exc)
         self.owned.clear()
         await self._cleanup_async(None)
@@ -358,7 +358,7 @@ class Cell:
             result = cleanup(exc)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(_await(result), config.cleanup_timeout)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - reported; a failing __cleanup__ must not stop the shutdown
             logger.error("__cleanup__ of %s raised: %r", self.display, err)
 
     # ---------------------------------------------------------------- common
@@ -416,8 +416,8 @@ class Cell:
         for mesh in self.owned:
             try:
                 mesh.stop()
-            except Exception:  # noqa: BLE001
-                logger.debug("stopping owned mesh after failure", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - reported; the other owned meshes are still stopped
+                logger.warning("stopping %s owned by %s after its failure: %s", mesh, self.display, exc)
         self.owned.clear()
         self.rt.cells.pop(self.key, None)
         if not was_running_stop:

@@ -50,7 +50,7 @@ def install_handlers(rt: Runtime) -> None:
         _, key, mesh_id, rank, name, point, owner, is_async, reply = msg
         try:
             cls, args, kwargs = loads(body, buffers)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: a spawn whose arguments cannot be read is a supervision event
             text = f"Supervision event: actor {name}[{rank}] failed during spawn: {format_remote_traceback(exc)}"
             rt.dead_cells[key] = text
             rt.send_reply(reply, DEAD, text)
@@ -106,7 +106,7 @@ def install_handlers(rt: Runtime) -> None:
             try:
                 cls, args, kwargs = loads(body, buffers)
                 mesh = await _controller_local(rt, name, cls, args, kwargs)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
                 rt.send_reply(reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
                 return
             rt.send_reply(reply, OK, mesh)
@@ -174,14 +174,14 @@ async def stop_self(rt: Runtime, reply: tuple | None) -> None:
         rt.send_reply(reply, OK, None)
     await asyncio.sleep(0)
     for conn in list(rt.connections):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a peer that is gone already needs no goodbye
             conn.send(_env(("bye",)), b"")
             conn.flush()
     rt.stopping = True
     if rt.spawner is not None:
         rt.spawner.kill_all()
     await asyncio.sleep(0.05)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report, the process exits anyway
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)
@@ -198,7 +198,7 @@ async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: t
 
     try:
         infos = await spawner_of(rt).spawn(specs, bootstrap, on_exit, on_output, release=False)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller as a spawn failure
         rt.send_reply(reply, ERROR, (exc, f"worker {rt.proc_id} could not spawn procs", format_remote_traceback(exc)))
         return
     rt.send_reply(reply, OK, infos)

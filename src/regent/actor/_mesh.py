@@ -126,7 +126,7 @@ class Gather(PendingReply):
             return
         try:
             ok, value = decode_reply(status, body, buffers, self.endpoint)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: the caller's future fails with it
             ok, value = False, ActorError(exc, f"reply to {self.endpoint}() could not be unpickled")
         if not ok:
             self._finish(value)
@@ -182,7 +182,7 @@ class StreamReplies(PendingReply):
         self.got[index] = True
         try:
             ok, value = decode_reply(status, body, buffers, self.endpoint)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: the caller's stream yields it
             ok, value = False, exc
         self._push(ok, value)
 
@@ -507,7 +507,8 @@ class Port(Generic[R]):
             return self._index
         try:
             return current_rank().rank
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported; a send must not fail for want of a rank
+            logger.warning("port %s: the sender's rank is unknown (%s); sending as rank 0", self._port_id, exc)
             return 0
 
     def send(self, obj: R) -> None:
@@ -566,7 +567,7 @@ class PortReceiver(Generic[R]):
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         try:
             ok, value = decode_reply(status, body, buffers, "port")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported: the port's reader receives it
             ok, value = False, exc
         if ok and self._ranked:
             value = (index, value)
@@ -638,7 +639,7 @@ class Accumulator(Generic[R]):
                     return
                 try:
                     state["acc"] = self._combine(state["acc"], f._outcome())
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:  # noqa: BLE001 - reported: the reduction's future fails with it
                     result._set_exception(exc)
                     return
                 if i + 1 < len(futures):

@@ -441,7 +441,7 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
     def init_done(f: Future) -> None:
         try:
             f._outcome()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - reported: the mesh's `initialized` future fails with it
             init._set_exception(exc)
             return
         init._set_result(None)

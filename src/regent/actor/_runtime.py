@@ -309,7 +309,7 @@ class Runtime:
             fn, args = inbox.popleft()
             try:
                 fn(*args)
-            except Exception:  # noqa: BLE001 - one bad item must not stall the rest
+            except Exception:  # one bad item must not stall the rest (logged with its traceback)
                 logger.exception("error in runtime task %s", getattr(fn, "__name__", fn))
 
     def submit(self, coro: Coroutine) -> Future:
@@ -378,7 +378,7 @@ class Runtime:
             return
         try:
             handler(conn, msg, body, buffers)
-        except Exception:  # noqa: BLE001
+        except Exception:  # one bad message must not close the connection (logged with its traceback)
             logger.exception("error handling %r message", msg[0])
 
     def _register_handlers(self) -> None:
@@ -505,7 +505,8 @@ class Runtime:
         """A message to a dead process: answer its reply port, if any, so nobody waits forever."""
         try:
             msg = decode_env(env_bytes)
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported; an undecodable message has no reply port to answer
+            logger.warning("dropping an undecodable message to dead process %s: %s", proc_id, exc)
             return
         reply = reply_of(msg)
         if reply is not None:
@@ -746,7 +747,7 @@ class Runtime:
             try:
                 sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
                 sys.stderr.flush()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
                 pass
             self.exit_code = 1
             if self._sigint_installed:
@@ -779,7 +780,7 @@ class Runtime:
                              "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
                 if self.spawner is not None:
                     self.spawner.kill_all()  # what this proc owns cannot outlive it
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report; exiting anyway
                     sys.stdout.flush()
                     sys.stderr.flush()
                 os._exit(0)
@@ -788,8 +789,8 @@ class Runtime:
     def _atexit(self) -> None:
         try:
             self.shutdown(timeout=2.0)
-        except Exception:  # noqa: BLE001
-            logger.debug("error during runtime shutdown", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - reported; an atexit hook must not raise
+            logger.warning("runtime shutdown at exit failed (owned processes may outlive this one): %s", exc)
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Stop every proc mesh this process owns (bounded by `timeout`), then close sockets."""
@@ -808,8 +809,10 @@ class Runtime:
                 conn.close()
 
         fut = self.submit(stop_all())
-        with contextlib.suppress(Exception):
+        try:
             fut.get(timeout + 3)
+        except Exception as exc:  # noqa: BLE001 - reported; shutdown is best effort and must not raise
+            logger.warning("runtime shutdown did not complete (owned processes may outlive this one): %r", exc)
 
 
 def reply_of(msg: tuple) -> tuple | None:

@@ -218,7 +218,7 @@ class LocalSpawner:
         pid = new_id("spare")
         try:
             child = await self._start(pid, {}, f"spare {pid}", True, self.preload, None, _write_output)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - reported; a spare is an optimisation, spawning goes on without it
             logger.warning("could not start a warm spare: %s", exc)
             return
         finally:
@@ -258,11 +258,9 @@ def _env(msg: tuple) -> bytes:
 
 
 def visibility_env(index: int) -> dict[str, str]:
-    """Accelerator pinning for the index-th proc of a host, from regent.platform when it is available."""
-    try:
-        from regent.platform import child_visibility_env
-    except (ImportError, AttributeError):
-        return {}
+    """Accelerator pinning for the index-th proc of a host, from regent.platform."""
+    from regent.platform import child_visibility_env
+
     try:
         return dict(child_visibility_env(index))
     except Exception as exc:  # noqa: BLE001 - pinning is best effort; say why it was skipped
@@ -275,7 +273,7 @@ def _write_output(pid: str, stream: str, text: str) -> None:
     try:
         out.write(text)
         out.flush()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - our own stdout/stderr is closed or broken: nowhere to report; the child keeps running
         pass
 
 

@@ -175,7 +175,7 @@ class Backstop:
                                               "seconds": round(time.perf_counter() - t0, 4),
                                               "copy_s": round(copy_s, 4),
                                               "waited_s": round(self.snapshot_seconds, 4)})
-        except Exception as err:  # reported: the backstop is a safety net, training goes on without this save
+        except Exception as err:  # noqa: BLE001 - reported; the backstop is a safety net, training goes on without this save
             self.last_error = f"{type(err).__name__}: {err}"
             logger.error("backstop: saving step %d to %s failed: %s", step, directory, self.last_error)
             self._on_event("backstop_failed", {"manager_step": step, "error": self.last_error})

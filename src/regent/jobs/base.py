@@ -119,10 +119,8 @@ def normalize_secret(secret: str | bytes) -> str:
 
 def _runtime_secret() -> bytes | None:
     """The controller runtime's secret: the one attach_to_workers will present to the workers."""
-    try:
-        from regent.actor._runtime import get_runtime
-    except ImportError:  # pragma: no cover - the actor runtime ships with regent
-        return None
+    from regent.actor._runtime import get_runtime
+
     return get_runtime().secret
 
 
@@ -269,12 +267,8 @@ class Job(ABC):
         if not self._started:
             self.start()
         addresses = self.worker_addresses(timeout)
-        try:
-            from regent.actor import attach_to_workers
-        except ImportError as exc:  # pragma: no cover - depends on the actor runtime being installed
-            raise JobError(
-                f"cannot attach to {self.describe()}: regent.actor.attach_to_workers is unavailable ({exc})"
-            ) from exc
+        from regent.actor import attach_to_workers
+
         self._host_mesh = _call_attach(attach_to_workers, addresses, self.secret, self.name)
         return self._host_mesh
 
@@ -352,7 +346,7 @@ def _kill_jobs_at_exit() -> None:
             logger.info("controller exiting: releasing %s", job.describe())
             try:
                 job.kill()
-            except Exception as exc:  # keep releasing the others
+            except Exception as exc:  # noqa: BLE001 - reported; keep releasing the others
                 logger.warning("could not release %s at exit: %s", job.describe(), exc)
 
 

@@ -479,5 +479,5 @@ def _api_message(exc: Any) -> str:
 
     try:
         return json.loads(exc.body).get("message", "")
-    except Exception:
+    except (TypeError, ValueError, AttributeError):  # no body, not JSON, or not a JSON object: show it raw
         return str(getattr(exc, "body", "") or "")[:500]

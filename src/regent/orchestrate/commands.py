@@ -82,7 +82,11 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
     """Defaults, then the TOML file, then flags, then dotted overrides; validated."""
     cfg = RunConfig()
     if args.config:
-        apply_toml(cfg, load_toml(args.config))
+        data = load_toml(args.config)
+        try:
+            apply_toml(cfg, data)
+        except ConfigError as exc:
+            raise ConfigError(f"config file {args.config}: {exc}") from exc
     for attr, dotted in _DIRECT.items():
         value = getattr(args, attr, None)
         if value is not None:

@@ -173,10 +173,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 
 
 def _field_types(obj: Any) -> dict[str, Any]:
-    try:
-        hints = typing.get_type_hints(type(obj))
-    except Exception:
-        hints = {}
+    hints = typing.get_type_hints(type(obj))  # Regent's own config dataclasses: a failure here is a bug
     return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(obj)}
 
 
@@ -197,15 +194,20 @@ def set_option(cfg: RunConfig, dotted: str, value: Any) -> None:
 
 
 def load_toml(path: str) -> dict[str, Any]:
+    """Read a --config file; any problem with it is one ConfigError line that names the file."""
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # pragma: no cover - python 3.10
+    else:  # pragma: no cover - python 3.10: `tomli` is a dependency there (pyproject.toml)
         import tomli as tomllib
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} not found; pass an existing file to --config") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 

@@ -176,7 +176,7 @@ class ReplicaActor(Actor):
             return
         try:
             await asyncio.wait_for(_as_awaitable(procs.stop()), timeout=30)
-        except Exception as exc:  # a dead mesh may fail to stop cleanly; its processes are gone either way
+        except Exception as exc:  # noqa: BLE001 - reported; a dead mesh may fail to stop cleanly, its processes are gone either way
             logger.warning("replica %d: stopping old mesh: %r", self.index, exc)
 
     async def _stop_and_restart(self, action: Action) -> None:
@@ -193,7 +193,7 @@ class ReplicaActor(Actor):
             gen = self.policy.restart_finished()
             try:
                 await self._start_attempt()
-            except Exception as exc:  # could not even spawn: count it as another failure of this generation
+            except Exception as exc:  # noqa: BLE001 - reported: could not even spawn, counted as another failure of this generation
                 self._on_failure(gen, f"restart failed: {exc!r}", traceback.format_exc())
                 return
             await self._wait_ready(gen)
@@ -210,7 +210,7 @@ class ReplicaActor(Actor):
                 steps = await asyncio.wait_for(_as_awaitable(self.trainers.ping.call()), timeout=10)
             except asyncio.TimeoutError:
                 continue
-            except Exception:
+            except Exception:  # noqa: BLE001 - the new mesh failed already: its failure reaches __supervise__ on its own
                 return  # the new mesh failed already: supervision takes over
             if all(v >= 0 for _, v in steps.items()):
                 return
@@ -286,7 +286,7 @@ class ReplicaActor(Actor):
                 ping, inflight = inflight, None
                 try:
                     steps, latency = ping.task.result()
-                except Exception:
+                except Exception:  # noqa: BLE001 - a dead mesh: its failure reaches __supervise__ on its own
                     continue  # a dead mesh: __supervise__ handles it
                 last_answer = time.monotonic()
                 detector.on_answer(ping.generation, latency, [v for _, v in steps.items()], last_answer)
@@ -315,7 +315,7 @@ class ReplicaActor(Actor):
             seconds = float(self.cfg.faults.straggler_s)
             try:
                 where = await _as_awaitable(target.inject.call_one("straggler"))
-            except Exception:  # that trainer is failing already: supervision deals with it
+            except Exception:  # noqa: BLE001 - that trainer is failing already: its failure reaches __supervise__
                 return False
             if where["host"] == socket.gethostname():
                 _pause_process(where["pid"], seconds)
@@ -344,6 +344,7 @@ class ReplicaActor(Actor):
         """Wait for the trainers to reach the stop step, collect the final state hash, then stop them."""
         deadline = time.time() + timeout
         result: dict[str, Any] = {"replica": self.index, "step": None, "hash": None}
+        last_error: Exception | None = None
         while time.time() < deadline:
             trainers = self.trainers
             if trainers is None or self.policy.gave_up:
@@ -353,7 +354,8 @@ class ReplicaActor(Actor):
                 continue
             try:
                 vm = await asyncio.wait_for(_as_awaitable(trainers.final_state.call()), timeout=5)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline; the last error is reported below
+                last_error = exc
                 await asyncio.sleep(0.5)
                 continue
             states = [v for _, v in vm.items()]
@@ -361,6 +363,8 @@ class ReplicaActor(Actor):
                 result.update(states[0])
                 break
             await asyncio.sleep(0.5)
+        if result["hash"] is None and last_error is not None:
+            logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
         self.finished = True
         if self._watchdog:
             self._watchdog.cancel()
@@ -371,8 +375,9 @@ class ReplicaActor(Actor):
         if self.job is not None:
             try:
                 await asyncio.to_thread(self.job.kill)
-            except Exception:
-                pass
+            except Exception as err:  # noqa: BLE001 - reported; the actor is stopping either way
+                logger.error("replica %d: releasing %s failed, the allocation may leak: %r",
+                             self.index, self.job.describe(), err)
 
 
 async def _as_awaitable(x: Any) -> Any:

@@ -137,7 +137,7 @@ class OrchestrationManager:
             return  # it never reached a quorum; a new incarnation retires its id itself at its first heartbeat
         try:
             await self._lighthouse.forget_replicas.call_one(ids)
-        except Exception as exc:  # the Lighthouse still times them out; slower, not wrong
+        except Exception as exc:  # noqa: BLE001 - reported; the Lighthouse still times them out, slower, not wrong
             logger.warning("telling the Lighthouse that replica %d failed: %r", failed, exc)
 
     async def _tell_peers(self, failed: int, group: str | None = None) -> None:
@@ -145,7 +145,7 @@ class OrchestrationManager:
             if q != failed:
                 try:
                     await self._replicas.slice(replicas=q).peer_failed.call_one(failed, group)
-                except Exception as exc:  # that replica may be failing too; its own supervisor handles it
+                except Exception as exc:  # noqa: BLE001 - that replica may be failing too; its own supervisor reports it
                     logger.debug("telling replica %d about replica %d: %r", q, failed, exc)
 
     def record_metric(self, m: dict[str, Any]) -> None:
@@ -224,7 +224,7 @@ class OrchestrationManager:
             for mesh in [m for m in (rep_procs, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(_aw(mesh.stop()), timeout=30)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
                     logger.warning("stopping %s: %r", mesh, exc)
             self.leaked_pids = await asyncio.to_thread(leaked_processes, marker)
             if self.leaked_pids:
@@ -299,7 +299,7 @@ class OrchestrationManager:
         actor = self._lighthouse
         try:
             pid = await actor.pid.call_one()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; a fault that cannot be delivered is skipped
             logger.warning("the lighthouse fault could not reach the Lighthouse: %r", exc)
             return False
         self._lh_killed.append(actor)
@@ -313,7 +313,7 @@ class OrchestrationManager:
         t0 = time.time()
         try:
             info = await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported: the run fails with it
             self.fail_run(f"the Lighthouse could not be started again on {self._lh_bind}: {exc!r}")
             return
         finally:
@@ -371,7 +371,7 @@ class OrchestrationManager:
             return
         try:
             delivered = await replicas.slice(replicas=fault.replica).inject_fault.call_one(fault.kind, fault.rank)
-        except Exception as exc:  # that replica is failing itself; its supervisor handles it
+        except Exception as exc:  # noqa: BLE001 - reported; that replica is failing itself, its supervisor handles it
             logger.warning("injecting %s into replica %s: %r", fault.kind, fault.replica, exc)
             return
         if delivered:
@@ -391,7 +391,7 @@ class OrchestrationManager:
             await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
             try:
                 delivered = await replicas.slice(replicas=r).inject_fault.call_one(fault.kind, 0)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; counted as not delivered
                 logger.warning("injecting %s into replica %s: %r", fault.kind, r, exc)
                 delivered = False
             if delivered:
@@ -427,7 +427,7 @@ class OrchestrationManager:
             await replicas.request_stop.call(target)
             vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported; the run's data is already on disk
             logger.warning("finishing replicas: %r", exc)
 
     def write_summary(self) -> dict[str, Any]:
@@ -463,7 +463,7 @@ class OrchestrationManager:
             from regent.orchestrate.report import write_report
 
             write_report(self.run_dir, baseline=self.cfg.baseline)
-        except Exception as exc:  # the report is a convenience; the data is already on disk
+        except Exception as exc:  # noqa: BLE001 - reported; the report is a convenience, the data is already on disk
             logger.warning("report generation failed: %r", exc)
         s = summary
         print(

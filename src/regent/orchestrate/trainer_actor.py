@@ -90,7 +90,7 @@ class TrainerActor(Actor):
             self.final = {"step": self.session.trainer.step, "hash": h,
                           "manager_step": self.session.manager.current_step(), "rank": self.rank}
             self.supervisor.training_finished.broadcast(self.generation, self.rank)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, then re-raised (the `finally`)
             tb = traceback.format_exc()
             try:
                 self.supervisor.report_training_error.broadcast(self.generation, self.rank, repr(exc), tb)

@@ -150,7 +150,7 @@ class Checkpointer:
                 future.result()
                 if coordinator:  # off the training path: hash everything here, no collectives needed
                     _finalize(tmp, final, meta, _digests(tmp, _data_files(tmp)))
-            except BaseException as exc:  # surfaced by the next wait()/save()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the next wait()/save() on the training thread
                 self._pending_error = exc
 
         self._pending = threading.Thread(target=finish, name="regent-async-checkpoint", daemon=True)
