@@ -54,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", help="a fault-free run directory to compare the loss against in the report")
     p.add_argument("--no-warm-spares", action="store_true", help="start restarted processes cold")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live terminal view")
+    p.add_argument("--trainer", metavar="MODULE:FACTORY",
+                   help="your own trainer instead of the built-in Llama 3 one (see regent.orchestrate.user_trainer)")
+    p.add_argument("--trainer-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option for --trainer's factory (repeatable; strings)")
     p.set_defaults(func=run_train)
 
     r = sub.add_parser("report", help="regenerate report.html and the figures of a run directory")
@@ -75,6 +79,7 @@ _DIRECT = {
     "fault_every": "faults.every",
     "fault_kinds": "faults.kinds",
     "faults_file": "faults.file",
+    "trainer": "trainer",
 }
 
 
@@ -110,6 +115,11 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
         cfg.warm_spares = False
     if args.no_live:
         cfg.live = False
+    for opt in getattr(args, "trainer_opt", None) or []:
+        key, sep, value = opt.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--trainer-opt {opt!r}: write it as KEY=VALUE")
+        cfg.trainer_options[key] = value
     _apply_dotted(cfg, extra)
     if cfg.faults.file:
         cfg.faults.enabled = True

@@ -111,6 +111,10 @@ class RunConfig:
     checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
     live: bool | None = None  # rich live view; None = when stdout is a terminal
     job_options: dict[str, Any] = field(default_factory=dict)  # passed to the job backend (TOML [job_options])
+    # Your own trainer instead of the built-in Llama 3 one: "module.path:factory" (regent.orchestrate.user_trainer),
+    # with options handed to the factory (--trainer-opt KEY=VALUE, or the TOML [trainer_options] table).
+    trainer: str = ""
+    trainer_options: dict[str, Any] = field(default_factory=dict)
     train: Any = None
     ft: Any = None
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -181,6 +185,9 @@ def set_option(cfg: RunConfig, dotted: str, value: Any) -> None:
     """Set `section.key` (or a top-level key) from a string or TOML value, with type checking."""
     key = dotted.replace("-", "_")
     target: Any = cfg
+    if key.startswith("job."):  # --job.partition gpu: a job backend option (checked in validate)
+        cfg.job_options[key[4:]] = value
+        return
     if "." in key:
         section, key = key.split(".", 1)
         if section not in SECTIONS:
@@ -214,10 +221,10 @@ def load_toml(path: str) -> dict[str, Any]:
 
 def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
     for key, value in data.items():
-        if key == "job_options":
+        if key in ("job_options", "trainer_options"):
             if not isinstance(value, dict):
-                raise ConfigError("job_options must be a TOML table, e.g. [job_options] partition = \"gpu\"")
-            cfg.job_options.update(value)
+                raise ConfigError(f"{key} must be a TOML table, e.g. [{key}] name = \"value\"")
+            getattr(cfg, key).update(value)
         elif isinstance(value, dict):
             for sub, v in value.items():
                 set_option(cfg, f"{key}.{sub}", v)
@@ -239,6 +246,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
     if cfg.job not in ("local", "slurm", "k8s", "skypilot"):
         raise ConfigError(f"--job must be one of local, slurm, k8s, skypilot, not {cfg.job!r}")
+    if cfg.job_options:
+        from regent.orchestrate.allocation import check_job_options
+
+        try:
+            check_job_options(cfg.job, cfg.procs_per_replica, cfg.job_options)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     bad = [k for k in cfg.faults.kinds if k not in FAULT_KINDS]
     if bad:
         raise ConfigError(f"unknown fault kind(s) {', '.join(bad)}; choose from {', '.join(FAULT_KINDS)}")
@@ -265,7 +279,16 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--no-ft trains a single replica group; pass --replicas 1 (or drop --no-ft)")
     from regent.train.models.llama3 import MODEL_CONFIGS  # late: keeps `regent --help` light
 
-    if cfg.train.model not in MODEL_CONFIGS:
+    if cfg.trainer:
+        if cfg.no_ft:
+            raise ConfigError("--trainer runs under the orchestrator; drop --no-ft")
+        from regent.orchestrate.user_trainer import load_factory
+
+        try:
+            load_factory(cfg.trainer)  # fail here, before anything launches, if it cannot be found
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    elif cfg.train.model not in MODEL_CONFIGS:
         raise ConfigError(f"--model {cfg.train.model!r} is unknown; choose from {', '.join(MODEL_CONFIGS)}")
     for section in (cfg.train, cfg.ft):
         try:

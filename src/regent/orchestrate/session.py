@@ -53,13 +53,16 @@ class TrainingSession:
         train_cfg = cfg.train
         ckpt_root = os.path.join(cfg.run_dir, "checkpoints", f"replica_{replica_index}")
         self.ckpt_root = ckpt_root
-        self.trainer = Trainer(
-            train_cfg,
-            rank=rank,
-            world_size=world_size,
-            replica_index=replica_index,
-            num_replicas=cfg.replicas,
-        )
+        if getattr(cfg, "trainer", ""):  # the user's own trainer (regent.orchestrate.user_trainer)
+            self.trainer = build_user_trainer(cfg, rank=rank, world_size=world_size, replica_index=replica_index)
+        else:
+            self.trainer = Trainer(
+                train_cfg,
+                rank=rank,
+                world_size=world_size,
+                replica_index=replica_index,
+                num_replicas=cfg.replicas,
+            )
         ft = cfg.ft
         self.mode = ft.mode
         self.backstop: Any = None
@@ -176,33 +179,18 @@ class TrainingSession:
 
     def _committed_extra(self) -> dict[str, Any]:
         """The trainer's part of DiLoCo's committed state, taken at the commit (inside optimizer.step())."""
-        import copy
-
-        t = self.trainer
-        return {"lr_scheduler": copy.deepcopy(t.lr_scheduler.state_dict()), "data": dict(t.dataloader.state_dict()),
-                "step": t.step, "mid_step": self._in_step}
+        return {**self.trainer.extra_state(), "mid_step": self._in_step}
 
     def _load_committed_extra(self, extra: dict[str, Any]) -> None:
-        t = self.trainer
         delta = int(bool(extra.get("mid_step", False))) - int(self._in_step)
-        t.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        t.dataloader.load_state_dict(extra["data"])
-        t.step = int(extra["step"]) + delta
-        if delta:
-            sched = t.lr_scheduler.state_dict()
-            sched["step_count"] += delta
-            t.lr_scheduler.load_state_dict(sched)
+        self.trainer.load_extra_state(extra)
+        self.trainer.advance(delta)
 
     def _align_step(self, step: int) -> None:
         """A replica that sat out a round takes the contributors' step count (and schedule position)."""
-        t = self.trainer
-        delta = step - int(self._in_step) - t.step
-        if delta <= 0:
-            return
-        t.step += delta
-        sched = t.lr_scheduler.state_dict()
-        sched["step_count"] += delta
-        t.lr_scheduler.load_state_dict(sched)
+        delta = step - int(self._in_step) - self.trainer.step
+        if delta > 0:
+            self.trainer.advance(delta)
 
     def _load_peer_state(self, sd: dict[str, Any]) -> None:
         sd = dict(sd)
@@ -210,11 +198,7 @@ class TrainingSession:
         # current step: correct by one when exactly one side is inside optimizer.step().
         delta = int(bool(sd.pop("mid_step", False))) - int(self._in_step)
         self.trainer.load_state_dict(sd)
-        if delta:
-            self.trainer.step += delta
-            sched = self.trainer.lr_scheduler.state_dict()
-            sched["step_count"] += delta
-            self.trainer.lr_scheduler.load_state_dict(sched)
+        self.trainer.advance(delta)
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
@@ -327,6 +311,18 @@ class TrainingSession:
             except Exception as exc:  # noqa: BLE001 - reported; the manager below is still shut down
                 logger.warning("replica %d rank %d: closing DiLoCo failed: %r", self.replica_index, self.rank, exc)
         self.manager.shutdown(wait=False)
+
+
+def build_user_trainer(cfg: Any, *, rank: int, world_size: int, replica_index: int) -> Any:
+    """`cfg.trainer` ("module:factory") called with this process's TrainerContext, wrapped for the session."""
+    from regent import platform
+    from regent.orchestrate.user_trainer import ExternalTrainer, TrainerContext, load_factory
+
+    device = platform.device_for_local_rank(int(os.environ.get("LOCAL_RANK", rank)))
+    ctx = TrainerContext(rank=rank, world_size=world_size, replica_index=replica_index, num_replicas=cfg.replicas,
+                         device=device, seed=cfg.train.seed, run_dir=cfg.run_dir, options=dict(cfg.trainer_options))
+    torch.manual_seed(cfg.train.seed)  # the same initial weights in every replica unless the factory says otherwise
+    return ExternalTrainer(load_factory(cfg.trainer)(ctx), ctx)
 
 
 def _rss_mb() -> float | None:

@@ -19,6 +19,7 @@ intra-replica group) before constructing it when world_size > 1.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import logging
 import os
@@ -253,6 +254,25 @@ class Trainer:
         return float(self._replica_mean(total / batches))
 
     # ---------------------------------------------------------------- state (peer healing)
+    def extra_state(self) -> dict[str, Any]:
+        """Everything but model and optimizer: schedule, data position, step (copied, not views)."""
+        return {"lr_scheduler": copy.deepcopy(self.lr_scheduler.state_dict()), "data": dict(self.dataloader.state_dict()),
+                "step": self.step}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        self.dataloader.load_state_dict(extra["data"])
+        self.step = int(extra["step"])
+
+    def advance(self, delta: int) -> None:
+        """Move the step count and the schedule by `delta` steps (a healed replica lines up with its donor)."""
+        if not delta:
+            return
+        self.step += delta
+        sched = self.lr_scheduler.state_dict()
+        sched["step_count"] += delta
+        self.lr_scheduler.load_state_dict(sched)
+
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, data and step. Tensors are views of this rank's live storage (local
         shards under FSDP), so a peer of the same rank can receive into them in place."""

@@ -1,0 +1,126 @@
+"""Your own trainer under `regent train`: the protocol's rules without processes, then the example trainer
+(not Llama) through the orchestrator with faults, checked against the run directory contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from regent.orchestrate.commands import parse_train_argv
+from regent.orchestrate.config import ConfigError
+from regent.orchestrate.user_trainer import ExternalTrainer, TrainerContext, load_factory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ctx(**options) -> TrainerContext:
+    return TrainerContext(rank=0, world_size=1, replica_index=0, num_replicas=1, device=torch.device("cpu"),
+                          seed=0, run_dir="", options=options)
+
+
+def _trainer(seed: int = 0) -> ExternalTrainer:
+    from examples.mlp_trainer import make_trainer
+
+    torch.manual_seed(seed)
+    return ExternalTrainer(make_trainer(_ctx(hidden="16")), _ctx())
+
+
+def test_factory_spec_errors_name_the_fix(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert callable(load_factory("examples.mlp_trainer:make_trainer"))
+    with pytest.raises(ValueError, match="module.path:factory"):
+        load_factory("examples.mlp_trainer")
+    with pytest.raises(ValueError, match="cannot import"):
+        load_factory("no_such_module_xyz:make")
+    with pytest.raises(ValueError, match="no callable 'nope'"):
+        load_factory("examples.mlp_trainer:nope")
+    with pytest.raises(ConfigError, match="cannot import"):
+        parse_train_argv(["--trainer", "no_such_module_xyz:make", "--duration", "10s"])
+    cfg = parse_train_argv(["--trainer", "examples.mlp_trainer:make_trainer", "--trainer-opt", "hidden=32",
+                            "--duration", "10s"])
+    assert cfg.trainer_options == {"hidden": "32"}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_train_argv(["--trainer", "examples.mlp_trainer:make_trainer", "--trainer-opt", "hidden"])
+
+
+def test_a_trainer_missing_the_protocol_is_refused():
+    class Half:
+        model = torch.nn.Linear(2, 2)
+
+    with pytest.raises(TypeError, match="optimizer"):
+        ExternalTrainer(Half(), _ctx())
+
+
+def test_step_commits_only_on_the_vote_and_consumes_the_batch_either_way():
+    t = _trainer()
+    before = t.param_hash()
+    t.commit_hook = lambda: False
+    record = t.train_step()
+    assert record["committed"] is False and t.step == 0 and t.batches_consumed == 1
+    assert t.param_hash() == before and all(p.grad is None for p in t.params)
+    reduced = []
+    t.grad_reduce_hook = lambda grads: reduced.append(len(grads))
+    t.commit_hook = lambda: True
+    record = t.train_step()
+    assert record["committed"] and t.step == 1 and t.batches_consumed == 2 and reduced == [len(t.params)]
+    assert t.param_hash() != before and {"loss", "accuracy", "lr", "step_time_s"} <= set(record)
+
+
+def test_healing_state_makes_two_trainers_bit_identical_and_they_stay_so():
+    donor, healer = _trainer(seed=1), _trainer(seed=2)
+    for _ in range(3):
+        donor.train_step()
+    assert donor.param_hash() != healer.param_hash()
+    healer.load_state_dict(donor.state_dict())
+    assert healer.param_hash() == donor.param_hash()
+    assert (healer.step, healer.batches_consumed) == (donor.step, donor.batches_consumed)
+    assert healer.lr_scheduler.state_dict() == donor.lr_scheduler.state_dict()
+    for _ in range(3):  # same batches, same optimizer state, same schedule: still identical
+        donor.train_step()
+        healer.train_step()
+    assert healer.param_hash() == donor.param_hash()
+    lr = donor.optimizer.param_groups[0]["lr"]
+    donor.advance(2)  # a sit-out replica lining up with the contributors
+    assert donor.step == 8 and donor.optimizer.param_groups[0]["lr"] != lr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["diloco", "ddp"])
+def test_example_trainer_runs_under_the_orchestrator_with_faults(tmp_path, mode):
+    run_dir = tmp_path / "run"
+    faults = tmp_path / "faults.jsonl"
+    faults.write_text(json.dumps({"at": 8, "replica": 1, "kind": "kill", "rank": 0}) + "\n"
+                      + json.dumps({"at": 22, "replica": 0, "kind": "exception", "rank": 0}) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "regent.cli", "train", "--trainer", "examples.mlp_trainer:make_trainer",
+         "--trainer-opt", "hidden=32", "--replicas", "2", "--procs-per-replica", "1", "--duration", "45s",
+         "--faults-file", str(faults), "--no-live", "--run-dir", str(run_dir), "--ft.mode", mode,
+         "--ft.sync-every", "10", "--faults.hang-timeout", "8"],
+        env=env, capture_output=True, text=True, timeout=540, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # the run directory contract, as for the built-in trainer
+    for name in ("config.json", "events.jsonl", "metrics.jsonl", "summary.json", "report.html", "loss.png",
+                 "progress.png"):
+        assert (run_dir / name).exists(), name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert json.loads((run_dir / "config.json").read_text())["trainer"] == "examples.mlp_trainer:make_trainer"
+    assert summary["replicas_consistent"] is True and summary["full_restarts"] == 0 and summary["lineage_resets"] == 0
+    assert summary["invariant_violations"] == []
+    injected = [e for e in events if e["kind"] == "fault_injected"]
+    assert len(injected) == 2
+    for fault in injected:  # each healed from the live peer
+        heals = [e for e in events if e["kind"] in ("heal_done", "early_heal_done")
+                 and e["replica"] == fault["replica"] and e["time"] > fault["time"]]
+        assert heals and heals[0]["donor"], fault
+    losses = [m["loss"] for m in metrics if m.get("committed")]
+    assert losses[-1] < losses[0] / 2 and any("accuracy" in m for m in metrics)
