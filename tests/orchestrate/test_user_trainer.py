@@ -103,7 +103,8 @@ def test_example_trainer_runs_under_the_orchestrator_with_faults(tmp_path, mode)
         [sys.executable, "-m", "regent.cli", "train", "--trainer", "examples.mlp_trainer:make_trainer",
          "--trainer-opt", "hidden=32", "--replicas", "2", "--procs-per-replica", "1", "--duration", "45s",
          "--faults-file", str(faults), "--no-live", "--run-dir", str(run_dir), "--ft.mode", mode,
-         "--ft.sync-every", "10", "--faults.hang-timeout", "8"],
+         "--ft.sync-every", "10", "--faults.hang-timeout", "8",
+         *(["--train.tensorboard", "true"] if mode == "ddp" else [])],
         env=env, capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     # the run directory contract, as for the built-in trainer
@@ -122,5 +123,7 @@ def test_example_trainer_runs_under_the_orchestrator_with_faults(tmp_path, mode)
         heals = [e for e in events if e["kind"] in ("heal_done", "early_heal_done")
                  and e["replica"] == fault["replica"] and e["time"] > fault["time"]]
         assert heals and heals[0]["donor"], fault
+    if mode == "ddp":  # the metrics mirrored to TensorBoard too (optional extra, installed by the test extras)
+        assert any((run_dir / "tb").iterdir())
     losses = [m["loss"] for m in metrics if m.get("committed")]
     assert losses[-1] < losses[0] / 2 and any("accuracy" in m for m in metrics)

@@ -115,6 +115,7 @@ class RunConfig:
     # with options handed to the factory (--trainer-opt KEY=VALUE, or the TOML [trainer_options] table).
     trainer: str = ""
     trainer_options: dict[str, Any] = field(default_factory=dict)
+    wandb_project: str = ""  # mirror the metrics to this Weights & Biases project (needs the wandb extra)
     train: Any = None
     ft: Any = None
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -277,8 +278,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--ft.sync-every must be at least 1")
     if cfg.no_ft and cfg.replicas != 1:
         raise ConfigError("--no-ft trains a single replica group; pass --replicas 1 (or drop --no-ft)")
+    from regent.orchestrate.sinks import MissingSinkPackage, check_available
     from regent.train.models.llama3 import MODEL_CONFIGS  # late: keeps `regent --help` light
 
+    try:
+        check_available(bool(getattr(cfg.train, "tensorboard", False)), cfg.wandb_project)
+    except MissingSinkPackage as exc:
+        raise ConfigError(str(exc)) from exc
     if cfg.trainer:
         if cfg.no_ft:
             raise ConfigError("--trainer runs under the orchestrator; drop --no-ft")

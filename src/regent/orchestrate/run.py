@@ -56,6 +56,10 @@ class OrchestrationManager:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = JsonlWriter(self.run_dir / "events.jsonl")
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
+        from regent.orchestrate.sinks import MetricSinks
+
+        self.sinks = MetricSinks(self.run_dir, tensorboard=bool(getattr(cfg.train, "tensorboard", False)),
+                                 wandb_project=cfg.wandb_project, config=dataclasses.asdict(cfg))
         self.faults_log = JsonlWriter(self.run_dir / "faults.jsonl")
         self.view = RunView(cfg.replicas)
         self.display = LiveDisplay(self.view, cfg.live)
@@ -150,6 +154,7 @@ class OrchestrationManager:
 
     def record_metric(self, m: dict[str, Any]) -> None:
         self.metrics.write(m)
+        self.sinks.write(m)
         self.view.on_metric(m)
         r = m.get("replica")
         if r is not None and self.healthy_since.get(r) is None:
@@ -231,6 +236,7 @@ class OrchestrationManager:
                 print(f"[regent] processes of this run still alive after it stopped: {self.leaked_pids}", flush=True)
             actor_api.unhandled_fault_hook = previous_hook
             self.record_event(make_event("run_finished"))
+            self.sinks.close()
             self.write_summary()
         return code
 
