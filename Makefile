@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml scripts/bootstrap_venv.sh
 demo: $(STAMP)
 	$(VENV)/bin/regent train --run-dir runs/demo
 
+# The real-SLURM tests need a running cluster: start the single-node one when this machine can (root, SLURM
+# packages installed; REGENT_INSTALL_SLURM=1 also installs them), else say loudly why they will skip.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	@sh scripts/ensure_slurm.sh
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)

@@ -45,7 +45,8 @@ def make_job(backend: str, hosts: int, /, **options: Any) -> Any:
     """Construct (not start) a job: `make_job("slurm", 4, name="regent-replica-0", partition="gpu")`.
 
     Backend-specific options go straight to the class, so a misspelt one fails with TypeError here,
-    before anything is launched."""
+    before anything is launched. Text values (from the command line: `--job.gpus-per-node 2`) are
+    converted to the option's type first (`coerce_job_options`)."""
     cls = get_job_class(backend)
     try:
         params = inspect.signature(cls).parameters
@@ -55,7 +56,78 @@ def make_job(backend: str, hosts: int, /, **options: Any) -> Any:
     for generic in _GENERIC_OPTIONS:
         if generic in options and generic not in params and not takes_any:
             options.pop(generic)
-    return cls(hosts=hosts, **options)
+    return cls(hosts=hosts, **coerce_job_options(backend, options))
+
+
+def coerce_job_options(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Check option names against the backend's constructor and turn text values into the option's type.
+
+    Text comes from the command line (`--job.gpus-per-node 2`, `--job.sbatch-args "--exclude=n1 --constraint=x"`):
+    numbers become int/float, "true"/"false" bools, "none" None, and a list option is split like a shell
+    would. TOML values that already have a type pass through. An unknown name raises TypeError naming the
+    known ones; a bad value ValueError naming the option."""
+    import shlex
+    import typing
+
+    cls = get_job_class(backend)
+    try:
+        params = inspect.signature(cls).parameters
+        hints = typing.get_type_hints(cls.__init__)
+    except (TypeError, ValueError, NameError):  # pragma: no cover - exotic signatures: pass options through
+        return dict(options)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    known = sorted(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY)
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in params:
+            raise TypeError(f"unknown option {name!r} for the {backend} job backend; known options: "
+                            f"{', '.join(known)}")
+        if not isinstance(value, str):
+            out[name] = value
+            continue
+        text = value.strip()
+        kinds = _annotation_kinds(hints.get(name))
+        try:
+            if text.lower() in ("none", "null") and type(None) in kinds:
+                out[name] = None
+            elif bool in kinds:
+                if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(text)
+                out[name] = text.lower() in ("1", "true", "yes", "on")
+            elif int in kinds and str not in kinds:
+                out[name] = int(text)
+            elif float in kinds and str not in kinds:
+                out[name] = float(text)
+            elif list in kinds:
+                out[name] = shlex.split(text)
+            else:
+                out[name] = value
+        except ValueError as exc:
+            expected = "/".join(sorted(k.__name__ for k in kinds if k is not type(None))) or "a value"
+            raise ValueError(f"job option {name}={value!r}: expected {expected}") from exc
+    return out
+
+
+def _annotation_kinds(annotation: Any) -> set[type]:
+    """The plain types an annotation admits: `int | None` -> {int, NoneType}; `Sequence[str]` -> {list}."""
+    import collections.abc
+    import typing
+
+    if annotation is None:
+        return set()
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        kinds: set[type] = set()
+        for arg in args:
+            kinds |= _annotation_kinds(arg)
+        return kinds
+    if origin in (list, tuple, collections.abc.Sequence):
+        return {list}
+    if origin is not None:
+        return {origin} if isinstance(origin, type) else set()
+    return {annotation} if isinstance(annotation, type) else set()
 
 
 _LAZY = {
@@ -76,4 +148,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'regent.jobs' has no attribute {name!r}")
 
 
-__all__ = ["JOB_BACKENDS", "get_job_class", "make_job", *_LAZY]
+__all__ = ["JOB_BACKENDS", "coerce_job_options", "get_job_class", "make_job", *_LAZY]

@@ -14,6 +14,14 @@ How it works:
 - `kill()` runs `scancel`. `srun --kill-on-bad-exit=1` makes one dead worker end the whole step, so a broken
   allocation shows up as not alive and the orchestration layer can `renew()` it.
 
+GPUs are asked for only when `gpus_per_host` is set (the orchestrator sets it from `--job.gpus-per-node`, or
+from the cluster's GPU GRES as `sinfo` reports it: a cluster without GRES is never asked for GPUs). A request
+for GPUs on a partition whose nodes advertise none is refused before `sbatch`, naming the fix.
+
+Every way an allocation can end or stall is explained with its cause and fix (`explain_state`,
+`explain_pending`): FAILED, TIMEOUT, PREEMPTED, NODE_FAIL, CANCELLED, OUT_OF_MEMORY; PENDING past the
+timeout with its reason; and a node of a running job that SLURM marks DOWN or NOT_RESPONDING (`problem()`).
+
 A "host" is one SLURM task: `ntasks_per_node > 1` packs several hosts on one node (each gets its own port),
 which is how the test suite runs a 2-host job on a one-node cluster.
 """
@@ -173,6 +181,131 @@ def parse_squeue_state(text: str) -> tuple[str, str] | None:
     return None
 
 
+# state -> (cause, fix). The cause completes "SLURM job 42 ended in state X: <cause>"; the fix says what to do.
+_STATE_HELP: dict[str, tuple[str, str]] = {
+    "FAILED": ("the batch script or a worker exited with an error",
+               "read the job log for the error (a wrong `python=`/`venv=`, regent missing on the nodes, a bad "
+               "`setup` line)"),
+    "TIMEOUT": ("it ran past its time limit and SLURM ended it",
+                "raise the limit (`--job.time 24:00:00` or `[job_options] time`), within the partition's MaxTime"),
+    "PREEMPTED": ("a higher-priority job preempted it",
+                  "the replica moves to a fresh allocation; to avoid preemption use a QOS or partition that is not "
+                  "preemptible (`--job.qos`, `--job.partition`)"),
+    "NODE_FAIL": ("a node of the allocation failed or stopped answering slurmctld",
+                  "the replica moves to a fresh allocation; if it keeps happening, exclude the node "
+                  "(`--job.sbatch-args=--exclude=NODE`) and tell the cluster's admins"),
+    "CANCELLED": ("it was cancelled (scancel by a user or an admin, or the controller released it)",
+                  "nothing to fix if that was meant; the replica moves to a fresh allocation"),
+    "OUT_OF_MEMORY": ("a process went over the allocation's memory limit",
+                      "ask for more memory (`--job.mem 0` takes a whole node's) or train a smaller shard per host"),
+    "BOOT_FAIL": ("a node failed to boot for it", "retry; tell the admins if the node keeps failing"),
+    "DEADLINE": ("it reached its --deadline before it could run", "drop or move the --deadline sbatch argument"),
+    "COMPLETED": ("its workers exited (every `regent worker` ended)",
+                  "read the job log: a worker that exits without an error usually lost its controller"),
+}
+
+# PENDING reason -> what to do about it.
+_PENDING_HELP: dict[str, str] = {
+    "Resources": "the cluster has no free nodes matching the request now; wait longer (raise the timeout), ask "
+                 "for fewer resources (GPUs, memory, time), or use another partition (`--job.partition`)",
+    "Priority": "jobs with a higher priority are queued first; wait longer, or use a higher-priority QOS "
+                "(`--job.qos`)",
+    "ReqNodeNotAvail": "a node the job needs is down, drained or reserved; check `sinfo -R`, or drop a "
+                       "--nodelist/--exclude that pins it",
+    "PartitionTimeLimit": "the requested time exceeds the partition's limit; lower `--job.time`",
+    "PartitionNodeLimit": "the request needs more nodes than the partition allows; ask for fewer",
+    "PartitionDown": "the partition is down; use another (`--job.partition`) or ask the admins",
+    "BeginTime": "the job was told not to start yet (--begin); drop that sbatch argument",
+    "Dependency": "the job waits for another job (--dependency); drop that sbatch argument",
+    "InvalidAccount": "the account is not valid here; set `--job.account` to one of `sacctmgr show assoc user=$USER`",
+    "InvalidQOS": "the QOS is not valid for this account; set `--job.qos` to one the account may use",
+}
+
+
+def explain_state(state: str, reason: str = "") -> str:
+    """Cause and fix for a job that ended in `state` (squeue's long form), as one sentence for an error."""
+    cause, fix = _STATE_HELP.get(state, ("it will not run workers again", "read the job log"))
+    extra = f" (reason: {reason})" if reason and reason not in ("None", "(null)") else ""
+    return f"ended in state {state}{extra}: {cause}; {fix}"
+
+
+def explain_pending(reason: str) -> str:
+    """What to do about a job that is still PENDING for `reason` (squeue's %r)."""
+    for key, hint in _PENDING_HELP.items():
+        if reason == key or reason.startswith(key):
+            return hint
+    if reason.startswith(("QOS", "Assoc")):
+        return ("a limit of the QOS or account holds it (too many jobs, GPUs or minutes in use); wait, or use "
+                "another QOS/account (`--job.qos`, `--job.account`)")
+    return "see `scontrol show job` for why; wait longer (raise the timeout) or change the request"
+
+
+def parse_gres_gpus(text: str) -> int:
+    """The most GPUs any node advertises, from `sinfo -h -o %G` lines ("(null)", "gpu:8",
+    "gpu:a100:4(S:0-1)", "gpu:2,shard:4"); 0 when no node has GPU GRES."""
+    best = 0
+    for line in text.splitlines():
+        for item in line.strip().split(","):
+            parts = item.strip().split("(", 1)[0].split(":")
+            if len(parts) >= 2 and parts[0] == "gpu":
+                count = parts[-1]
+                if count.isdigit():
+                    best = max(best, int(count))
+                elif count:  # "gpu:a100" without a count means one
+                    best = max(best, 1)
+            elif parts == ["gpu"]:
+                best = max(best, 1)
+    return best
+
+
+def cluster_gpus_per_node(partition: str | None = None) -> int | None:
+    """How many GPUs the nodes of `partition` (default: every partition) advertise as GRES; 0 on a cluster
+    without GPU GRES; None when `sinfo` cannot say (not installed, controller unreachable)."""
+    cmd = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
+    try:
+        proc = run_command(cmd, timeout=30, check=False)
+    except JobError:
+        return None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return parse_gres_gpus(proc.stdout)
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """{node: state} from `sinfo -h -N -n NODES -o %N|%T` (states like "idle", "down*", "mixed")."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if "|" in line:
+            node, state = line.split("|", 1)
+            out[node.strip()] = state.strip().lower()
+    return out
+
+
+def bad_nodes(states: Mapping[str, str]) -> list[str]:
+    """Nodes SLURM considers gone: DOWN, NOT_RESPONDING (a trailing `*`), FAIL, or POWERED_DOWN."""
+    return sorted(n for n, s in states.items()
+                  if s.endswith("*") or s.startswith(("down", "fail", "powered_down", "power_down")))
+
+
+def unavailable_reason() -> str | None:
+    """None when this machine can submit SLURM jobs now (sbatch on PATH, a node idle/mixed/allocated), else why
+    not, with the fix; the real-SLURM tests skip with this text."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "SLURM is not installed (sudo sh .ci/install_slurm.sh installs and starts a single-node cluster)"
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo does not answer ({exc}); start SLURM with: sudo sh .ci/install_slurm.sh"
+    states = proc.stdout.split()
+    if proc.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
+        said = proc.stdout.strip() or proc.stderr.strip()
+        return f"no usable SLURM node (sinfo: {said}); start SLURM with: sudo sh .ci/install_slurm.sh"
+    return None
+
+
 class SlurmJob(Job):
     """An sbatch allocation of `hosts` workers (see the module docstring).
 
@@ -267,10 +400,70 @@ class SlurmJob(Job):
         script = build_sbatch_script(self.spec)
         script_path = self.job_dir / "job.sbatch"
         script_path.write_text(script)
-        proc = run_command(["sbatch", "--parsable", str(script_path)], timeout=120, env=environ_without_secret())
+        self._check_gpus_exist()
+        proc = run_command(["sbatch", "--parsable", str(script_path)], timeout=120, check=False,
+                           env=environ_without_secret())
+        if proc.returncode != 0:
+            error = (proc.stderr or proc.stdout).strip()[-2000:]
+            hint = ""
+            if "generic resource" in error.lower() or "gres" in error.lower():
+                hint = (f"; the job asked for {self.spec.gpus_per_host} GPU(s) per host but the cluster cannot "
+                        f"grant GPU GRES there: on a CPU cluster drop the GPU request (`--job.gpus-per-node 0`), "
+                        f"else pick a GPU partition (`--job.partition`)")
+            raise JobError(f"`sbatch --parsable {script_path}` failed with exit code {proc.returncode}: "
+                           f"{error}{hint}")
         self.job_id = parse_sbatch_output(proc.stdout)
         self._mark_started()
         logger.info("submitted %s for %d hosts; logs in %s", self.describe(), self.hosts, self.log_path)
+
+    def _check_gpus_exist(self) -> None:
+        """Refuse, before sbatch, a GPU request on a partition whose nodes advertise no GPU GRES."""
+        if not self.spec.gpus_per_host:
+            return
+        have = cluster_gpus_per_node(self.spec.partition)
+        if have == 0:
+            where = f"partition {self.spec.partition}" if self.spec.partition else "this cluster"
+            raise JobError(
+                f"{self.describe()} asks for {self.spec.gpus_per_host} GPU(s) per host, but no node of {where} "
+                f"advertises GPU GRES (`sinfo -o %G` says none): on a CPU cluster drop the GPU request "
+                f"(`--job.gpus-per-node 0`, or gpus_per_node = 0 in [job_options]); on a GPU cluster pick its GPU "
+                f"partition (`--job.partition`)"
+            )
+
+    def problem(self) -> str | None:
+        """Why this allocation can no longer serve its hosts, with the fix; None while it looks healthy.
+
+        Ended (any state but PENDING/RUNNING/...): `explain_state`. Running, but a node of it is DOWN or not
+        responding (a node that disappeared; slurmctld ends the job with NODE_FAIL a little later): named."""
+        if not self._started:
+            return None
+        if self._killed:
+            return f"{self.describe()} was released by this controller"
+        current = self.scheduler_state()
+        if current is None:
+            return (f"{self.describe()} is no longer known to squeue (it ended more than MinJobAge ago); "
+                    f"see {self.log_path}")
+        state, reason = current
+        if state not in ALIVE_STATES:
+            return f"{self.describe()} {explain_state(state, reason)}; see {self.log_path}"
+        if state == "RUNNING":
+            gone = self._bad_nodes()
+            if gone:
+                return (f"{self.describe()} is RUNNING but its node(s) {', '.join(gone)} are down or not "
+                        f"responding (a node disappeared); the replica moves to a fresh allocation; if it keeps "
+                        f"happening exclude the node (`--job.sbatch-args=--exclude={gone[0]}`) and check "
+                        f"`sinfo -R`")
+        return None
+
+    def _bad_nodes(self) -> list[str]:
+        if self.job_id is None:
+            return []
+        proc = run_command(["squeue", "-h", "-j", self.job_id, "-o", "%N"], timeout=60, check=False)
+        nodes = proc.stdout.strip() if proc.returncode == 0 else ""
+        if not nodes or nodes == "(null)":
+            return []
+        proc = run_command(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T"], timeout=60, check=False)
+        return bad_nodes(parse_node_states(proc.stdout)) if proc.returncode == 0 else []
 
     def scheduler_state(self) -> tuple[str, str] | None:
         """(state, reason) as squeue reports it, or None once SLURM has forgotten the job."""
@@ -287,7 +480,9 @@ class SlurmJob(Job):
         if not self._started or self._killed:
             return False
         current = self.scheduler_state()
-        return current is not None and current[0] in ALIVE_STATES
+        if current is None or current[0] not in ALIVE_STATES:
+            return False
+        return current[0] != "RUNNING" or not self._bad_nodes()
 
     def worker_addresses(self, timeout: float) -> list[str]:
         if not self._started:
@@ -309,7 +504,7 @@ class SlurmJob(Job):
             last_state[0] = current
             if self._killed or current is None or current[0] in TERMINAL_STATES:
                 what = "was killed" if self._killed else (
-                    "is no longer known to squeue" if current is None else f"ended in state {current[0]}"
+                    "is no longer known to squeue" if current is None else explain_state(*current)
                 )
                 raise JobFailedError(
                     f"{self.describe()} {what} after {len(found)}/{self.hosts} workers reported; "
@@ -321,17 +516,19 @@ class SlurmJob(Job):
         if addresses is None:
             found = read_published_addresses(self.job_dir, self.hosts)
             current = last_state[0]
+            waited = f"after {timeout:.0f} s"
             if current is not None and current[0] == "PENDING":
-                detail = f"still PENDING (reason: {current[1]}); the cluster has not granted the allocation"
+                detail = (f"still PENDING (reason: {current[1]}) {waited}: the cluster has not granted the "
+                          f"allocation; {explain_pending(current[1])}")
             elif current is not None:
-                detail = f"{current[0]}, but only {len(found)}/{self.hosts} workers reported"
+                detail = f"{current[0]}, but only {len(found)}/{self.hosts} workers reported {waited}"
             else:
-                detail = f"in an unknown state with {len(found)}/{self.hosts} workers reported"
+                detail = f"in an unknown state with {len(found)}/{self.hosts} workers reported {waited}"
             if squeue_error:
                 detail += f" (squeue last failed: {squeue_error[0]})"
             raise JobTimeoutError(
-                f"{self.describe()} is {detail} after {timeout:.0f} s; see {self.log_path}, "
-                f"or raise the timeout{self._log_tail()}"
+                f"{self.describe()} is {detail}; see {self.log_path}, or raise the timeout (under `regent train`: "
+                f"--job.allocation-timeout){self._log_tail()}"
             )
         return addresses
 

@@ -23,6 +23,7 @@ EVENT_KINDS = (
     "peer_abort",
     "group_failed",
     "allocation",
+    "allocation_lost",  # the scheduler says a replica's allocation ended (scancel, preemption, node down)
     "gave_up",
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
     "early_heal_done",  # a restarted replica pulled the committed state from a live holder

@@ -149,7 +149,9 @@ class RunView:
         elif kind == "backstop_saved":
             line = f"backstop checkpoint of step {e.get('manager_step')} saved in {e.get('seconds', 0):.1f}s"
         elif kind == "allocation":
-            line = f"replica {r}: fresh allocation from the job layer"
+            line = f"replica {r}: fresh allocation from the job layer ({e.get('job') or e.get('backend')})"
+        elif kind == "allocation_lost":
+            line = f"replica {r}: allocation lost: {e.get('reason')}"
         elif kind == "gave_up":
             if rv:
                 rv.status = "gave up"

@@ -4,7 +4,8 @@ Restarts carry a generation number; a failure report from an older generation (a
 that is already being replaced) is ignored. A replica restarts in place (on its host, from a warm spare) as
 long as its restarts work; after K consecutive starts that fail before making progress (the host may be bad:
 a node that vanished, a broken GPU) the next restart asks the job layer for a fresh allocation. K = 0 asks for
-one at every restart. A restart that works costs a warm spare, well under a second; a fresh allocation costs a
+one at every restart. When the job layer already knows the allocation is gone (scancel, preemption, a time
+limit, a node down), the restart goes to a fresh allocation at once (`allocation_checked`). A restart that works costs a warm spare, well under a second; a fresh allocation costs a
 cold start at least, so moving a replica that recovers fine would only make it slower.
 
 There is no lifetime budget. A replica that recovers and trains between faults restarts as often as it is hit:
@@ -79,3 +80,11 @@ class RestartPolicy:
         self.restarting = False
         self.progressed = False
         return self.generation
+
+
+def allocation_checked(action: Action, allocation_problem: str | None) -> Action:
+    """An in-place restart needs the replica's allocation: when the job layer says it is gone (cancelled,
+    preempted, timed out, its node down), go to a fresh allocation at once instead of after K failed starts."""
+    if action is Action.RESTART_IN_PLACE and allocation_problem:
+        return Action.REALLOCATE
+    return action

@@ -28,7 +28,7 @@ from typing import Any
 
 from regent.actor import Actor, MeshFailure, Port, config, current_rank, endpoint, this_host
 from regent.orchestrate.events import make_event
-from regent.orchestrate.policy import Action, RestartPolicy
+from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ class ReplicaActor(Actor):
     async def _stop_and_restart(self, action: Action) -> None:
         async with self.lock:
             t0 = time.time()
+            if action is Action.RESTART_IN_PLACE:
+                action = await self._check_allocation(action)
             backoff = self.policy.backoff()
             self.emit("restart_started", action=action.value, backoff_s=backoff,
                       failed_starts=self.policy.failed_starts)
@@ -189,7 +191,13 @@ class ReplicaActor(Actor):
             if backoff > 0:  # the last start failed before making progress too: do not spin
                 await asyncio.sleep(backoff)
             if action is Action.REALLOCATE:
-                await self._reallocate()
+                try:
+                    await self._reallocate()
+                except Exception as exc:  # noqa: BLE001 - reported: a failed allocation is a failed start of the next generation
+                    gen = self.policy.restart_finished()
+                    logger.error("replica %d: no fresh allocation: %s", self.index, exc)
+                    self._on_failure(gen, f"allocation failed: {exc}", traceback.format_exc())
+                    return
             gen = self.policy.restart_finished()
             try:
                 await self._start_attempt()
@@ -216,24 +224,52 @@ class ReplicaActor(Actor):
                 return
             await asyncio.sleep(0.1)
 
+    async def _check_allocation(self, action: Action) -> Action:
+        """Before an in-place restart: is this replica's allocation still there? A cancelled, preempted,
+        timed-out or failed allocation (or one whose node went down) cannot host a restart, so go to a fresh
+        one now instead of after K failed in-place starts."""
+        job = self.job
+        if job is None or not hasattr(job, "problem"):
+            return action
+        try:
+            problem = await asyncio.to_thread(job.problem)
+        except Exception as exc:  # noqa: BLE001 - reported; the scheduler did not answer: try in place, a failed start still leads to reallocation
+            logger.warning("replica %d: cannot ask the scheduler about %s: %r", self.index, job.describe(), exc)
+            return action
+        new_action = allocation_checked(action, problem)
+        if new_action is not action:
+            logger.warning("replica %d: %s; asking for a fresh allocation", self.index, problem)
+            self.emit("allocation_lost", job=job.describe(), job_id=getattr(job, "job_id", None), reason=problem)
+        return new_action
+
     async def _reallocate(self) -> None:
         """Ask the job layer for a fresh single-host allocation for this replica."""
         await self._allocate()
 
     async def _allocate(self) -> None:
         from regent.jobs import make_job
+        from regent.orchestrate.allocation import plan_allocation
 
         old = self.job
         t0 = time.time()
-        job = make_job(self.cfg.job, 1, name=f"regent-replica-{self.index}",
-                       gpus_per_host=self.cfg.procs_per_replica, **self.cfg.job_options)
-        await asyncio.to_thread(job.start)
-        host = await asyncio.to_thread(job.host_mesh)
+        plan = await asyncio.to_thread(plan_allocation, self.cfg.job, self.cfg.procs_per_replica,
+                                       self.cfg.job_options)
+        job = make_job(self.cfg.job, 1, name=f"regent-replica-{self.index}", **plan.options)
+        logger.info("replica %d: asking %s for a host with %s GPU(s) (%s)", self.index, self.cfg.job,
+                    plan.gpus_per_host or 0, plan.gpus_reason)
+        try:
+            await asyncio.to_thread(job.start)
+            host = await asyncio.to_thread(job.host_mesh, plan.timeout_s)
+        except BaseException:
+            await asyncio.to_thread(job.kill)  # a pending or half-started allocation must not leak
+            raise
         self.job, self.host = job, host
         self._spares_started = False  # started again on the new host once its trainers are up
         if old is not None:
             await asyncio.to_thread(old.kill)
-        self.emit("allocation", backend=self.cfg.job, seconds=time.time() - t0)
+        self.emit("allocation", backend=self.cfg.job, seconds=time.time() - t0, job=job.describe(),
+                  job_id=getattr(job, "job_id", None), gpus_per_host=plan.gpus_per_host,
+                  previous=old.describe() if old is not None else None)
 
     @endpoint
     async def full_restart(self, checkpoint_dir: str | None) -> float:

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from regent.actor import Channel, this_host
+from regent.actor import ActorError, Channel, this_host
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import PlannedFault, RandomFaultSchedule, ReplayFaultSchedule, fault_record
@@ -206,8 +206,18 @@ class OrchestrationManager:
             rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas})
             replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port)
             self._replicas = replicas
-            await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
-                                   for r in range(cfg.replicas)])
+            try:
+                await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
+                                       for r in range(cfg.replicas)])
+            except ActorError as exc:
+                from regent.jobs.base import JobError
+
+                if not isinstance(exc.exception, JobError):
+                    raise
+                # No host for a replica (PENDING past --job.allocation-timeout, sbatch refused, ...): the job
+                # layer's message names the cause and the fix; nothing more to add from the traceback.
+                self.fail_run(f"a replica could not get its first allocation from the {cfg.job} job layer: "
+                              f"{exc.exception}")
             self.t_start = time.time()
             try:
                 with self.display:

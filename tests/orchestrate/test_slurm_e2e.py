@@ -1,0 +1,133 @@
+"""`regent train --job slurm` end to end on a real SLURM cluster (the single-node one `make test` starts).
+
+Two replicas, each in its own sbatch allocation. A `kill` fault first (the replica restarts in place, in the
+same allocation), then a scheduler kill: the test `scancel`s replica 1's allocation in the middle of training.
+The replica must notice that its allocation is gone, come back on a new one without first trying to restart on
+the cancelled one, heal from replica 0, and both must end bit-identical. Skipped, with the reason, when SLURM is
+not available here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from regent.jobs.slurm import unavailable_reason
+
+_REASON = unavailable_reason()
+pytestmark = [pytest.mark.skipif(_REASON is not None, reason=f"real SLURM e2e: {_REASON}"), pytest.mark.slow,
+              pytest.mark.timeout(420)]
+
+ARGS = [
+    "--job", "slurm", "--replicas", "2", "--procs-per-replica", "1", "--model", "debug", "--no-live",
+    "--ft.sync-every", "5", "--train.seq-len", "64", "--train.batch-size", "4",
+    "--ft.timeout-s", "10", "--ft.quorum-timeout-s", "120",
+    "--faults.hang-timeout", "8", "--lighthouse.join-timeout-ms", "10000",
+    "--lighthouse.heartbeat-timeout-ms", "3000",
+    "--job.cpus-per-task", "1", "--job.time", "00:15:00", "--job.allocation-timeout", "120s",
+]
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written right now
+    return out
+
+
+def _wait_for(proc: subprocess.Popen, events_path: Path, what: str, check, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = _events(events_path)
+        if check(events):
+            return events
+        if proc.poll() is not None:
+            raise AssertionError(f"regent train exited ({proc.returncode}) before {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _committed(events: list[dict], replica: int, after: float) -> int:
+    return sum(1 for e in events if e["kind"] == "commit" and e.get("committed") and e["replica"] == replica
+               and e["time"] > after)
+
+
+def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    faults = tmp_path / "faults.jsonl"
+    faults.write_text(json.dumps({"at": 10, "replica": 0, "kind": "kill", "rank": 0}) + "\n")
+    events_path = run_dir / "events.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "regent.cli", "train", *ARGS, "--job.shared-dir", str(tmp_path / "jobs"),
+           "--duration", "70s", "--faults-file", str(faults), "--run-dir", str(run_dir)]
+    log = (tmp_path / "train.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    cancelled_job = None
+    try:
+        # 1. the kill fault on replica 0 heals (in place) and replica 0 commits again
+        def kill_healed(events: list[dict]) -> bool:
+            done = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 0]
+            return bool(done) and _committed(events, 0, done[0]["time"]) >= 1
+        events = _wait_for(proc, events_path, "replica 0 to recover from the kill", kill_healed, 150)
+        # 2. scancel replica 1's allocation while both train
+        first = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
+        assert len(first) == 1 and first[0]["job_id"], first
+        cancelled_job = first[0]["job_id"]
+        t_cancel = time.time()
+        subprocess.run(["scancel", cancelled_job], check=True, timeout=60)
+        # 3. replica 1 comes back on a new allocation and commits again
+        def back(events: list[dict]) -> bool:
+            again = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1 and e["time"] > t_cancel]
+            return bool(again) and _committed(events, 1, again[0]["time"]) >= 1
+        _wait_for(proc, events_path, "replica 1 to train on a new allocation", back, 150)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    train_log = (tmp_path / "train.log").read_text()
+    assert proc.returncode == 0, train_log[-6000:]
+
+    events = _events(events_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # both allocations of replica 1 are in the events: the first, then a new one that replaced it
+    allocs = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
+    assert len(allocs) == 2, allocs
+    assert allocs[0]["job_id"] == cancelled_job and allocs[1]["job_id"] != cancelled_job
+    assert allocs[1]["previous"] == allocs[0]["job"]
+    assert all(e["gpus_per_host"] is None for e in events if e["kind"] == "allocation")  # a CPU cluster: no GRES
+    # replica 0 kept its one allocation through its kill fault (in-place restart)
+    assert len([e for e in events if e["kind"] == "allocation" and e["replica"] == 0]) == 1
+    kill_restart = next(e for e in events if e["kind"] == "restart_done" and e["replica"] == 0)
+    assert kill_restart["action"] == "restart_in_place"
+    # the cancellation was recognised as a lost allocation and went straight to a fresh one
+    lost = [e for e in events if e["kind"] == "allocation_lost" and e["replica"] == 1]
+    assert lost and "CANCELLED" in lost[0]["reason"] and lost[0]["job_id"] == cancelled_job, lost
+    restarts = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 1 and e["time"] > t_cancel]
+    assert restarts and restarts[0]["action"] == "reallocate", restarts
+    gen = restarts[0]["generation"]
+    heals = [e for e in events if e["kind"] in ("heal_done", "early_heal_done") and e["replica"] == 1
+             and e["generation"] == gen]
+    assert heals and heals[0]["donor"].startswith("replica_0:"), "replica 1 did not heal from its peer"
+    # replica 0 trained on while replica 1 was away
+    during = [e for e in events if e["time"] <= heals[0]["time"] + 10]
+    assert _committed(during, 0, t_cancel) >= 1, "replica 0 did not keep training while replica 1 moved"
+    assert not [e for e in events if e["kind"] == "failure_detected" and e["replica"] == 0 and e["time"] > t_cancel]
+    assert summary["full_restarts"] == 0, summary
+    assert summary["replicas_consistent"] is True, summary.get("final_states")
+    assert not summary.get("invariant_violations"), summary["invariant_violations"]
+    # no allocation is left behind
+    squeue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=60).stdout
+    assert "regent-replica" not in squeue, squeue
