@@ -37,6 +37,7 @@ from regent.actor._config import config
 from regent.actor._errors import MeshFailure, SupervisionError
 from regent.actor._future import Future
 from regent.actor._transport import Connection, connect, decode_env, encode_env, listen
+from regent.auth import job_secret_from_env
 
 logger = logging.getLogger("regent.actor")
 
@@ -61,31 +62,6 @@ def machine_id() -> str:
     except OSError:
         boot = "noboot"
     return f"{socket.gethostname()}:{boot}"
-
-
-def job_secret_from_env() -> bytes | None:
-    raw = os.environ.get("REGENT_JOB_SECRET")
-    if raw:
-        try:
-            return bytes.fromhex(raw)
-        except ValueError:
-            raise ValueError("REGENT_JOB_SECRET must be hex; generate one with `python -c 'import secrets;"
-                             " print(secrets.token_hex(32))'`") from None
-    path = os.environ.get("REGENT_JOB_SECRET_FILE")
-    if path:
-        return read_secret_file(path)
-    return None
-
-
-def read_secret_file(path: str) -> bytes:
-    with open(path) as f:
-        text = f.read().strip()
-    if not text:
-        raise ValueError(f"secret file {path} is empty; write a hex secret into it")
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        return text.encode()
 
 
 def get_runtime() -> Runtime:

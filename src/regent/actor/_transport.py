@@ -4,7 +4,8 @@ Handshake (before any frame, so nothing is unpickled from a peer that does not k
     server -> client : b"RGNT" + 32-byte nonce_s
     client -> server : HMAC(secret, b"client" + nonce_s) + 32-byte nonce_c
     server -> client : HMAC(secret, b"server" + nonce_c)          (only if the client's proof was right)
-Either side closes the connection on a wrong proof, so both ends prove knowledge of the secret.
+Either side closes the connection on a wrong proof, so both ends prove knowledge of the secret. The proofs,
+the nonces and the secret's source are `regent.auth`'s (shared with the state transfer of `regent.ft`).
 
 Frame:  header `<HHIQ` = magic 0x5247, number of out-of-band buffers, envelope length, body length,
         then one `<Q` length per buffer, then envelope, body and buffers back to back.
@@ -17,17 +18,18 @@ Writes made during one event-loop iteration are flushed together.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import marshal
 import mmap
 import os
-import secrets
 import socket
 import struct
 from collections.abc import Callable
 from typing import Any
+
+from regent.auth import MAC, NONCE, AuthenticationError, new_nonce
+from regent.auth import proof as _mac
 
 logger = logging.getLogger("regent.actor.transport")
 
@@ -36,8 +38,6 @@ HEADER = struct.Struct("<HHIQ")
 BUFLEN = struct.Struct("<Q")
 MAX_BUFFERS = 4096
 HELLO_MAGIC = b"RGNT"
-NONCE = 32
-MAC = 32
 STAGING = 256 * 1024
 DIRECT_MIN = 64 * 1024
 # From this size on a direct-read buffer is an anonymous mapping: its pages are supplied (zeroed) by the
@@ -63,14 +63,6 @@ decode_env = marshal.loads
 
 class FrameError(Exception):
     """A peer sent bytes that are not a valid frame; the connection is closed, the process carries on."""
-
-
-class AuthenticationError(Exception):
-    """A peer could not prove knowledge of the job secret."""
-
-
-def _mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, role + nonce, hashlib.sha256).digest()
 
 
 def encode_header(env_len: int, body_len: int, buffer_lens: list[int]) -> bytes:
@@ -119,7 +111,7 @@ class Connection(asyncio.BufferedProtocol):
         self._direct_pos = 0
         self._direct_layout: tuple[int, int, list[int]] | None = None
         self._state = "auth0"
-        self._nonce = secrets.token_bytes(NONCE)
+        self._nonce = new_nonce()
         self._out: list[Any] = []
         self._out_small = 0
         self._flush_scheduled = False

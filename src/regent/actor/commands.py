@@ -13,15 +13,9 @@ import os
 import signal
 import sys
 
-from regent.actor._runtime import (
-    Runtime,
-    job_secret_from_env,
-    new_event_loop,
-    new_id,
-    read_secret_file,
-    set_runtime,
-)
+from regent.actor._runtime import Runtime, new_event_loop, new_id, set_runtime
 from regent.actor._transport import parse_address
+from regent.auth import job_secret_from_env, read_secret_file
 
 logger = logging.getLogger("regent.actor.worker")
 

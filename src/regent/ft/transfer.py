@@ -13,6 +13,15 @@ Faults, the same for both:
 - a receive that does not finish within `timeout` raises `TimeoutError`;
 - once the donor's weights are about to change (`disallow_checkpoint`, called by the Manager in
   `should_commit`), it stops serving; in-flight reads finish first (they hold the read side of the lock).
+
+Trust: nothing a peer sends is unpickled. The structure and tensor descriptions travel as JSON for exactly
+the types a training state holds (`regent.ft.wire`), bounded in size (`max_header_bytes`) and checked
+before any tensor byte is received: sizes must match shapes and dtypes, a tensor the healer already holds
+must arrive with its shape and dtype, and the wire layout must name each tensor once. The TCP transport also
+authenticates both ends with the job secret (`regent.auth`, the actor transport's challenge-response):
+a donor serves only processes that know it, a healer loads only from a donor that knows it. Without a secret
+(library use outside `regent train`, no `REGENT_JOB_SECRET`) it runs unauthenticated, as before, and says so
+once in the log; a process with a secret never talks to one without.
 """
 
 from __future__ import annotations
@@ -22,7 +31,6 @@ import hashlib
 import itertools
 import json
 import logging
-import pickle
 import socket
 import struct
 import threading
@@ -35,7 +43,10 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from regent import auth
 from regent.contiguous import byte_span, spans_one_range
+from regent.ft import wire
+from regent.ft.wire import MAX_HEADER_BYTES, WireFormatError
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +55,7 @@ PACKED_BELOW_BYTES = 1 << 20
 # Adjacent tensors merge into messages of up to this size (a healer whose layout differs stages one such
 # message at a time, so this also bounds its extra memory).
 MAX_MESSAGE_BYTES = 1 << 30
-# GroupTransport's first message: the pickled metadata of a typical trainer state fits (1b: ~50 KB).
+# GroupTransport's first message: the encoded metadata of a typical trainer state fits (1b: ~50 KB).
 HEADER_BYTES = 256 << 10
 
 
@@ -108,7 +119,7 @@ class RWLock:
 
 
 class TensorMeta(NamedTuple):
-    """One tensor's place in the state (a tuple: a heal builds and pickles hundreds of them)."""
+    """One tensor's place in the state (a tuple: a heal builds and encodes hundreds of them)."""
 
     path: str
     shape: tuple[int, ...]
@@ -129,13 +140,9 @@ class StateMeta:
 
 
 class _TensorLeaf:
-    """Where a tensor was in the skeleton. One shared instance: pickle writes it once and then refers back to
-    it (a 2-byte memo reference per tensor instead of an object with its own index)."""
+    """Where a tensor was in the skeleton (one shared instance; `wire` encodes it as `["T"]`)."""
 
     __slots__ = ()
-
-    def __reduce__(self) -> str:
-        return "_TENSOR"
 
     def __repr__(self) -> str:
         return "<tensor>"
@@ -149,8 +156,13 @@ def _is_dtensor(t: Any) -> bool:
 
 
 def _is_sequence(node: Any) -> bool:
-    """Lists and plain tuples are walked into; named tuples are kept whole (one rule for every walk here)."""
-    return isinstance(node, list) or (isinstance(node, tuple) and not hasattr(node, "_fields"))
+    """Lists and plain tuples are walked into; named tuples and torch.Size are kept whole (one rule for every
+    walk here)."""
+    return isinstance(node, list) or _is_plain_tuple(node)
+
+
+def _is_plain_tuple(node: Any) -> bool:
+    return isinstance(node, tuple) and not hasattr(node, "_fields") and type(node) is not torch.Size
 
 
 def local_view(t: torch.Tensor) -> torch.Tensor:
@@ -200,7 +212,7 @@ def _flatten(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor], list
             return {k: walk(v, f"{path}/{k}") for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v, f"{path}/{i}") for i, v in enumerate(node)]
-        if isinstance(node, tuple) and not hasattr(node, "_fields"):
+        if _is_plain_tuple(node):
             return tuple(walk(v, f"{path}/{i}") for i, v in enumerate(node))
         return node
 
@@ -268,7 +280,7 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
             return {k: walk(v) for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v) for v in node]
-        if isinstance(node, tuple) and not hasattr(node, "_fields"):
+        if _is_plain_tuple(node):
             return tuple(walk(v) for v in node)
         return node
 
@@ -439,7 +451,39 @@ def _receivable_in_place(run: list[int], targets: list[torch.Tensor], addresses:
                                                       [sizes[i] for i in run])
 
 
-# GroupTransport's header: step, length of the pickled (skeleton, packs, runs), length of the pickled tensor
+def _check_layout(packs: Any, runs: Any, metas: list[TensorMeta]) -> None:
+    """A peer's packs and runs name every non-empty tensor exactly once (so no message is sized or placed by
+    an index the healer did not check)."""
+    sizes = [m.nbytes for m in metas]
+    seen: set[int] = set()
+    wire.check_index_lists(packs, "wire layout (packs)", sizes, seen)
+    wire.check_index_lists(runs, "wire layout (runs)", sizes, seen)
+    if len(seen) != sum(1 for n in sizes if n):
+        raise WireFormatError(f"wire layout covers {len(seen)} of the {sum(1 for n in sizes if n)} non-empty tensors")
+
+
+def _check_against_own(metas: list[TensorMeta], existing: dict[str, torch.Tensor]) -> None:
+    """Before receiving: a tensor this process already holds at a path must arrive with its shape and dtype
+    (a donor's state for another model or rank layout is refused, not allocated and half-loaded)."""
+    for m in metas:
+        t = existing.get(m.path)
+        if t is not None and (tuple(t.shape) != m.shape or t.dtype != m.dtype):
+            raise WireFormatError(
+                f"donor's tensor {m.path} is {m.dtype} {list(m.shape)}, this replica's is {t.dtype} {list(t.shape)}: "
+                "refusing the transfer (do the replicas run the same model, dtypes and ranks per replica?)"
+            )
+
+
+def _decode_state(blob: bytes | bytearray | memoryview, max_bytes: int) -> tuple[Any, Any, Any, int]:
+    """A peer's [structure, packs, runs] (GroupTransport) and the number of tensor places in the structure."""
+    data = wire.loads(blob, "state structure", max_bytes)
+    if type(data) is not list or len(data) != 3:
+        raise WireFormatError("state structure must be [skeleton, packs, runs]")
+    skeleton, leaves = wire.decode_tree(data[0], _TENSOR)
+    return skeleton, data[1], data[2], leaves
+
+
+# GroupTransport's header: step, length of the encoded (skeleton, packs, runs), length of the encoded tensor
 # descriptions, their digest.
 _FRAME = struct.Struct("<qqq16s")
 
@@ -462,7 +506,7 @@ class _SentLayout(NamedTuple):
     device: str
     layout: Layout
     storages: list[tuple[int, int]]  # (address, size) of the storage of each run's first tensor
-    metas_blob: bytes  # the pickled tensor descriptions
+    metas_blob: bytes  # the encoded tensor descriptions
 
 
 def _run_storages(layout: Layout, tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -501,8 +545,8 @@ class CheckpointTransport(Protocol):
 class GroupTransport:
     """Send/recv over the replicated group (ranks are replica ranks of the current quorum).
 
-    Wire order per healer: a `HEADER_BYTES` message with the step, the pickled state structure and wire
-    layout, and the pickled tensor descriptions with their digest (the rest, for a very large description,
+    Wire order per healer: a `HEADER_BYTES` message with the step, the state structure and wire layout, and
+    the tensor descriptions with their digest (both JSON, `regent.ft.wire`) (the rest, for a very large description,
     in a second message), then one message per home device of the small tensors that lie apart, packed back
     to back (on CPU, AdamW's step counters: hundreds of tiny messages would each cost a NCCL launch, more
     than their bytes), then the
@@ -515,10 +559,11 @@ class GroupTransport:
     """
 
     def __init__(self, group: Any, packed_below: int = PACKED_BELOW_BYTES,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self._group = group
         self.packed_below = packed_below
         self.max_message_bytes = max_message_bytes
+        self.max_header_bytes = max_header_bytes  # largest state description accepted from a donor
         self.last_messages = 0  # tensor messages of the last send (packs and runs), for reports
         self.last_timing: dict[str, float] = {}  # phases of the last send or receive, seconds
         self.last_described_alike = False  # whether the last receive found the donor's tensors described as its own
@@ -532,7 +577,7 @@ class GroupTransport:
         meta, tensors = flatten_state(state_dict, step)
         device = self._group.device
         layout, metas_blob = self._layout(meta.tensors, tensors, device)
-        state_blob = pickle.dumps((meta.skeleton, layout.packs, layout.runs))
+        state_blob = wire.dumps([wire.encode_tree(meta.skeleton, _TENSOR), layout.packs, layout.runs])
         header, rest = _header(step, state_blob, layout, metas_blob, device)
         described = time.perf_counter()
         packs: list[torch.Tensor] = []
@@ -550,7 +595,7 @@ class GroupTransport:
 
     def _layout(self, metas: list[TensorMeta], tensors: list[torch.Tensor],
                 device: torch.device) -> tuple[Layout, bytes]:
-        """This donor's layout and its pickled tensor descriptions, kept while the tensors stay where they are:
+        """This donor's layout and its encoded tensor descriptions, kept while the tensors stay where they are:
         a long-lived donor heals many replicas from the same buffers, and describing ~600 tensors costs
         milliseconds a heal."""
         where = [t.data_ptr() for t in tensors]
@@ -562,7 +607,7 @@ class GroupTransport:
             return sent.layout, sent.metas_blob
         layout = describe_layout(metas, tensors, device, self.packed_below, self.max_message_bytes)
         self._sent = _SentLayout(where, str(device), layout, _run_storages(layout, tensors),
-                                 pickle.dumps(layout.tensors))
+                                 wire.dumps(wire.encode_metas(layout.tensors)))
         return layout, self._sent.metas_blob
 
     def disallow_checkpoint(self) -> None:
@@ -581,6 +626,11 @@ class GroupTransport:
         self._group.recv([header], src_rank, tag=1)
         head = header.cpu().numpy().tobytes()
         donor_step, state_len, metas_len, digest = _FRAME.unpack_from(head)
+        if not (0 <= state_len <= self.max_header_bytes and 0 <= metas_len <= self.max_header_bytes - state_len):
+            raise WireFormatError(
+                f"donor replica rank {src_rank} announced a state description of {state_len} + {metas_len} bytes; "
+                f"accepted: up to {self.max_header_bytes} (GroupTransport(max_header_bytes=...)); nothing loaded"
+            )
         blob = head[_FRAME.size:_FRAME.size + state_len + metas_len]
         if _FRAME.size + state_len + metas_len > HEADER_BYTES:  # too large for one header: the rest follows
             rest = torch.empty(_FRAME.size + state_len + metas_len - HEADER_BYTES, dtype=torch.uint8, device=device)
@@ -592,13 +642,23 @@ class GroupTransport:
                 "refusing a stale checkpoint; the next quorum retries the heal"
             )
         got_meta = time.perf_counter()
-        skeleton, packs, runs = pickle.loads(blob[:state_len])
+        # Checked before any tensor is received: a bad description raises here and nothing is loaded.
+        skeleton, packs, runs, leaves = _decode_state(memoryview(blob)[:state_len], self.max_header_bytes)
         same = own_meta is not None and own_digest == digest
         if same:  # same model and rank layout: the usual case, prepared already
-            layout, targets, addresses = Layout(own_meta.tensors, packs, runs, digest), own_targets, own_addresses
+            metas = own_meta.tensors
         else:
-            layout = Layout(pickle.loads(blob[state_len:]), packs, runs, digest)
+            metas = wire.decode_metas(wire.loads(memoryview(blob)[state_len:], "tensor descriptions",
+                                                 self.max_header_bytes), TensorMeta)
+        if leaves != len(metas):
+            raise WireFormatError(f"donor's state structure holds {leaves} tensors but describes {len(metas)}")
+        _check_layout(packs, runs, metas)
+        if same:
+            layout, targets, addresses = Layout(metas, packs, runs, digest), own_targets, own_addresses
+        else:
+            layout = Layout(metas, packs, runs, digest)
             existing = {m.path: t for m, t in zip(own_meta.tensors, own)} if own_meta is not None else {}
+            _check_against_own(metas, existing)
             targets = _targets(layout, existing, device, same_device=True, packed_below=self.packed_below)
             addresses = _addresses(targets, device)
         sizes = [m.nbytes for m in layout.tensors]
@@ -635,6 +695,23 @@ def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 # ---- TCP streaming fallback ------------------------------------------------------------------------------
 
 _HEADER = struct.Struct("!Q")
+# Connection greeting: magic and whether this donor authenticates ("A": the job secret's handshake follows,
+# "N": no secret configured). Each side refuses the other mode, so a process with the secret never falls
+# back to an unauthenticated peer.
+_GREETING = b"RGFT"
+_CLIENT_ROLE = b"regent-ft-transfer-client"
+_SERVER_ROLE = b"regent-ft-transfer-server"
+# A healer's request is a small JSON object.
+_MAX_REQUEST_BYTES = 4096
+_warned_unauthenticated = False
+
+
+def _warn_unauthenticated_once() -> None:
+    global _warned_unauthenticated
+    if not _warned_unauthenticated:
+        _warned_unauthenticated = True
+        logger.warning("peer state transfer over TCP is unauthenticated: no job secret in this process (set "
+                       "%s or %s; `regent train` sets it for every trainer)", auth.SECRET_ENV, auth.SECRET_FILE_ENV)
 
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -652,12 +729,15 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
     while got < len(view):
         n = sock.recv_into(view[got:], min(len(view) - got, 1 << 24))
         if n == 0:
-            raise ConnectionError("donor closed the connection mid-transfer")
+            raise ConnectionError("peer closed the connection mid-transfer")
         got += n
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
+def _recv_frame(sock: socket.socket, max_bytes: int, what: str) -> bytes:
+    """One length-prefixed frame, refused (before allocating) when it announces more than `max_bytes`."""
     (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if n > max_bytes:
+        raise WireFormatError(f"peer announced a {what} of {n} bytes; accepted: up to {max_bytes}")
     return _recv_exact(sock, n)
 
 
@@ -665,18 +745,46 @@ def _cpu_bytes_view(t: torch.Tensor) -> memoryview:
     return memoryview(_as_bytes(t).numpy()).cast("B")
 
 
+def _encode_served(meta: StateMeta) -> bytes:
+    return wire.dumps({"step": meta.step, "skeleton": wire.encode_tree(meta.skeleton, _TENSOR),
+                       "tensors": wire.encode_metas(meta.tensors)})
+
+
+def _decode_served(blob: bytes, max_bytes: int) -> StateMeta:
+    data = wire.loads(blob, "state description", max_bytes)
+    if type(data) is not dict or type(data.get("step")) is not int:
+        raise WireFormatError("state description must be an object with an integer step")
+    skeleton, leaves = wire.decode_tree(data.get("skeleton"), _TENSOR)
+    metas = wire.decode_metas(data.get("tensors"), TensorMeta)
+    if leaves != len(metas):
+        raise WireFormatError(f"donor's state structure holds {leaves} tensors but describes {len(metas)}")
+    return StateMeta(step=data["step"], skeleton=skeleton, tensors=metas)
+
+
 class StreamTransport:
     """Donor-side TCP server + healer-side parallel fetch (the no-group fallback).
 
     `metadata()` is `tcp://host:port`; the Manager publishes it so healers can find the donor.
+
+    Every connection starts with the job secret's mutual challenge-response (`regent.auth`); `secret`
+    defaults to the job secret of this process's environment (`REGENT_JOB_SECRET` / `REGENT_JOB_SECRET_FILE`,
+    which `regent train` sets for every trainer). With none, the channel is unauthenticated (logged once).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_chunks: int = 4, timeout: float = 60.0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, num_chunks: int = 4, timeout: float = 60.0,
+                 secret: bytes | None = None, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.num_chunks = max(1, num_chunks)
         self.timeout = timeout
+        self.max_header_bytes = max_header_bytes  # largest state description accepted from a donor
+        self._secret = secret if secret is not None else auth.job_secret_from_env()
+        if not self._secret:
+            self._secret = None
+            _warn_unauthenticated_once()
         self._lock = RWLock()
         self._state_lock = threading.Lock()
-        self._serving: tuple[int, StateMeta, list[torch.Tensor], bytes] | None = None
+        # step, description, staged tensors, encoded description (made on the first request: a donor publishes
+        # at every commit and is rarely asked)
+        self._serving: list[Any] | None = None
         self._sock = socket.create_server((host, port), backlog=128)
         self._host = host
         self._port = self._sock.getsockname()[1]
@@ -702,9 +810,9 @@ class StreamTransport:
             staged = [t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous() for t in tensors]
         else:
             staged = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-        blob = pickle.dumps(meta)
+        wire.encode_tree(meta.skeleton, _TENSOR)  # an unsupported value fails here, in the donor's own step
         with self._state_lock:
-            self._serving = (step, meta, staged, blob)
+            self._serving = [step, meta, staged, None]
         logger.info("serving state of step %d (%d tensors) to %s", step, len(staged), dst_ranks or "any healer")
 
     def disallow_checkpoint(self) -> None:
@@ -722,9 +830,16 @@ class StreamTransport:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
+            peer = "?"
             try:
+                peer = "%s:%s" % conn.getpeername()[:2]  # noqa: UP031 - IPv4 and IPv6 tuples alike
                 conn.settimeout(self.timeout)
-                request = json.loads(_recv_frame(conn))
+                if self._secret is None:
+                    conn.sendall(_GREETING + b"N")
+                else:
+                    conn.sendall(_GREETING + b"A")
+                    auth.server_handshake(conn, self._secret, b"", _CLIENT_ROLE, _SERVER_ROLE, peer=peer)
+                request = _parse_request(_recv_frame(conn, _MAX_REQUEST_BYTES, "request"))
                 if not self._lock.acquire_read(timeout=0):
                     _send_frame(conn, json.dumps({"error": "donor is updating its weights; not serving"}).encode())
                     return
@@ -732,8 +847,10 @@ class StreamTransport:
                     self._answer(conn, request)
                 finally:
                     self._lock.release_read()
-            except (OSError, ValueError, ConnectionError) as err:
-                logger.debug("transfer connection ended: %s", err)
+            except auth.AuthenticationError as err:
+                logger.warning("state transfer: %s", err)
+            except (OSError, ValueError, ConnectionError) as err:  # WireFormatError is a ValueError
+                logger.debug("transfer connection from %s ended: %s", peer, err)
 
     def _answer(self, conn: socket.socket, request: dict[str, Any]) -> None:
         with self._state_lock:
@@ -742,26 +859,54 @@ class StreamTransport:
             _send_frame(conn, json.dumps({"error": "donor is not serving any state now"}).encode())
             return
         step, meta, tensors, blob = serving
-        if request.get("step") != step:
+        if request["step"] != step:
             _send_frame(
                 conn,
-                json.dumps({"error": f"stale step: donor serves step {step}, requested {request.get('step')}"})
+                json.dumps({"error": f"stale step: donor serves step {step}, requested {request['step']}"})
                 .encode(),
             )
             return
         _send_frame(conn, json.dumps({"ok": True}).encode())
-        if request.get("what") == "meta":
+        if request["what"] == "meta":
+            if blob is None:
+                blob = serving[3] = _encode_served(meta)
             _send_frame(conn, blob)
             return
-        chunk, of = int(request["chunk"]), int(request["of"])
+        chunk, of = request["chunk"], request["of"]
         for i in range(chunk, len(tensors), of):
             if tensors[i].numel():
                 t = tensors[i] if tensors[i].device.type == "cpu" else tensors[i].to("cpu")
                 conn.sendall(_cpu_bytes_view(t))
 
     # healer side
+    def _open(self, host: str, port: int, metadata: str, remaining: float) -> socket.socket:
+        """A connection to the donor, both ends authenticated (or, with no secret here, neither)."""
+        sock = socket.create_connection((host, port), timeout=remaining)
+        try:
+            greeting = _recv_exact(sock, len(_GREETING) + 1)
+            if greeting[:len(_GREETING)] != _GREETING:
+                raise auth.AuthenticationError(f"{metadata} is not a regent state-transfer donor (bad greeting)")
+            mode = greeting[len(_GREETING):]
+            if self._secret is not None and mode == b"A":
+                auth.client_handshake(sock, self._secret, b"", _CLIENT_ROLE, _SERVER_ROLE, peer=f"donor {metadata}")
+            elif self._secret is not None:
+                raise auth.AuthenticationError(
+                    f"donor {metadata} serves without authentication but this process has the job secret: "
+                    "refusing its state (does the donor run without REGENT_JOB_SECRET?)")
+            elif mode == b"A":
+                raise auth.AuthenticationError(
+                    f"donor {metadata} requires the job secret; set {auth.SECRET_ENV} (or {auth.SECRET_FILE_ENV}) "
+                    "in this process")
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
-        """Fetch the donor's state of `step` from `metadata` ('tcp://host:port') into `into`'s tensors."""
+        """Fetch the donor's state of `step` from `metadata` ('tcp://host:port') into `into`'s tensors.
+
+        Raises `regent.auth.AuthenticationError` when the donor does not know the job secret and
+        `regent.ft.wire.WireFormatError` on a bad state description; both before anything is loaded."""
         host, port = _parse_tcp(metadata)
         deadline = time.monotonic() + timeout
 
@@ -769,19 +914,29 @@ class StreamTransport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"state transfer from {metadata} timed out after {timeout:.3g} s")
-            sock = socket.create_connection((host, port), timeout=remaining)
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            _send_frame(sock, json.dumps(request).encode())
-            answer = json.loads(_recv_frame(sock))
-            if "error" in answer:
+            sock = self._open(host, port, metadata, remaining)
+            try:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                _send_frame(sock, json.dumps(request).encode())
+                answer = wire.loads(_recv_frame(sock, _MAX_REQUEST_BYTES, "answer"), "answer", _MAX_REQUEST_BYTES)
+                if type(answer) is not dict:
+                    raise WireFormatError(f"donor {metadata} answered {answer!r}")
+                if "error" in answer:
+                    raise RuntimeError(f"donor {metadata} refused the transfer: {answer['error']}")
+            except BaseException:
                 sock.close()
-                raise RuntimeError(f"donor {metadata} refused the transfer: {answer['error']}")
+                raise
             return sock
 
         try:
             with connect({"what": "meta", "step": step}) as sock:
-                meta: StateMeta = pickle.loads(_recv_frame(sock))
-            targets = _targets(meta, own_tensors(into), torch.device("cpu"))
+                meta = _decode_served(_recv_frame(sock, self.max_header_bytes, "state description"),
+                                      self.max_header_bytes)
+            if meta.step != step:
+                raise WireFormatError(f"donor {metadata} described step {meta.step} when asked for {step}")
+            own = own_tensors(into)
+            _check_against_own(meta.tensors, own)
+            targets = _targets(meta, own, torch.device("cpu"))
             # Receive into host buffers; accelerator targets get a host staging copy.
             host_bufs = [t if t.device.type == "cpu" else torch.empty_like(t, device="cpu") for t in targets]
             n = min(self.num_chunks, max(1, len(targets)))
@@ -809,6 +964,18 @@ class StreamTransport:
         with contextlib.suppress(OSError):
             self._sock.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _parse_request(frame: bytes) -> dict[str, Any]:
+    """A healer's request: {"what": "meta", "step": S} or {"what": "chunk", "step": S, "chunk": C, "of": N}."""
+    request = wire.loads(frame, "request", _MAX_REQUEST_BYTES)
+    if type(request) is not dict or request.get("what") not in ("meta", "chunk") or type(request.get("step")) is not int:
+        raise WireFormatError(f"bad transfer request {request!r}")
+    if request["what"] == "chunk":
+        chunk, of = request.get("chunk"), request.get("of")
+        if type(chunk) is not int or type(of) is not int or not 0 <= chunk < of:
+            raise WireFormatError(f"bad transfer request {request!r}")
+    return request
 
 
 def _parse_tcp(metadata: str) -> tuple[str, int]:
