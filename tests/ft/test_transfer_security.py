@@ -519,3 +519,13 @@ def test_processes_the_runtime_spawns_authenticate_transfers_with_its_secret():
         assert probe.transfer_secret.call_one().get(timeout=60) == get_runtime().secret
     finally:
         pm.stop().get(timeout=60)
+
+
+def test_dtensor_layouts_round_trip():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    spec = ((Shard(0), Replicate(), _StridedShard(1, split_factor=2), Partial("sum")), (16, 8), (8, 1))
+    metas = [transfer.TensorMeta("/w", (8, 8), torch.float32, 256, spec)]
+    back = wire.decode_metas(wire.loads(wire.dumps(wire.encode_metas(metas))), transfer.TensorMeta)
+    assert back == metas and transfer.tensors_digest(back) == transfer.tensors_digest(metas)
