@@ -30,6 +30,7 @@ from torch import nn
 from regent.contiguous import contiguous_copy
 from regent.ft.grad_sync import plan_buckets
 from regent.ft.manager import Manager
+from regent.ft.transfer import local_view
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,23 @@ class LocalSGD:
         return True
 
 
+def _shard_like_params(optimizer: torch.optim.Optimizer) -> None:
+    """After a load: state a peer sent as this rank's local shards (plain tensors) becomes DTensors laid out as
+    their parameters are (FSDP2), as the optimizer would have made them itself. A no-op for plain parameters."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not hasattr(p, "device_mesh"):
+                continue
+            from torch.distributed.tensor import DTensor
+
+            state = optimizer.state.get(p, {})
+            local_shape = p.to_local().shape
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.shape == local_shape:
+                    state[key] = DTensor.from_local(value.to(p.device), p.device_mesh, p.placements, run_check=False,
+                                                    shape=p.shape, stride=p.stride())
+
+
 class _Fragment:
     """One model fragment: its last global parameters, its outer optimizer, its in-flight allreduce."""
 
@@ -141,9 +159,12 @@ class _Fragment:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with torch.no_grad():
             for name, t in state["original_parameters"].items():
-                if self.original[name].data_ptr() != t.data_ptr():
-                    self.original[name].copy_(t)
+                # a peer sends this rank's local shards (plain tensors); under FSDP2 the backup is a DTensor
+                dst, src = local_view(self.original[name]), local_view(t)
+                if dst.data_ptr() != src.data_ptr():
+                    dst.copy_(src)
         self.outer.load_state_dict(state["outer_optimizer"])
+        _shard_like_params(self.outer)
 
     def save_global(self) -> None:
         with torch.no_grad():

@@ -294,6 +294,16 @@ def validate(cfg: RunConfig) -> None:
             load_factory(cfg.trainer)  # fail here, before anything launches, if it cannot be found
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+    elif cfg.train.spec != "llama3":
+        from regent.train.spec import get_spec
+
+        try:
+            flavors = get_spec(cfg.train.spec).flavors
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if cfg.train.model not in flavors:
+            raise ConfigError(f"--model {cfg.train.model!r} is not a flavor of --train.spec {cfg.train.spec}; "
+                              f"choose from {', '.join(flavors)}")
     elif cfg.train.model not in MODEL_CONFIGS:
         raise ConfigError(f"--model {cfg.train.model!r} is unknown; choose from {', '.join(MODEL_CONFIGS)}")
     for section in (cfg.train, cfg.ft):

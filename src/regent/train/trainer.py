@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from regent import platform
 from regent.contiguous import make_contiguous
@@ -37,9 +36,8 @@ from regent.train.checkpoint import Checkpointer, CheckpointError
 from regent.train.config import TrainConfig
 from regent.train.data import ShardedBatches, build_tokenizer, load_token_stream
 from regent.train.metrics import MetricsWriter, mfu
-from regent.train.models.llama3 import Llama3, ModelArgs, flops_per_token, model_args
 from regent.train.optim import WarmupCosineSchedule, build_optimizer, clip_grad_norm, local_tensor
-from regent.train.parallel import apply_activation_checkpointing, apply_compile, apply_fsdp
+from regent.train.spec import ParallelContext, get_spec
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +71,23 @@ class Trainer:
         self.bf16 = cfg.mixed_precision if cfg.mixed_precision is not None else self.device.type == "cuda"
         self.sharded = world_size > 1
 
+        self.spec = get_spec(cfg.spec)
+        if cfg.model not in self.spec.flavors:
+            raise ValueError(f"model={cfg.model!r} is not a flavor of spec {self.spec.name!r}; "
+                             f"use one of {', '.join(self.spec.flavors)}")
+
         # Data
         tokenizer = build_tokenizer(cfg.tokenizer)
-        tokens = load_token_stream(cfg.data, tokenizer, cfg.data_max_bytes)
-        self.dataloader = ShardedBatches(
-            tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-            shard_index=replica_index * world_size + rank, num_shards=num_replicas * world_size,
-        )
+        shard, shards = replica_index * world_size + rank, num_replicas * world_size
+        if self.spec.build_dataloader is not None:
+            self.dataloader = self.spec.build_dataloader(cfg, tokenizer, shard, shards)
+        else:
+            tokens = load_token_stream(cfg.data, tokenizer, cfg.data_max_bytes)
+            self.dataloader = ShardedBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+                                             shard_index=shard, num_shards=shards)
 
         # Model
-        self.model_args: ModelArgs = model_args(cfg.model, tokenizer.vocab_size, max_seq_len=cfg.seq_len)
+        self.model_args = self.spec.model_args(cfg.model, tokenizer.vocab_size, cfg.seq_len)
         self.model = self._build_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # Unsharded: parameters and each AdamW moment in one buffer apiece, so a heal is a few large
@@ -92,7 +97,8 @@ class Trainer:
             make_contiguous(self.params)
         self.param_names = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.num_params = sum(p.numel() for p in self.params)
-        self.flops_per_token = flops_per_token(self.model_args, cfg.seq_len)
+        self.flops_per_token = (self.spec.flops_per_token(self.model_args, cfg.seq_len)
+                                if self.spec.flops_per_token is not None else 6.0 * self.num_params)
         self.peak_flops = platform.peak_bf16_flops() if self.device.type == "cuda" else None
 
         # Optimizer and schedule
@@ -122,24 +128,27 @@ class Trainer:
                  self.sharded)
 
     # ---------------------------------------------------------------- construction
-    def _build_model(self) -> Llama3:
+    def _build_model(self) -> torch.nn.Module:
         """Build, parallelize and initialize the model; weights are a function of (seed, world layout)."""
         cfg = self.cfg
+        build = self.spec.build_model
         torch.manual_seed(cfg.seed)
-        on_meta = self.device.type != "cpu"  # GPU: never materialize the full model in host memory
+        # GPU: never materialize the full model in host memory (needs the spec's init_weights after to_empty)
+        on_meta = self.device.type != "cpu"
         if on_meta:
             with torch.device("meta"):
-                model = Llama3(self.model_args)
+                model = build(self.model_args)
+            if not hasattr(model, "init_weights"):
+                raise ValueError(f"spec {self.spec.name!r}: the model has no init_weights(buffer_device=...), which "
+                                 "initialises it on the GPU after it was built on the meta device")
         else:
-            model = Llama3(self.model_args)
-            torch.manual_seed(cfg.seed)
-            model.init_weights()
-        apply_activation_checkpointing(model, cfg.activation_checkpointing)
-        if cfg.compile:
-            apply_compile(model)
-        if self.sharded:
-            apply_fsdp(model, self.world_size, self.device.type, self.bf16, group=self.group,
-                       replicate=cfg.hsdp_replicate)
+            model = build(self.model_args)
+            if hasattr(model, "init_weights"):
+                torch.manual_seed(cfg.seed)
+                model.init_weights()
+        self.spec.parallelize(model, ParallelContext(cfg=cfg, world_size=self.world_size,
+                                                     device_type=self.device.type, bf16=self.bf16,
+                                                     group=self.group, sharded=self.sharded))
         if on_meta:
             model.to_empty(device=self.device)
             torch.manual_seed(cfg.seed)
@@ -164,7 +173,7 @@ class Trainer:
     def _loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self._autocast():
             logits = self.model(inputs)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return self.spec.loss(logits, labels)
 
     def local_grads(self) -> list[torch.Tensor]:
         """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place."""
@@ -328,7 +337,7 @@ class Trainer:
                             "step": self.step}}
 
     def _checkpoint_meta(self) -> dict[str, Any]:
-        return {"step": self.step, "model": self.cfg.model, "model_args": _jsonable(vars(self.model_args)),
+        return {"step": self.step, "model": self.cfg.model, "model_args": _jsonable(_as_dict(self.model_args)),
                 "world_size": self.world_size, "num_replicas": self.num_replicas,
                 "replica_index": self.replica_index, "seq_len": self.cfg.seq_len,
                 "data": self.dataloader.state_dict()}
@@ -344,7 +353,7 @@ class Trainer:
     def load_checkpoint(self, path: str) -> None:
         """Load a checkpoint written by save_checkpoint; clear CheckpointError on corrupt/mismatched input."""
         manifest = self.checkpointer.read_manifest(path)
-        expected = _jsonable(vars(self.model_args))
+        expected = _jsonable(_as_dict(self.model_args))
         if manifest.get("model_args") != expected:
             raise CheckpointError(
                 f"checkpoint {path} was saved for model {manifest.get('model')!r} with args "
@@ -369,6 +378,11 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+
+def _as_dict(args: Any) -> dict[str, Any]:
+    """A spec's model args as a dict (a dataclass, a mapping or any object with attributes)."""
+    return dict(args) if isinstance(args, dict) else vars(args)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
