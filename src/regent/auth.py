@@ -63,6 +63,13 @@ def proof(secret: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, role + nonce, hashlib.sha256).digest()
 
 
+def fingerprint(secret: bytes) -> str:
+    """A short public tag of the secret (HMAC of a fixed label, 64 bits): two processes can tell whether
+    they hold the same secret without revealing it. References to a job's processes (pickled meshes and
+    ports) carry it, so a process with another secret is told at once, not after a refused connection."""
+    return hmac.new(secret, b"regent job fingerprint", hashlib.sha256).hexdigest()[:16]
+
+
 def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE)
 

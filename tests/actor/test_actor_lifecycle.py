@@ -159,7 +159,7 @@ def test_process_job_with_two_hosts(monkeypatch):
     try:
         hosts = job.host_mesh()
         assert hosts.extent.labels == ["hosts"] and len(hosts) == 2
-        assert job.state().hosts is hosts
+        assert job.host_mesh() is hosts and job.state().hosts is not hosts  # state() attaches anew (Monarch)
         pm = hosts.spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", Where)
         vm = w.where.call().get(timeout=TIMEOUT)

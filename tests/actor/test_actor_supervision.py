@@ -103,7 +103,7 @@ def test_broadcast_exception_kills_actor_and_reaches_owner(two, faults):
     assert "MeshFailure" in str(failure) and "crashed_ranks=[0]" in str(failure)
     assert "endpoint went wrong" in failure.report()
     # the failed rank poisons every slice that contains it, including ones made later ...
-    with pytest.raises(SupervisionError, match=r'failure on mesh "bw" at ranks \[0\]'):
+    with pytest.raises(SupervisionError, match=r'failure on mesh "bw" at rank 0 '):
         w.ok.call().get(timeout=TIMEOUT)
     with pytest.raises(SupervisionError):
         w.slice(gpus=slice(0, 1)).ok.call().get(timeout=TIMEOUT)
@@ -121,7 +121,7 @@ def test_base_exception_kills_actor_even_with_reply_port(two, faults):
         w.slice(gpus=1).raise_base.call_one().get(timeout=TIMEOUT)
     assert wait_for(lambda: faults)
     assert faults[0].crashed_ranks == [1] and "base exception" in faults[0].report()
-    with pytest.raises(SupervisionError, match=r"failure on mesh .*at ranks \[1\]"):
+    with pytest.raises(SupervisionError, match=r"failure on mesh .*at rank 1 "):
         w.slice(gpus=1).ok.call_one().get(timeout=TIMEOUT)
 
 

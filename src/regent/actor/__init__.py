@@ -14,6 +14,10 @@ Listeners bind to loopback unless REGENT_LISTEN_HOST (or a worker's --address) s
 connection first proves knowledge of the job secret (HMAC challenge, both directions) before anything is
 unpickled. The controller makes the secret (or takes REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) and
 hands it to children through the environment; `regent worker --secret-file F` reads it from a file.
+A second program may use meshes the first one pickled for it (`pickle.load` gives working references)
+when both start with the same secret: the same REGENT_JOB_SECRET (hex), or REGENT_JOB_SECRET_FILE
+naming one file. Otherwise unpickling raises ForeignJobError at once, naming that fix (references carry
+a fingerprint of the secret, not the secret).
 Frames larger than REGENT_MAX_FRAME_BYTES (10 GiB) are refused by the sender (ValueError) and the
 receiver (connection closed, error logged, process carries on). Arguments are pickled once per call
 (C pickler, cloudpickle for lambdas and `__main__` code); NumPy arrays and CPU torch tensors of 64 KiB or
@@ -27,7 +31,11 @@ and forward their output. `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={
 - proc i of a host gets its accelerator pinned with `regent.platform.child_visibility_env(i)`;
 - `env` (Regent extension) is set before anything is imported;
 - `bootstrap` runs in every proc before any actor (`current_rank()` works there); if it raises,
-  `proc_mesh.initialized` raises ActorError.
+  `proc_mesh.initialized` raises ActorError; otherwise it resolves to True (as does `host_mesh.initialized`
+  once every host answers; it fails naming an unreachable host);
+- `proc_bind=[{"cpus": "0-3"}, ...]` (one entry per proc of a host; keys `cpus`/`physcpubind` for CPU ids,
+  `cpunodebind` for NUMA nodes) pins every thread of proc i to those CPUs before `bootstrap`; `membind`
+  and unknown keys are refused at `spawn_procs`, CPUs the host lacks fail `initialized`.
 Warm spares (Regent extension): `host_mesh.keep_warm(n, preload=["torch", ...])` keeps n idle procs per
 host that already imported `preload`; `spawn_procs` claims them (env and accelerator pinning are applied
 at claim, before any CUDA initialisation) and starts replacements in the background. `keep_warm(0)`
@@ -55,7 +63,10 @@ for meshes made outside actors); references and slices own nothing.
 
 Futures: `get(timeout)` (TimeoutError leaves the future usable), `await fut` on any asyncio loop; results
 are cached. `get()` on the runtime's own loop (inside an async endpoint) raises instead of deadlocking:
-use `await` there. Sync actors run on a thread of their own, so `get()` inside them is fine.
+use `await` there. Sync actors run on a thread of their own, so `get()` inside them is fine. An async
+actor's `__init__` also runs on a thread of its own (a blocking `__init__` cannot stall the process's
+loop; calls to the actor wait in its mailbox until `__init__` returns), so inside it there is no running
+event loop: start tasks from an endpoint.
 
 Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `bootstrap_command`.
 This package does not import torch.
@@ -89,6 +100,7 @@ from regent.actor._proc import (
     this_host,
     this_proc,
 )
+from regent.actor._runtime import ForeignJobError
 from regent.actor._shape import Extent, Point, Shape, Slice
 
 
@@ -122,6 +134,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "Extent",
+    "ForeignJobError",
     "Future",
     "HostMesh",
     "MeshFailure",

@@ -101,6 +101,8 @@ class Cell:
         self.display = f"{cls.__module__}.{cls.__qualname__} {name}{self.ctx.rank}"
         self.current_reply: tuple | None = None
         self.supervise_lock: asyncio.Lock | None = None  # one __supervise__ at a time
+        # async actors: failures of owned meshes that arrive while __init__ still runs (handled after it)
+        self.early_failures: list | None = []
 
     @property
     def alive(self) -> bool:
@@ -243,17 +245,52 @@ class Cell:
             logger.error("__cleanup__ of %s raised: %s", self.display, err)
 
     # ---------------------------------------------------------------- async actors
+    def _construct_off_loop(self) -> asyncio.Future:
+        """Run `__init__` on a thread of its own and resolve (on the loop) with its exception or None.
+
+        The loop carries every actor's messages, replies and supervision for this process, so an
+        `__init__` that blocks (waits on an event, a lock, a slow import) must not run on it. Messages
+        for this actor wait in its mailbox until `__init__` returns, so no call races construction.
+        """
+        loop = self.rt.loop
+        done = loop.create_future()
+
+        def settle(exc: BaseException | None) -> None:
+            if not done.done():
+                done.set_result(exc)
+
+        def run() -> None:
+            set_current(self.ctx, self.point)
+            try:
+                self._construct()
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop: __init__ failure is a supervision event
+                outcome: BaseException | None = exc
+            else:
+                outcome = None
+            try:
+                loop.call_soon_threadsafe(settle, outcome)
+            except RuntimeError:
+                pass  # the loop is closed: the process is exiting, nobody waits for this actor
+
+        threading.Thread(target=run, name=f"actor-init-{self.name}-{self.rank}", daemon=True).start()
+        return done
+
     async def _run_async(self) -> None:
         set_current(self.ctx, self.point)
-        try:
-            self._construct()
-        except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
+        exc = await self._construct_off_loop()
+        if exc is not None:
             self.fail(exc, during_init=True)
             await self._cleanup_async(exc)
+            return
+        if not self.alive:  # failed (aborted, or its proc is stopping) while __init__ ran
+            await self._cleanup_async(self.failure_exc)
             return
         self.status = "running"
         if self.init_reply is not None:
             self.rt.send_reply(self.init_reply, OK, None)
+        early, self.early_failures = self.early_failures, None
+        for failure in early or ():
+            self.supervise(failure)
         while True:
             item = await self.mailbox.get_async()
             kind = item[0]
@@ -426,18 +463,21 @@ class Cell:
     def _supervise_raised(self, failure: Any, exc: BaseException) -> None:
         text = (
             f"Supervision event: actor {self.display} failed: ErrorDuringHandlingSupervision: "
-            f"{format_remote_traceback(exc)}This error occurred while handling another failure: {failure.report()}"
+            f"{format_remote_traceback(exc)}This error occurred while handling another failure:\n{failure.report()}"
         )
         self.fail(exc, text=text)
 
     def escalate(self, failure: Any) -> None:
         self.fail(None, text=(
-            f"Supervision event: actor {self.display} failed: UnhandledSupervisionEvent: "
+            f"Supervision event: actor {self.display} failed: UnhandledSupervisionEvent:\n"
             f"{failure.report()}"
         ))
 
     def supervise(self, failure: Any) -> None:
         """Loop thread: a mesh this actor owns failed."""
+        if self.is_async and self.early_failures is not None:
+            self.early_failures.append(failure)  # __init__ is still running on its thread
+            return
         handler = getattr(type(self.instance), "__supervise__", None) if self.instance is not None else None
         if handler is None:
             self.escalate(failure)

@@ -35,6 +35,13 @@ class ActorError(Exception):
         return (ActorError, (self.exception, self.message, self.remote_traceback))
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """Monarch's wording: `rank 3` for one rank, `ranks [1, 3]` for several."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks [{', '.join(map(str, ranks))}]"
+
+
 class SupervisionError(RuntimeError):
     """A call that can never be answered because the target actor failed or was stopped."""
 
@@ -55,16 +62,25 @@ class SupervisionError(RuntimeError):
 class MeshFailure:
     """A failure of one or more ranks of a mesh, delivered to the mesh's owner. Deliberately not picklable."""
 
-    def __init__(self, mesh_name: str, crashed_ranks: list[int], event: str, mesh: object = None) -> None:
+    def __init__(self, mesh_name: str, crashed_ranks: list[int], event: str, mesh: object = None,
+                 actor_name: str | None = None) -> None:
         self.mesh_name = mesh_name
         self.crashed_ranks = list(crashed_ranks)
         self.event = event
         self.mesh = mesh  # Regent: the failed mesh object when the owner holds it (Monarch leaves None)
+        # the failed actor (or proc) as Monarch names it: `pkg.mod.Class name{'gpus': 0/2}`
+        self.actor_name = actor_name or f"{mesh_name}{{{', '.join(map(str, self.crashed_ranks))}}}"
         self._mesh_id: str | None = None
 
     def report(self) -> str:
-        ranks = ", ".join(str(r) for r in self.crashed_ranks)
-        return f'failure on mesh "{self.mesh_name}" at ranks [{ranks}] with event: {self.event}'
+        """Monarch's failure report: `The actor <name> and all its descendants have failed:` then the
+        error, indented; a failure escalated from a child mesh carries the child's report in it."""
+        detail = self.event
+        own = f"Supervision event: actor {self.actor_name} failed: "
+        if detail.startswith(own):
+            detail = detail[len(own):]
+        body = "\n".join("  " + line if line else line for line in detail.rstrip("\n").split("\n"))
+        return f"The actor {self.actor_name} and all its descendants have failed:\n{body}"
 
     def __str__(self) -> str:
         return f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={self.crashed_ranks}, event={self.event})"

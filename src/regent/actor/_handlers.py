@@ -18,9 +18,19 @@ from regent.actor._errors import format_remote_traceback
 from regent.actor._pickle import loads
 from regent.actor._proc import _controller_local, ensure_self_proc
 from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime
-from regent.actor._spawner import _env, _OneShot, spawner_of
+from regent.actor._spawner import _env, _OneShot, apply_proc_bind, spawner_of
 
 logger = logging.getLogger("regent.actor")
+
+
+_ROOT_CREATOR: list[Instance] = []
+
+
+def root_creator() -> Instance:
+    """The `creator` of actors spawned outside any actor: the root client instance, named "root"."""
+    if not _ROOT_CREATOR:
+        _ROOT_CREATOR.append(Instance(ROOT_KEY, "root", "RootClientActor", ([], [], 0), None))
+    return _ROOT_CREATOR[0]
 
 
 def install_handlers(rt: Runtime) -> None:
@@ -57,7 +67,12 @@ def install_handlers(rt: Runtime) -> None:
             rt.send(owner[0], ("f", mesh_id, rank, text))
             return
         proc = rt.self_proc or ensure_self_proc(rt)
-        creator = rt.cells.get(owner[1]).ctx if owner[1] in rt.cells else None
+        if owner[1] in rt.cells:
+            creator = rt.cells[owner[1]].ctx
+        elif owner[1] == ROOT_KEY:
+            creator = root_creator()  # spawned by a program, outside any actor: Monarch's root instance
+        else:
+            creator = None
         cell = Cell(rt, key, mesh_id, rank, point, name, owner, cls, args, kwargs, is_async, reply, proc, creator)
         rt.cells[key] = cell
         for item in rt.unknown.pop(key, []):
@@ -140,6 +155,8 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
     proc = ensure_self_proc(rt)
     rt.proc_context = Instance(ROOT_KEY, cfg["name"], "Proc", rank, proc)
     try:
+        if cfg.get("bind"):
+            apply_proc_bind(cfg["bind"])  # before the bootstrap, so threads it starts are pinned too
         if bytes(body):
             fn = loads(body, buffers)
             set_current(rt.proc_context, rank)

@@ -18,7 +18,7 @@ from regent.actor._context import current_rank
 from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
 from regent.actor._future import Future
 from regent.actor._pickle import dumps, loads
-from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, get_runtime
+from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
 from regent.actor._transport import encode_env
 
@@ -293,9 +293,11 @@ class ActorMesh(MeshTrait, Generic[R]):
         return f"<ActorMesh {self._ref.name} {self._ref.cls.__qualname__} {self._shape.extent}>"
 
 
-def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None) -> None:
+def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None, what: str = "reference") -> None:
     """Addresses that came with a mesh reference; unknown ones (procs still starting) are asked of
-    `referrer`, the process that pickled the reference, when first needed."""
+    `referrer`, the process that pickled the reference, when first needed. A reference from another job
+    (another secret) raises `ForeignJobError` here, at unpickling, instead of failing at first use."""
+    check_same_job(rt, referrer, what)
 
     def on_loop() -> None:
         if referrer is not None and referrer["id"] != rt.proc_id:
@@ -313,7 +315,7 @@ def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None) -> None:
 def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, owner, shape,
                         referrer=None) -> ActorMesh:
     rt = get_runtime()
-    learn_addresses(rt, infos, referrer)
+    learn_addresses(rt, infos, referrer, "ActorMesh")
     ref = actor_mesh_refs.get((id(rt), mesh_id))
     if ref is None:
         state = MeshState(mesh_id, name, "actor", list(rank_procs), None)
@@ -539,7 +541,7 @@ class Port(Generic[R]):
 
 def _rebuild_port(proc_id: str, port_id: int, index: int | None, info: dict | None,
                   referrer: dict | None = None) -> Port:
-    learn_addresses(get_runtime(), {proc_id: info}, referrer)
+    learn_addresses(get_runtime(), {proc_id: info}, referrer, "Port")
     return Port(proc_id, port_id, index)
 
 

@@ -36,7 +36,7 @@ from regent.actor._runtime import (
     new_id,
 )
 from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
-from regent.actor._spawner import _OneShot, _write_output, spawner_of
+from regent.actor._spawner import _OneShot, _write_output, check_proc_bind, spawner_of
 
 logger = logging.getLogger("regent.actor")
 
@@ -50,6 +50,7 @@ class HostMeshState:
         self.agent_pids: dict[int, str] = {}
         self.shut_down = False
         self.owned = True
+        self.initialized: Future | None = None
 
 
 class HostMesh(MeshTrait):
@@ -65,7 +66,30 @@ class HostMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future:
-        return Future._resolved(None)
+        """Resolves to True once every host of this mesh answers (at once for the local host); fails
+        with the reason when a host cannot be reached."""
+        state = self._state
+        if state.initialized is None:
+            if state.kind == "local":
+                state.initialized = Future._resolved(True)
+            else:
+                rt = get_runtime()
+
+                async def reach(h: int) -> None:
+                    try:
+                        await self._agent(rt, h)
+                    except Exception as exc:  # re-raised naming the host and the fix
+                        raise ConnectionError(
+                            f"host {h} of host mesh {state.name} at {state.addresses[h]} cannot be reached: "
+                            f"{exc!r}; is `regent worker --address ...` running there with this job's secret?"
+                        ) from exc
+
+                async def reach_all() -> bool:
+                    await asyncio.gather(*(reach(h) for h in range(len(state.addresses))))
+                    return True
+
+                state.initialized = rt.submit(reach_all())
+        return state.initialized
 
     @property
     def region(self) -> Extent:
@@ -96,11 +120,13 @@ class HostMesh(MeshTrait):
         for label, size in per_host.items():
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"per_host[{label!r}] must be a positive int, got {size!r}")
+        binds: list[dict] | None = None
         if proc_bind is not None:
             import math
 
             if len(proc_bind) != math.prod(per_host.values()):
                 raise ValueError("proc_bind needs one entry per proc of a host")
+            binds = [check_proc_bind(entry) for entry in proc_bind]
         if bootstrap_command is not None:
             raise NotImplementedError("bootstrap_command is not supported; use env= and bootstrap=")
         rt = get_runtime()
@@ -128,7 +154,7 @@ class HostMesh(MeshTrait):
                     "sys_path": [p for p in sys.path if p],
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
                             "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
-                            "sys_path": [p for p in sys.path if p]},
+                            "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None},
                 })
             specs_by_host.append((host_rank, specs))
 
@@ -162,7 +188,7 @@ class HostMesh(MeshTrait):
                 state.initialized._set_exception(ActorError(exc, f"spawning procs {state.name} failed",
                                                             format_remote_traceback(exc)))
             return
-        state.initialized._set_result(None)
+        state.initialized._set_result(True)
 
     async def _agent(self, rt: Runtime, host_rank: int) -> str:
         pid = self._state.agent_pids.get(host_rank)
@@ -391,10 +417,10 @@ def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, hos
     from regent.actor._mesh import learn_addresses
 
     rt = get_runtime()
-    learn_addresses(rt, infos, referrer)
+    learn_addresses(rt, infos, referrer, "ProcMesh")
     state = ProcMeshState(mesh_id, name, Extent(labels, sizes), list(proc_ids), "", host)
     state.owned = False
-    state.initialized._set_result(None)
+    state.initialized._set_result(True)
     if len(proc_ids) == 1 and proc_ids[0] == rt.proc_id:
         state.is_self = True
     return ProcMesh(state, shape)
@@ -480,7 +506,7 @@ def self_proc_mesh(rt: Runtime, rank: Any = None) -> ProcMesh:
     state = ProcMeshState("self-" + rt.proc_id, "this_proc", extent, [rt.proc_id], ROOT_KEY, None)
     state.is_self = True
     state.owned = False
-    state.initialized._set_result(None)
+    state.initialized._set_result(True)
     return ProcMesh(state, Shape(extent.labels, Slice(0, [], [])))
 
 

@@ -55,7 +55,8 @@ def install_log_prefix() -> None:
     def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
         current = _current.get()
-        if current is not None and config.prefix_python_logs_with_actor:
+        # an empty message stays empty (torch.compile's structured trace logs empty records)
+        if current is not None and config.prefix_python_logs_with_actor and record.msg != "":
             record.msg = f"[actor={current[0]}] {record.msg}"
         return record
 

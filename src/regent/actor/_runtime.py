@@ -34,10 +34,10 @@ from typing import Any
 
 from regent.actor import _future
 from regent.actor._config import config
-from regent.actor._errors import MeshFailure, SupervisionError
+from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
 from regent.actor._future import Future
 from regent.actor._transport import Connection, connect, decode_env, encode_env, listen
-from regent.auth import job_secret_from_env
+from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, job_secret_from_env
 
 logger = logging.getLogger("regent.actor")
 
@@ -112,10 +112,7 @@ class MeshState:
         if self.failed:
             bad = [r for r in ranks if r in self.failed]
             if bad:
-                return (
-                    f'failure on mesh "{self.name}" at ranks [{", ".join(map(str, bad))}] with event: '
-                    f"{self.failed[bad[0]]}"
-                )
+                return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {self.failed[bad[0]]}'
         return None
 
 
@@ -142,7 +139,8 @@ class Runtime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread_id: int | None = None
         self.sock_dir = tempfile.mkdtemp(prefix="regent-")
-        self.info: dict[str, Any] = {"id": proc_id, "machine": machine_id(), "unix": None, "tcp": None}
+        self.info: dict[str, Any] = {"id": proc_id, "machine": machine_id(), "unix": None, "tcp": None,
+                                     "job": fingerprint(self.secret)}
         self.servers: list[Any] = []
         self.routes: dict[str, Connection] = {}
         self.directory: dict[str, dict] = {}
@@ -668,9 +666,12 @@ class Runtime:
                 if proc_id in pm_state.proc_ids and started and not pm_state.stopping \
                         and not owned_actor_mesh_on_proc:
                     rank = pm_state.proc_ids.index(proc_id)
+                    from regent.actor._shape import Point
+
                     self.dispatch_failure(
                         pm_state.owner_key,
-                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm),
+                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm,
+                                    actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}"),
                     )
 
     def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
@@ -684,7 +685,7 @@ class Runtime:
         if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
             return
         state.dispatched.add(rank)
-        failure = MeshFailure(state.name, [rank], event, mesh=state.mesh)
+        failure = MeshFailure(state.name, [rank], event, mesh=state.mesh, actor_name=state.display.get(rank))
         failure._mesh_id = mesh_id
         self.dispatch_failure(state.owner_key, failure)
 
@@ -789,6 +790,26 @@ class Runtime:
             fut.get(timeout + 3)
         except Exception as exc:  # noqa: BLE001 - reported; shutdown is best effort and must not raise
             logger.warning("runtime shutdown did not complete (owned processes may outlive this one): %r", exc)
+
+
+class ForeignJobError(RuntimeError):
+    """A mesh or port reference from a job whose secret this process does not hold: its processes would
+    refuse every connection, so using it could never work."""
+
+
+def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
+    """Raise `ForeignJobError` at once (naming the fix) if `referrer`, the process that pickled a reference,
+    holds another job secret than this process."""
+    theirs = referrer.get("job") if referrer else None
+    if theirs is None or theirs == rt.info["job"]:
+        return
+    raise ForeignJobError(
+        f"this {what} belongs to another job: process {referrer.get('id')} that pickled it holds a different "
+        f"job secret than this process ({rt.proc_id}), so its processes would refuse this process's "
+        f"connections. Give both programs the same secret before either starts: set {SECRET_ENV} to the same "
+        f"hex string (e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`) in both "
+        f"environments, or point {SECRET_FILE_ENV} at one file holding it."
+    )
 
 
 def reply_of(msg: tuple) -> tuple | None:

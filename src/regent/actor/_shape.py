@@ -201,7 +201,11 @@ class Shape:
 
     __slots__ = ("labels", "ndslice")
 
-    def __init__(self, labels: Sequence[str], ndslice: Slice) -> None:
+    def __init__(self, labels: Sequence[str], slice: Slice | None = None, *,  # noqa: A002 - Monarch's keyword
+                 ndslice: Slice | None = None) -> None:
+        if (slice is None) == (ndslice is None):
+            raise TypeError("Shape(labels, slice) needs exactly one Slice (keyword `slice=`, or `ndslice=`)")
+        ndslice = slice if slice is not None else ndslice
         self.labels = list(labels)
         self.ndslice = ndslice
         if len(self.labels) != len(ndslice.sizes):
@@ -232,6 +236,15 @@ class Shape:
             raise TypeError(f"mesh has no dimension {label!r}; dimensions are {self.labels}") from None
 
     def at(self, label: str, index: int) -> Shape:
+        """The shape with dimension `label` fixed at `index` (and removed). As Monarch's: an unknown label
+        or an index outside `0..size-1` (negative ones included) raises ValueError."""
+        if label not in self.labels:
+            raise ValueError(f"Shape has no dimension {label!r}; dimensions are {self.labels}")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"index for {label!r} must be an int, got {type(index).__name__}")
+        size = self.ndslice.sizes[self.labels.index(label)]
+        if not 0 <= index < size:
+            raise ValueError(f"index {index} out of range for dimension {label!r} of size {size}")
         return self.select(label, index)
 
     def select(self, label: str, index: int | slice) -> Shape:

@@ -242,6 +242,87 @@ class LocalSpawner:
         return child.process.pid if child else None
 
 
+# ------------------------------------------------------------------------------------ CPU pinning
+_BIND_KEYS = ("cpus", "physcpubind", "cpunodebind", "membind")
+
+
+def parse_cpu_list(value: Any, what: str) -> list[int]:
+    """`"0-3,6"`, `5`, or `[0, 1]` -> sorted ids; ValueError naming `what` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"proc_bind {what}: expected a CPU list like '0-3,6', got {value!r}")
+    if isinstance(value, int):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise ValueError(f"proc_bind {what}: expected a CPU list like '0-3,6', got {value!r}")
+    ids: set[int] = set()
+    for item in items:
+        try:
+            if isinstance(item, str) and "-" in item:
+                lo, hi = (int(x) for x in item.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                ids.update(range(lo, hi + 1))
+            else:
+                ids.add(int(item))
+        except ValueError:
+            raise ValueError(f"proc_bind {what}: bad entry {item!r} in {value!r} (expected e.g. '0-3,6')") from None
+    if not ids or min(ids) < 0:
+        raise ValueError(f"proc_bind {what}: needs at least one id >= 0, got {value!r}")
+    return sorted(ids)
+
+
+def check_proc_bind(entry: Any) -> dict[str, list[int]]:
+    """Validate one `proc_bind` entry (Monarch's keys); returns it normalized to id lists. `membind` (NUMA
+    memory policy) is refused: Regent pins CPUs only, and a binding that is accepted must be applied."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"proc_bind entries must be dicts like {{'cpus': '0-3'}}, got {entry!r}")
+    unknown = set(entry) - set(_BIND_KEYS)
+    if unknown:
+        raise ValueError(f"proc_bind: unknown keys {sorted(unknown)}; allowed: {list(_BIND_KEYS)}")
+    if "membind" in entry:
+        raise ValueError("proc_bind: 'membind' (NUMA memory binding) is not supported; pin CPUs with 'cpus', "
+                         "'physcpubind' or 'cpunodebind', or set the memory policy in spawn_procs(bootstrap=...)")
+    return {key: parse_cpu_list(value, key) for key, value in entry.items()}
+
+
+def node_cpus(node: int) -> set[int]:
+    path = f"/sys/devices/system/node/node{node}/cpulist"
+    try:
+        with open(path) as f:
+            return set(parse_cpu_list(f.read().strip(), f"cpunodebind node {node}"))
+    except OSError:
+        raise ValueError(f"proc_bind cpunodebind: NUMA node {node} does not exist on this host ({path})") from None
+
+
+def apply_proc_bind(bind: dict[str, list[int]]) -> None:
+    """In a new proc: restrict every thread of this process (and so all it starts later) to the CPUs asked
+    for: `cpus`/`physcpubind` name CPUs, `cpunodebind` NUMA nodes; given together, both must hold."""
+    cpus: set[int] | None = None
+    for key in ("cpus", "physcpubind"):
+        if key in bind:
+            cpus = (cpus or set()) | set(bind[key])
+    if "cpunodebind" in bind:
+        on_nodes = set().union(*(node_cpus(n) for n in bind["cpunodebind"]))
+        cpus = on_nodes if cpus is None else cpus & on_nodes
+    if cpus is None:
+        return
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"proc_bind asks for CPUs {sorted(cpus)}, but this process may only use "
+                         f"{sorted(allowed)} (check the host's CPU count and any cgroup/taskset limit)")
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+
+
 class _OneShot:
     def __init__(self, fut: asyncio.Future) -> None:
         self.fut = fut

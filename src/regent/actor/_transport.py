@@ -166,6 +166,7 @@ class Connection(asyncio.BufferedProtocol):
                 "job's secret (REGENT_JOB_SECRET / --secret-file)"
             )
             self.opened.set_exception(ConnectionError(reason))
+            self.opened.exception()  # marks it retrieved: on the accepting side nobody awaits it (logged above)
         self._on_close(self, exc)
 
     # ---- reading ----

@@ -1,7 +1,8 @@
 """`ProcessJob`: N local `regent worker` processes that simulate N hosts (tests and local runs use it).
 
     job = ProcessJob(hosts=2)
-    hosts = job.host_mesh()                  # HostMesh {"hosts": 2}; also job.state().hosts
+    hosts = job.host_mesh()                  # HostMesh {"hosts": 2}, the same on every call
+    other = job.state().hosts                # a fresh HostMesh on the same workers (Monarch's state())
     procs = hosts.spawn_procs(per_host={"gpus": 2})
     ...
     job.kill()
@@ -104,15 +105,17 @@ class ProcessJob:
         return line.split()[-1]
 
     def state(self, cached_path: str | None = None) -> JobState:
-        """Start if needed and return the host meshes by name."""
+        """Start if needed and return the host meshes by name. As in Monarch, each call attaches anew:
+        the HostMeshes it returns are independent of earlier ones, so `stop()` on one stops only the procs
+        spawned from it (the workers, and procs of other meshes, stay up)."""
         self.apply()
-        assert self._state is not None
-        return self._state
+        return JobState({name: attach_to_workers(self._addresses[name], name=name) for name in self.meshes})
 
     def host_mesh(self, name: str | None = None) -> HostMesh:
-        """The HostMesh of mesh `name` (default: the only/first one)."""
-        state = self.state()
-        return state[name or next(iter(self.meshes))]
+        """The HostMesh of mesh `name` (default: the only/first one); the same object on every call."""
+        self.apply()
+        assert self._state is not None
+        return self._state[name or next(iter(self.meshes))]
 
     def worker_pids(self, name: str | None = None) -> list[int]:
         return [p.pid for p in self._workers.get(name or next(iter(self.meshes)), [])]
