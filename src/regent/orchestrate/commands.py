@@ -58,6 +58,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="your own trainer instead of the built-in Llama 3 one (see regent.orchestrate.user_trainer)")
     p.add_argument("--trainer-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="an option for --trainer's factory (repeatable; strings)")
+    p.add_argument("--engine", choices=["regent", "torchtitan"],
+                   help="torchtitan: TorchTitan's own Trainer in each replica (regent.orchestrate.titan_engine; "
+                        "needs the titan extra and --titan.config)")
+    p.add_argument("--titan.config", dest="titan_config", metavar="NAME|FLAVOR|FILE.toml",
+                   help="--engine torchtitan: a TorchTitan config (llama3_debugmodel, MODULE:FUNCTION), a llama3 "
+                        "flavor (debugmodel) or a TOML file naming one")
+    p.add_argument("--titan.args", dest="titan_args", metavar="'--training.seq_len 256 ...'",
+                   help="--engine torchtitan: TorchTitan CLI overrides (write --titan.args='--a.b 1 ...')")
     p.set_defaults(func=run_train)
 
     r = sub.add_parser("report", help="regenerate report.html and the figures of a run directory")
@@ -120,6 +128,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
         if not sep or not key:
             raise ConfigError(f"--trainer-opt {opt!r}: write it as KEY=VALUE")
         cfg.trainer_options[key] = value
+    _apply_engine(cfg, args)
     _apply_dotted(cfg, extra)
     if cfg.faults.file:
         cfg.faults.enabled = True
@@ -127,6 +136,38 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
         cfg.train.seed = cfg.seed
     validate(cfg)
     return cfg
+
+
+TITAN_TRAINER = "regent.orchestrate.titan_engine:make_trainer"
+
+
+def _apply_engine(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """`--engine torchtitan --titan.config X`: TorchTitan's trainer as a user trainer, refused before launch
+    when TorchTitan does not import here (with how to install it)."""
+    engine = getattr(args, "engine", None)
+    titan_config, titan_args = getattr(args, "titan_config", None), getattr(args, "titan_args", None)
+    if engine != "torchtitan":
+        if titan_config or titan_args:
+            raise ConfigError("--titan.config/--titan.args go with --engine torchtitan")
+        return
+    if cfg.trainer and cfg.trainer != TITAN_TRAINER:
+        raise ConfigError("--engine torchtitan runs TorchTitan's trainer; drop --trainer")
+    cfg.trainer = TITAN_TRAINER
+    if titan_config:
+        cfg.trainer_options["titan.config"] = titan_config
+    if titan_args:
+        cfg.trainer_options["titan.args"] = titan_args
+    if cfg.steps is not None:  # TorchTitan's schedule spans the run
+        cfg.trainer_options["regent.steps"] = str(cfg.steps)
+    if not cfg.trainer_options.get("titan.config"):
+        raise ConfigError("--engine torchtitan needs --titan.config, e.g. --titan.config debugmodel (a llama3 "
+                          "flavor) or llama3_debugmodel (a TorchTitan config)")
+    from regent.orchestrate.titan_engine import TitanUnavailable, check_available
+
+    try:
+        check_available()
+    except TitanUnavailable as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _apply_dotted(cfg: RunConfig, extra: list[str]) -> None:

@@ -234,11 +234,21 @@ def _unshared(optim_state: Mapping[str, Any], optimizer: torch.optim.Optimizer) 
     """The optimizer state to load, with every tensor that is not already this optimizer's own cloned: torch's
     load_state_dict keeps the tensors it is given, and two optimizers sharing moments would update them twice."""
     own = {t.data_ptr() for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
 
-    def fresh(v: Any) -> Any:
-        return v.clone() if isinstance(v, torch.Tensor) and v.data_ptr() not in own else v
+    def fresh(v: Any, param: Any) -> Any:
+        v = v.clone() if isinstance(v, torch.Tensor) and v.data_ptr() not in own else v
+        # An FSDP2 (DTensor) parameter's moments arrive as this rank's local shard (peer transfer sends local
+        # tensors): make them DTensors like the parameter again, or the optimizer step mixes the two kinds.
+        if (hasattr(param, "placements") and isinstance(v, torch.Tensor) and not hasattr(v, "placements")
+                and v.dim() > 0 and v.shape == param.to_local().shape):
+            from torch.distributed.tensor import DTensor
 
-    state = {k: {kk: fresh(vv) for kk, vv in st.items()} for k, st in optim_state["state"].items()}
+            v = DTensor.from_local(v, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+        return v
+
+    state = {k: {kk: fresh(vv, params[k] if isinstance(k, int) and k < len(params) else None)
+                 for kk, vv in st.items()} for k, st in optim_state["state"].items()}
     return {**optim_state, "state": state}
 
 
