@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from regent.orchestrate.config import (
     FAULT_KINDS,
@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.error = _one_line_error  # type: ignore[method-assign]
     p.add_argument("--config", help="TOML file; command-line flags override it")
     p.add_argument("--replicas", type=int, help="replica groups (default 4)")
     p.add_argument("--procs-per-replica", type=int, help="processes (GPUs) per replica group (default 2)")
@@ -72,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("run_dir")
     r.add_argument("--baseline", help="a fault-free run directory to draw for comparison")
     r.set_defaults(func=run_report)
+
+
+def _one_line_error(message: str) -> NoReturn:
+    """argparse's errors for `regent train` as one line, like every other refused input (no usage block)."""
+    print(f"regent train: error: {message}; see `regent train --help`", file=sys.stderr)
+    sys.exit(2)
 
 
 _DIRECT = {
@@ -190,8 +197,11 @@ def _apply_dotted(cfg: RunConfig, extra: list[str]) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from regent.orchestrate.preflight import preflight
+
     try:
         cfg = config_from_args(args, getattr(args, "_extra", []))
+        preflight(cfg)  # this machine: GPUs, data and tokenizer files, the Lighthouse port or address
     except ConfigError as exc:
         print(f"regent train: error: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ fails here, before anything is launched, with a message that names the fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import sys
 import time
@@ -182,23 +183,76 @@ def _field_types(obj: Any) -> dict[str, Any]:
     return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(obj)}
 
 
-def set_option(cfg: RunConfig, dotted: str, value: Any) -> None:
-    """Set `section.key` (or a top-level key) from a string or TOML value, with type checking."""
+def _option_name(dotted: str, toml: bool) -> str:
+    """How the user wrote (or should write) an option: `--ft.sync-every` on the command line, `[ft] sync_every`
+    in a TOML file."""
+    if toml:
+        section, _, key = dotted.rpartition(".")
+        return f"[{section}] {key}" if section else key
+    return "--" + dotted.replace("_", "-")
+
+
+def known_options(cfg: RunConfig) -> list[str]:
+    """Every settable option as `key` or `section.key` (underscored), for suggestions."""
+    names = [k for k in _field_types(cfg) if k not in (*SECTIONS, *_TABLES)]
+    for section in SECTIONS:
+        names += [f"{section}.{k}" for k in _field_types(getattr(cfg, section))]
+    return names
+
+
+def _closest(key: str, cfg: RunConfig) -> str | None:
+    """The known option nearest to an unknown one (a typo, or the right key in another section)."""
+    known = known_options(cfg)
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if match:
+        return match[0]
+    leaf = key.rpartition(".")[2]  # `--sync-every 5` or `--train.sync-every 5`: the key of another section
+    leaves = {name.rpartition(".")[2]: name for name in reversed(known)}
+    match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8)
+    return leaves[match[0]] if match else None
+
+
+def _unknown(cfg: RunConfig, key: str, toml: bool, what: str) -> ConfigError:
+    guess = _closest(key, cfg)
+    name = _option_name(key, toml)
+    if guess is not None:
+        return ConfigError(f"unknown {what} {name}; did you mean {_option_name(guess, toml)}?")
+    section = key.split(".", 1)[0] if "." in key else ""
+    if section in SECTIONS:
+        keys = ", ".join(sorted(_field_types(getattr(cfg, section))))
+        return ConfigError(f"unknown {what} {name}; the keys of [{section}] are {keys}")
+    return ConfigError(f"unknown {what} {name}; sections are {', '.join(SECTIONS)} (see `regent train --help`)")
+
+
+_TABLES = ("job_options", "trainer_options")
+
+
+def set_option(cfg: RunConfig, dotted: str, value: Any, *, toml: bool = False) -> None:
+    """Set `section.key` (or a top-level key) from a string or TOML value, with type checking. An unknown key
+    is refused naming the closest known one; `toml` words the messages for a --config file."""
     key = dotted.replace("-", "_")
     target: Any = cfg
     if key.startswith("job."):  # --job.partition gpu: a job backend option (checked in validate)
         cfg.job_options[key[4:]] = value
         return
+    what = "key" if toml else "option"
     if "." in key:
-        section, key = key.split(".", 1)
+        section, field_name = key.split(".", 1)
         if section not in SECTIONS:
-            raise ConfigError(f"unknown config section {section!r} in --{dotted}; sections are {', '.join(SECTIONS)}")
+            raise _unknown(cfg, key, toml, f"config section {section!r} in" if not toml else "key")
         target = getattr(cfg, section)
+    else:
+        field_name = key
+        if key in SECTIONS:
+            raise ConfigError(f"{_option_name(key, toml)} is a section, not an option; set its keys, e.g. "
+                              f"{_option_name(key + '.' + next(iter(_field_types(getattr(cfg, key)))), toml)}")
+        if key in _TABLES:
+            raise ConfigError(f"{_option_name(key, toml)} is a table; use --job.KEY VALUE / --trainer-opt KEY=VALUE "
+                              f"or a [{key}] table in --config")
     types = _field_types(target)
-    if key not in types:
-        known = ", ".join(sorted(types))
-        raise ConfigError(f"unknown option --{dotted.replace('_', '-')}; known options here: {known}")
-    setattr(target, key, _coerce(value, types[key], f"--{dotted}"))
+    if field_name not in types:
+        raise _unknown(cfg, key, toml, what)
+    setattr(target, field_name, _coerce(value, types[field_name], _option_name(key, toml)))
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -227,10 +281,14 @@ def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
                 raise ConfigError(f"{key} must be a TOML table, e.g. [{key}] name = \"value\"")
             getattr(cfg, key).update(value)
         elif isinstance(value, dict):
+            if key not in SECTIONS:
+                guess = difflib.get_close_matches(key, [*SECTIONS, *_TABLES], n=1, cutoff=0.5)
+                hint = f"did you mean [{guess[0]}]?" if guess else f"tables are {', '.join((*SECTIONS, *_TABLES))}"
+                raise ConfigError(f"unknown table [{key}]; {hint}")
             for sub, v in value.items():
-                set_option(cfg, f"{key}.{sub}", v)
+                set_option(cfg, f"{key}.{sub}", v, toml=True)
         else:
-            set_option(cfg, key, value)
+            set_option(cfg, key, value, toml=True)
 
 
 def validate(cfg: RunConfig) -> None:
@@ -241,8 +299,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("--procs-per-replica must be at least 1")
     if cfg.steps is not None and cfg.steps < 1:
         raise ConfigError("--steps must be a positive number of steps")
-    if cfg.steps is None and (cfg.duration is None or cfg.duration <= 0):
+    if cfg.steps is None and cfg.duration is not None and cfg.duration <= 0:
+        raise ConfigError(f"--duration must be positive, not {cfg.duration:g}s; write it like 180s, 3m or 1h30m")
+    if cfg.steps is None and cfg.duration is None:
         raise ConfigError("give either --steps N or --duration like 180s")
+    _validate_lighthouse(cfg)
     if cfg.recovery not in ("peer", "restart"):
         raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
     if cfg.job not in ("local", "slurm", "k8s", "skypilot"):
@@ -311,6 +372,27 @@ def validate(cfg: RunConfig) -> None:
             section.validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+
+
+def _validate_lighthouse(cfg: RunConfig) -> None:
+    """Sizes and timings the quorum needs: a quorum of `min_replicas` must be possible with `--replicas`."""
+    lc = cfg.lighthouse
+    if lc.min_replicas < 1:
+        raise ConfigError(f"--lighthouse.min-replicas must be at least 1, not {lc.min_replicas}")
+    if not lc.address and cfg.replicas < lc.min_replicas:
+        raise ConfigError(f"--replicas {cfg.replicas} is below --lighthouse.min-replicas {lc.min_replicas}: no "
+                          f"quorum could ever form; pass --replicas {lc.min_replicas} or more, or lower "
+                          "--lighthouse.min-replicas")
+    min_size = getattr(cfg.ft, "min_replica_size", 1)
+    if not cfg.no_ft and cfg.replicas < min_size:
+        raise ConfigError(f"--replicas {cfg.replicas} is below --ft.min-replica-size {min_size}: no step could "
+                          f"ever commit; pass --replicas {min_size} or more, or lower --ft.min-replica-size")
+    for name in ("join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms"):
+        if getattr(lc, name) <= 0:
+            raise ConfigError(f"--lighthouse.{name.replace('_', '-')} must be a positive number of milliseconds, "
+                              f"not {getattr(lc, name)}")
+    if cfg.faults.warmup < 0 or cfg.faults.holdoff < 0:
+        raise ConfigError("--faults.warmup and --faults.holdoff must be zero or positive (for example 20s)")
 
 
 def _validate_fault_knobs(cfg: RunConfig) -> None:

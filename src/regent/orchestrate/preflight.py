@@ -1,0 +1,190 @@
+"""Checks against this machine before `regent train` launches anything: GPUs, files, ports, the Lighthouse.
+
+`config.validate` checks the configuration against itself (pure). `preflight` checks it against the world:
+each problem is one `ConfigError` whose message names the problem and the fix, raised before any process,
+allocation or Lighthouse is started.
+
+- more processes per replica than GPUs this host makes visible (local job on a GPU platform; a CPU run
+  has no GPU limit);
+- a `--train.data` glob that matches no file, a `--train.tokenizer` that is missing or unreadable
+  (local job: on a cluster the trainers read them on their own nodes);
+- a `--lighthouse.bind` port (or the dashboard's, port + 1) already taken on this host;
+- an external `--lighthouse.address` that does not accept a connection within `connect_timeout_s`.
+
+Each check is a plain function with injectable inputs, so tests can call them directly with real sockets.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from pathlib import Path
+
+from regent.orchestrate.config import ConfigError, RunConfig
+
+LIGHTHOUSE_CONNECT_TIMEOUT_S = 3.0
+
+
+def preflight(cfg: RunConfig, *, connect_timeout_s: float = LIGHTHOUSE_CONNECT_TIMEOUT_S) -> None:
+    """Raise `ConfigError` for the first thing on this machine that would make the run fail after launch."""
+    if cfg.job == "local":
+        check_gpus(cfg.procs_per_replica)
+        if not cfg.trainer:
+            check_data(cfg)
+    if cfg.no_ft:
+        return
+    lc = cfg.lighthouse
+    if lc.address:
+        check_lighthouse_reachable(lc.address, connect_timeout_s)
+    else:
+        check_bind_free(lc.bind)
+
+
+def visible_gpus(environ: dict[str, str] | None = None) -> tuple[int, str]:
+    """How many GPUs this process may use, and how that was learned (for the message)."""
+    env = os.environ if environ is None else environ
+    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        value = env.get(name)
+        if value is not None and value.strip() != "":
+            return len([v for v in value.split(",") if v.strip()]), f"{name}={value}"
+    import torch
+
+    return torch.cuda.device_count(), "torch.cuda.device_count()"
+
+
+def check_gpus(procs_per_replica: int) -> None:
+    """One GPU per trainer process on a GPU platform (regent.platform decides; `GPU_PLATFORM=cpu` lifts it)."""
+    from regent import platform
+
+    try:
+        plat = platform.detect_platform()
+    except ValueError as exc:  # a bad GPU_PLATFORM value
+        raise ConfigError(str(exc)) from exc
+    if plat == "cpu":
+        return
+    count, source = visible_gpus()
+    if count == 0:
+        raise ConfigError(f"the platform is {plat} but no GPU is visible ({source}); check the device visibility "
+                          f"variables or run on CPU with {platform.PLATFORM_ENV}=cpu")
+    if procs_per_replica > count:
+        raise ConfigError(f"--procs-per-replica {procs_per_replica} needs {procs_per_replica} GPUs per replica but "
+                          f"this host has {count} visible ({source}); pass --procs-per-replica {count} or fewer, "
+                          f"or run on CPU with {platform.PLATFORM_ENV}=cpu")
+
+
+def check_data(cfg: RunConfig) -> None:
+    """The corpus glob and the tokenizer file the built-in trainer will read."""
+    train = cfg.train
+    if train.data is not None and _spec_reads_data(train.spec):
+        from regent.train.data import corpus_files
+
+        try:
+            corpus_files(train.data)
+        except ValueError as exc:
+            raise ConfigError(f"--train.data: {exc}") from exc
+    if train.tokenizer is not None:
+        path = Path(train.tokenizer).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--train.tokenizer {train.tokenizer} does not exist; pass a tokenizer.json file, or "
+                              "leave it unset for the byte-level tokenizer")
+        from regent.train.data import HFTokenizer
+
+        try:
+            HFTokenizer(str(path))
+        except ValueError as exc:  # the `tokenizers` package is missing
+            raise ConfigError(str(exc)) from exc
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
+            raise ConfigError(f"--train.tokenizer {train.tokenizer} cannot be loaded ({exc}); pass a Hugging Face "
+                              "tokenizer.json file") from exc
+
+
+def _spec_reads_data(spec: str) -> bool:
+    """Whether the model spec reads `--train.data` through the built-in loader (a spec with its own
+    dataloader may give the option another meaning)."""
+    if spec == "llama3":
+        return True
+    from regent.train.spec import get_spec
+
+    return get_spec(spec).build_dataloader is None
+
+
+def split_hostport(text: str, what: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port' or 'http://host:port/' -> (host, port)."""
+    addr = text.strip()
+    for prefix in ("http://", "https://", "grpc://"):
+        addr = addr.removeprefix(prefix)
+    addr = addr.rstrip("/")
+    host, sep, port = addr.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{what} {text!r} is not HOST:PORT; write it like 127.0.0.1:29510")
+    return host, int(port)
+
+
+def check_bind_free(bind: str) -> None:
+    """The Lighthouse's gRPC port and its dashboard (port + 1) must be free on this host (port 0: any)."""
+    host, port = split_hostport(bind, "--lighthouse.bind")
+    if port == 0:
+        return
+    for p, role in ((port, "the Lighthouse's gRPC port"), (port + 1, "the dashboard's port (gRPC port + 1)")):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the Lighthouse binds
+            try:
+                sock.bind((host, p))
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    raise ConfigError(f"--lighthouse.bind {bind}: {host} is not an address of this machine; bind to "
+                                      f"one of its own (127.0.0.1, or 0.0.0.0 for all)") from exc
+                why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+                raise ConfigError(f"--lighthouse.bind {bind}: port {p}, {role}, {why}; pick another port "
+                                  f"(--lighthouse.bind {host or '0.0.0.0'}:0 picks a free one) or stop what holds "
+                                  "it") from exc
+
+
+def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_CONNECT_TIMEOUT_S) -> None:
+    """An external Lighthouse must accept a TCP connection (refused ones are retried until `timeout_s`) and
+    answer a gRPC call as a gRPC server does (an unknown method: UNIMPLEMENTED, or a refusal for a missing
+    secret). Something else on that port (an HTTP server, a proxy) is refused too. TLS (https://) addresses
+    get the TCP check only."""
+    host, port = split_hostport(address, "--lighthouse.address")
+    unreachable = (f"Lighthouse at {address} unreachable after {timeout_s:g} s ({{why}}); is it running there? "
+                   "start it with `regent lighthouse`, fix --lighthouse.address, or drop --lighthouse.address to "
+                   "let this run start its own")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host or "127.0.0.1", port), timeout=max(left, 0.1)):
+                break
+        except OSError as exc:
+            if isinstance(exc, ConnectionRefusedError) and left > 0.2:
+                time.sleep(0.2)
+                continue
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+            raise ConfigError(unreachable.format(why=why)) from exc
+    if not address.strip().startswith("https://"):
+        why = _grpc_probe(f"{host or '127.0.0.1'}:{port}" if ":" not in host else f"[{host}]:{port}",
+                          max(deadline - time.monotonic(), 1.0))
+        if why is not None:
+            raise ConfigError(unreachable.format(why=why))
+
+
+def _grpc_probe(target: str, timeout_s: float) -> str | None:
+    """None when a gRPC server answers at `target`; else why not. The probe calls a method no Lighthouse
+    has, so it changes nothing there (a heartbeat would make the Lighthouse wait for a replica)."""
+    import grpc
+
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary("/torchft.LighthouseService/RegentPreflight")
+        try:
+            call(b"", timeout=timeout_s, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), str(exc.details() or "")
+            if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return f"the port accepts connections but nothing answered gRPC: {details or code.name}"
+            if details.startswith("Received http2 header with status"):  # HTTP without gRPC: not a Lighthouse
+                return f"the port answers HTTP, not the Lighthouse's gRPC ({details})"
+    return None

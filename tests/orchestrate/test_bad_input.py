@@ -1,0 +1,346 @@
+"""Bad input to `regent train` gets one clear line before anything launches, and the job secret never leaks.
+
+Each refused case checks the whole contract: exit code 2, exactly one line on stderr, `regent train: error: `
+then the problem and the fix, no traceback, and no run directory (nothing was launched). Most cases run the
+CLI in-process (`regent.cli.main`); the ones about the world outside (a real file system, real sockets) also
+run the real `regent train` command in a subprocess. The last test runs a short real training job with a
+known secret and looks for it everywhere the run writes or shows.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from regent.cli import main
+from regent.orchestrate.commands import parse_train_argv
+from regent.orchestrate.config import ConfigError
+from regent.orchestrate.preflight import check_bind_free, check_gpus, check_lighthouse_reachable
+
+PREFIX = "regent train: error: "
+QUICK = ["--no-live", "--steps", "3", "--no-faults", "--replicas", "1", "--procs-per-replica", "1"]
+
+
+def _one_line(err: str, run_dir: Path, *fragments: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith(PREFIX) and "Traceback" not in line, line
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert not run_dir.exists(), "a run directory was made: something launched"
+    return line
+
+
+def refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], *fragments: str) -> str:
+    """`regent train ARGV` in-process: exit code 2 and one line naming each fragment."""
+    run_dir = tmp_path / "run"
+    try:
+        code = main(["train", "--run-dir", str(run_dir), *argv])
+    except SystemExit as exc:  # argparse's own errors exit
+        code = exc.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    return _one_line(err, run_dir, *fragments)
+
+
+def refused_by_cli(tmp_path: Path, argv: list[str], *fragments: str, env: dict[str, str] | None = None) -> str:
+    """The real `regent train` command: exit code 2 within seconds, one line on stderr, nothing on stdout."""
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "regent.cli", "train", "--run-dir", str(run_dir), *argv],
+                          env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.stdout == ""
+    assert time.monotonic() - t0 < 60
+    return _one_line(proc.stderr, run_dir, *fragments)
+
+
+# -- the configuration itself -----------------------------------------------------------------------------------
+
+
+def test_bad_toml_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[ft\nsync_every = 3\n")
+    refused_by_cli(tmp_path, ["--config", str(bad), *QUICK], f"config file {bad} is not valid TOML", "line 1")
+
+
+@pytest.mark.parametrize(
+    "toml, fragments",
+    [
+        ("[ft]\nsync_evry = 3\n", ("unknown key [ft] sync_evry", "did you mean [ft] sync_every?")),
+        ("replicsa = 3\n", ("unknown key replicsa", "did you mean replicas?")),
+        ("[train]\nsync_every = 3\n", ("unknown key [train] sync_every", "did you mean [ft] sync_every?")),
+        ("[fx]\nsync_every = 3\n", ("unknown table [fx]", "did you mean [ft]?")),
+        ("ft = 3\n", ("ft is a section, not an option",)),
+    ],
+)
+def test_unknown_toml_key_names_the_closest(tmp_path, capsys, toml, fragments):
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    refused(capsys, tmp_path, ["--config", str(path), *QUICK], f"config file {path}: ", *fragments)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--ft.sync-evry", "3"], ("unknown option --ft.sync-evry", "did you mean --ft.sync-every?")),
+        (["--replcas", "2"], ("unknown option --replcas", "did you mean --replicas?")),
+        (["--sync-every", "2"], ("unknown option --sync-every", "did you mean --ft.sync-every?")),
+        (["--trian.lr", "1e-3"], ("unknown config section 'trian'", "did you mean --train.lr?")),
+        (["--ft.zzz", "1"], ("unknown option --ft.zzz", "the keys of [ft] are", "sync_every")),
+        (["--zzz", "1"], ("unknown option --zzz", "regent train --help")),
+    ],
+)
+def test_unknown_flag_names_the_closest(tmp_path, capsys, argv, fragments):
+    refused(capsys, tmp_path, [*QUICK, *argv], *fragments)
+
+
+def test_unknown_flag_from_the_real_command(tmp_path):
+    refused_by_cli(tmp_path, [*QUICK, "--ft.sync-evry", "3"], "did you mean --ft.sync-every?")
+
+
+def test_argparse_errors_are_one_line_too(tmp_path, capsys):
+    refused(capsys, tmp_path, [*QUICK, "--replicas", "many"], "argument --replicas: invalid int value",
+            "regent train --help")
+    refused(capsys, tmp_path, [*QUICK, "--duration", "3s"], "--duration: not allowed with argument --steps")
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--steps", "0"], ("--steps must be a positive number",)),
+        (["--steps", "-3"], ("--steps must be a positive number",)),
+        (["--duration", "0s"], ("--duration must be positive", "180s")),
+        (["--replicas", "0"], ("--replicas must be at least 1",)),
+        (["--procs-per-replica", "0"], ("--procs-per-replica must be at least 1",)),
+        (["--fault-every", "0s"], ("--fault-every must be positive",)),
+        (["--lighthouse.min-replicas", "0"], ("--lighthouse.min-replicas must be at least 1",)),
+        (["--lighthouse.heartbeat-timeout-ms", "0"], ("--lighthouse.heartbeat-timeout-ms must be a positive",)),
+        (["--faults.warmup", "-5"], ("--faults.warmup and --faults.holdoff must be zero or positive",)),
+        (["--ft.sync-every", "0"], ("--ft.sync-every must be at least 1",)),
+        (["--ft.sync-every", "3", "--ft.fragments", "2"], ("ft.sync_every=3 must be a multiple of ft.fragments=2",)),
+    ],
+)
+def test_non_positive_sizes_and_durations(tmp_path, capsys, argv, fragments):
+    args = [a for a in QUICK if a not in ("--steps", "3")] if "--duration" in argv else QUICK
+    refused(capsys, tmp_path, [*args, *argv], *fragments)
+
+
+def test_replicas_below_min_replicas(tmp_path, capsys):
+    refused(capsys, tmp_path, [*QUICK, "--replicas", "2", "--lighthouse.min-replicas", "3"],
+            "--replicas 2 is below --lighthouse.min-replicas 3", "pass --replicas 3 or more")
+    refused(capsys, tmp_path, [*QUICK, "--replicas", "2", "--ft.min-replica-size", "3"],
+            "--replicas 2 is below --ft.min-replica-size 3", "pass --replicas 3 or more")
+
+
+# -- the machine: GPUs, files, ports, the Lighthouse -------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu_env(monkeypatch):
+    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_more_procs_per_replica_than_gpus(tmp_path, capsys, gpu_env):
+    gpu_env.setenv("GPU_PLATFORM", "cuda")
+    gpu_env.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    refused(capsys, tmp_path, [*QUICK, "--procs-per-replica", "4"],
+            "--procs-per-replica 4 needs 4 GPUs per replica but this host has 2 visible (CUDA_VISIBLE_DEVICES=0,1)",
+            "pass --procs-per-replica 2 or fewer")
+    check_gpus(2)  # as many as there are: fine
+
+
+def test_more_procs_per_replica_than_gpus_from_the_real_command(tmp_path):
+    refused_by_cli(tmp_path, [*QUICK, "--procs-per-replica", "2"], "needs 2 GPUs per replica", "has 1 visible",
+                   env={"GPU_PLATFORM": "cuda", "CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_cpu_has_no_gpu_limit(gpu_env):
+    gpu_env.setenv("GPU_PLATFORM", "cpu")
+    check_gpus(64)
+
+
+def test_missing_data_path(tmp_path):
+    refused_by_cli(tmp_path, [*QUICK, "--train.data", str(tmp_path / "nowhere" / "*.txt")],
+                   "--train.data: data glob", "matched no files", "check the path")
+
+
+def test_missing_or_broken_tokenizer(tmp_path, capsys):
+    refused(capsys, tmp_path, [*QUICK, "--train.tokenizer", str(tmp_path / "tok.json")],
+            f"--train.tokenizer {tmp_path / 'tok.json'} does not exist", "pass a tokenizer.json file")
+    pytest.importorskip("tokenizers")
+    broken = tmp_path / "broken.json"
+    broken.write_text("not json")
+    refused(capsys, tmp_path, [*QUICK, "--train.tokenizer", str(broken)], "cannot be loaded",
+            "Hugging Face tokenizer.json")
+
+
+@pytest.fixture
+def listening() -> socket.socket:
+    """A real TCP listener on loopback that never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+def test_lighthouse_port_in_use(tmp_path, listening):
+    port = listening.getsockname()[1]
+    refused_by_cli(tmp_path, [*QUICK, "--lighthouse.bind", f"127.0.0.1:{port}"],
+                   f"--lighthouse.bind 127.0.0.1:{port}: port {port}, the Lighthouse's gRPC port, is already in use",
+                   "127.0.0.1:0 picks a free one")
+
+
+def test_lighthouse_dashboard_port_in_use(listening):
+    port = listening.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"port {port}, the dashboard's port \(gRPC port \+ 1\), is already"):
+        check_bind_free(f"127.0.0.1:{port - 1}")
+    check_bind_free("127.0.0.1:0")  # any free port: nothing to check
+
+
+def test_lighthouse_bind_to_a_foreign_address():
+    with pytest.raises(ConfigError, match="192.0.2.1 is not an address of this machine"):
+        check_bind_free("192.0.2.1:29510")  # TEST-NET-1: never assigned to a host
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_lighthouse(tmp_path):
+    port = _closed_port()
+    refused_by_cli(tmp_path, [*QUICK, "--lighthouse.address", f"http://127.0.0.1:{port}"],
+                   f"Lighthouse at http://127.0.0.1:{port} unreachable after 3 s (Connection refused)",
+                   "regent lighthouse", "drop --lighthouse.address")
+
+
+def test_lighthouse_address_that_does_not_speak_grpc(listening):
+    port = listening.getsockname()[1]
+    with pytest.raises(ConfigError, match="accepts connections but nothing answered gRPC"):
+        check_lighthouse_reachable(f"127.0.0.1:{port}", timeout_s=1.0)
+
+
+def test_lighthouse_address_that_is_a_plain_http_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ConfigError, match="unreachable"):
+            check_lighthouse_reachable(f"127.0.0.1:{server.server_address[1]}", timeout_s=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_running_lighthouse_passes():
+    from regent.ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    try:
+        check_lighthouse_reachable(lighthouse.address(), timeout_s=5.0)
+        status = lighthouse.status()
+        assert status["heartbeats"] == [] and status["waiting"] == []  # the probe registered nothing
+    finally:
+        lighthouse.shutdown()
+
+
+def test_parse_level_config_needs_no_machine(tmp_path):
+    """parse_train_argv stays pure: an address nobody serves is only checked when the CLI is about to launch."""
+    cfg = parse_train_argv(["--lighthouse.address", f"127.0.0.1:{_closed_port()}", "--no-faults",
+                            "--run-dir", str(tmp_path / "r")])
+    assert cfg.lighthouse.address
+
+
+# -- secrets ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_job_secret_never_leaks(tmp_path, source):
+    """A short real run with a known secret: the secret is in no file of the run directory, not on stdout or
+    stderr (actor logs at DEBUG), in no process's command line, and not on the Lighthouse dashboard."""
+    secret = secrets.token_hex(32)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", REGENT_LOG_LEVEL="DEBUG")
+    env.pop("REGENT_JOB_SECRET", None)
+    env.pop("REGENT_JOB_SECRET_FILE", None)
+    if source == "env":
+        env["REGENT_JOB_SECRET"] = secret
+    else:
+        secret_file = tmp_path / "secret"
+        secret_file.write_text(secret + "\n")
+        secret_file.chmod(0o600)
+        env["REGENT_JOB_SECRET_FILE"] = str(secret_file)
+    needles = [secret.encode(), secret.upper().encode(), bytes.fromhex(secret)]
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "regent.cli", "train", *QUICK, "--model", "debug", "--ft.sync-every", "1",
+         "--run-dir", str(run_dir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+    readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, b"")), daemon=True)
+               for s, b in ((proc.stdout, out), (proc.stderr, err))]
+    for r in readers:
+        r.start()
+    pages: list[bytes] = []
+    leaked_cmdlines: list[str] = []
+    saw_own_cmdline = False  # the scan works: it sees this run's command line
+    deadline = time.monotonic() + 500
+    while proc.poll() is None and time.monotonic() < deadline:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                raw = cmdline.read_bytes()
+            except OSError:  # the process ended meanwhile
+                continue
+            saw_own_cmdline = saw_own_cmdline or str(run_dir).encode() in raw
+            if any(n in raw for n in needles):
+                leaked_cmdlines.append(raw.replace(b"\0", b" ").decode(errors="replace"))
+        found = re.search(rb"dashboard (http://\S+)", b"".join(out))
+        if found:
+            for page in ("", "status.json"):
+                try:
+                    with urllib.request.urlopen(found.group(1).decode() + page, timeout=2) as resp:
+                        pages.append(resp.read())
+                except (urllib.error.URLError, OSError):  # the Lighthouse is not up yet, or already gone
+                    pass
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    for r in readers:
+        r.join(timeout=10)
+    stdout, stderr = b"".join(out), b"".join(err)
+    assert proc.returncode == 0, (stdout[-3000:], stderr[-3000:])
+    assert b"done: 3 steps" in stdout
+
+    assert saw_own_cmdline and not leaked_cmdlines, leaked_cmdlines
+    assert any(b"quorum_id" in p for p in pages), "the dashboard's status was never read"
+    for name, data in (("stdout", stdout), ("stderr", stderr), *((f"dashboard page {i}", p)
+                                                                 for i, p in enumerate(pages))):
+        assert not any(n in data for n in needles), f"the job secret appears in {name}"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {"events.jsonl", "config.json", "summary.json", "metrics.jsonl"} <= {p.name for p in files}
+    for path in files:
+        data = path.read_bytes()
+        assert not any(n in data for n in needles), f"the job secret appears in {path}"
