@@ -111,6 +111,10 @@ class ProcessJob:
         self.apply()
         return JobState({name: attach_to_workers(self._addresses[name], name=name) for name in self.meshes})
 
+    def describe(self) -> str:
+        """A short human name for logs and events, as the scheduler-backed jobs have."""
+        return f"local job ({', '.join(f'{n}: {k} host(s)' for n, k in self.meshes.items())})"
+
     def host_mesh(self, name: str | None = None) -> HostMesh:
         """The HostMesh of mesh `name` (default: the only/first one); the same object on every call."""
         self.apply()

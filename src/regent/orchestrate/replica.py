@@ -259,7 +259,11 @@ class ReplicaActor(Actor):
                     plan.gpus_per_host or 0, plan.gpus_reason)
         try:
             await asyncio.to_thread(job.start)
-            host = await asyncio.to_thread(job.host_mesh, plan.timeout_s)
+            from regent.jobs.base import Job
+
+            # a scheduler's allocation may wait in a queue (bounded); local worker processes start at once
+            host = await asyncio.to_thread(job.host_mesh, plan.timeout_s) if isinstance(job, Job) else \
+                await asyncio.to_thread(job.host_mesh)
         except BaseException:
             await asyncio.to_thread(job.kill)  # a pending or half-started allocation must not leak
             raise
