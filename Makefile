@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	@sh scripts/ensure_slurm.sh
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
