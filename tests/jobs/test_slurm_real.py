@@ -5,7 +5,6 @@ Skipped with a reason when SLURM is not installed or its controller does not ans
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,23 +14,9 @@ from pathlib import Path
 import pytest
 
 from regent.jobs.base import SECRET_ENV, JobError, JobFailedError, JobTimeoutError
-from regent.jobs.slurm import SlurmJob
+from regent.jobs.slurm import SlurmJob, unavailable_reason
 
-
-def _slurm_ready() -> str | None:
-    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        return "SLURM is not installed (run .ci/install_slurm.sh as root)"
-    try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo does not answer: {exc}"
-    states = proc.stdout.split()
-    if proc.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in states):
-        return f"no usable SLURM node (sinfo: {proc.stdout.strip() or proc.stderr.strip()})"
-    return None
-
-
-_REASON = _slurm_ready()
+_REASON = unavailable_reason()  # one check, shared with the other real-SLURM tests
 pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pytest.mark.slow]
 
 
@@ -183,7 +168,7 @@ def test_sbatch_rejection_is_a_job_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kill_on_exit", [True, False])
 def test_controller_exit_releases_the_allocation_unless_told_not_to(tmp_path: Path, kill_on_exit: bool) -> None:
     code = (
-        "from regent.jobs.slurm import SlurmJob\n"
+        "from regent.jobs.slurm import SlurmJob, unavailable_reason\n"
         f"job = SlurmJob(1, secret='ab12', shared_dir={str(tmp_path)!r}, sbatch_args=['--begin=now+1hour'])\n"
         f"job.kill_on_exit = {kill_on_exit}\n"
         "job.start()\n"
