@@ -43,6 +43,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ft_bench import free_port_pair  # noqa: E402 - the sibling benchmark's helper (stdlib-only imports)
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
@@ -135,21 +138,6 @@ class H2Client:
 
 
 # ---- the server under test ------------------------------------------------------------------------------------------
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free (the Lighthouse's dashboard listens on P + 1)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
 
 
 def start_lighthouse(port: int, src: str | None, profile: str | None) -> subprocess.Popen:
