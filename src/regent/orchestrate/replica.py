@@ -193,6 +193,7 @@ class ReplicaActor(Actor):
             self.emit("restart_started", action=action.value, backoff_s=backoff,
                       failed_starts=self.policy.failed_starts)
             await self._stop_trainers()
+            t_stopped = time.time()
             if backoff > 0:  # the last start failed before making progress too: do not spin
                 await asyncio.sleep(backoff)
             if action is Action.REALLOCATE:
@@ -204,15 +205,20 @@ class ReplicaActor(Actor):
                     self._on_failure(gen, f"allocation failed: {exc}", traceback.format_exc())
                     return
             gen = self.policy.restart_finished()
+            t_spawn = time.time()
             try:
                 await self._start_attempt()
             except Exception as exc:  # noqa: BLE001 - reported: could not even spawn, counted as another failure of this generation
                 self._on_failure(gen, f"restart failed: {exc!r}", traceback.format_exc())
                 return
+            t_spawned = time.time()
             await self._wait_ready(gen)
             self.last_restart_seconds = time.time() - t0
+            # where the restart's time went: stopping the failed mesh, spawning the new one, building the models
+            phases = {"stop": t_stopped - t0, "spawn": t_spawned - t_spawn, "build": time.time() - t_spawned}
             self.emit("restart_done", generation=gen, seconds=self.last_restart_seconds,
-                      warm_spare=bool(self.cfg.warm_spares), action=action.value)
+                      warm_spare=bool(self.cfg.warm_spares), action=action.value,
+                      phases={k: round(v, 3) for k, v in phases.items()})
 
     async def _wait_ready(self, gen: int, timeout: float = 300.0) -> None:
         """Until every new trainer has its model built (processes started, torch imported, CUDA up), so that
