@@ -159,3 +159,36 @@ def test_rendezvous_with_a_peer_that_never_comes_is_given_up_on_abort_or_timeout
     assert torch.equal(t, torch.full((3,), 2.0))
     for g in (group, peer, impatient):
         g.shutdown()
+
+
+def test_an_abort_while_an_operation_is_issued_fails_it_at_once():
+    """A peer reported dead between `_current()` and the registration of the operation: the operation must
+    fail with that reason now, not wait out the timeout for a peer that will never answer."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    base = f"127.0.0.1:{store.port}"
+    peer = subprocess.Popen(
+        [sys.executable, str(PEER), "30.0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    group = ReplicatedGroup("gloo", timeout=30.0, connect_timeout=30)
+    try:
+        peer.stdin.write(f"configure {base}/regent/1/0\n")
+        peer.stdin.flush()
+        group.configure(f"{base}/regent/1/0", "me", 0, 2)
+        assert peer.stdout.readline().strip() == "configured"
+        t = torch.ones(4)
+
+        def issue(pg):  # the peer never joins this allreduce: only the abort can release us
+            group.abort(RuntimeError("peer replica_1 reported failed"), wait=False, fail_pending=True)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            return pg.allreduce([t], opts)
+
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="reported failed"):
+            group._run("allreduce", issue, [t]).wait()
+        assert time.monotonic() - start < 15  # well inside the 30 s timeout it used to wait out
+    finally:
+        peer.kill()
+        group.shutdown()

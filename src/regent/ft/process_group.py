@@ -451,8 +451,15 @@ class ReplicatedGroup:
 
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
         with self._lock:
-            if generation == self._generation:
+            aborted_meanwhile = generation != self._generation
+            if not aborted_meanwhile:
                 self._inflight[op] = fail_now
+            reason = self._error
+        if aborted_meanwhile and reason is not None and self.backend != "nccl":
+            # The group failed while this operation was being issued (a peer reported dead between
+            # `_current()` and here): `abort(fail_pending=True)` could not see it, and it would wait out the
+            # full timeout for a peer that is gone (a 20 s survivor stall in the session-7 soak).
+            fail_now(reason)
 
         def on_done(fut: torch.futures.Future) -> None:
             _WATCHDOG.cancel(token)
