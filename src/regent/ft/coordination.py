@@ -18,6 +18,7 @@ from regent.ft.lighthouse_client import LighthouseClient
 from regent.ft.manager import ManagerServer, _result_from_proto, _rpc_error
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.recovery import QuorumResult
+from regent.ft.rpc_security import Security, TLSFiles
 from regent.ft.types import Quorum, QuorumMember, to_seconds
 
 __all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServer", "Quorum", "QuorumMember",
@@ -27,10 +28,14 @@ __all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServ
 class ManagerClient:
     """A client of one replica group's ManagerServer (TorchFT's `ManagerClient(addr, connect_timeout)`)."""
 
-    def __init__(self, addr: str, connect_timeout: datetime.timedelta | float = 60.0) -> None:
+    def __init__(self, addr: str, connect_timeout: datetime.timedelta | float = 60.0, *,
+                 secret: bytes | None = None, tls: TLSFiles | None = None) -> None:
+        """`secret` / `tls` (Regent): the job secret each call proves and the TLS files; None takes the
+        environment (`regent.ft.rpc_security`), `b""` / `TLSFiles()` turn them off."""
+        https = addr.strip().startswith("https://")
         self._addr = addr.removeprefix("http://").removeprefix("https://")
         self._connect_timeout = to_seconds(connect_timeout)
-        self._channel = grpc.insecure_channel(self._addr)
+        self._channel = Security.resolve(secret, tls).channel(self._addr, force_tls=https)
         self._stub = torchft_pb2_grpc.ManagerServiceStub(self._channel)
 
     def _call(self, what: str, method: Any, request: Any, timeout: datetime.timedelta | float) -> Any:

@@ -9,8 +9,13 @@ What it supports: unary methods registered by full path (`/package.Service/Metho
 bytes and the call's deadline (`time.monotonic()` seconds, or None) and returns the response bytes, either
 directly or as an awaitable. It raises `RpcStatusError` to answer with a non-OK status. The `grpc-timeout`
 header is honoured (DEADLINE_EXCEEDED), RST_STREAM and lost connections cancel the handler's task, unknown
-methods get UNIMPLEMENTED. Flow control is honoured in both directions. No TLS, no compression, no streaming
-methods: the control plane needs none of them.
+methods get UNIMPLEMENTED. Flow control is honoured in both directions. No compression, no streaming methods:
+the control plane needs none of them.
+
+Security (both optional): `authenticate(path, headers, peer)` runs on every call's request headers before the
+request is even read; a non-None answer ends the call with UNAUTHENTICATED and that message, and the handler
+never runs (`regent.ft.rpc_security.lite_authenticator` checks the job secret's proof). `ssl` (an
+`ssl.SSLContext` with ALPN "h2", `TLSFiles.server_context()`) serves TLS through asyncio's own TLS transport.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import enum
 import logging
 import socket
+import ssl as _ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -100,6 +106,8 @@ class RpcStatusError(Exception):
 
 
 Handler = Callable[[bytes, "float | None"], "bytes | Awaitable[bytes]"]
+# (path, request headers, peer 'host:port') -> None to serve the call, else the UNAUTHENTICATED message.
+Authenticator = Callable[[bytes, "list[tuple[bytes, bytes]]", str], "str | None"]
 
 
 # ---- encoding helpers -------------------------------------------------------------------------------------------
@@ -224,12 +232,16 @@ class _Connection(asyncio.Protocol):
         self._header_cache: dict[tuple[int, bytes], list[tuple[bytes, bytes]]] = {}
         self._table_generation = 0
         self._closing = False
+        self._peer = "?"
 
     # ---- asyncio.Protocol --------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._server._connections.add(self)
+        peername = transport.get_extra_info("peername")
+        if peername:
+            self._peer = f"{peername[0]}:{peername[1]}"
         settings = struct.pack(
             ">HIHIHI",
             SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS,
@@ -415,6 +427,13 @@ class _Connection(asyncio.Protocol):
         if method != b"POST" or not content_type.startswith(b"application/grpc"):
             self._finish(stream, StatusCode.INVALID_ARGUMENT, "not a gRPC request (POST, content-type application/grpc)")
             return
+        authenticate = self._server.authenticate
+        if authenticate is not None:
+            refusal = authenticate(stream.path, headers, self._peer)
+            if refusal is not None:
+                # Before the body is read and before the handler runs: a refused call changes nothing.
+                self._finish(stream, StatusCode.UNAUTHENTICATED, refusal)
+                return
         if end_stream:
             stream.ended = True
             self._dispatch(stream)
@@ -671,8 +690,12 @@ class Server:
     """Serves registered unary handlers on one TCP port from the running asyncio loop."""
 
     def __init__(
-        self, handlers: dict[str, Handler] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE
+        self, handlers: dict[str, Handler] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE,
+        authenticate: Authenticator | None = None, ssl: _ssl.SSLContext | None = None,
     ) -> None:
+        """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext)."""
+        self.authenticate = authenticate
+        self._ssl = ssl
         self._handlers: dict[bytes, Handler] = {}
         for path, handler in (handlers or {}).items():
             self.add_unary(path, handler)
@@ -694,12 +717,17 @@ class Server:
         loop = asyncio.get_running_loop()
         if host == "::":
             self._server = await loop.create_server(lambda: _Connection(self), sock=dual_stack_socket(port),
-                                                    backlog=1024)
+                                                    backlog=1024, ssl=self._ssl, **self._tls_kwargs())
         else:
             self._server = await loop.create_server(
-                lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024
+                lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024, ssl=self._ssl,
+                **self._tls_kwargs()
             )
         return self._server.sockets[0].getsockname()[1]
+
+    def _tls_kwargs(self) -> dict[str, float]:
+        # A client that connects and never finishes its TLS handshake is dropped after this long.
+        return {"ssl_handshake_timeout": 10.0} if self._ssl is not None else {}
 
     async def stop(self) -> None:
         """Stop listening, end calls in flight with UNAVAILABLE, and close every connection with GOAWAY."""

@@ -28,8 +28,14 @@ Differences from TorchFT, on purpose:
   heartbeat or request, and `forget_replicas` (used by Regent's orchestrator when it sees a process die)
   retires ids at once: survivors do not wait `heartbeat_timeout_ms` for a dead incarnation (`regent.ft.quorum`).
 
-The dashboard's kill action is unauthenticated, like TorchFT's: keep the Lighthouse on loopback or a trusted
-network (the default bind is 127.0.0.1).
+Who may call (`regent.ft.rpc_security`): with a job secret (`secret=`, else `$REGENT_JOB_SECRET` /
+`$REGENT_JOB_SECRET_FILE`; `regent train` gives every process one) every gRPC call must carry a fresh proof of
+it, or is refused with UNAUTHENTICATED before it touches any state; both server implementations check it. With
+TLS files (`tls=`, else `$REGENT_FT_TLS_*`) gRPC and the dashboard are served over TLS (the dashboard as
+HTTPS, without client certificates) and `address()` says https://. The dashboard never shows the secret. Its
+kill action, unauthenticated in TorchFT, needs an `X-Regent-Auth` header made with the secret
+(`rpc_security.dashboard_kill_headers`) when the Lighthouse has one; without a secret it is open, as in
+TorchFT: then keep the Lighthouse on loopback or a trusted network (the default bind is 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from regent.ft import grpc_lite
+from regent.ft import grpc_lite, rpc_security
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
     LighthouseState,
@@ -257,16 +263,24 @@ class LighthouseServer:
         heartbeat_timeout_ms: int = 5000,
         state_file: str | os.PathLike[str] | None = None,
         server: str = "lite",
+        secret: bytes | None = None,
+        tls: rpc_security.TLSFiles | None = None,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
         again at 1, and managers could meet an id they already used (a stale rendezvous prefix).
 
         `server` picks the gRPC implementation: "lite" (default, `regent.ft.grpc_lite`, the fast one) or
-        "grpcio" (grpcio's asyncio server, kept for comparison)."""
+        "grpcio" (grpcio's asyncio server, kept for comparison). Both serve TLS and check the secret.
+
+        `secret` / `tls`: who may call and over what (see the module docstring); None takes the environment,
+        `b""` / `TLSFiles()` turn them off."""
         if server not in SERVER_KINDS:
             raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
         self._server_kind = server
+        self._security = rpc_security.Security.resolve(secret, tls)
+        self._verifier = (rpc_security.CallVerifier(self._security.secret, "Lighthouse")
+                          if self._security.secret else None)
         self._opts = QuorumOptions(
             min_replicas=min_replicas,
             join_timeout_ms=join_timeout_ms,
@@ -303,18 +317,19 @@ class LighthouseServer:
         )
         self._http_thread.start()
         logger.info(
-            "Lighthouse serving gRPC at %s, dashboard at %s (%s)", self.address(), self.dashboard_url(), self._opts
+            "Lighthouse serving gRPC at %s, dashboard at %s (%s; %s)", self.address(), self.dashboard_url(),
+            self._opts, self._security.describe()
         )
 
     # ---- public API ---------------------------------------------------------------------------------------
 
     def address(self) -> str:
         """The gRPC address for clients and managers: 'http://host:port'."""
-        return f"http://{format_hostport(advertised_host(self._host), self._grpc_port)}"
+        return f"{self._security.scheme}://{format_hostport(advertised_host(self._host), self._grpc_port)}"
 
     def dashboard_url(self) -> str:
         """The HTTP dashboard: gRPC port + 1."""
-        return f"http://{format_hostport(advertised_host(self._host), self._http_port())}/"
+        return f"{self._security.scheme}://{format_hostport(advertised_host(self._host), self._http_port())}/"
 
     @property
     def port(self) -> int:
@@ -323,6 +338,11 @@ class LighthouseServer:
     @property
     def options(self) -> QuorumOptions:
         return self._opts
+
+    @property
+    def refused_calls(self) -> int:
+        """gRPC calls refused for a missing or wrong proof of the job secret (0 without a secret)."""
+        return self._verifier.refused if self._verifier is not None else 0
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot: current quorum, waiting participants, heartbeats, and the next-quorum reason."""
@@ -400,17 +420,33 @@ class LighthouseServer:
     def _make_http_server(self, port: int) -> ThreadingHTTPServer:
         cls = _DashboardHTTPServer6 if ":" in self._host else _DashboardHTTPServer
         handler = type("_BoundDashboardHandler", (_DashboardHandler,), {"lighthouse": self})
-        return cls((self._host, port), handler)
+        http = cls((self._host, port), handler)
+        if self._security.tls.enabled:
+            try:
+                # HTTPS without client certificates (a browser has none); the handshake runs in each
+                # connection's own thread (do_handshake_on_connect=False), so a silent client blocks no one.
+                ctx = self._security.tls.server_context(alpn=("http/1.1",), require_client_cert=False)
+                http.socket = ctx.wrap_socket(http.socket, server_side=True, do_handshake_on_connect=False)
+            except BaseException:
+                http.server_close()
+                raise
+        return http
 
     async def _create_grpc_server(self, port: int) -> None:
+        security = self._security
         if self._server_kind == "lite":
-            lite = grpc_lite.Server(_lite_handlers(self))
+            lite = grpc_lite.Server(
+                _lite_handlers(self),
+                authenticate=rpc_security.lite_authenticator(self._verifier) if self._verifier is not None else None,
+                ssl=security.tls.server_context() if security.tls.enabled else None)
             await lite.start(self._host, port)
             self._server = lite
             return
-        server = aio.server(options=SERVER_OPTIONS)
+        interceptors = ([rpc_security.AioCheckingInterceptor(self._verifier)] if self._verifier is not None
+                        else [])
+        server = aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         server.add_generic_rpc_handlers((_service_handler(self),))
-        bound = server.add_insecure_port(format_hostport(self._host, port))
+        bound = security.add_port(server, format_hostport(self._host, port))
         if bound != port:
             raise OSError(f"gRPC bound port {bound}, wanted {port}")
         self._server = server
@@ -674,7 +710,7 @@ class LighthouseServer:
         for prefix in ("http://", "https://"):
             if target.startswith(prefix):
                 target = target[len(prefix) :]
-        with grpc.insecure_channel(target) as channel:
+        with self._security.channel(target) as channel:
             stub = torchft_pb2_grpc.ManagerServiceStub(channel)
             try:
                 stub.Kill(torchft_pb2.KillRequest(msg=msg), timeout=KILL_TIMEOUT_S)
@@ -733,6 +769,17 @@ class _DashboardHandler(BaseHTTPRequestHandler):
             self._send_json(HTTPStatus.NOT_FOUND, {"error": "POST /replica/<replica_id>/kill is the only action"})
             return
         replica_id = unquote(match.group("rid"))
+        verifier = self.lighthouse._verifier
+        if verifier is not None:
+            method = rpc_security.dashboard_kill_method(replica_id)
+            refusal = verifier.check(method, self.headers.get(rpc_security.DASHBOARD_AUTH_HEADER),
+                                     self.address_string())
+            if refusal is not None:
+                self._send_json(HTTPStatus.UNAUTHORIZED, {
+                    "error": f"{refusal}; this Lighthouse has a job secret, so a kill needs the "
+                             f"{rpc_security.DASHBOARD_AUTH_HEADER} header "
+                             "(regent.ft.rpc_security.dashboard_kill_headers)"})
+                return
         try:
             note = self.lighthouse.kill_replica(replica_id)
         except KeyError as err:

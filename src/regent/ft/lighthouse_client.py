@@ -10,8 +10,13 @@ channel itself redials with the same short backoff, so one channel serves across
 Unlike TorchFT's client, the constructor does not dial: an unreachable Lighthouse is reported by the first
 call, after `connect_timeout` (or the call's own timeout, if shorter).
 
+Security (`regent.ft.rpc_security`): with a job secret (`secret=`, else `$REGENT_JOB_SECRET`) every call,
+and every retry, carries a fresh proof of it; a Lighthouse without a secret ignores it, so this client works
+against TorchFT's. With TLS files (`tls=`, else `$REGENT_FT_TLS_*`), or an https:// address, the channel is TLS.
+
 Errors: DEADLINE_EXCEEDED / CANCELLED -> TimeoutError; unreachable -> ConnectionError naming the address and
-the fix; anything else -> RuntimeError.
+the fix; UNAUTHENTICATED (wrong or missing secret) -> `regent.auth.AuthenticationError`, at once, not retried; anything else ->
+RuntimeError.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Any, TypeVar
 
 import grpc
 
+from regent.auth import AuthenticationError
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.rpc_security import Security, TLSFiles
 from regent.ft.types import Quorum, QuorumMember, to_seconds
 
 logger = logging.getLogger(__name__)
@@ -71,7 +78,11 @@ def next_backoff(current: float) -> float:
 class LighthouseClient:
     """Blocking, thread-safe client. One channel, reused across calls and across Lighthouse restarts."""
 
-    def __init__(self, addr: str, connect_timeout: timedelta | float = 60) -> None:
+    def __init__(self, addr: str, connect_timeout: timedelta | float = 60, *, secret: bytes | None = None,
+                 tls: TLSFiles | None = None) -> None:
+        """`secret` / `tls`: None takes the environment; `b""` / `TLSFiles()` turn them off."""
+        self._https = addr.strip().startswith("https://")
+        self._security = Security.resolve(secret, tls)
         self._target = normalize_address(addr)
         self._connect_timeout = to_seconds(connect_timeout)
         self._lock = threading.Lock()
@@ -86,7 +97,7 @@ class LighthouseClient:
     def _connect(self) -> torchft_pb2_grpc.LighthouseServiceStub:
         with self._lock:
             if self._stub is None:
-                self._channel = grpc.insecure_channel(self._target, options=CHANNEL_OPTIONS)
+                self._channel = self._security.channel(self._target, CHANNEL_OPTIONS, force_tls=self._https)
                 self._stub = torchft_pb2_grpc.LighthouseServiceStub(self._channel)
             return self._stub
 
@@ -183,6 +194,9 @@ class LighthouseClient:
                     raise TimeoutError(
                         f"Lighthouse {name} at {self._target} timed out after {timeout_s:.3g} s: {detail}"
                     ) from None
+                if code == grpc.StatusCode.UNAUTHENTICATED:
+                    raise AuthenticationError(
+                        f"Lighthouse {name} at {self._target} refused this process: {detail}") from None
                 if code != grpc.StatusCode.UNAVAILABLE:
                     raise RuntimeError(f"Lighthouse {name} at {self._target} failed: {code}: {detail}") from None
                 now = time.monotonic()

@@ -46,6 +46,7 @@ from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import group_name
 from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, QuorumResult, compute_quorum_results
+from regent.ft.rpc_security import Security, TLSFiles
 from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, StreamTransport, local_view
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,11 @@ class _LocalCall:
 
 
 class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
-    """TorchFT's ManagerService for one replica group: quorum aggregation, commit barrier, kill, heartbeats."""
+    """TorchFT's ManagerService for one replica group: quorum aggregation, commit barrier, kill, heartbeats.
+
+    With a job secret (`secret=`, else `$REGENT_JOB_SECRET`) every call must carry a fresh proof of it
+    (`regent.ft.rpc_security`), checked before any handler runs; with TLS files (`tls=`, else
+    `$REGENT_FT_TLS_*`) it serves TLS. Its own Lighthouse client uses the same."""
 
     def __init__(
         self,
@@ -127,6 +132,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         quorum_retries: int = 0,
         *,
         store_addr: str | None = None,
+        secret: bytes | None = None,
+        tls: TLSFiles | None = None,
     ) -> None:
         from regent.ft.lighthouse_client import LighthouseClient
 
@@ -140,7 +147,9 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self.quorum_retries = quorum_retries
         self._lighthouse_addr = lighthouse_addr
         self._connect_timeout = connect_timeout
-        self._client = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout)
+        self.security = Security.resolve(secret, tls)
+        self._client = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout,
+                                        secret=self.security.secret or b"", tls=self.security.tls)
         self._cond = threading.Condition()
         self._quorum_round = _Round()
         self._commit_round = _Round()
@@ -158,10 +167,11 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
         self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
         self._server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr")
+            concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr"),
+            interceptors=self.security.server_interceptors("ManagerServer"),
         )
         torchft_pb2_grpc.add_ManagerServiceServicer_to_server(self, self._server)
-        port = self._server.add_insecure_port(bind or f"{hostname}:0")
+        port = self.security.add_port(self._server, bind or f"{hostname}:0")
         if port == 0:
             raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'}; set hostname/port")
         self._address = f"{hostname}:{port}"
@@ -169,7 +179,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="regent-heartbeat", daemon=True)
         self._heartbeat_thread.start()
-        logger.info("ManagerServer %s for %s at %s", replica_id, lighthouse_addr, self._address)
+        logger.info("ManagerServer %s for %s at %s (%s)", replica_id, lighthouse_addr, self._address,
+                    self.security.describe())
 
     def address(self) -> str:
         return self._address
@@ -525,6 +536,8 @@ class Manager:
         self._recover_calls = 0
         self._before_withdraw: list[Callable[[], Any]] = []
         self._group_store = self._make_group_store(store_addr, store_port)
+        # Who may call the control plane (the job secret, TLS): from the environment, like TorchFT's settings.
+        self._security = Security.resolve()
         if self.group_rank == 0:
             if not lighthouse_addr:
                 raise ValueError(
@@ -544,12 +557,14 @@ class Manager:
                 heartbeat_interval=heartbeat_interval,
                 connect_timeout=self.connect_timeout,
                 quorum_retries=quorum_retries,
+                secret=self._security.secret or b"",
+                tls=self._security.tls,
             )
             self._group_store.set(_MANAGER_ADDR_KEY, self._server.address())
             self._group_store.set(_REPLICA_ID_KEY, full_id)
         self._manager_addr = self._group_store.get(_MANAGER_ADDR_KEY).decode()
         self.replica_id = self._group_store.get(_REPLICA_ID_KEY).decode()
-        self._channel = grpc.insecure_channel(self._manager_addr)
+        self._channel = self._security.channel(self._manager_addr)
         self._stub = torchft_pb2_grpc.ManagerServiceStub(self._channel)
         logger.info("Manager %s group rank %d/%d ready", self.replica_id, self.group_rank, self.group_world_size)
 
@@ -765,7 +780,7 @@ class Manager:
 
     def _fetch_early(self, plan: dict[str, Any]) -> Any:
         assert self._committed_transport is not None
-        with grpc.insecure_channel(plan["address"]) as channel:
+        with self._security.channel(plan["address"]) as channel:
             stub = torchft_pb2_grpc.ManagerServiceStub(channel)
             try:
                 reply = stub.CheckpointMetadata(
@@ -1008,7 +1023,7 @@ class Manager:
         )
 
     def _donor_metadata(self, donor_manager_addr: str) -> str:
-        with grpc.insecure_channel(donor_manager_addr) as channel:
+        with self._security.channel(donor_manager_addr) as channel:
             stub = torchft_pb2_grpc.ManagerServiceStub(channel)
             try:
                 reply = stub.CheckpointMetadata(

@@ -1,0 +1,388 @@
+"""Who may call the control plane: the job secret on every gRPC call, and TLS when certificates are given.
+
+Why: the Lighthouse and every replica's ManagerServer take calls that change training (join a quorum, vote a
+commit, kill a replica). On a shared network anyone who can reach the port could do that. Two independent
+defences, each optional:
+
+**The job secret** (`regent.auth`: `$REGENT_JOB_SECRET` or `$REGENT_JOB_SECRET_FILE`; `regent train` gives one
+to every process, so it is on there by default). Every call carries the metadata entry
+
+    regent-auth: v1:<unix ms>:<nonce, 32 hex>:<HMAC-SHA256(secret, label + method + ms, nonce), hex>
+
+The server refuses, with UNAUTHENTICATED and before the handler runs (so nothing changes), a call whose entry
+is missing or malformed, whose MAC is wrong (another secret, or made for another method), whose time is more
+than `CLOCK_WINDOW_S` from its own clock, or whose nonce it already accepted (a replay; nonces are remembered
+for as long as their time is inside the window, and only after the MAC checked out, so only holders of the
+secret can fill that memory). Each refused peer host is logged once (a warning), later refusals from it at
+DEBUG. Without a secret nothing is required, and a client with a secret still talks to a server without one
+(the extra metadata entry is ignored): plain TorchFT clients and servers work as before.
+
+The secret proves who calls; it does not hide or protect the traffic. Without TLS an on-path attacker can read
+the calls and, racing the real caller, use a proof it saw once. Use TLS on networks you do not trust.
+
+**TLS** (`TLSFiles`; env `REGENT_FT_TLS_CERT`, `REGENT_FT_TLS_KEY`, `REGENT_FT_TLS_CA`,
+`REGENT_FT_TLS_SERVER_NAME`; `regent train`: `--ft.tls-cert` etc.). Servers present `cert`/`key`; a server
+given a `ca` also requires client certificates signed by it (mutual TLS). Clients verify the server against
+`ca` (or the system's roots), present `cert`/`key` when they have them, and check the server's certificate
+against `server_name` when set (one certificate for every host of a job), else against the host they dial.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import logging
+import os
+import secrets
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from regent import auth
+
+logger = logging.getLogger(__name__)
+
+AUTH_KEY = "regent-auth"
+AUTH_KEY_BYTES = AUTH_KEY.encode()
+VERSION = "v1"
+# How far a call's time may be from the server's clock (seconds). Clusters keep clocks within milliseconds
+# (NTP); a recorded call is useless once it is older than this.
+CLOCK_WINDOW_S = 30.0
+# Refused peers whose first refusal was logged as a warning; beyond this many, refusals go to DEBUG only.
+MAX_LOGGED_PEERS = 4096
+_LABEL = b"regent-grpc-call-v1 "
+
+TLS_CERT_ENV = "REGENT_FT_TLS_CERT"
+TLS_KEY_ENV = "REGENT_FT_TLS_KEY"
+TLS_CA_ENV = "REGENT_FT_TLS_CA"
+TLS_SERVER_NAME_ENV = "REGENT_FT_TLS_SERVER_NAME"
+# "0" turns the secret off for the control plane even when the process has a job secret.
+RPC_AUTH_ENV = "REGENT_FT_RPC_AUTH"
+
+
+def call_mac(secret: bytes, method: str, ms: int, nonce: str) -> str:
+    """The MAC of one call: bound to the method, the time and the nonce (`regent.auth.proof`)."""
+    return auth.proof(secret, _LABEL + method.encode() + b" " + str(ms).encode(), nonce.encode()).hex()
+
+
+def make_token(secret: bytes, method: str, now: float | None = None) -> str:
+    """A fresh `regent-auth` value for one call of `method` ('/package.Service/Method')."""
+    ms = int((time.time() if now is None else now) * 1000)
+    nonce = secrets.token_hex(16)
+    return f"{VERSION}:{ms}:{nonce}:{call_mac(secret, method, ms, nonce)}"
+
+
+class CallVerifier:
+    """Server side: checks `regent-auth` values (thread-safe) and remembers accepted nonces (no replays)."""
+
+    def __init__(self, secret: bytes, what: str = "server", window_s: float = CLOCK_WINDOW_S) -> None:
+        self._secret = secret
+        self._what = what
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._order: collections.deque[tuple[int, str]] = collections.deque()
+        self._logged: set[str] = set()
+        self.accepted = 0
+        self.refused = 0
+
+    def verify(self, method: str, token: str | bytes | None, now: float | None = None) -> str | None:
+        """None when the call may run (its nonce is then spent), else why it is refused."""
+        if token is None:
+            return "no regent-auth metadata (the caller has no job secret)"
+        if isinstance(token, bytes):
+            try:
+                token = token.decode("ascii")
+            except UnicodeDecodeError:
+                return "malformed regent-auth metadata"
+        parts = token.split(":")
+        if len(parts) != 4 or parts[0] != VERSION or not parts[1].isdigit() or len(parts[2]) != 32 \
+                or len(parts[3]) != 64:
+            return "malformed regent-auth metadata"
+        _, ms_text, nonce, mac = parts
+        ms = int(ms_text)
+        now = time.time() if now is None else now
+        if abs(now - ms / 1000.0) > self.window_s:
+            return (f"call time {ms / 1000.0:.3f} is {now - ms / 1000.0:+.1f} s from this server's clock "
+                    f"(window {self.window_s:g} s): a replay or a skewed clock")
+        if not hmac.compare_digest(mac, call_mac(self._secret, method, ms, nonce)):
+            return "wrong proof (another job secret, or made for another method)"
+        cutoff = int((now - self.window_s) * 1000)
+        with self._lock:
+            order = self._order
+            while order and order[0][0] < cutoff:
+                self._seen.discard(order.popleft()[1])
+            if nonce in self._seen:
+                return "replayed proof (nonce already used)"
+            self._seen.add(nonce)
+            order.append((ms, nonce))
+            self.accepted += 1
+        return None
+
+    def refuse(self, peer: str, method: str, reason: str) -> str:
+        """Count and log a refusal (a warning once per peer host, then DEBUG); returns the client's message."""
+        host = peer_host(peer)
+        with self._lock:
+            self.refused += 1
+            first = host not in self._logged and len(self._logged) < MAX_LOGGED_PEERS
+            if first:
+                self._logged.add(host)
+        log = logger.warning if first else logger.debug
+        log("%s refused %s from %s: %s%s", self._what, method, host, reason,
+            "; further refusals from this host are logged at DEBUG" if first else "")
+        return (f"{self._what} requires the job secret: {reason}; set {auth.SECRET_ENV} or {auth.SECRET_FILE_ENV} "
+                "to the job's secret")
+
+    def check(self, method: str, token: str | bytes | None, peer: str) -> str | None:
+        """`verify`, and `refuse` on failure: None or the UNAUTHENTICATED message."""
+        reason = self.verify(method, token)
+        return None if reason is None else self.refuse(peer, method, reason)
+
+    @property
+    def remembered(self) -> int:
+        """Nonces held now (memory use: accepted calls within the window)."""
+        return len(self._seen)
+
+
+def peer_host(peer: str) -> str:
+    """'ipv4:1.2.3.4:5678' / 'ipv6:[::1]:5678' / '1.2.3.4:5678' -> the host part (refusals are logged per host:
+    each connection has a new port)."""
+    for prefix in ("ipv4:", "ipv6:"):
+        peer = peer.removeprefix(prefix)
+    host, sep, port = peer.rpartition(":")
+    host = host if sep and port.isdigit() else peer
+    return host.strip("[]").replace("%5B", "").replace("%5D", "")
+
+
+# ---- TLS --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM paths for TLS (see the module docstring); all None: no TLS."""
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    server_name: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert or self.key or self.ca)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> TLSFiles:
+        env = os.environ if environ is None else environ
+        return cls(env.get(TLS_CERT_ENV) or None, env.get(TLS_KEY_ENV) or None, env.get(TLS_CA_ENV) or None,
+                   env.get(TLS_SERVER_NAME_ENV) or None)
+
+    def validate(self) -> None:
+        """Fail early with the fix: cert and key go together, and every named file must be readable."""
+        if bool(self.cert) != bool(self.key):
+            raise ValueError(f"TLS needs both a certificate and its key ({TLS_CERT_ENV} / {TLS_KEY_ENV}, "
+                             "--ft.tls-cert / --ft.tls-key); only one was given")
+        for name, path in (("certificate", self.cert), ("key", self.key), ("CA bundle", self.ca)):
+            if path and not os.access(path, os.R_OK):
+                raise ValueError(f"TLS {name} {path} is missing or unreadable")
+
+    def _read(self, path: str | None) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """grpcio server credentials; a CA means client certificates are required (mutual TLS)."""
+        self._need_server_pair()
+        ca = self._read(self.ca)
+        return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))], root_certificates=ca,
+                                           require_client_auth=ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self._read(self.ca), private_key=self._read(self.key),
+                                            certificate_chain=self._read(self.cert))
+
+    def server_context(self, alpn: Sequence[str] = ("h2",), require_client_cert: bool | None = None) -> ssl.SSLContext:
+        """A server-side `ssl.SSLContext` (the lean gRPC server and the dashboard). gRPC needs ALPN "h2"."""
+        self._need_server_pair()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert, self.key)  # type: ignore[arg-type]
+        if alpn:
+            ctx.set_alpn_protocols(list(alpn))
+        require = self.ca is not None if require_client_cert is None else require_client_cert
+        if self.ca:
+            ctx.load_verify_locations(self.ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED if require else ssl.CERT_NONE
+        return ctx
+
+    def _need_server_pair(self) -> None:
+        if not (self.cert and self.key):
+            raise ValueError(f"a TLS server needs a certificate and its key ({TLS_CERT_ENV} / {TLS_KEY_ENV}); "
+                             f"got cert={self.cert!r} key={self.key!r}")
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+# ---- what a process uses --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Security:
+    """The secret (None: calls are not authenticated) and TLS files of one server or client."""
+
+    secret: bytes | None = None
+    tls: TLSFiles = field(default_factory=TLSFiles)
+
+    @classmethod
+    def resolve(cls, secret: bytes | None = None, tls: TLSFiles | None = None) -> Security:
+        """Arguments win; None takes the environment (the job secret unless `REGENT_FT_RPC_AUTH=0`; the
+        `REGENT_FT_TLS_*` files). `secret=b""` / `tls=TLSFiles()` turn either off explicitly."""
+        if secret is None and os.environ.get(RPC_AUTH_ENV, "1").strip().lower() not in ("0", "false", "off", "no"):
+            secret = auth.job_secret_from_env()
+        tls = TLSFiles.from_env() if tls is None else tls
+        tls.validate()
+        return cls(secret or None, tls)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls.enabled else "http"
+
+    def describe(self) -> str:
+        """For logs: what protects this endpoint (never the secret itself)."""
+        parts = ["job secret" if self.secret else "no secret", "TLS" if self.tls.enabled else "no TLS"]
+        if self.tls.enabled and self.tls.ca and self.tls.cert:
+            parts[-1] = "mutual TLS"
+        return ", ".join(parts)
+
+    # -- clients --
+    def channel(self, target: str, options: Sequence[tuple[str, Any]] | None = None,
+                force_tls: bool = False) -> grpc.Channel:
+        """A channel to `target` ('host:port'): TLS when configured (or `force_tls`, e.g. an https:// address:
+        then the system's roots verify the server), every call signed when a secret is set."""
+        opts = list(options or [])
+        if self.tls.enabled or force_tls:
+            channel = grpc.secure_channel(target, self.tls.channel_credentials(), options=opts + self.tls.channel_options())
+        else:
+            channel = grpc.insecure_channel(target, options=opts)
+        if self.secret:
+            channel = grpc.intercept_channel(channel, _SigningInterceptor(self.secret))
+        return channel
+
+    def sign(self, method: str) -> list[tuple[str, str]]:
+        """Metadata for one call (for code that calls without `channel`); empty without a secret."""
+        return [(AUTH_KEY, make_token(self.secret, method))] if self.secret else []
+
+    # -- grpcio servers --
+    def server_interceptors(self, what: str) -> list[grpc.ServerInterceptor]:
+        return [CheckingInterceptor(CallVerifier(self.secret, what))] if self.secret else []
+
+    def aio_server_interceptors(self, what: str) -> list[aio.ServerInterceptor]:
+        return [AioCheckingInterceptor(CallVerifier(self.secret, what))] if self.secret else []
+
+    def add_port(self, server: Any, address: str) -> int:
+        """Bind `server` (grpcio, sync or asyncio) to `address`, with TLS when configured."""
+        if self.tls.enabled:
+            return server.add_secure_port(address, self.tls.server_credentials())
+        return server.add_insecure_port(address)
+
+
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                             "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class _SigningInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Adds a fresh `regent-auth` entry to every unary call (each retry signs anew)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def intercept_unary_unary(self, continuation: Callable, details: grpc.ClientCallDetails, request: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        metadata = list(details.metadata or ())
+        metadata.append((AUTH_KEY, make_token(self._secret, method)))
+        return continuation(_CallDetails(details.method, details.timeout, metadata, details.credentials,
+                                         getattr(details, "wait_for_ready", None),
+                                         getattr(details, "compression", None)), request)
+
+
+def _token_of(metadata: Any) -> str | None:
+    for item in metadata or ():
+        key, value = item
+        if key == AUTH_KEY:
+            return value
+    return None
+
+
+class CheckingInterceptor(grpc.ServerInterceptor):
+    """grpcio (threads): refuse unauthenticated calls before their handler; the request is never parsed."""
+
+    def __init__(self, verifier: CallVerifier) -> None:
+        self.verifier = verifier
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        reason = self.verifier.verify(details.method, _token_of(details.invocation_metadata))
+        if reason is None:
+            return continuation(details)
+        verifier, method = self.verifier, details.method
+
+        def refuse(request: bytes, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, verifier.refuse(context.peer(), method, reason))
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class AioCheckingInterceptor(aio.ServerInterceptor):
+    """grpcio (asyncio): as `CheckingInterceptor`."""
+
+    def __init__(self, verifier: CallVerifier) -> None:
+        self.verifier = verifier
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        reason = self.verifier.verify(details.method, _token_of(details.invocation_metadata))
+        if reason is None:
+            return await continuation(details)
+        verifier, method = self.verifier, details.method
+
+        async def refuse(request: bytes, context: aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, verifier.refuse(context.peer(), method, reason))
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def lite_authenticator(verifier: CallVerifier) -> Callable[[bytes, list[tuple[bytes, bytes]], str], str | None]:
+    """The `authenticate` hook of `regent.ft.grpc_lite.Server`: (path, headers, peer) -> None or the refusal."""
+
+    def authenticate(path: bytes, headers: list[tuple[bytes, bytes]], peer: str) -> str | None:
+        token = None
+        for name, value in headers:
+            if name == AUTH_KEY_BYTES:
+                token = value
+                break
+        return verifier.check(path.decode("ascii", "replace"), token, peer)
+
+    return authenticate
+
+
+# ---- the dashboard's one action ----------------------------------------------------------------------------
+
+DASHBOARD_AUTH_HEADER = "X-Regent-Auth"
+
+
+def dashboard_kill_method(replica_id: str) -> str:
+    """What a dashboard kill's proof is bound to (so it kills only the replica it names)."""
+    return f"dashboard:kill:{replica_id}"
+
+
+def dashboard_kill_headers(secret: bytes | None, replica_id: str) -> dict[str, str]:
+    """Headers for `POST /replica/<id>/kill` on a Lighthouse that has a job secret."""
+    return {DASHBOARD_AUTH_HEADER: make_token(secret, dashboard_kill_method(replica_id))} if secret else {}
