@@ -2,6 +2,11 @@
 
 Flags match `torchft_lighthouse` (its underscore spellings are accepted too). The default bind is loopback;
 serve other hosts with `--bind 0.0.0.0:29510` (or `[::]:29510`). The dashboard is on the gRPC port + 1.
+
+Security (`regent.ft.rpc_security`): with a job secret (`--secret-file`, else `$REGENT_JOB_SECRET` /
+`$REGENT_JOB_SECRET_FILE`) every gRPC call must prove it; without one the Lighthouse is open, as TorchFT's.
+`--tls-cert/--tls-key` (and `--tls-ca` for mutual TLS; env `REGENT_FT_TLS_*`) serve gRPC and the dashboard
+over TLS.
 """
 
 from __future__ import annotations
@@ -52,6 +57,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--server", choices=("lite", "grpcio"), default="lite",
         help="gRPC server: lite (Regent's lean HTTP/2 server, default) or grpcio (grpcio's asyncio server)",
     )
+    parser.add_argument(
+        "--secret-file", default=None,
+        help="file holding the job secret every call must prove (default: $REGENT_JOB_SECRET or "
+             "$REGENT_JOB_SECRET_FILE; none: calls are not authenticated)",
+    )
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (env REGENT_FT_TLS_CERT)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert (env REGENT_FT_TLS_KEY)")
+    parser.add_argument("--tls-ca", default=None,
+                        help="PEM CA bundle: require client certificates signed by it (env REGENT_FT_TLS_CA)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.set_defaults(func=run_lighthouse)
     return parser
@@ -62,9 +76,16 @@ def run_lighthouse(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s [lighthouse] %(message)s",
     )
+    from regent.auth import read_secret_file
     from regent.ft.lighthouse import LighthouseServer
+    from regent.ft.rpc_security import TLSFiles
 
     try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+        tls = None
+        if args.tls_cert or args.tls_key or args.tls_ca:
+            env = TLSFiles.from_env()
+            tls = TLSFiles(args.tls_cert or env.cert, args.tls_key or env.key, args.tls_ca or env.ca, env.server_name)
         server = LighthouseServer(
             bind=args.bind,
             min_replicas=args.min_replicas,
@@ -73,6 +94,8 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             state_file=args.state_file,
             server=args.server,
+            secret=secret,
+            tls=tls,
         )
     except (OSError, ValueError) as err:
         print(f"regent lighthouse: {err}", file=sys.stderr)

@@ -45,6 +45,31 @@ class FTConfig:
     # DiLoCo: a sync that fails because a replica died is retried at once with the survivors (this many times)
     # instead of rolling every replica back to the last global parameters.
     sync_retries: int = 2
+    # Who may call the control plane (regent.ft.rpc_security). rpc_auth: every gRPC call to the Lighthouse and
+    # the ManagerServers proves the job secret that `regent train` gives each process (False: calls go
+    # unauthenticated, e.g. for tools without the secret). tls_*: PEM files (same as $REGENT_FT_TLS_CERT,
+    # _KEY, _CA, _SERVER_NAME): servers present cert/key, a CA makes them require client certificates
+    # signed by it, clients verify servers against the CA and check `tls_server_name` when set (one
+    # certificate for every host). Unset: no TLS.
+    rpc_auth: bool = True
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
+
+    def rpc_env(self) -> dict[str, str]:
+        """The environment that carries `rpc_auth` and the TLS files to the processes `regent train` starts
+        (the Lighthouse and every trainer read it through `rpc_security.Security.resolve`)."""
+        from regent.ft import rpc_security
+
+        env = {rpc_security.RPC_AUTH_ENV: "1" if self.rpc_auth else "0"}
+        for name, path in ((rpc_security.TLS_CERT_ENV, self.tls_cert), (rpc_security.TLS_KEY_ENV, self.tls_key),
+                           (rpc_security.TLS_CA_ENV, self.tls_ca)):
+            if path:
+                env[name] = os.path.abspath(os.path.expanduser(path))
+        if self.tls_server_name:
+            env[rpc_security.TLS_SERVER_NAME_ENV] = self.tls_server_name
+        return env
 
     def validate(self) -> None:
         """Fail before launch with a message that names the fix."""
@@ -80,6 +105,13 @@ class FTConfig:
                 raise ValueError(f"ft.{name} must be > 0 seconds")
         if self.backend not in (None, "gloo", "nccl", "rccl"):
             raise ValueError(f"ft.backend={self.backend!r}: use gloo, nccl, rccl or leave unset")
+        from regent.ft.rpc_security import TLSFiles
+
+        paths = [os.path.expanduser(p) if p else None for p in (self.tls_cert, self.tls_key, self.tls_ca)]
+        try:
+            TLSFiles(*paths).validate()
+        except ValueError as err:
+            raise ValueError(f"ft.tls_*: {err}") from None
 
 
 _ENV = {

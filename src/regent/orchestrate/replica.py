@@ -101,6 +101,7 @@ class ReplicaActor(Actor):
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "REGENT_REPLICA": str(self.index),
             "REGENT_GENERATION": str(gen),
+            **cfg.ft.rpc_env(),  # the control plane's secret check and TLS files (regent.ft.rpc_security)
         }
         from regent.orchestrate.trainer_actor import TrainerActor
 

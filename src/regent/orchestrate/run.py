@@ -270,7 +270,9 @@ class OrchestrationManager:
         from regent.orchestrate.lighthouse_actor import LighthouseActor
 
         cfg, lc = self.cfg, self.cfg.lighthouse
-        procs = this_host().spawn_procs(per_host={"lighthouse": 1})
+        # rpc_env: the Lighthouse checks the job secret (which every spawned process has) and serves TLS as
+        # --ft.rpc-auth / --ft.tls-* say (regent.ft.rpc_security).
+        procs = this_host().spawn_procs(per_host={"lighthouse": 1}, env=cfg.ft.rpc_env())
         self._lh_procs.append(procs)
         actor = procs.spawn("lighthouse", LighthouseActor)
         self._lh_actors.append(actor)
