@@ -102,6 +102,8 @@ from regent.actor._proc import (
 )
 from regent.actor._runtime import ForeignJobError
 from regent.actor._shape import Extent, Point, Shape, Slice
+from regent.actor._spawner import BootstrapCommand, default_bootstrap_cmd
+from regent.actor.commands import run_worker_loop_forever
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
@@ -128,6 +130,7 @@ def shutdown_context() -> Future:
 __all__ = [
     "Accumulator",
     "Actor",
+    "BootstrapCommand",
     "ActorError",
     "ActorMesh",
     "Channel",
@@ -154,8 +157,10 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "endpoint",
     "get_or_spawn_controller",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
     "this_host",

@@ -17,8 +17,8 @@ from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
 from regent.actor._pickle import loads
 from regent.actor._proc import _controller_local, ensure_self_proc
-from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime
-from regent.actor._spawner import _env, _OneShot, apply_proc_bind, spawner_of
+from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime, exit_gracefully
+from regent.actor._spawner import LOG_SYNC_MARK, _env, _OneShot, apply_proc_bind, spawner_of
 
 logger = logging.getLogger("regent.actor")
 
@@ -112,7 +112,19 @@ def install_handlers(rt: Runtime) -> None:
     def h_host_shutdown(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         logger.warning("worker %s shutting down at its controller's request", rt.proc_id)
         spawner_of(rt).kill_all()
-        rt.loop.call_later(0.2, os._exit, 0)
+        rt.loop.call_later(0.2, exit_gracefully, 0)
+
+    def h_log_level(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        """ProcMesh.logging_option: set the root logger's level, then mark this point in both output streams
+        (the client applies its new forwarding mode once every proc's marks came through its pipes)."""
+        _, level, token, reply = msg
+        logging.getLogger().setLevel(level)
+        mark = f"{LOG_SYNC_MARK}{token}\n".encode()
+        for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+            with contextlib.suppress(Exception):  # a closed or redirected stream: the client stops waiting for it
+                stream.flush()
+                os.write(fd, mark)
+        rt.send_reply(reply, OK, None)
 
     def h_goc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         _, name, reply = msg
@@ -130,7 +142,8 @@ def install_handlers(rt: Runtime) -> None:
 
     rt.handlers.update(m=h_msg, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
                        stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
-                       host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc)
+                       host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc,
+                       log_level=h_log_level)
 
 
 async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
@@ -198,10 +211,7 @@ async def stop_self(rt: Runtime, reply: tuple | None) -> None:
     if rt.spawner is not None:
         rt.spawner.kill_all()
     await asyncio.sleep(0.05)
-    with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report, the process exits anyway
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(0)
+    exit_gracefully(0)  # atexit handlers and finalizers run; the interpreter is not torn down (see there)
 
 
 async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:

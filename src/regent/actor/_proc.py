@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,9 +37,19 @@ from regent.actor._runtime import (
     new_id,
 )
 from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
-from regent.actor._spawner import _OneShot, _write_output, check_proc_bind, spawner_of
+from regent.actor._spawner import (
+    LOG_SYNC_MARK,
+    BootstrapCommand,
+    _OneShot,
+    _write_output,
+    check_proc_bind,
+    default_bootstrap_cmd,
+    spawner_of,
+)
+from regent.actor._transport import split_address
 
 logger = logging.getLogger("regent.actor")
+LOG_SYNC_TIMEOUT = 5.0  # how long logging_option waits for procs' earlier output to drain through the pipes
 
 
 # ============================================================================================ hosts
@@ -51,18 +62,48 @@ class HostMeshState:
         self.shut_down = False
         self.owned = True
         self.initialized: Future | None = None
+        self.stream_logs = True  # proc meshes spawned here start forwarding their output to the client
+
+
+def dial_address(address: str) -> str:
+    """The address to dial for a worker given in any of Monarch's forms (`URL`, `URL@BIND`, `ID@URL[@BIND]`)."""
+    dial, _ = split_address(address)
+    if dial.startswith("tcp://*"):
+        raise NotImplementedError(f"tcp://* addresses are not supported ({address!r}); give the worker's host")
+    return dial
 
 
 class HostMesh(MeshTrait):
     """Hosts that can start procs. `this_host()` is the local machine (no dimensions); meshes from
     `attach_to_workers` or a job have one dimension `{"hosts": N}`."""
 
-    def __init__(self, state: HostMeshState, shape: Shape) -> None:
+    def __init__(self, state: HostMeshState, shape: Shape, python: str | None = None) -> None:
         self._state = state
         self._shape = shape
+        self._python = python  # with_python_executable: the interpreter procs spawned from this view run
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return HostMesh(self._state, shape)
+        return HostMesh(self._state, shape, self._python)
+
+    @property
+    def stream_logs(self) -> bool:
+        """Whether proc meshes spawned here start with their stdout/stderr forwarded to this client
+        (`ProcMesh.logging_option` changes it per proc mesh). True for every Regent host mesh."""
+        return self._state.stream_logs
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Always False: every Regent host mesh starts real OS processes (there is no in-process host)."""
+        return False
+
+    def with_python_executable(self, python: str) -> HostMesh:
+        """This host mesh, but procs spawned from the result run under `python` (a path, or a name looked up
+        on PATH when spawning) as `python -m regent.actor._proc_main`. That interpreter must be able to import
+        regent and its dependencies (install them there, or pass `env={"PYTHONPATH": ...}` to `spawn_procs`).
+        Warm spares run this process's interpreter, so such procs are always started cold."""
+        if not isinstance(python, (str, os.PathLike)) or not str(python):
+            raise TypeError(f"with_python_executable needs the interpreter's path, got {python!r}")
+        return HostMesh(self._state, self._shape, os.fspath(python))
 
     @property
     def initialized(self) -> Future:
@@ -127,15 +168,15 @@ class HostMesh(MeshTrait):
             if len(proc_bind) != math.prod(per_host.values()):
                 raise ValueError("proc_bind needs one entry per proc of a host")
             binds = [check_proc_bind(entry) for entry in proc_bind]
-        if bootstrap_command is not None:
-            raise NotImplementedError("bootstrap_command is not supported; use env= and bootstrap=")
         rt = get_runtime()
         owner_key = context().actor_instance.key
         extent = Extent(host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values()))
+        commands = self._commands(bootstrap_command, extent)
         name = name or new_id("procs")
         mesh_id = new_id("pm")
         proc_ids = [f"{name}-{mesh_id[3:9]}-{r}" for r in range(extent.nelements)]
         state = ProcMeshState(mesh_id, name, extent, proc_ids, owner_key, self)
+        state.logs = LogRouter(rt, self._state.stream_logs)
         mesh = ProcMesh(state, Shape.from_extent(extent))
         bootstrap_body = dumps(bootstrap)[0] if bootstrap is not None else b""
         per_host_n = extent.nelements // max(host_extent.nelements, 1)
@@ -152,6 +193,7 @@ class HostMesh(MeshTrait):
                     "gpu_index": i if "gpus" in per_host else None,
                     "label": label,
                     "sys_path": [p for p in sys.path if p],
+                    "command": commands[r],
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
                             "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
                             "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None},
@@ -168,14 +210,31 @@ class HostMesh(MeshTrait):
         _register_owned(rt, owner_key, mesh)
         return mesh
 
+    def _commands(self, bootstrap_command: Any, extent: Extent) -> list[dict | None]:
+        """The bootstrap command of every proc (None: Regent's default, which may claim a warm spare)."""
+        if bootstrap_command is None:
+            if self._python is None:
+                return [None] * extent.nelements
+            bootstrap_command = default_bootstrap_cmd(self._python)
+        out: list[dict | None] = []
+        for r in range(extent.nelements):
+            cmd = bootstrap_command(Point(r, extent)) if callable(bootstrap_command) else bootstrap_command
+            if isinstance(cmd, (list, tuple)) and cmd and all(isinstance(a, (str, os.PathLike)) for a in cmd):
+                cmd = BootstrapCommand(program=os.fspath(cmd[0]), args=[os.fspath(a) for a in cmd[1:]])
+            if not isinstance(cmd, BootstrapCommand):
+                raise TypeError("bootstrap_command must be a BootstrapCommand (see default_bootstrap_cmd()), an "
+                                f"argv list, or a function of the proc's Point returning one; got {cmd!r}")
+            out.append(cmd.to_spec())
+        return out
+
     async def _spawn_all(self, rt: Runtime, state: ProcMeshState, specs_by_host: list, bootstrap: bytes) -> None:
         try:
             if self._state.kind == "local":
                 spawner = spawner_of(rt)
                 specs = [s for _, host_specs in specs_by_host for s in host_specs]
-                await spawner.spawn(specs, bootstrap, rt.proc_gone, _write_output, release=True)
+                await spawner.spawn(specs, bootstrap, rt.proc_gone, state.logs, release=True)
             else:
-                await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap)
+                await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap, state.logs)
                                        for host_rank, specs in specs_by_host))
         except BaseException as exc:  # noqa: BLE001 - reported through `initialized`, not supervision
             state.stopping = True
@@ -190,17 +249,28 @@ class HostMesh(MeshTrait):
             return
         state.initialized._set_result(True)
 
+    async def _address(self, host_rank: int) -> str:
+        """The worker address of a host; a `Future[str]` given to `attach_to_workers` is awaited here."""
+        address = self._state.addresses[host_rank]
+        if isinstance(address, Future):
+            address = await address
+            if not isinstance(address, str):
+                raise TypeError(f"the Future given for host {host_rank} resolved to {address!r}, not an address")
+            self._state.addresses[host_rank] = address
+        return address
+
     async def _agent(self, rt: Runtime, host_rank: int) -> str:
         pid = self._state.agent_pids.get(host_rank)
         if pid is not None and pid in rt.routes:
             return pid
-        pid = await rt.connect_address(self._state.addresses[host_rank])
+        pid = await rt.connect_address(dial_address(await self._address(host_rank)))
         self._state.agent_pids[host_rank] = pid
         return pid
 
-    async def _spawn_remote(self, rt: Runtime, host_rank: int, specs: list[dict], bootstrap: bytes) -> None:
+    async def _spawn_remote(self, rt: Runtime, host_rank: int, specs: list[dict], bootstrap: bytes,
+                            output: Callable[[str, str, str], None]) -> None:
         agent = await self._agent(rt, host_rank)
-        events = HostEvents(rt)
+        events = HostEvents(rt, output)
         fut = rt.loop.create_future()
         port = rt.new_port(_OneShot(fut))
         try:
@@ -267,7 +337,9 @@ class HostMesh(MeshTrait):
         return rt.submit(run())
 
     def __reduce__(self):
-        return (_rebuild_host_mesh, (self._state.kind, self._state.addresses, self._state.name, self._shape))
+        addresses = [a.get() if isinstance(a, Future) else a for a in self._state.addresses]
+        return (_rebuild_host_mesh, (self._state.kind, addresses, self._state.name, self._shape, self._python,
+                                     self._state.stream_logs))
 
     async def __aenter__(self) -> HostMesh:
         return self
@@ -280,10 +352,12 @@ class HostMesh(MeshTrait):
         return f"<HostMesh {self._state.name} {self._shape.extent}>"
 
 
-def _rebuild_host_mesh(kind: str, addresses: list[str], name: str, shape: Shape) -> HostMesh:
+def _rebuild_host_mesh(kind: str, addresses: list[str], name: str, shape: Shape, python: str | None = None,
+                       stream_logs: bool = True) -> HostMesh:
     state = HostMeshState(kind, addresses, name)
     state.owned = False
-    return HostMesh(state, shape)
+    state.stream_logs = stream_logs
+    return HostMesh(state, shape, python)
 
 
 def _label(name: str, point: Point) -> str:
@@ -294,8 +368,9 @@ def _label(name: str, point: Point) -> str:
 class HostEvents:
     """Receives exit and output events about procs a remote worker started for this process."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, output: Callable[[str, str, str], None] = _write_output) -> None:
         self.rt = rt
+        self.output = output
         self.port_id = rt.new_port(self)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
@@ -303,7 +378,83 @@ class HostEvents:
         if event[0] == "exit":
             self.rt.proc_gone(event[1], event[2])
         elif event[0] == "out":
-            _write_output(event[1], event[2], event[3])
+            self.output(event[1], event[2], event[3])
+
+
+class LogRouter:
+    """Where the stdout/stderr lines of one proc mesh's procs go (`ProcMesh.logging_option`): to this client's
+    stdout/stderr (prefixed with the proc), nowhere, or, with an aggregation window, gathered for that long
+    and printed once per distinct line with its count (`[4 similar log lines] loss=0.1`), so N ranks printing
+    the same line do not flood the terminal. Called on the runtime's loop."""
+
+    def __init__(self, rt: Runtime, stream: bool) -> None:
+        self.rt = rt
+        self.stream = stream
+        self.window: float | None = None
+        self.pending: dict[tuple[str, str], list] = {}  # (stream, line without the proc prefix) -> [count, line]
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+        self.syncs: dict[str, tuple[set, asyncio.Future]] = {}  # token -> (pid/stream marks awaited, done)
+
+    def expect(self, token: str, keys: set[tuple[str, str]]) -> asyncio.Future:
+        """A future that completes once every (pid, stream) in `keys` printed the sync mark `token`."""
+        done = self.rt.loop.create_future()
+        self.syncs[token] = (set(keys), done)
+        return done
+
+    def _synced(self, pid: str, stream: str, text: str) -> None:
+        token = text.split(LOG_SYNC_MARK, 1)[1].strip()
+        entry = self.syncs.get(token)
+        if entry is None:
+            return
+        entry[0].discard((pid, stream))
+        if not entry[0]:
+            del self.syncs[token]
+            if not entry[1].done():
+                entry[1].set_result(None)
+
+    def set_mode(self, stream: bool, window: float | None) -> None:
+        self.stream = stream
+        self.window = window
+        if window is None:
+            self.flush()
+
+    def __call__(self, pid: str, stream: str, text: str) -> None:
+        if LOG_SYNC_MARK in text:
+            self._synced(pid, stream, text)
+            return
+        if not self.stream:
+            return
+        if self.window is None or self.closed:
+            _write_output(pid, stream, text)
+            return
+        key = (stream, _without_label(text))
+        entry = self.pending.get(key)
+        if entry is None:
+            self.pending[key] = [1, text]
+        else:
+            entry[0] += 1
+        if self.timer is None:
+            self.timer = self.rt.loop.call_later(self.window, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pending, self.pending = self.pending, {}
+        for (stream, line), (count, first) in pending.items():
+            _write_output("", stream, first if count == 1 else f"[{count} similar log lines] {line}")
+
+    def close(self) -> None:
+        """The mesh stopped: print what is gathered; lines still draining from the pipes go out at once."""
+        self.flush()
+        self.closed = True
+
+
+def _without_label(text: str) -> str:
+    if text.startswith("[") and "] " in text:
+        return text.split("] ", 1)[1]
+    return text
 
 
 # ============================================================================================ proc meshes
@@ -322,6 +473,7 @@ class ProcMeshState:
         self.is_self = False
         self.owned = True
         self.task: asyncio.Task | None = None
+        self.logs: LogRouter | None = None
 
 
 class ProcMesh(MeshTrait):
@@ -395,6 +547,60 @@ class ProcMesh(MeshTrait):
             state.initialized._set_exception(RuntimeError(f"proc mesh {state.name} was stopped while starting"))
         state.stopped = True
         rt.owned_proc_meshes.pop(state.mesh_id, None)
+        if state.logs is not None:
+            state.logs.close()
+
+    def logging_option(self, stream_to_client: bool = False, aggregate_window_sec: float | None = None,
+                       level: int = logging.INFO) -> Future:
+        """Choose what this proc mesh's processes print on this client (Monarch's defaults; await it or `.get()`).
+
+        `stream_to_client`: forward their stdout/stderr here (prefixed with the proc), or drop it.
+        `aggregate_window_sec`: gather lines for that many seconds and print each distinct line once with its
+        count (needs `stream_to_client=True`; None prints every line as it comes).
+        `level`: the level of the procs' root Python logger (what `logging` calls inside them emit).
+        Applies to the whole mesh, also when called on a slice.
+        """
+        if not isinstance(level, int) or not 0 <= level <= 255:
+            raise ValueError(f"Invalid logging level: {level!r}")
+        if aggregate_window_sec is not None:
+            if not stream_to_client:
+                raise ValueError("aggregate_window_sec needs stream_to_client=True: only streamed lines are aggregated")
+            if aggregate_window_sec <= 0:
+                raise ValueError(f"aggregate_window_sec must be positive, got {aggregate_window_sec!r}")
+        state = self._state
+        if state.is_self or state.logs is None:
+            raise RuntimeError("logging_option applies to proc meshes spawned by this process "
+                               "(not to this_proc() or to a reference received from elsewhere)")
+        rt = get_runtime()
+
+        async def run() -> None:
+            await state.initialized
+            token = new_id("logsync")
+            synced = state.logs.expect(token, {(pid, s) for pid in state.proc_ids for s in ("stdout", "stderr")})
+            waits = []
+            for pid in state.proc_ids:
+                fut = rt.loop.create_future()
+                waits.append((fut, rt.new_port(_OneShot(fut))))
+                rt.send(pid, ("log_level", int(level), token, (rt.proc_id, waits[-1][1], 0)))
+            try:
+                replies = await asyncio.wait_for(asyncio.gather(*(f for f, _ in waits)), config.spawn_timeout)
+            finally:
+                for _, port in waits:
+                    rt.drop_port(port)
+            for pid, (status, body, buffers) in zip(state.proc_ids, replies):
+                if status != OK:
+                    raise RuntimeError(f"proc {pid} did not take the logging options: {loads(body, buffers)}")
+            # Lines the procs printed before this call are ahead of the marks in their pipes: wait for the
+            # marks so those lines keep the old options and every line printed after this returns gets the new.
+            try:
+                await asyncio.wait_for(synced, LOG_SYNC_TIMEOUT)
+            except asyncio.TimeoutError:  # a proc closed or redirected its stdout/stderr: apply anyway
+                state.logs.syncs.pop(token, None)
+                logger.warning("logging_option on %s: not every proc's output caught up within %s s; the new "
+                               "options apply from now", state.name, LOG_SYNC_TIMEOUT)
+            state.logs.set_mode(bool(stream_to_client), aggregate_window_sec)
+
+        return rt.submit(run())
 
     def __reduce__(self):
         st = self._state
@@ -529,24 +735,36 @@ def this_host() -> HostMesh:
     return local_host_mesh()
 
 
-def attach_to_workers(workers: list[str], name: str | None = None, ca: str = "trust_all_connections",
-                      secret: bytes | None = None) -> HostMesh:
-    """A HostMesh `{"hosts": N}` served by `regent worker --address ...` processes. Returns at once.
+def attach_to_workers(workers: list[str | Future] | None = None, name: str | None = None,
+                      ca: str = "trust_all_connections", secret: bytes | None = None, *,
+                      private_key: object = None) -> HostMesh:
+    """A HostMesh `{"hosts": N}` served by `regent worker` / `run_worker_loop_forever` processes. Returns at
+    once; `initialized` says when every host answered.
 
-    The workers must share this controller's job secret (REGENT_JOB_SECRET / --secret-file).
+    A worker is an address string or a `Future[str]` resolving to one (awaited before it is dialled, so a mesh
+    can be made before the workers are known). Monarch's forms are accepted: `tcp://HOST:PORT`,
+    `DIAL@BIND` (the worker's alias form, `tcp://fqdn:p@tcp://0.0.0.0:p`: this dials the first) and
+    `<proc-id>@URL`. The workers must share this controller's job secret (REGENT_JOB_SECRET / --secret-file).
     """
-    if ca != "trust_all_connections":
-        raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' is supported")
-    workers = [str(w) for w in workers]
+    if private_key is not None or ca != "trust_all_connections":
+        raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
+                                  "is supported; connections are authenticated with the job secret")
+    if workers is None:
+        raise TypeError("attach_to_workers needs workers=[address or Future[str], ...]")
+    addresses: list[str | Future] = []
     for w in workers:
-        if w.startswith("tcp://*"):
-            raise NotImplementedError("tcp://* addresses are not supported; give the worker's host")
+        if isinstance(w, Future):
+            addresses.append(w)
+        else:
+            w = str(w)
+            dial_address(w)  # a malformed address fails here, not later on the loop
+            addresses.append(w)
     rt = get_runtime()
     if secret is not None and secret != rt.secret:
         raise ValueError("attach_to_workers(secret=...) differs from this runtime's secret; "
                          "set REGENT_JOB_SECRET before the runtime starts instead")
-    state = HostMeshState("remote", workers, name or "hosts")
-    return HostMesh(state, Shape.from_extent(Extent(["hosts"], [len(workers)])))
+    state = HostMeshState("remote", addresses, name or "hosts")
+    return HostMesh(state, Shape.from_extent(Extent(["hosts"], [len(addresses)])))
 
 
 # ============================================================================================ controllers

@@ -30,7 +30,8 @@ def main() -> None:
 
     from regent.actor._runtime import Runtime, new_event_loop, set_runtime
 
-    rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"))
+    rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
+                 advertise_host=boot.get("advertise_host"))
     set_runtime(rt)
     parent = boot["parent"]
     rt.owner_proc_id = parent["id"]

@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -131,11 +132,13 @@ class PendingReply:
 
 class Runtime:
     def __init__(self, proc_id: str, is_controller: bool, secret: bytes | None = None,
-                 tcp_host: str | None = None) -> None:
+                 tcp_host: str | None = None, advertise_host: str | None = None) -> None:
         self.proc_id = proc_id
         self.is_controller = is_controller
         self.secret = secret or job_secret_from_env() or secrets.token_bytes(32)
         self.tcp_host = tcp_host or os.environ.get("REGENT_LISTEN_HOST") or "127.0.0.1"
+        # the host peers dial when it differs from the one bound (a worker serving `tcp://name:p@tcp://0.0.0.0:p`)
+        self.advertise_host = advertise_host
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread_id: int | None = None
         self.sock_dir = tempfile.mkdtemp(prefix="regent-")
@@ -249,8 +252,16 @@ class Runtime:
         self.info["unix"] = addr
         server, addr = await listen(f"tcp://{self.tcp_host}:0", self._factory(True), self.loop)
         self.servers.append(server)
-        self.info["tcp"] = addr
+        self.info["tcp"] = self.advertised(addr)
         self.directory[self.proc_id] = self.info
+
+    def advertised(self, addr: str) -> str:
+        """`addr` (a bound tcp:// address) as peers should dial it: with `advertise_host` when one is set."""
+        if self.advertise_host and addr.startswith("tcp://"):
+            port = addr.rpartition(":")[2]
+            host = self.advertise_host
+            return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        return addr
 
     async def listen_extra(self, address: str) -> str:
         """Also accept connections on `address` (used by `regent worker --address`)."""
@@ -817,9 +828,34 @@ def reply_of(msg: tuple) -> tuple | None:
     kind = msg[0]
     if kind == "m":
         return msg[3]
-    if kind in ("s", "stop_actor", "stop_proc", "configure"):
+    if kind in ("s", "stop_actor", "stop_proc", "configure", "log_level"):  # reply port last
         return msg[-1]
     return None
+
+
+def exit_gracefully(code: int = 0) -> None:
+    """End this process after a graceful stop: run its `atexit` handlers (which include `logging.shutdown`,
+    `weakref.finalize` callbacks and multiprocessing's cleanup), collect garbage so `__del__` of unreachable
+    objects runs, flush stdio, then leave with `os._exit`.
+
+    Why not a normal interpreter exit: it joins every non-daemon thread (a sync actor blocked in a call, an
+    executor thread) and finalizes every module and native object, and native communicators are not safe
+    to destroy then (a Gloo communicator leaked by an abort may still run a timed-out collective; see
+    `regent.ft.process_group.ReplicatedGroup.abort`, which relies on actor processes leaving with `os._exit`).
+    So module globals are not torn down (their `__del__` does not run); register cleanup with `atexit` or
+    `weakref.finalize`. A handler that hangs is bounded by the owner, which kills a proc that has not exited
+    within REGENT_STOP_TIMEOUT. Crashes, kills and orphan exits skip all this.
+    """
+    try:
+        atexit._run_exitfuncs()  # prints a failing handler's traceback itself and goes on with the others
+    except BaseException as exc:  # noqa: BLE001 - the process is leaving whatever a handler did; say so
+        logger.warning("atexit handlers failed during a graceful stop: %r", exc)
+    with contextlib.suppress(Exception):  # a finalizer's error must not keep the process from exiting
+        gc.collect()
+    with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report, the process exits anyway
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from regent.actor._config import config
@@ -25,6 +26,39 @@ from regent.actor._pickle import loads
 from regent.actor._runtime import ERROR, OK, Runtime, new_id
 
 logger = logging.getLogger("regent.actor")
+
+
+PROC_MAIN = "regent.actor._proc_main"
+# A proc writes this line (plus a token) to its stdout and stderr when told to change its logging options;
+# the owner's log router swallows it and so knows every line before it was printed under the old options.
+LOG_SYNC_MARK = "\x1eregent-log-sync "
+
+
+@dataclass(frozen=True)
+class BootstrapCommand:
+    """The argv (and extra environment) that starts a proc process: `program` is executed with `args`;
+    `arg0`, when given, is what the process sees as `argv[0]`. The command must end up running
+    `python -m regent.actor._proc_main` in an interpreter that can import regent (a wrapper script may
+    set things up first and then `exec "$@"`). The runtime passes everything else through the environment."""
+
+    program: str
+    arg0: str | None = None
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def with_env(self, env: dict[str, str]) -> BootstrapCommand:
+        """A copy whose environment also holds `env` (it wins over this command's own entries)."""
+        return replace(self, env={**self.env, **env})
+
+    def to_spec(self) -> dict:
+        """The plain-data form that travels to a remote worker (inside a routing envelope)."""
+        return {"program": str(self.program), "arg0": self.arg0, "args": [str(a) for a in self.args],
+                "env": {str(k): str(v) for k, v in self.env.items()}}
+
+
+def default_bootstrap_cmd(python: str | None = None) -> BootstrapCommand:
+    """Regent's own proc command: `<python> -m regent.actor._proc_main` (this interpreter by default)."""
+    return BootstrapCommand(program=python or sys.executable, arg0=None, args=["-m", PROC_MAIN], env={})
 
 
 class Child:
@@ -64,7 +98,7 @@ class LocalSpawner:
 
     async def _start(self, pid: str, env: dict[str, str], label: str, spare: bool, preload: list[str],
                      on_exit: Callable | None, on_output: Callable | None,
-                     sys_path: list[str] | None = None) -> Child:
+                     sys_path: list[str] | None = None, command: dict | None = None) -> Child:
         rt = self.rt
         boot = {
             "id": pid,
@@ -73,6 +107,7 @@ class LocalSpawner:
             "cwd": os.getcwd(),
             "preload": list(preload),
             "tcp_host": rt.tcp_host,
+            "advertise_host": rt.advertise_host,
         }
         full_env = dict(os.environ)
         full_env.update(config.child_env())
@@ -81,14 +116,22 @@ class LocalSpawner:
         full_env["REGENT_JOB_SECRET"] = rt.secret.hex()
         full_env.pop("REGENT_JOB_SECRET_FILE", None)
         full_env["PYTHONUNBUFFERED"] = "1"
+        cmd = command or default_bootstrap_cmd().to_spec()
+        full_env.update(cmd.get("env") or {})
         waiter = rt.loop.create_future()
         rt.hello_waiters[pid] = waiter
         rt.held.add(pid)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "regent.actor._proc_main",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=full_env,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                cmd.get("arg0") or cmd["program"], *cmd.get("args", []), executable=cmd["program"],
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+            )
+        except OSError as exc:
+            rt.hello_waiters.pop(pid, None)
+            rt.held.discard(pid)
+            raise RuntimeError(f"cannot start proc {pid} with bootstrap command {cmd['program']!r} "
+                               f"{cmd.get('args', [])}: {exc}") from exc
         child = Child(pid, process, label, spare)
         child.on_exit = on_exit
         child.on_output = on_output
@@ -171,13 +214,14 @@ class LocalSpawner:
             env = dict(spec.get("env") or {})
             if spec.get("gpu_index") is not None:
                 env.update(visibility_env(spec["gpu_index"]))
-            if self.spares:
+            command = spec.get("command")
+            if self.spares and command is None:  # spares run Regent's default command: only it may claim them
                 child = self.spares.popleft()
                 child.label = spec["label"]
                 self._replenish()
             else:
                 child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output,
-                                          spec.get("sys_path"))
+                                          spec.get("sys_path"), command)
             child.on_exit = on_exit
             child.on_output = on_output
             child.spare = False

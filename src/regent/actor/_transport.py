@@ -374,6 +374,23 @@ def parse_address(address: str) -> tuple[str, Any]:
     raise ValueError(f"bad address {address!r}: expected tcp://HOST:PORT or unix:///PATH")
 
 
+def split_address(address: str) -> tuple[str, str]:
+    """Monarch's worker address forms -> (the address peers dial, the address to bind).
+
+    `URL` (both are URL), `URL@BIND` (serve on BIND, be known as URL: `tcp://fqdn:p@tcp://0.0.0.0:p`), and
+    either form behind a `<proc-id>@` prefix (accepted and ignored: Regent names its processes itself)."""
+    parts = address.split("@")
+    first = next((i for i, part in enumerate(parts) if "://" in part), None)
+    if first is None or first > 1 or len(parts) - first > 2 or not all("://" in p for p in parts[first:]):
+        raise ValueError(f"bad address {address!r}: expected URL, URL@BIND_URL or PROC_ID@URL[@BIND_URL] "
+                         "with URL like tcp://HOST:PORT or ipc:///PATH")
+    dial = parts[first]
+    bind = parts[first + 1] if len(parts) > first + 1 else dial
+    parse_address(dial)
+    parse_address(bind)
+    return dial, bind
+
+
 async def connect(
     address: str,
     factory: Callable[[], Connection],

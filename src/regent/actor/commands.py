@@ -14,7 +14,7 @@ import signal
 import sys
 
 from regent.actor._runtime import Runtime, new_event_loop, new_id, set_runtime
-from regent.actor._transport import parse_address
+from regent.actor._transport import parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
 
 logger = logging.getLogger("regent.actor.worker")
@@ -53,26 +53,45 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", secret: bytes | None = None,
-                            exit_with_parent: bool = False) -> None:
-    """Serve `address` until killed (Monarch's name for the worker loop)."""
-    kind, where = parse_address(address)
+                            exit_with_parent: bool = False, *, private_key: object = None) -> None:
+    """Serve this host to Regent controllers (`attach_to_workers`) at `address` until killed or shut down.
+
+    Monarch's name and address forms: `tcp://HOST:PORT` or `ipc:///PATH`; `tcp://NAME:P@tcp://0.0.0.0:P`
+    binds the second address and tells peers (and the procs it starts) to dial NAME, for hosts reached
+    through another name than the interface they listen on; a leading `<proc-id>@` is accepted and ignored.
+    Connections must prove the job secret (`secret`, or REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) instead
+    of TLS, so `ca` must be "trust_all_connections" and `private_key` None.
+    """
+    if private_key is not None or ca != "trust_all_connections":
+        raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
+                                  "is supported; connections are authenticated with the job secret")
+    dial, bind = split_address(address)
+    if bind.startswith("tcp://*") or dial.startswith("tcp://*"):
+        raise NotImplementedError(f"wild-card host in {address!r}: give the host to listen on "
+                                  "(tcp://0.0.0.0:PORT, or tcp://NAME:PORT@tcp://0.0.0.0:PORT to be dialled as NAME)")
+    kind, where = parse_address(bind)
     tcp_host = where[0] if kind == "tcp" else None
+    advertise = None
+    if dial != bind and kind == "tcp":
+        dial_kind, dial_where = parse_address(dial)
+        advertise = dial_where[0] if dial_kind == "tcp" else None
     secret = secret or job_secret_from_env()
     if secret is None:
         raise ValueError("no job secret: set REGENT_JOB_SECRET or pass secret=")
-    rt = Runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host)
+    rt = Runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host,
+                 advertise_host=advertise)
     set_runtime(rt)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     rt._bind_loop(loop)
     loop.run_until_complete(rt.start())
-    served = loop.run_until_complete(rt.listen_extra(address))
+    served = rt.advertised(loop.run_until_complete(rt.listen_extra(bind)))
     print(f"regent worker serving {served}", flush=True)
 
     def terminate(*_: object) -> None:
         if rt.spawner is not None:
             rt.spawner.kill_all()
-        os._exit(0)
+        os._exit(0)  # like Python's own SIGTERM death: no atexit handlers (a graceful end is `host.shutdown()`)
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
