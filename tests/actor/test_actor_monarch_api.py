@@ -6,6 +6,8 @@
   `stream_logs`;
 - a graceful `ProcMesh.stop()` runs the procs' atexit handlers and `weakref.finalize` callbacks;
 - `ProcMesh.logging_option`: stream_to_client on/off, the procs' root logger level, aggregation windows;
+- `enable_transport`: "tcp" makes the client and its procs reachable by this host's name, "tcp://H:P" fixes
+  the client's listener; it must come before the runtime starts;
 - `run_worker_loop_forever` (exported) serves Monarch's alias form `DIAL@BIND`, and `attach_to_workers`
   dials alias addresses and awaits `Future[str]` addresses.
 """
@@ -24,9 +26,11 @@ import pytest
 from regent.actor import (
     Actor,
     BootstrapCommand,
+    ChannelTransport,
     attach_to_workers,
     current_rank,
     default_bootstrap_cmd,
+    enable_transport,
     endpoint,
     run_worker_loop_forever,
     this_host,
@@ -267,3 +271,49 @@ def test_attach_to_workers_dials_alias_addresses_and_awaits_futures():
         if worker.poll() is None:
             worker.kill()
             worker.wait(10)
+
+
+# ------------------------------------------------------------------------------------ enable_transport
+CLIENT = textwrap.dedent('''
+    import socket, sys
+    from regent.actor import enable_transport, this_host
+    from regent.actor._runtime import get_runtime
+    from test_actor_monarch_api import Probe
+
+    enable_transport(sys.argv[1])
+    rt = get_runtime()
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    pm.spawn("p", Probe).info.call_one().get(timeout=60)  # the proc is up and answers
+    proc_tcp = rt.directory[pm._state.proc_ids[0]]["tcp"]
+    for address in (rt.info["tcp"], proc_tcp):  # dial both over TCP: they answer with Regent's hello
+        host, port = address[len("tcp://"):].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            assert s.recv(4) == b"RGNT", address
+    try:
+        enable_transport("ipc")
+    except RuntimeError as exc:
+        print("late:", exc)
+    print("client", rt.info["tcp"])
+    print("proc", proc_tcp)
+    pm.stop().get(timeout=60)
+''')
+
+
+def test_enable_transport_chooses_where_the_client_and_its_procs_listen(tmp_path):
+    with pytest.raises(NotImplementedError, match="TLS"):
+        enable_transport("metatls-hostname")
+    with pytest.raises(ValueError, match="unknown transport"):
+        enable_transport("carrier-pigeon")
+    get_runtime()
+    with pytest.raises(RuntimeError, match="before any other calls"):
+        enable_transport(ChannelTransport.Unix)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    port = _free_port()
+    for transport, client, proc in (("tcp", f"tcp://{socket.gethostname()}:", f"tcp://{socket.gethostname()}:"),
+                                    (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:")):
+        run = subprocess.run([sys.executable, "-c", CLIENT, transport], env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+        assert run.returncode == 0, run.stderr
+        lines = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+        assert "before any other calls" in lines["late:"]
+        assert lines["client"].startswith(client) and lines["proc"].startswith(proc), run.stdout

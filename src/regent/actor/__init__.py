@@ -100,7 +100,7 @@ from regent.actor._proc import (
     this_host,
     this_proc,
 )
-from regent.actor._runtime import ForeignJobError
+from regent.actor._runtime import ChannelTransport, ForeignJobError, enable_transport
 from regent.actor._shape import Extent, Point, Shape, Slice
 from regent.actor._spawner import BootstrapCommand, default_bootstrap_cmd
 from regent.actor.commands import run_worker_loop_forever
@@ -130,10 +130,11 @@ def shutdown_context() -> Future:
 __all__ = [
     "Accumulator",
     "Actor",
-    "BootstrapCommand",
     "ActorError",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -158,6 +159,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "default_bootstrap_cmd",
+    "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
     "run_worker_loop_forever",

@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import enum
 import gc
 import itertools
 import logging
@@ -37,7 +38,7 @@ from regent.actor import _future
 from regent.actor._config import config
 from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
 from regent.actor._future import Future
-from regent.actor._transport import Connection, connect, decode_env, encode_env, listen
+from regent.actor._transport import Connection, connect, decode_env, encode_env, listen, parse_address
 from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, job_secret_from_env
 
 logger = logging.getLogger("regent.actor")
@@ -65,6 +66,59 @@ def machine_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
+class ChannelTransport(enum.Enum):
+    """Monarch's transport names. Regent always offers Unix sockets to peers on the same machine and TCP to
+    the others; the choice is where the TCP listeners bind and what address peers are told to dial."""
+
+    Unix = "ipc"  # Regent's default: TCP on loopback (peers on this machine use the Unix socket)
+    TcpWithLocalhost = "tcp-localhost"  # the same as Unix for Regent
+    TcpWithHostname = "tcp"  # TCP on every interface, dialled by this host's name: reachable from other machines
+    MetaTlsWithHostname = "metatls-hostname"  # not provided (TLS)
+    MetaTlsWithIpV6 = "metatls"  # not provided (TLS)
+    Tls = "tls"  # not provided (TLS)
+
+
+_TLS = (ChannelTransport.MetaTlsWithHostname, ChannelTransport.MetaTlsWithIpV6, ChannelTransport.Tls)
+_transport: dict[str, Any] = {}  # this controller's listener choice (enable_transport), read at runtime start
+
+
+def enable_transport(transport: ChannelTransport | str) -> None:
+    """Choose how this program (and the procs it starts) can be reached, before the runtime starts (the
+    first mesh, `context()` or `this_host()` call); afterwards it raises RuntimeError.
+
+    `"ipc"`/`ChannelTransport.Unix` (default) and `TcpWithLocalhost`: listeners on loopback, so only this
+    machine reaches them. `"tcp"`/`TcpWithHostname`: listeners on every interface, advertised under this
+    host's name, for workers on other machines that must reach back. `"tcp://HOST:PORT"`: this program's TCP
+    listener on exactly that address (its procs listen on HOST with ports of their own). Every connection is
+    authenticated with the job secret whichever is chosen; the TLS transports are not provided.
+    """
+    if isinstance(transport, str) and "://" not in transport:
+        try:
+            transport = ChannelTransport(transport)
+        except ValueError:
+            raise ValueError(f"unknown transport {transport!r}: use 'ipc', 'tcp', 'tcp://HOST:PORT' or a "
+                             "ChannelTransport") from None
+    if transport in _TLS:
+        raise NotImplementedError(f"{transport}: Regent has no TLS transport; connections are authenticated "
+                                  "with the job secret (use 'tcp' to be reachable from other machines)")
+    if runtime_if_started() is not None:
+        raise RuntimeError("`enable_transport()` must be called before any other calls in the regent.actor API "
+                           "(this process's runtime has already started)")
+    if isinstance(transport, str):
+        kind, where = parse_address(transport)
+        if kind != "tcp":
+            raise ValueError(f"enable_transport({transport!r}): an explicit address must be tcp://HOST:PORT")
+        choice = {"host": where[0], "port": where[1], "advertise": None}
+    elif transport is ChannelTransport.TcpWithHostname:
+        choice = {"host": "0.0.0.0", "port": 0, "advertise": socket.gethostname()}
+    elif isinstance(transport, ChannelTransport):
+        choice = {"host": "127.0.0.1", "port": 0, "advertise": None}
+    else:
+        raise TypeError(f"enable_transport needs a ChannelTransport or a string, got {transport!r}")
+    _transport.clear()
+    _transport.update(choice)
+
+
 def get_runtime() -> Runtime:
     """This process's runtime; the first call in a controller starts it on a background thread."""
     global _runtime
@@ -73,7 +127,8 @@ def get_runtime() -> Runtime:
         return rt
     with _runtime_lock:
         if _runtime is None:
-            rt = Runtime(proc_id=new_id("client"), is_controller=True)
+            rt = Runtime(proc_id=new_id("client"), is_controller=True, tcp_host=_transport.get("host"),
+                         advertise_host=_transport.get("advertise"), tcp_port=_transport.get("port", 0))
             rt.start_in_thread()
             _runtime = rt
         return _runtime
@@ -132,13 +187,14 @@ class PendingReply:
 
 class Runtime:
     def __init__(self, proc_id: str, is_controller: bool, secret: bytes | None = None,
-                 tcp_host: str | None = None, advertise_host: str | None = None) -> None:
+                 tcp_host: str | None = None, advertise_host: str | None = None, tcp_port: int = 0) -> None:
         self.proc_id = proc_id
         self.is_controller = is_controller
         self.secret = secret or job_secret_from_env() or secrets.token_bytes(32)
         self.tcp_host = tcp_host or os.environ.get("REGENT_LISTEN_HOST") or "127.0.0.1"
         # the host peers dial when it differs from the one bound (a worker serving `tcp://name:p@tcp://0.0.0.0:p`)
         self.advertise_host = advertise_host
+        self.tcp_port = tcp_port  # this process's TCP listener (0: any free port); procs pick their own
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread_id: int | None = None
         self.sock_dir = tempfile.mkdtemp(prefix="regent-")
@@ -250,7 +306,8 @@ class Runtime:
         server, addr = await listen(f"unix://{path}", self._factory(True), self.loop)
         self.servers.append(server)
         self.info["unix"] = addr
-        server, addr = await listen(f"tcp://{self.tcp_host}:0", self._factory(True), self.loop)
+        host = f"[{self.tcp_host}]" if ":" in self.tcp_host else self.tcp_host
+        server, addr = await listen(f"tcp://{host}:{self.tcp_port}", self._factory(True), self.loop)
         self.servers.append(server)
         self.info["tcp"] = self.advertised(addr)
         self.directory[self.proc_id] = self.info
