@@ -10,7 +10,8 @@ One program (the controller) starts processes, starts actors on them, and talks 
 
 Processes. Every process (controller, proc, `regent worker`) runs one asyncio loop (uvloop when installed)
 and talks to its peers over direct connections: Unix sockets on one machine, TCP across machines.
-Listeners bind to loopback unless REGENT_LISTEN_HOST (or a worker's --address) says otherwise. Every
+Listeners bind to loopback unless `enable_transport("tcp")` (before the first call; the client and its procs
+are then dialled by this host's name), REGENT_LISTEN_HOST or a worker's --address says otherwise. Every
 connection first proves knowledge of the job secret (HMAC challenge, both directions) before anything is
 unpickled. The controller makes the secret (or takes REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) and
 hands it to children through the environment; `regent worker --secret-file F` reads it from a file.
@@ -26,8 +27,10 @@ passed to `broadcast` until the receiver has used it.
 
 Hosts. `this_host()` is this machine (no dimensions): procs become children of the calling process.
 `attach_to_workers(["tcp://h:p", ...])` (or `regent.jobs.local.ProcessJob(hosts=N).host_mesh()`) gives
-`{"hosts": N}`; procs then start under those `regent worker` processes, which report their exit status
-and forward their output. `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={...})`:
+`{"hosts": N}`; procs then start under those `regent worker` / `run_worker_loop_forever(address=...)`
+processes, which report their exit status and forward their output. Worker addresses may be Monarch's
+alias form `tcp://NAME:P@tcp://0.0.0.0:P` (serve on the second, be dialled as the first) or a
+`Future[str]` (awaited before dialling). `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={...})`:
 - proc i of a host gets its accelerator pinned with `regent.platform.child_visibility_env(i)`;
 - `env` (Regent extension) is set before anything is imported;
 - `bootstrap` runs in every proc before any actor (`current_rank()` works there); if it raises,
@@ -35,11 +38,18 @@ and forward their output. `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={
   once every host answers; it fails naming an unreachable host);
 - `proc_bind=[{"cpus": "0-3"}, ...]` (one entry per proc of a host; keys `cpus`/`physcpubind` for CPU ids,
   `cpunodebind` for NUMA nodes) pins every thread of proc i to those CPUs before `bootstrap`; `membind`
-  and unknown keys are refused at `spawn_procs`, CPUs the host lacks fail `initialized`.
+  and unknown keys are refused at `spawn_procs`, CPUs the host lacks fail `initialized`;
+- `bootstrap_command=` (a `BootstrapCommand`, an argv list, or a function of the proc's Point) is the command
+  that starts each proc; `default_bootstrap_cmd()` is Regent's (`python -m regent.actor._proc_main`, with
+  `.with_env({...})`), and a wrapper may run first and `exec "$@"`. `host.with_python_executable(path)`
+  spawns procs under another interpreter (which must import regent). Such procs never claim warm spares.
 Warm spares (Regent extension): `host_mesh.keep_warm(n, preload=["torch", ...])` keeps n idle procs per
 host that already imported `preload`; `spawn_procs` claims them (env and accelerator pinning are applied
 at claim, before any CUDA initialisation) and starts replacements in the background. `keep_warm(0)`
-ends them. Worker stdout/stderr reach the controller prefixed with `[<proc mesh name> gpus=i]`.
+ends them. Proc stdout/stderr reach the controller prefixed with `[<proc mesh name> gpus=i]`
+(`host.stream_logs` is True); `await proc_mesh.logging_option(stream_to_client=..., aggregate_window_sec=...,
+level=...)` turns that off, prints each distinct line once per window with its count, and sets the procs'
+root logger level. Lines printed before the call keep the old options, lines printed after it the new.
 
 Supervision (Monarch's rules). The owner of a mesh is the actor that created it (the client's root
 for meshes made outside actors); references and slices own nothing.
@@ -57,7 +67,10 @@ for meshes made outside actors); references and slices own nothing.
   fault time. The default prints the report and exits with code 1 (the main thread gets SystemExit(1),
   atexit handlers run, owned procs are stopped).
 - `stop()` runs `__cleanup__(None)` (an error stop passes the exception), children's before the owner's.
-  `ProcMesh.stop()` never hangs: procs that do not exit within REGENT_STOP_TIMEOUT are killed.
+  `ProcMesh.stop()` never hangs: procs that do not exit within REGENT_STOP_TIMEOUT are killed. A proc that
+  stops gracefully then runs its `atexit` handlers and `weakref.finalize` callbacks and flushes its output,
+  but leaves with `os._exit`, without interpreter teardown (module globals' `__del__` does not run): see
+  `regent.actor._runtime.exit_gracefully` for why. Killed, crashed and orphaned procs run none of it.
 - Orphans: a proc whose owner process has been unreachable for REGENT_ORPHAN_TIMEOUT seconds (default
   60, `config.configure(orphan_timeout=...)` before spawning) exits by itself.
 
@@ -68,7 +81,8 @@ actor's `__init__` also runs on a thread of its own (a blocking `__init__` canno
 loop; calls to the actor wait in its mailbox until `__init__` returns), so inside it there is no running
 event loop: start tasks from an endpoint.
 
-Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `bootstrap_command`.
+Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `attach`, `hosts_from_config`,
+`ProcId`/`Uid`, the tracing helpers and `sync_workspace` (README: "Where regent.actor differs from Monarch").
 This package does not import torch.
 """
 
