@@ -259,9 +259,12 @@ def test_attach_to_workers_dials_alias_addresses_and_awaits_futures():
         address = book.lookup.call_one()  # a Future[str]
         hosts = attach_to_workers(workers=[address, f"worker0@{alias}"], name="aliased")
         assert hosts.initialized.get(timeout=TIMEOUT) is True
-        pm = hosts.spawn_procs(per_host={"gpus": 1})
+        # the worker starts its procs with the bootstrap command the controller gave
+        pm = hosts.spawn_procs(per_host={"gpus": 1},
+                               bootstrap_command=default_bootstrap_cmd().with_env({"T_REMOTE": "1"}))
         infos = pm.spawn("p", Probe).info.call().get(timeout=TIMEOUT).values()
         assert [i["ppid"] for i in infos] == [worker.pid, worker.pid]
+        assert [i["env"] for i in infos] == [{"T_REMOTE": "1"}] * 2
         # the procs the worker started advertise the dial name, not the bound interface
         assert all(rt.directory[pid]["tcp"].startswith("tcp://localhost:") for pid in pm._state.proc_ids)
         pm.stop().get(timeout=TIMEOUT)

@@ -149,7 +149,10 @@ class HostMesh(MeshTrait):
 
         `env` (Regent extension) is set in every proc before anything is imported. `bootstrap` runs in
         every proc before any actor (use `current_rank()` in it for per-rank settings). Procs come from
-        warm spares when `keep_warm` made some.
+        warm spares when `keep_warm` made some. `bootstrap_command` (a `BootstrapCommand`, an argv list, or a
+        function of the proc's Point returning one) is the command that starts each proc instead of
+        `default_bootstrap_cmd()`; it must end up running `python -m regent.actor._proc_main` (a wrapper
+        script may prepare things and `exec "$@"`). Procs started by such a command never claim warm spares.
         """
         if self._state.shut_down:
             raise RuntimeError("HostMesh has already been shut down")
