@@ -155,13 +155,14 @@ def test_graceful_stop_runs_atexit_handlers_and_finalizers(tmp_path, monkeypatch
 
 
 # ------------------------------------------------------------------------------------ logging_option
-def _wait_output(capsys, seen: list, needle: str, timeout: float = 30.0) -> str:
+def _wait_output(capsys, seen: list, needle: str, count: int = 1, timeout: float = 30.0) -> str:
+    """Everything the client printed so far, once `needle` is in it `count` times (or the timeout passed)."""
     deadline = time.monotonic() + timeout
     while True:
         out, err = capsys.readouterr()
         seen.append(out + err)
         text = "".join(seen)
-        if needle in text or time.monotonic() > deadline:
+        if text.count(needle) >= count or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
 
@@ -172,7 +173,7 @@ def test_logging_option_controls_forwarding_level_and_aggregation(capsys):
     try:
         p = pm.spawn("p", Probe)
         p.say.call("streamed-by-default").get(timeout=TIMEOUT)
-        assert _wait_output(capsys, seen, "streamed-by-default").count("streamed-by-default") == 2
+        assert _wait_output(capsys, seen, "streamed-by-default", count=2).count("streamed-by-default") == 2
 
         pm.logging_option(stream_to_client=False).get(timeout=TIMEOUT)
         p.say.call("dropped-line").get(timeout=TIMEOUT)

@@ -405,8 +405,7 @@ class LogRouter:
         self.syncs[token] = (set(keys), done)
         return done
 
-    def _synced(self, pid: str, stream: str, text: str) -> None:
-        token = text.split(LOG_SYNC_MARK, 1)[1].strip()
+    def _synced(self, pid: str, stream: str, token: str) -> None:
         entry = self.syncs.get(token)
         if entry is None:
             return
@@ -424,8 +423,11 @@ class LogRouter:
 
     def __call__(self, pid: str, stream: str, text: str) -> None:
         if LOG_SYNC_MARK in text:
-            self._synced(pid, stream, text)
-            return
+            before, _, token = text.partition(LOG_SYNC_MARK)
+            self._synced(pid, stream, token.strip())
+            if not _without_label(before).strip():
+                return
+            text = before + "\n"  # a partial line the proc printed just before the mark
         if not self.stream:
             return
         if self.window is None or self.closed:
