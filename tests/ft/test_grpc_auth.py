@@ -1,0 +1,316 @@
+"""Nobody gets into the control plane: every gRPC call to the Lighthouse (both server implementations) and to a
+ManagerServer proves the job secret, or is refused with UNAUTHENTICATED before it changes anything; replays,
+proofs for another method and stale proofs are refused; refusals are logged once per peer host; TLS (and
+mutual TLS) round trips; without a secret, plain TorchFT-style clients work as before. Real sockets; one test
+runs the Lighthouse as its own process (`regent lighthouse`) with the secret in its environment."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+from regent.auth import AuthenticationError
+from regent.ft import rpc_security
+from regent.ft.config import FTConfig
+from regent.ft.coordination import ManagerClient
+from regent.ft.lighthouse import LighthouseServer
+from regent.ft.lighthouse_client import LighthouseClient, normalize_address
+from regent.ft.manager import ManagerServer
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.ft.rpc_security import AUTH_KEY, CallVerifier, Security, TLSFiles, make_token
+
+SECRET = bytes(range(32))
+OTHER = bytes(range(1, 33))
+SERVERS = ("lite", "grpcio")
+HEARTBEAT = "/torchft.LighthouseService/Heartbeat"
+QUORUM = "/torchft.LighthouseService/Quorum"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_security(monkeypatch):
+    """Each test says what it wants; nothing leaks in from the environment of the suite."""
+    for name in ("REGENT_JOB_SECRET", "REGENT_JOB_SECRET_FILE", rpc_security.RPC_AUTH_ENV, rpc_security.TLS_CERT_ENV,
+                 rpc_security.TLS_KEY_ENV, rpc_security.TLS_CA_ENV, rpc_security.TLS_SERVER_NAME_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _raw_heartbeat(address: str, replica_id: str, metadata: list | None = None) -> grpc.RpcError | None:
+    """A heartbeat as any gRPC client sends it (no Regent client code); None if it succeeded."""
+    with grpc.insecure_channel(normalize_address(address)) as channel:
+        stub = torchft_pb2_grpc.LighthouseServiceStub(channel)
+        try:
+            stub.Heartbeat(torchft_pb2.LighthouseHeartbeatRequest(replica_id=replica_id), timeout=5,
+                           metadata=metadata)
+        except grpc.RpcError as err:
+            return err
+    return None
+
+
+def _heartbeating(lh: LighthouseServer) -> set[str]:
+    return {h["replica_id"] for h in lh.status()["heartbeats"]}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_lighthouse_accepts_the_secret_and_refuses_everything_else(server, caplog):
+    lh = LighthouseServer(min_replicas=1, server=server, secret=SECRET, tls=TLSFiles())
+    try:
+        client = LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles())
+        client.heartbeat("good")
+        assert client.quorum("good", timeout=5).quorum_id == 1
+        client.close()
+
+        caplog.set_level(logging.DEBUG, logger="regent.ft.rpc_security")
+        caplog.clear()
+        # no metadata at all (a TorchFT client), another secret, a proof for another method, a stale proof
+        refusals = {
+            "none": _raw_heartbeat(lh.address(), "intruder-1"),
+            "other secret": _raw_heartbeat(lh.address(), "intruder-2", [(AUTH_KEY, make_token(OTHER, HEARTBEAT))]),
+            "other method": _raw_heartbeat(lh.address(), "intruder-3", [(AUTH_KEY, make_token(SECRET, QUORUM))]),
+            "stale": _raw_heartbeat(lh.address(), "intruder-4",
+                                    [(AUTH_KEY, make_token(SECRET, HEARTBEAT, now=time.time() - 120))]),
+            "future": _raw_heartbeat(lh.address(), "intruder-5",
+                                     [(AUTH_KEY, make_token(SECRET, HEARTBEAT, now=time.time() + 120))]),
+            "garbage": _raw_heartbeat(lh.address(), "intruder-6", [(AUTH_KEY, "v1:1:2:3")]),
+        }
+        for what, err in refusals.items():
+            assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED, what
+            assert "job secret" in err.details(), what
+        # a proof seen once is spent: replaying it is refused
+        token = make_token(SECRET, HEARTBEAT)
+        assert _raw_heartbeat(lh.address(), "recorded", [(AUTH_KEY, token)]) is None
+        replay = _raw_heartbeat(lh.address(), "replayed", [(AUTH_KEY, token)])
+        assert replay is not None and replay.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "replayed" in replay.details()
+        # unknown methods do not tell an outsider which ones exist
+        with grpc.insecure_channel(normalize_address(lh.address())) as channel, \
+                pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/torchft.LighthouseService/Nope")(b"", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+        # refused calls changed nothing; the accepted ones did
+        assert _heartbeating(lh) == {"good", "recorded"}
+        assert lh.refused_calls == len(refusals) + 2
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "refused" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once per peer host, not per call
+        assert SECRET.hex() not in caplog.text and OTHER.hex() not in caplog.text
+
+        # Regent's client with the wrong secret fails at once with a clear error (not after retries)
+        start = time.monotonic()
+        with pytest.raises(AuthenticationError, match="job secret"):
+            LighthouseClient(lh.address(), connect_timeout=30, secret=OTHER, tls=TLSFiles()).heartbeat("x")
+        assert time.monotonic() - start < 5
+    finally:
+        lh.shutdown()
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_without_a_secret_torchft_clients_work_and_regent_clients_too(server):
+    lh = LighthouseServer(min_replicas=1, server=server, secret=b"", tls=TLSFiles())
+    try:
+        # a client that has a secret talks to a server that has none (the extra metadata is ignored)
+        with LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles()) as client:
+            client.heartbeat("regent")
+            assert client.quorum("regent", timeout=5).quorum_id == 1
+        assert _raw_heartbeat(lh.address(), "torchft") is None  # a plain client, no metadata
+        assert _heartbeating(lh) == {"torchft", "regent"}
+        assert lh.refused_calls == 0
+    finally:
+        lh.shutdown()
+
+
+def test_manager_server_refuses_unauthenticated_calls_before_they_act():
+    lh = LighthouseServer(min_replicas=1, secret=SECRET, tls=TLSFiles())
+    mgr = ManagerServer(replica_id="r:1", lighthouse_addr=lh.address(), hostname="127.0.0.1",
+                        store_address="127.0.0.1:1", world_size=1, heartbeat_interval=0.05,
+                        secret=SECRET, tls=TLSFiles())
+    try:
+        with grpc.insecure_channel(mgr.address()) as channel:
+            stub = torchft_pb2_grpc.ManagerServiceStub(channel)
+            # Kill would end this very process (os._exit): refused, we are still here to assert
+            for metadata in (None, [(AUTH_KEY, make_token(OTHER, "/torchft.ManagerService/Kill"))]):
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Kill(torchft_pb2.KillRequest(msg="intruder"), timeout=5, metadata=metadata)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # a vote from outside is refused and counts for nothing (world_size=1: it would decide the round)
+            token = make_token(SECRET, "/torchft.ManagerService/ShouldCommit")
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ShouldCommit(torchft_pb2.ShouldCommitRequest(group_rank=0, step=41, should_commit=True),
+                                  timeout=5, metadata=[(AUTH_KEY, token[:-1] + ("1" if token[-1] == "0" else "0"))])
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert mgr.committed_step == 0
+        # Regent's ManagerClient signs its calls: it gets past the check (NOT_FOUND is the handler's answer)
+        client = ManagerClient(mgr.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles())
+        with pytest.raises(RuntimeError, match="NOT_FOUND"):
+            client._checkpoint_metadata(0, timeout=5)
+        assert client.should_commit(0, 41, True, timeout=5) is True
+        assert mgr.committed_step == 42
+        client.close()
+        # and the ManagerServer's own heartbeats carried the secret to the Lighthouse
+        deadline = time.monotonic() + 5
+        while "r:1" not in _heartbeating(lh) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "r:1" in _heartbeating(lh) and lh.refused_calls == 0
+    finally:
+        mgr.shutdown()
+        lh.shutdown()
+
+
+def test_dashboard_kill_needs_the_secret_and_pages_never_show_it():
+    lh = LighthouseServer(min_replicas=1, secret=SECRET, tls=TLSFiles())
+    try:
+        with LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles()) as client:
+            client.heartbeat("victim")
+        base = lh.dashboard_url()
+        for page in ("", "status.json"):
+            with urllib.request.urlopen(base + page, timeout=5) as response:
+                body = response.read().decode()
+            assert SECRET.hex() not in body and "REGENT_JOB_SECRET=" not in body
+        for headers in ({}, rpc_security.dashboard_kill_headers(SECRET, "someone-else"),
+                        rpc_security.dashboard_kill_headers(OTHER, "victim")):
+            request = urllib.request.Request(base + "replica/victim/kill", method="POST", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(request, timeout=5)
+            assert info.value.code == 401
+        # with the proof it gets through to the kill itself (no such replica in a quorum: 404)
+        request = urllib.request.Request(base + "replica/victim/kill", method="POST",
+                                         headers=rpc_security.dashboard_kill_headers(SECRET, "victim"))
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=5)
+        assert info.value.code == 404
+    finally:
+        lh.shutdown()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A self-signed certificate (also its own CA) for 127.0.0.1 / localhost / 'regent', made with openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not available")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-days", "1",
+                    "-subj", "/CN=regent-test",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1,DNS:regent",
+                    "-addext", "basicConstraints=critical,CA:TRUE"],
+                   check=True, capture_output=True, timeout=30)
+    return TLSFiles(str(d / "cert.pem"), str(d / "key.pem"), str(d / "cert.pem"))
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_tls_round_trip_and_plaintext_refused(server, certs):
+    lh = LighthouseServer(min_replicas=1, server=server, secret=SECRET, tls=certs)
+    try:
+        assert lh.address().startswith("https://") and lh.dashboard_url().startswith("https://")
+        with LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=certs) as client:
+            client.heartbeat("tls")
+            assert client.quorum("tls", timeout=5).quorum_id == 1
+        # plaintext gRPC to a TLS port never gets an answer
+        with pytest.raises(ConnectionError):
+            LighthouseClient(lh.address(), connect_timeout=1, secret=SECRET, tls=TLSFiles()).heartbeat("p", timeout=1)
+        # mutual TLS: a client that trusts the server but has no certificate of its own is refused
+        with pytest.raises(ConnectionError):
+            LighthouseClient(lh.address(), connect_timeout=1, secret=SECRET,
+                             tls=TLSFiles(ca=certs.ca)).heartbeat("no-cert", timeout=1)
+        assert _heartbeating(lh) == {"tls"}
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=certs.ca)
+        with urllib.request.urlopen(lh.dashboard_url() + "status.json", context=ctx, timeout=5) as response:
+            assert json.loads(response.read())["quorum_id"] == 1
+    finally:
+        lh.shutdown()
+
+
+def test_tls_manager_server_with_one_certificate_for_every_host(certs):
+    """server_name: clients check every server's certificate against one name, whatever host they dial."""
+    shared = TLSFiles(certs.cert, certs.key, certs.ca, server_name="regent")
+    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, secret=SECRET, tls=shared)
+    mgr = ManagerServer(replica_id="t:1", lighthouse_addr=lh.address(), hostname="127.0.0.1",
+                        store_address="127.0.0.1:1", world_size=1, secret=SECRET, tls=shared)
+    try:
+        client = ManagerClient(mgr.address(), connect_timeout=5, secret=SECRET, tls=shared)
+        assert client.should_commit(0, 0, True, timeout=5) is True
+        client.close()
+        deadline = time.monotonic() + 5
+        while "t:1" not in _heartbeating(lh) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "t:1" in _heartbeating(lh)
+    finally:
+        mgr.shutdown()
+        lh.shutdown()
+
+
+def test_lighthouse_process_takes_the_secret_from_its_environment(tmp_path):
+    """`regent lighthouse` as its own process, secret only in its environment (as `regent train` starts it)."""
+    env = {**os.environ, "REGENT_JOB_SECRET": SECRET.hex(), "OMP_NUM_THREADS": "1"}
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        address = f"http://127.0.0.1:{port}"
+        with LighthouseClient(address, connect_timeout=20, secret=SECRET, tls=TLSFiles()) as client:
+            client.heartbeat("insider", timeout=20)
+        err = _raw_heartbeat(address, "outsider")
+        assert err is not None and err.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert SECRET.hex() not in out
+    assert out.count("refused") == 1, out  # one warning for the outsider's host
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the pieces -------------------------------------------------------------------------------------------
+
+
+def test_verifier_window_replay_and_memory():
+    v = CallVerifier(SECRET, window_s=10)
+    now = time.time()
+    t1 = make_token(SECRET, HEARTBEAT, now=now)
+    assert v.verify(HEARTBEAT, t1, now=now) is None
+    assert "replayed" in v.verify(HEARTBEAT, t1, now=now + 1)
+    assert "wrong proof" in v.verify(QUORUM, make_token(SECRET, HEARTBEAT, now=now), now=now)
+    assert "from this server's clock" in v.verify(HEARTBEAT, make_token(SECRET, HEARTBEAT, now=now - 11), now=now)
+    assert "no regent-auth" in v.verify(HEARTBEAT, None)
+    assert "malformed" in v.verify(HEARTBEAT, b"\xff\xfe")
+    # a refused proof is not remembered (only the secret's holders fill the nonce memory) ...
+    assert v.remembered == 1
+    # ... and accepted nonces are forgotten once their time has left the window
+    assert v.verify(HEARTBEAT, make_token(SECRET, HEARTBEAT, now=now + 25), now=now + 25) is None
+    assert v.remembered == 1
+    assert rpc_security.peer_host("ipv4:10.0.0.1:5555") == "10.0.0.1"
+    assert rpc_security.peer_host("ipv6:[::1]:5555") == "::1"
+    assert rpc_security.peer_host("10.0.0.2:80") == "10.0.0.2"
+
+
+def test_security_from_environment(monkeypatch, tmp_path):
+    assert Security.resolve().secret is None  # the library default: no secret
+    monkeypatch.setenv("REGENT_JOB_SECRET", SECRET.hex())
+    assert Security.resolve().secret == SECRET
+    assert Security.resolve(secret=b"").secret is None
+    monkeypatch.setenv(rpc_security.RPC_AUTH_ENV, "0")
+    assert Security.resolve().secret is None
+    monkeypatch.setenv(rpc_security.TLS_CERT_ENV, str(tmp_path / "missing.pem"))
+    with pytest.raises(ValueError, match="both a certificate and its key"):
+        Security.resolve()
+    env = FTConfig(rpc_auth=False, tls_cert="c.pem", tls_key="k.pem").rpc_env()
+    assert env[rpc_security.RPC_AUTH_ENV] == "0" and os.path.isabs(env[rpc_security.TLS_CERT_ENV])
+    with pytest.raises(ValueError, match="ft.tls_"):
+        FTConfig(tls_cert=str(tmp_path / "nope.pem"), tls_key=str(tmp_path / "nope.key")).validate()
