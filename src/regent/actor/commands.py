@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("worker", help="serve this host to a Regent controller",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", required=True,
-                   help="where to listen, tcp://HOST:PORT (port 0 picks one; the chosen address is printed)")
+                   help="where to listen, tcp://HOST:PORT (port 0 picks one; the chosen address is printed), "
+                        "or tcp://NAME:PORT@tcp://0.0.0.0:PORT to listen on the second and be dialled as NAME")
     p.add_argument("--secret-file", default=None,
                    help="file holding the job secret (hex); default: $REGENT_JOB_SECRET or $REGENT_JOB_SECRET_FILE")
     p.add_argument("--exit-with-parent", action="store_true",
