@@ -1,9 +1,10 @@
 """Lighthouse scale: server CPU per heartbeat with many replica groups, and the cost of new incarnations.
 
-    .venv/bin/python benchmarks/scale_bench.py                          # both sections
+    .venv/bin/python benchmarks/scale_bench.py                          # every section, every server
     .venv/bin/python benchmarks/scale_bench.py --groups 1024 4096 --ids 10000
     .venv/bin/python benchmarks/scale_bench.py --src /tmp/before/src    # the same against another source tree
     .venv/bin/python benchmarks/scale_bench.py --profile /tmp/lh.prof   # cProfile of the server's loop thread
+    .venv/bin/python benchmarks/scale_bench.py --only join --servers regent regent-grpcio torchft
 
 Why a raw HTTP/2 client: the quantity measured is the server's CPU, and the machine may be shared, so the client
 must be cheap and must not share the server's GIL. It speaks just enough HTTP/2 to send unary gRPC calls the way
@@ -18,6 +19,14 @@ Sections:
 - incarnations: `--ids` new ids of new groups, pipelined on one connection ("fresh"); then every one of those
   groups comes back under a new uuid while its older id is still in the table ("churn"). Reported: server CPU
   per new id and in total.
+- join: N groups (`--join-groups`, each its own connection) send their quorum request at once to a Lighthouse that
+  wants all N (min_replicas = N); reported: the time until every group has its answer (median of
+  `--join-rounds` rounds on the same connections) and the server CPU meanwhile. The answers carry every member,
+  so their size grows with N squared; the client only counts frames.
+
+Every section runs against each server of `--servers`, one after the other in the same run: `regent` (the
+default `regent lighthouse`), `regent-grpcio` (`--server grpcio`) and `torchft` (TorchFT's Rust Lighthouse, the
+anchor; used by default when torchft-nightly is installed).
 
 The server is `regent lighthouse` (the CLI users run) in its own process; `--src DIR` puts DIR first on its
 PYTHONPATH, so an older checkout (`git archive <rev> src | tar -x -C /tmp/before`) is measured the same way.
@@ -31,6 +40,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -50,6 +60,8 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 HEARTBEAT_PATH = b"/torchft.LighthouseService/Heartbeat"
+QUORUM_PATH = b"/torchft.LighthouseService/Quorum"
+SERVERS = ("regent", "regent-grpcio", "torchft")
 
 
 # ---- a minimal gRPC-over-HTTP/2 client ----------------------------------------------------------------------------
@@ -87,10 +99,8 @@ class H2Client:
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._headers = b"".join(_literal(k, v) for k, v in (
-            (b":method", b"POST"), (b":scheme", b"http"), (b":path", HEARTBEAT_PATH),
-            (b":authority", f"{host}:{port}".encode()), (b"content-type", b"application/grpc"),
-            (b"te", b"trailers")))
+        self._authority = f"{host}:{port}".encode()
+        self._headers: dict[bytes, bytes] = {}
         self._next_stream = 1
         self._buf = bytearray()
         self._with_data: set[int] = set()
@@ -98,11 +108,16 @@ class H2Client:
         self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 0x4, big))
                           + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", big - 65_535)))
 
-    def request(self, message: bytes) -> bytes:
+    def request(self, message: bytes, path: bytes = HEARTBEAT_PATH) -> bytes:
         """The frames of one call (not sent)."""
+        headers = self._headers.get(path)
+        if headers is None:
+            headers = self._headers[path] = b"".join(_literal(k, v) for k, v in (
+                (b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", self._authority),
+                (b"content-type", b"application/grpc"), (b"te", b"trailers")))
         sid = self._next_stream
         self._next_stream += 2
-        return frame(HEADERS, END_HEADERS, sid, self._headers) + frame(DATA, END_STREAM, sid, message)
+        return frame(HEADERS, END_HEADERS, sid, headers) + frame(DATA, END_STREAM, sid, message)
 
     def feed(self, data: bytes) -> tuple[int, int]:
         """Parse what the server sent; returns (calls answered, calls failed) completed by it."""
@@ -140,17 +155,36 @@ class H2Client:
 # ---- the server under test ------------------------------------------------------------------------------------------
 
 
-def start_lighthouse(port: int, src: str | None, profile: str | None) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def quorum_message(replica_id: str, step: int = 0) -> bytes:
+    """A length-prefixed `LighthouseQuorumRequest` as TorchFT's Manager sends it (built with the generated
+    classes: the client's encoding cost is not the quantity measured)."""
+    from regent.ft.proto import torchft_pb2
+
+    member = torchft_pb2.QuorumMember(replica_id=replica_id, address=f"http://10.0.0.1:{29600}",
+                                      store_address="10.0.0.1:29700", step=step, world_size=8)
+    body = torchft_pb2.LighthouseQuorumRequest(requester=member).SerializeToString()
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str = "regent",
+                     min_replicas: int = 1) -> subprocess.Popen:
+    """`kind`: regent (`regent lighthouse`, its default server), regent-grpcio (`--server grpcio`), torchft
+    (TorchFT's Rust `torchft_lighthouse`, the anchor)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="error")
     if src:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    if profile:
+    flags = ["--bind", f"127.0.0.1:{port}", "--min_replicas", str(min_replicas), "--join_timeout_ms", "60000",
+             "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000"]
+    if profile and kind == "regent":
         cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-profiled", str(port), profile]
+    elif kind == "torchft":
+        exe = shutil.which("torchft_lighthouse") or str(Path(PYTHON).parent / "torchft_lighthouse")
+        cmd = [exe, *flags]
     else:
-        cmd = [PYTHON, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING",
-               "--min_replicas", "1", "--join_timeout_ms", "60000", "--quorum_tick_ms", "100",
-               "--heartbeat_timeout_ms", "5000"]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+        cmd = [PYTHON, "-m", "regent.cli", "lighthouse", "--log-level", "WARNING", *flags]
+        if kind == "regent-grpcio":
+            cmd += ["--server", "grpcio"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -321,10 +355,59 @@ def bench_incarnations(port: int, pid: int, n: int, profiling: bool = False) -> 
     return rows
 
 
+def bench_join(port: int, pid: int, groups: int, rounds: int = 3) -> dict:
+    """`groups` groups, one connection each, send their quorum request at once (the server wants all of them:
+    min_replicas = groups); the time until every one has its answer, and the server CPU meanwhile. Several
+    rounds on the same connections (each a new quorum, as after a step); the median round is reported."""
+    conns = [H2Client(port) for _ in range(groups)]
+    tag = uuid.uuid4().hex[:8]
+    ids = [f"group{i}:{tag}" for i in range(groups)]
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(conns):
+        c.sock.setblocking(False)
+        sel.register(c.sock, selectors.EVENT_READ, i)
+    walls, cpus, reply_bytes = [], [], 0
+    for r in range(rounds):
+        requests = [c.request(quorum_message(rid, step=r), QUORUM_PATH) for c, rid in zip(conns, ids)]
+        done = 0
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        for c, req in zip(conns, requests):
+            c.sock.sendall(req)
+        deadline = t0 + 120
+        while done < groups:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {done}/{groups} quorum answers after 120 s")
+            for key, _ in sel.select(timeout=0.05):
+                try:
+                    data = conns[key.data].sock.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    raise ConnectionError("the Lighthouse closed a connection")
+                reply_bytes += len(data)
+                ok, bad = conns[key.data].feed(data)
+                if bad:
+                    raise RuntimeError(f"{bad} quorum calls failed")
+                done += ok
+        walls.append(time.monotonic() - t0)
+        cpus.append(cpu_seconds(pid) - cpu0)
+    for c in conns:
+        sel.unregister(c.sock)
+        c.sock.close()
+    mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
+    return {"section": "join", "groups": groups, "rounds": rounds, "wall_ms": 1e3 * walls[mid],
+            "server_cpu_ms": 1e3 * cpus[mid], "all_wall_ms": [round(1e3 * w, 1) for w in walls],
+            "reply_mb_per_round": reply_bytes / rounds / 1e6}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("steady", "incarnations"), action="append")
+    parser.add_argument("--only", choices=("steady", "incarnations", "join"), action="append")
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=None,
+                        help="Lighthouses to measure side by side (default: regent, and torchft when installed)")
     parser.add_argument("--groups", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--join-groups", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--join-rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=5000.0, help="heartbeats/s in total (0: as fast as possible)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per group count")
     parser.add_argument("--warmup", type=float, default=2.0)
@@ -337,34 +420,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_profiled:
         serve_profiled(int(args.serve_profiled[0]), args.serve_profiled[1])
         return 0
-    sections = args.only or ["steady", "incarnations"]
+    sections = args.only or ["steady", "incarnations", "join"]
+    servers = args.servers or (["regent"] + (["torchft"] if shutil.which("torchft_lighthouse")
+                                             or (Path(PYTHON).parent / "torchft_lighthouse").exists() else []))
+    if "torchft" not in servers:
+        print("torchft_lighthouse not found: measuring Regent only (pip install torchft-nightly)")
     rows: list[dict] = []
-    if "steady" in sections:
-        for groups in args.groups:
-            port = free_port_pair()
-            proc = start_lighthouse(port, args.src, args.profile)
-            try:
-                rows.append(bench_steady(port, proc.pid, groups, args.rate, args.seconds, args.warmup,
-                                         profiling=bool(args.profile)))
-            finally:
-                stop_lighthouse(proc)
-            print(json.dumps(rows[-1]), flush=True)
-    if "incarnations" in sections:
+
+    def run(kind: str, min_replicas: int, measure) -> None:
         port = free_port_pair()
-        proc = start_lighthouse(port, args.src, args.profile)
+        proc = start_lighthouse(port, args.src, args.profile, kind, min_replicas)
         try:
-            for row in bench_incarnations(port, proc.pid, args.ids, profiling=bool(args.profile)):
+            for row in measure(port, proc.pid):
+                row["server"] = kind
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         finally:
             stop_lighthouse(proc)
+
+    for kind in servers:
+        profiling = bool(args.profile) and kind == "regent"
+        if "steady" in sections:
+            for groups in args.groups:
+                run(kind, 1, lambda port, pid, g=groups, p=profiling: [bench_steady(
+                    port, pid, g, args.rate, args.seconds, args.warmup, profiling=p)])
+        if "incarnations" in sections:
+            run(kind, 1, lambda port, pid, p=profiling: bench_incarnations(port, pid, args.ids, profiling=p))
+        if "join" in sections:
+            for groups in args.join_groups:
+                run(kind, groups, lambda port, pid, g=groups: [bench_join(port, pid, g, args.join_rounds)])
     print(f"\nload average while measuring: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in rows:
+        who = f"{r['server']:<14}"
         if r["section"] == "steady":
-            print(f"steady        {r['groups']:>6} groups  {r['us_per_heartbeat']:8.1f} us server CPU/heartbeat "
+            print(f"{who} steady        {r['groups']:>6} groups  {r['us_per_heartbeat']:8.1f} us server CPU/heartbeat "
                   f"({r['calls_per_s']:.0f} heartbeats/s); with no calls {r['idle_cpu_ms_per_s']:.1f} ms/s")
+        elif r["section"] == "join":
+            print(f"{who} join          {r['groups']:>6} groups  {r['wall_ms']:8.1f} ms until all answered "
+                  f"(rounds {r['all_wall_ms']}), server CPU {r['server_cpu_ms']:.1f} ms, "
+                  f"{r['reply_mb_per_round']:.1f} MB of answers")
         else:
-            print(f"incarnations  {r['phase']:>6} {r['ids']:>6} ids  {r['server_cpu_s']:8.2f} s server CPU "
+            print(f"{who} incarnations  {r['phase']:>6} {r['ids']:>6} ids  {r['server_cpu_s']:8.2f} s server CPU "
                   f"({r['us_per_id']:.1f} us/id)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
