@@ -21,10 +21,21 @@ How a save works, and why it is cheap for training:
   with the optimizer state already built, which a freshly started replica does not have.
 - Only one replica writes (replica rank 0 of the quorum): replicas at one step hold the same committed state.
 - After each completed save, directories older than the newest `keep` complete ones are removed.
+
+Integrity: `rank<r>.done` is a small JSON record of the snapshot: its step, its lineage (the quorum id of the
+state, `regent.ft.recovery.state_version`; null when the state does not say), the sha256 and size of
+`rank<r>.pt`, and a sha256 of the record itself. Nothing is loaded before it checks out: `load` refuses
+(`BackstopCorruptError`, naming the file and what differs) a snapshot whose record is damaged, whose file
+differs from the recorded digest or size, or whose step disagrees with its directory or its contents. `latest`
+checks every rank's snapshot of a candidate and passes over a damaged one to the next older complete one,
+logging an error and reporting `backstop_corrupt`; so a restore falls back instead of loading garbage.
+(Records of older Regent versions hold only the step: accepted, with a warning that nothing can be checked.)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -39,6 +50,63 @@ import torch
 logger = logging.getLogger(__name__)
 
 COPY_TIMEOUT_S = 60.0
+RECORD_FORMAT = 1
+
+
+class BackstopCorruptError(RuntimeError):
+    """A backstop snapshot does not match its record (damaged, truncated, replaced or mislabelled): never loaded."""
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """(sha256 hex, size) of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def _record_digest(record: dict[str, Any]) -> str:
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def make_record(step: int, lineage: int | None, sha256: str, nbytes: int) -> str:
+    """The text of `rank<r>.done`: what the snapshot is (step, lineage) and how to know it is intact."""
+    record: dict[str, Any] = {"format": RECORD_FORMAT, "step": step, "lineage": lineage, "sha256": sha256,
+                              "bytes": nbytes}
+    record["record_sha256"] = _record_digest(record)
+    return json.dumps(record)
+
+
+def read_record(done: Path) -> dict[str, Any]:
+    """`rank<r>.done` parsed and checked against its own digest; raises `BackstopCorruptError`. A legacy record
+    (a bare step number) comes back as {"step": N, "legacy": True}."""
+    try:
+        text = done.read_text()
+    except OSError as err:
+        raise BackstopCorruptError(f"backstop record {done} is unreadable: {err}") from None
+    if text.strip().isdigit():
+        return {"step": int(text.strip()), "legacy": True}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        raise BackstopCorruptError(f"backstop record {done} is not valid JSON (damaged)") from None
+    if type(record) is not dict or record.get("record_sha256") != _record_digest(record):
+        raise BackstopCorruptError(f"backstop record {done} does not match its own digest (damaged or edited)")
+    if type(record.get("step")) is not int or type(record.get("sha256")) is not str \
+            or type(record.get("bytes")) is not int:
+        raise BackstopCorruptError(f"backstop record {done} lacks step, sha256 or bytes")
+    return record
+
+
+def _lineage_of(state: Any) -> int | None:
+    """The lineage a Manager state carries (`{"regent": {"lineage": L}}`), if any."""
+    regent = state.get("regent") if isinstance(state, dict) else None
+    lineage = regent.get("lineage") if isinstance(regent, dict) else None
+    return lineage if type(lineage) is int else None
 
 
 def host_copy(state: Any) -> Any:
@@ -95,6 +163,7 @@ class Backstop:
         self.skipped = 0
         self.snapshot_seconds = 0.0  # time spent on the training thread, in total
         self.last_error: str | None = None
+        self._verified: set[tuple[str, int, int, str]] = set()
 
     def _newest_on_disk(self) -> float:
         complete = complete_steps(self.root, self.world_size)
@@ -111,10 +180,12 @@ class Backstop:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def maybe_save(self, step: int, state: Callable[[], Any], force: bool = False) -> bool:
+    def maybe_save(self, step: int, state: Callable[[], Any], force: bool = False,
+                   lineage: int | None = None) -> bool:
         """At a commit boundary: start a save of `state()` (committed step `step`) if one is due (or `force`:
         the ranks of a replica agree on the boundary through their group rank 0, whose clock decides). Call
-        `wait_copied()` before the tensors in `state()` next change."""
+        `wait_copied()` before the tensors in `state()` next change. `lineage` is recorded with it (default:
+        the one `state()` carries under "regent", if any)."""
         if not (force or self.due()):
             return False
         self._last = time.time()
@@ -124,9 +195,11 @@ class Backstop:
             return False
         t0 = time.perf_counter()
         refs = state()  # references only: the copy runs beside training (see the module docstring)
+        if lineage is None:
+            lineage = _lineage_of(refs)
         self._abandoned.clear()
         self._copied.clear()
-        self._thread = threading.Thread(target=self._write, args=(step, refs, t0), daemon=True,
+        self._thread = threading.Thread(target=self._write, args=(step, refs, t0, lineage), daemon=True,
                                         name="regent-backstop")
         self._thread.start()
         return True
@@ -147,7 +220,7 @@ class Backstop:
         self.snapshot_seconds += waited
         return waited
 
-    def _write(self, step: int, refs: Any, t0: float) -> None:
+    def _write(self, step: int, refs: Any, t0: float, lineage: int | None = None) -> None:
         directory = self.root / f"step-{step:08d}"
         try:
             try:
@@ -163,8 +236,12 @@ class Backstop:
             path = directory / f"rank{self.rank}.pt"
             tmp = path.with_name(path.name + ".tmp")
             torch.save(snapshot, tmp)
+            sha256, nbytes = file_sha256(tmp)  # read back from the page cache: what is on disk is what is recorded
             os.replace(tmp, path)
-            (directory / f"rank{self.rank}.done").write_text(str(step))
+            done = directory / f"rank{self.rank}.done"
+            done_tmp = done.with_name(done.name + ".tmp")
+            done_tmp.write_text(make_record(step, lineage, sha256, nbytes))
+            os.replace(done_tmp, done)
             self.saves += 1
             self.last_error = None
             if self.rank == 0:
@@ -195,11 +272,61 @@ class Backstop:
 
     # restore side (used by Manager.recover_committed)
     def latest(self) -> tuple[int, str] | None:
-        """(step, directory) of the newest complete backstop, or None."""
-        complete = complete_steps(self.root, self.world_size)
-        if not complete:
-            return None
-        return complete[-1], str(self.root / f"step-{complete[-1]:08d}")
+        """(step, directory) of the newest complete backstop whose every rank's snapshot checks out, or None.
+        A damaged one is passed over for the next older (logged as an error, reported as `backstop_corrupt`)."""
+        for step in reversed(complete_steps(self.root, self.world_size)):
+            directory = self.root / f"step-{step:08d}"
+            try:
+                for rank in range(self.world_size):
+                    self.verify(directory, rank)
+            except BackstopCorruptError as err:
+                logger.error("backstop: %s; falling back to an older backstop", err)
+                self._on_event("backstop_corrupt", {"manager_step": step, "path": str(directory), "error": str(err)})
+                continue
+            return step, str(directory)
+        return None
+
+    def verify(self, path: str | os.PathLike[str], rank: int) -> dict[str, Any]:
+        """Check rank `rank`'s snapshot under `path` against its record (digest, size, step); returns the record.
+        Raises `BackstopCorruptError`. Repeated checks of an unchanged file are remembered, not re-hashed."""
+        directory = Path(path)
+        pt, done = directory / f"rank{rank}.pt", directory / f"rank{rank}.done"
+        record = read_record(done)
+        named = directory.name[5:] if directory.name.startswith("step-") else ""
+        if named.isdigit() and int(named) != record["step"]:
+            raise BackstopCorruptError(f"backstop {pt} is recorded as step {record['step']} but lies in "
+                                       f"{directory.name} (mislabelled)")
+        if record.get("legacy"):
+            logger.warning("backstop %s has a record without a checksum (older Regent): it cannot be checked", pt)
+            return record
+        try:
+            st = pt.stat()
+        except OSError as err:
+            raise BackstopCorruptError(f"backstop snapshot {pt} is missing: {err}") from None
+        key = (str(pt), st.st_mtime_ns, st.st_size, record["sha256"])
+        if key in self._verified:
+            return record
+        if st.st_size != record["bytes"]:
+            raise BackstopCorruptError(f"backstop snapshot {pt} is {st.st_size} bytes, recorded {record['bytes']} "
+                                       "(truncated or replaced)")
+        sha256, _ = file_sha256(pt)
+        if sha256 != record["sha256"]:
+            raise BackstopCorruptError(f"backstop snapshot {pt} does not match its recorded sha256 (damaged)")
+        self._verified.add(key)
+        return record
 
     def load(self, path: str, rank: int) -> Any:
-        return torch.load(Path(path) / f"rank{rank}.pt", weights_only=False, map_location="cpu")
+        """Rank `rank`'s snapshot under `path`, only after `verify` passed and its contents name the recorded
+        step and lineage; raises `BackstopCorruptError` otherwise (nothing is returned)."""
+        record = self.verify(path, rank)
+        state = torch.load(Path(path) / f"rank{rank}.pt", weights_only=False, map_location="cpu")
+        regent = state.get("regent") if isinstance(state, dict) else None
+        if isinstance(regent, dict):
+            if "step" in regent and regent["step"] != record["step"]:
+                raise BackstopCorruptError(f"backstop {path} rank {rank} holds step {regent['step']}, recorded as "
+                                           f"step {record['step']} (mismatched)")
+            lineage = record.get("lineage")
+            if lineage is not None and regent.get("lineage", lineage) != lineage:
+                raise BackstopCorruptError(f"backstop {path} rank {rank} holds lineage {regent.get('lineage')}, "
+                                           f"recorded as lineage {lineage} (mismatched)")
+        return state

@@ -22,6 +22,12 @@ authenticates both ends with the job secret (`regent.auth`, the actor transport'
 a donor serves only processes that know it, a healer loads only from a donor that knows it. Without a secret
 (library use outside `regent train`, no `REGENT_JOB_SECRET`) it runs unauthenticated, as before, and says so
 once in the log; a process with a secret never talks to one without.
+
+Integrity (TCP): after the bytes of its tensors, each chunk connection carries their CRC-32s (zlib, one per
+non-empty tensor, computed once per served state and cached); the healer computes the same over what it
+received and raises `TransferIntegrityError`, naming the tensor, on any difference. The transfer then fails
+like a dropped connection: the received state is never returned, so the Manager reports the heal as failed and
+never commits on it (tensors received in place may hold part of the donor's bytes until the next heal).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -695,6 +702,7 @@ def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 # ---- TCP streaming fallback ------------------------------------------------------------------------------
 
 _HEADER = struct.Struct("!Q")
+_LITTLE_ENDIAN = struct.pack("=I", 1) == struct.pack("<I", 1)  # checksums travel big-endian
 # Connection greeting: magic and whether this donor authenticates ("A": the job secret's handshake follows,
 # "N": no secret configured). Each side refuses the other mode, so a process with the secret never falls
 # back to an unauthenticated peer.
@@ -712,6 +720,16 @@ def _warn_unauthenticated_once() -> None:
         _warned_unauthenticated = True
         logger.warning("peer state transfer over TCP is unauthenticated: no job secret in this process (set "
                        "%s or %s; `regent train` sets it for every trainer)", auth.SECRET_ENV, auth.SECRET_FILE_ENV)
+
+
+class TransferIntegrityError(WireFormatError):
+    """The tensor bytes received from a donor do not match the checksums it sent (corrupted on the way or at
+    either end): the transfer fails and nothing of it is returned."""
+
+
+def _crc32(t: torch.Tensor) -> int:
+    """CRC-32 of a host tensor's bytes (zlib releases the GIL, so chunks checksum in parallel)."""
+    return zlib.crc32(_cpu_bytes_view(t))
 
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -783,7 +801,7 @@ class StreamTransport:
         self._lock = RWLock()
         self._state_lock = threading.Lock()
         # step, description, staged tensors, encoded description (made on the first request: a donor publishes
-        # at every commit and is rarely asked)
+        # at every commit and is rarely asked), CRC-32 of each tensor (index -> crc, filled as chunks are served)
         self._serving: list[Any] | None = None
         self._sock = socket.create_server((host, port), backlog=128)
         self._host = host
@@ -812,7 +830,7 @@ class StreamTransport:
             staged = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         wire.encode_tree(meta.skeleton, _TENSOR)  # an unsupported value fails here, in the donor's own step
         with self._state_lock:
-            self._serving = [step, meta, staged, None]
+            self._serving = [step, meta, staged, None, {}]
         logger.info("serving state of step %d (%d tensors) to %s", step, len(staged), dst_ranks or "any healer")
 
     def disallow_checkpoint(self) -> None:
@@ -858,7 +876,7 @@ class StreamTransport:
         if serving is None:
             _send_frame(conn, json.dumps({"error": "donor is not serving any state now"}).encode())
             return
-        step, meta, tensors, blob = serving
+        step, meta, tensors, blob, crcs = serving
         if request["step"] != step:
             _send_frame(
                 conn,
@@ -873,10 +891,18 @@ class StreamTransport:
             _send_frame(conn, blob)
             return
         chunk, of = request["chunk"], request["of"]
+        sums = array("I")
         for i in range(chunk, len(tensors), of):
             if tensors[i].numel():
                 t = tensors[i] if tensors[i].device.type == "cpu" else tensors[i].to("cpu")
                 conn.sendall(_cpu_bytes_view(t))
+                crc = crcs.get(i)
+                if crc is None:  # the tensors do not change while served (disallow_checkpoint first)
+                    crc = crcs[i] = _crc32(t)
+                sums.append(crc)
+        if _LITTLE_ENDIAN:
+            sums.byteswap()
+        conn.sendall(sums.tobytes())
 
     # healer side
     def _open(self, host: str, port: int, metadata: str, remaining: float) -> socket.socket:
@@ -906,7 +932,9 @@ class StreamTransport:
         """Fetch the donor's state of `step` from `metadata` ('tcp://host:port') into `into`'s tensors.
 
         Raises `regent.auth.AuthenticationError` when the donor does not know the job secret and
-        `regent.ft.wire.WireFormatError` on a bad state description; both before anything is loaded."""
+        `regent.ft.wire.WireFormatError` on a bad state description; both before anything is loaded.
+        Raises `TransferIntegrityError` when tensor bytes arrive other than the donor sent them (CRC-32 per
+        tensor): nothing is returned, though tensors of `into` received in place may hold part of them."""
         host, port = _parse_tcp(metadata)
         deadline = time.monotonic() + timeout
 
@@ -943,9 +971,20 @@ class StreamTransport:
 
             def fetch(chunk: int) -> None:
                 with connect({"what": "chunk", "step": step, "chunk": chunk, "of": n}) as sock:
-                    for i in range(chunk, len(host_bufs), n):
-                        if host_bufs[i].numel():
-                            _recv_into(sock, _cpu_bytes_view(host_bufs[i]))
+                    mine = [i for i in range(chunk, len(host_bufs), n) if host_bufs[i].numel()]
+                    got = []
+                    for i in mine:
+                        view = _cpu_bytes_view(host_bufs[i])
+                        _recv_into(sock, view)
+                        got.append(zlib.crc32(view))
+                    sums = array("I", _recv_exact(sock, 4 * len(mine)))
+                    if _LITTLE_ENDIAN:
+                        sums.byteswap()
+                    for i, crc, sent in zip(mine, got, sums):
+                        if crc != sent:
+                            raise TransferIntegrityError(
+                                f"tensor {meta.tensors[i].path!r} from donor {metadata} arrived corrupted (CRC-32 "
+                                f"{crc:08x}, donor sent {sent:08x}); the transfer is refused")
 
             with ThreadPoolExecutor(max_workers=n) as pool:
                 for f in [pool.submit(fetch, c) for c in range(n)]:

@@ -2,12 +2,16 @@
 
 Layout of a finished checkpoint directory `<path>/`:
   .metadata, __<rank>_<n>.distcp   DCP's files (sharded tensors are resharded on load)
-  regent_checkpoint.json            model args, step, layout, and a sha256 of every DCP file
+  regent_checkpoint.json            model args, step, lineage, layout, a sha256 of every DCP file, and a
+                                    sha256 of the manifest itself
 
 Atomicity: everything is written to `<path>.tmp` and renamed to `<path>` only after all ranks finished and
 the manifest is written, so a crash mid-save never leaves a directory that looks complete. On load the
-manifest is checked first (missing -> incomplete/not ours; model args differ -> mismatch; file hash differs
--> corrupt), so a bad checkpoint gives an error naming the cause instead of silently loading garbage.
+manifest is checked first (missing -> incomplete/not ours; its own digest differs -> corrupt; a step other
+than the one its directory (`step-N`) or the caller expects, or another lineage -> mismatch; model args differ
+-> mismatch; file hash differs -> corrupt), so a bad checkpoint gives an error naming the cause instead of
+silently loading garbage. The lineage (the quorum id of the state under fault tolerance; see
+`regent.ft.recovery.state_version`) is recorded when the caller knows it (`save(..., lineage=)`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -31,7 +36,7 @@ import torch.distributed.checkpoint as dcp
 log = logging.getLogger(__name__)
 
 MANIFEST = "regent_checkpoint.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest carries its own sha256 and the lineage (1 is still read)
 
 
 class CheckpointError(RuntimeError):
@@ -82,9 +87,17 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
         dist.barrier(group=group)
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The sha256 a manifest records of itself (canonical JSON of every other field)."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _finalize(tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, Any]) -> None:
     """Coordinator only: write the manifest, then swap the finished directory into place."""
     manifest = dict(meta, files=files, saved_at=time.time(), format_version=FORMAT_VERSION)
+    manifest.setdefault("lineage", None)
+    manifest["manifest_sha256"] = manifest_digest(manifest)
     with open(tmp / MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
@@ -118,8 +131,13 @@ class Checkpointer:
             error, self._pending_error = self._pending_error, None
             raise CheckpointError(f"async checkpoint save failed: {error}") from error
 
-    def save(self, state: dict[str, Any], path: str, meta: dict[str, Any], async_save: bool = False) -> None:
+    def save(self, state: dict[str, Any], path: str, meta: dict[str, Any], async_save: bool = False,
+             lineage: int | None = None) -> None:
+        """Write `state` to `path` atomically, with `meta` (its "step" is checked on load) and `lineage` in the
+        manifest."""
         self.wait()
+        if lineage is not None:
+            meta = dict(meta, lineage=int(lineage))
         final = Path(path)
         tmp = final.with_name(final.name + ".tmp")
         if _is_coordinator(self.group):
@@ -170,9 +188,33 @@ class Checkpointer:
             )
         try:
             with open(manifest_path) as f:
-                return json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
+                manifest = json.load(f)
+        except (OSError, ValueError) as exc:  # bad JSON and bad UTF-8 are ValueErrors
             raise CheckpointError(f"{manifest_path} is unreadable ({exc}); the checkpoint is corrupt") from exc
+        if type(manifest) is not dict:
+            raise CheckpointError(f"{manifest_path} is not a manifest object; the checkpoint is corrupt")
+        recorded = manifest.get("manifest_sha256")
+        if recorded is None and manifest.get("format_version", 1) >= 2:
+            raise CheckpointError(f"{manifest_path} lacks its digest; the checkpoint is corrupt")
+        if recorded is not None and recorded != manifest_digest(manifest):
+            raise CheckpointError(f"{manifest_path} does not match its own sha256 (damaged or edited); delete the "
+                                  "checkpoint and load an earlier step")
+        named = re.fullmatch(r"step-0*(\d+)", directory.name)
+        step = manifest.get("step")
+        if named and step is not None and int(named.group(1)) != step:
+            raise CheckpointError(f"checkpoint {path} records step {step} but its directory is {directory.name} "
+                                  "(mismatched: moved or copied over); load the directory of the step you want")
+        return manifest
+
+    def check_identity(self, path: str, manifest: dict[str, Any], step: int | None = None,
+                       lineage: int | None = None) -> None:
+        """Refuse a checkpoint of another step or lineage than the caller expects (None: no expectation)."""
+        if step is not None and manifest.get("step") != step:
+            raise CheckpointError(f"checkpoint {path} is of step {manifest.get('step')}, expected step {step}")
+        recorded = manifest.get("lineage")
+        if lineage is not None and recorded is not None and recorded != lineage:
+            raise CheckpointError(f"checkpoint {path} is of lineage {recorded} (another history of the run), "
+                                  f"expected lineage {lineage}")
 
     def verify(self, path: str, manifest: dict[str, Any]) -> None:
         """Compare every file's size and sha256 with the manifest (each rank checks a slice; verdicts shared)."""
