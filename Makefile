@@ -32,3 +32,5 @@ clean:
 proto:
 	cd src/regent/ft/proto && ../../../../$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. torchft.proto
 	sed -i 's/^import torchft_pb2 as torchft__pb2/from regent.ft.proto import torchft_pb2 as torchft__pb2/' src/regent/ft/proto/torchft_pb2_grpc.py
+	# the stubs demand the grpcio that generated them; they need nothing newer than pyproject's floor
+	sed -i "s/^GRPC_GENERATED_VERSION = .*/GRPC_GENERATED_VERSION = '1.75.0'  # pyproject's grpcio floor (the Makefile's proto target sets it): the stubs use nothing newer/" src/regent/ft/proto/torchft_pb2_grpc.py

@@ -5,7 +5,7 @@ import warnings
 
 from regent.ft.proto import torchft_pb2 as torchft__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.75.0'  # pyproject's grpcio floor (the Makefile's proto target sets it): the stubs use nothing newer
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
