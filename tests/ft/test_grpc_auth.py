@@ -290,6 +290,7 @@ def test_verifier_window_replay_and_memory():
     assert "from this server's clock" in v.verify(HEARTBEAT, make_token(SECRET, HEARTBEAT, now=now - 11), now=now)
     assert "no regent-auth" in v.verify(HEARTBEAT, None)
     assert "malformed" in v.verify(HEARTBEAT, b"\xff\xfe")
+    assert "malformed" in v.verify(HEARTBEAT, "v1:\u00b2\u00b2:" + "0" * 32 + ":" + "0" * 64)
     # a refused proof is not remembered (only the secret's holders fill the nonce memory) ...
     assert v.remembered == 1
     # ... and accepted nonces are forgotten once their time has left the window
