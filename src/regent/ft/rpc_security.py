@@ -288,10 +288,9 @@ class Security:
 
     # -- grpcio servers --
     def server_interceptors(self, what: str) -> list[grpc.ServerInterceptor]:
+        """For a grpcio (threads) server: the secret's check, or nothing without a secret. An asyncio server
+        takes `AioCheckingInterceptor(CallVerifier(...))`."""
         return [CheckingInterceptor(CallVerifier(self.secret, what))] if self.secret else []
-
-    def aio_server_interceptors(self, what: str) -> list[aio.ServerInterceptor]:
-        return [AioCheckingInterceptor(CallVerifier(self.secret, what))] if self.secret else []
 
     def add_port(self, server: Any, address: str) -> int:
         """Bind `server` (grpcio, sync or asyncio) to `address`, with TLS when configured."""
