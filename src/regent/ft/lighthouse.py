@@ -737,6 +737,8 @@ def _dashboard_page() -> bytes:
 class _DashboardHandler(BaseHTTPRequestHandler):
     lighthouse: LighthouseServer  # set on a per-server subclass
     server_version = "RegentLighthouse"
+    # A client that stays silent (or never finishes its TLS handshake) holds its thread this long at most.
+    timeout = 30.0
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         logger.debug("dashboard %s: " + format, self.address_string(), *args)
