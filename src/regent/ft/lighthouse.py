@@ -18,7 +18,9 @@ Differences from TorchFT, on purpose:
   stopped waiting is never put into a quorum it will not hear about;
 - heartbeat entries older than `max(60 s, 10 x heartbeat_timeout)` are forgotten (TorchFT keeps them forever);
 - `POST /replica/<id>/kill` also finds replicas that are waiting for the next quorum, not only past members;
-- `GET /status.json` (machine-readable) next to the live page; `GET /status` is an alias;
+- `GET /status.json` (machine-readable) next to the live page; `GET /status` is an alias; with `?limit=N`
+  (`&offset=K&q=substring`) one page of each list plus totals and counts (`regent.ft.dashboard`: the live page
+  stays usable at 1,024+ members);
 - `state_file` keeps quorum ids increasing across a Lighthouse restart (clients reconnect by themselves), and
   the committed watermark with them;
 - the committed watermark (`regent.ft.quorum.note_committed`): the highest committed step any replica reported,
@@ -759,7 +761,17 @@ class _DashboardHandler(BaseHTTPRequestHandler):
         if path in ("/", "/index.html"):
             self._send(HTTPStatus.OK, _dashboard_page(), "text/html; charset=utf-8")
         elif path in ("/status.json", "/status"):
-            self._send_json(HTTPStatus.OK, self.lighthouse.status())
+            from urllib.parse import parse_qs
+
+            from regent.ft.dashboard import paged_status, parse_page
+
+            try:
+                page = parse_page(parse_qs(self.path.partition("?")[2]))
+            except ValueError as err:
+                self._send_json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+                return
+            status = self.lighthouse.status()
+            self._send_json(HTTPStatus.OK, status if page is None else paged_status(status, *page))
         else:
             self._send_json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}; try / or /status.json"})
 
