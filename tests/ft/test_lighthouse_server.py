@@ -417,16 +417,19 @@ def test_lighthouse_restart_on_same_address(tmp_path):
 
 DOM_SHIM = r"""
 const [url, scriptPath] = process.argv.slice(2);
-class FakeNode { constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.textContent = ""; }
+class FakeNode { constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.textContent = "";
+  this.value = ""; }
   append(...c) { this.children.push(...c); } setAttribute(k, v) { this.attrs[k] = v; }
   replaceChildren(...c) { this.children = c; } }
 global.Node = FakeNode;
 const els = {};
 global.document = { getElementById: id => (els[id] ||= new FakeNode("div")), createElement: t => new FakeNode(t),
-  createTextNode: t => Object.assign(new FakeNode("#text"), { textContent: t }) };
+  createTextNode: t => Object.assign(new FakeNode("#text"), { textContent: t }), hidden: false,
+  addEventListener: () => {} };
 const realFetch = fetch;
 global.fetch = (p, o) => realFetch(new URL(p, url), o);
 global.setInterval = () => 0;
+global.clearInterval = () => {};
 const text = n => n.tag === "#text" ? n.textContent : (n.textContent || n.children.map(text).join(" "));
 eval(require("fs").readFileSync(scriptPath, "utf8"));
 setTimeout(() => { const out = {}; for (const k in els) out[k] = text(els[k]);
@@ -453,8 +456,21 @@ def test_dashboard_page_renders_live_status(lighthouse, tmp_path):
         page = resp.read().decode()
     (tmp_path / "page.js").write_text(re.search(r"<script>(.*)</script>", page, re.S).group(1))
     (tmp_path / "shim.js").write_text(DOM_SHIM)
-    out = subprocess.run([node, str(tmp_path / "shim.js"), server.dashboard_url(), str(tmp_path / "page.js")],
-                         capture_output=True, text=True, timeout=60)
+    done = threading.Event()
+
+    def keep_alive() -> None:  # on a loaded machine node can take longer than the heartbeat timeout to start
+        while not done.wait(0.5):
+            client.heartbeat("rep_0:aa")
+            client.heartbeat("rep_1:bb")
+
+    beating = threading.Thread(target=keep_alive, daemon=True)
+    beating.start()
+    try:
+        out = subprocess.run([node, str(tmp_path / "shim.js"), server.dashboard_url(), str(tmp_path / "page.js")],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        done.set()
+        beating.join()
     assert out.returncode == 0, out.stderr
     view = json.loads(out.stdout)
     assert str(view["quorum_id"]) == "1"
@@ -463,6 +479,7 @@ def test_dashboard_page_renders_live_status(lighthouse, tmp_path):
     assert "recovering" in view["class:rep_1:bb"] and "recovering" not in view["class:rep_0:aa"]
     assert "rep_0:aa" in view["heartbeats"] and "yes" in view["heartbeats"]
     assert view["error"] == ""
+    assert "members 2 (0 unhealthy, 1 recovering)" in view["counts"] and view["range"] == "1-2 of 2"
 
 
 def test_state_file_keeps_quorum_ids_increasing_across_restarts(tmp_path):
