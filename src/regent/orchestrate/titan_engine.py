@@ -97,7 +97,22 @@ def _cpu_memory_stats_stand_ins() -> None:
             setattr(torch.cpu, name, fn)
 
 
+def _torch_compat() -> None:
+    """TorchTitan 0.3.0 imports `torch.distributed.fsdp.DataParallelMeshDims` (a 2026 torch API, absent from
+    torch 2.11) unconditionally, but uses it only in its "spmd_types"/"full_dtensor" backends. The engine runs the
+    classic "partial_dtensor" FSDP2 path (prepare_config), so where torch lacks it a placeholder is enough (the
+    same one benchmarks/gpu/titan_speed.py used on an H200 with torch 2.11)."""
+    import dataclasses
+
+    import torch.distributed.fsdp as fsdp
+
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        fsdp.DataParallelMeshDims = dataclasses.make_dataclass(
+            "DataParallelMeshDims", [("shard", object, None), ("replicate", object, None)])
+
+
 def _import_titan() -> Any:
+    _torch_compat()
     with _cpu_device_type():
         import torchtitan
         import torchtitan.trainer  # the components (and Hugging Face datasets) import now, under the patch
