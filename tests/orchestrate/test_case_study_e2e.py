@@ -184,7 +184,8 @@ def test_fault_free_replicas_stay_in_phase(tmp_path):
 
 def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     """ft.mode=ddp: gradients averaged every step (in buckets, during backward). A killed replica restarts in
-    place, heals from its peer at a step boundary, and both end bit-identical."""
+    place, pulls the committed state from its peer as soon as it is built (early heal), and both end
+    bit-identical."""
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
                      "--duration", "45s", "--faults-file", sched)
@@ -199,6 +200,10 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     alone = [e for e in run.events if e["kind"] == "quorum" and e["replica"] == 0
              and kill["time"] < e["time"] < restarted["time"] and len(e["participants"]) == 1]
     assert alone, "the survivor waited for the dead replica instead of training on"
+    # per-step early heal: the new incarnation pulled the live committed state from its peer as soon as it was
+    # built, without waiting for a quorum with it
+    early = [e for e in run.events if e["kind"] == "early_heal_done" and e["replica"] == 1 and e["time"] > kill["time"]]
+    assert early and early[0]["donor"].startswith("replica_0:"), [e["kind"] for e in run.events if e["replica"] == 1]
     s = run.summary
     assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
     assert s["replicas_consistent"] is True, s.get("final_states")

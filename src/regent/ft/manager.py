@@ -47,7 +47,14 @@ from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import group_name
 from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, QuorumResult, compute_quorum_results
 from regent.ft.rpc_security import Security, TLSFiles
-from regent.ft.transfer import CheckpointTransport, GroupTransport, RWLock, StreamTransport, local_view
+from regent.ft.transfer import (
+    ANY_STEP,
+    CheckpointTransport,
+    GroupTransport,
+    RWLock,
+    StreamTransport,
+    local_view,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -532,6 +539,7 @@ class Manager:
         self._hostname = hostname
         self._committed_fns: tuple[Callable[[], Any], Callable[[Any], None]] | None = None
         self._committed_transport: StreamTransport | None = None
+        self._committed_live = False
         self._recover_needed = False
         self._recover_calls = 0
         self._before_withdraw: list[Callable[[], Any]] = []
@@ -629,13 +637,19 @@ class Manager:
         self._state_lock.release_write()
 
     # ---- committed state: early heal and the durable backstop (Regent) ------------------------------------
-    def serve_committed(self, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
+    def serve_committed(self, save: Callable[[], Any], load: Callable[[Any], None], live: bool = False) -> None:
         """Serve this replica's committed state to restarted replicas while it keeps computing.
 
         `save()` returns the committed state (tensors that do not change between two commits, e.g. DiLoCo's
         last global parameters and outer optimizer); `load(state)` applies a peer's on a restarted replica.
-        Call `publish_committed()` after each commit and `withdraw_committed()` before the tensors change."""
+        Call `publish_committed()` after each commit and `withdraw_committed()` before the tensors change.
+
+        `live=True` (per-step training): the committed state is the live training state between two optimizer
+        steps, published after every step; a healer takes whatever step the holder serves when it asks (at
+        least the committed step it was told of), and a heal applied by a quorum is withdrawn and republished
+        here."""
         self._committed_fns = (save, load)
+        self._committed_live = live
         if self._committed_transport is None:
             self._committed_transport = StreamTransport(host=self._hostname or "127.0.0.1", timeout=self.timeout)
 
@@ -646,9 +660,10 @@ class Manager:
 
     def publish_committed(self) -> None:
         if self._committed_transport is not None:
-            # served in place: no device-to-host copy of the committed state at every sync (see StreamTransport)
+            # served in place: no device-to-host copy of the committed state at every sync (see StreamTransport);
+            # live state (published at every step) is also described only when a healer asks
             self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout,
-                                                      copy_to_host=False)
+                                                      copy_to_host=False, lazy=self._committed_live)
 
     def before_committed_change(self, fn: Callable[[], Any]) -> None:
         """Call `fn` before the committed state changes (e.g. wait for a backstop copy of it to finish)."""
@@ -658,7 +673,7 @@ class Manager:
         for fn in self._before_withdraw:
             fn()
         if self._committed_transport is not None:
-            self._committed_transport.disallow_checkpoint()
+            self._committed_transport.disallow_checkpoint(cut_readers=self._committed_live)
 
     def recover_committed(self) -> str:
         """Make sure this replica will not train on from less than the run has committed.
@@ -789,8 +804,18 @@ class Manager:
                 raise _rpc_error("committed-state address", plan["address"], err) from None
         if not reply.regent_committed_metadata:
             raise RuntimeError(f"holder {plan['donor']} serves no committed state for group rank {self.group_rank}")
-        return self._committed_transport.recv_checkpoint(
-            0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
+        if not self._committed_live:
+            return self._committed_transport.recv_checkpoint(
+                0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
+        # live (per-step) state: the holder has moved on since the Lighthouse named it; take what it serves now,
+        # provided it is at least the committed step we were told of (a holder between its commit vote and its
+        # optimizer step still serves the step before: the next attempt gets the newer one)
+        state = self._committed_transport.recv_checkpoint(
+            0, reply.regent_committed_metadata, ANY_STEP, self.timeout, into=self._committed_tree())
+        served = int(state["regent"].get("step", -1))
+        if served < int(plan["watermark"]):
+            raise RuntimeError(f"holder {plan['donor']} serves step {served}, behind committed step {plan['watermark']}")
+        return state
 
     def _share(self, key: str, decide: Callable[[], Any] | None) -> Any:
         """Group rank 0's decision, seen by every group rank (through the group store)."""
@@ -885,7 +910,11 @@ class Manager:
                 logger.debug("previous quorum failed: %s", err)
         if self._recover_needed:
             self._recover_needed = False
+            if self._committed_live:
+                self.withdraw_committed()
             self.recover_committed()
+            if self._committed_live:
+                self.publish_committed()
         self._errored = None
         self._healing = False
         self._pending_state = None
@@ -1037,8 +1066,12 @@ class Manager:
         state, self._pending_state = self._pending_state, None
         if state is None:
             return
+        if self._committed_live:
+            self.withdraw_committed()  # the served tensors are overwritten next
         self.load_full_state_dict(state)
         self._healing = False
+        if self._committed_live:
+            self.publish_committed()
 
     # ---- collectives ------------------------------------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,

@@ -779,6 +779,9 @@ def _decode_served(blob: bytes, max_bytes: int) -> StateMeta:
     return StateMeta(step=data["step"], skeleton=skeleton, tensors=metas)
 
 
+ANY_STEP = -1  # a healer's request for whatever step the donor serves (the description request only)
+
+
 class StreamTransport:
     """Donor-side TCP server + healer-side parallel fetch (the no-group fallback).
 
@@ -803,6 +806,7 @@ class StreamTransport:
         # step, description, staged tensors, encoded description (made on the first request: a donor publishes
         # at every commit and is rarely asked), CRC-32 of each tensor (index -> crc, filled as chunks are served)
         self._serving: list[Any] | None = None
+        self._readers: set[socket.socket] = set()  # connections reading the served state now
         self._sock = socket.create_server((host, port), backlog=128)
         self._host = host
         self._port = self._sock.getsockname()[1]
@@ -816,13 +820,24 @@ class StreamTransport:
 
     # donor side
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: float,
-                        copy_to_host: bool = True) -> None:
+                        copy_to_host: bool = True, lazy: bool = False) -> None:
         """Stage `state_dict` for `step` and start serving it (accelerator tensors copied to host once).
 
         `copy_to_host=False`: keep accelerator tensors where they are and copy each to host only when a healer
         asks for it. For state that is served for a long time and rarely fetched (the committed state a donor
         serves between two syncs): no device-to-host copy of the whole state at every sync. Safe because
-        `disallow_checkpoint` stops serving before the tensors change."""
+        `disallow_checkpoint` stops serving before the tensors change.
+
+        `lazy=True` (implies `copy_to_host=False`): keep `state_dict` as given and describe it only when the first
+        healer asks. For state published at every step and rarely fetched (per-step early heal): publishing
+        costs nothing but this call. The caller must pass a structure of its own (fresh containers; tensors
+        stay shared until `disallow_checkpoint`), and a value the wire format cannot carry is reported to the
+        healer instead of failing here."""
+        if lazy:
+            with self._state_lock:
+                self._serving = [step, None, None, None, {}, state_dict]
+            logger.debug("serving state of step %d (described on request) to %s", step, dst_ranks or "any healer")
+            return
         meta, tensors = flatten_state(state_dict, step)
         if copy_to_host:
             staged = [t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous() for t in tensors]
@@ -833,8 +848,19 @@ class StreamTransport:
             self._serving = [step, meta, staged, None, {}]
         logger.info("serving state of step %d (%d tensors) to %s", step, len(staged), dst_ranks or "any healer")
 
-    def disallow_checkpoint(self) -> None:
-        """Stop serving (the weights are about to change); waits for in-flight reads to finish."""
+    def disallow_checkpoint(self, cut_readers: bool = False) -> None:
+        """Stop serving (the weights are about to change); waits for in-flight reads to finish.
+
+        `cut_readers`: end the in-flight reads now instead (their healers see a broken transfer and ask again
+        later). For state withdrawn at every step: a slow or stopped healer must not hold up the donor's
+        optimizer step for the transfer timeout."""
+        if cut_readers:
+            with self._state_lock:
+                self._serving = None
+                readers = list(self._readers)
+            for conn in readers:
+                with contextlib.suppress(OSError):  # already closed by its handler: nothing left to cut
+                    conn.shutdown(socket.SHUT_RDWR)
         with self._lock.write(timeout=self.timeout), self._state_lock:
             self._serving = None
 
@@ -861,9 +887,13 @@ class StreamTransport:
                 if not self._lock.acquire_read(timeout=0):
                     _send_frame(conn, json.dumps({"error": "donor is updating its weights; not serving"}).encode())
                     return
+                with self._state_lock:
+                    self._readers.add(conn)
                 try:
                     self._answer(conn, request)
                 finally:
+                    with self._state_lock:
+                        self._readers.discard(conn)
                     self._lock.release_read()
             except auth.AuthenticationError as err:
                 logger.warning("state transfer: %s", err)
@@ -873,11 +903,19 @@ class StreamTransport:
     def _answer(self, conn: socket.socket, request: dict[str, Any]) -> None:
         with self._state_lock:
             serving = self._serving
+            if serving is not None and serving[1] is None:  # published lazily: described at the first request
+                try:
+                    meta, tensors = flatten_state(serving[5], serving[0])
+                    wire.encode_tree(meta.skeleton, _TENSOR)
+                except (TypeError, ValueError) as err:  # reported to the healer, which refuses the state
+                    _send_frame(conn, json.dumps({"error": f"donor cannot describe its state: {err}"}).encode())
+                    return
+                serving[1], serving[2] = meta, [t if t.is_contiguous() else t.contiguous() for t in tensors]
         if serving is None:
             _send_frame(conn, json.dumps({"error": "donor is not serving any state now"}).encode())
             return
-        step, meta, tensors, blob, crcs = serving
-        if request["step"] != step:
+        step, meta, tensors, blob, crcs = serving[:5]
+        if request["step"] != step and not (request["what"] == "meta" and request["step"] == ANY_STEP):
             _send_frame(
                 conn,
                 json.dumps({"error": f"stale step: donor serves step {step}, requested {request['step']}"})
@@ -931,6 +969,9 @@ class StreamTransport:
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: float, into: Any = None) -> Any:
         """Fetch the donor's state of `step` from `metadata` ('tcp://host:port') into `into`'s tensors.
 
+        `step=ANY_STEP`: the state the donor serves now, whatever its step (a donor that publishes at every
+        commit moves on while a healer connects); the chunks are still all of the step its description names.
+
         Raises `regent.auth.AuthenticationError` when the donor does not know the job secret and
         `regent.ft.wire.WireFormatError` on a bad state description; both before anything is loaded.
         Raises `TransferIntegrityError` when tensor bytes arrive other than the donor sent them (CRC-32 per
@@ -960,7 +1001,9 @@ class StreamTransport:
             with connect({"what": "meta", "step": step}) as sock:
                 meta = _decode_served(_recv_frame(sock, self.max_header_bytes, "state description"),
                                       self.max_header_bytes)
-            if meta.step != step:
+            if step == ANY_STEP:
+                step = meta.step  # whatever the donor serves now; every chunk must then be of that same step
+            elif meta.step != step:
                 raise WireFormatError(f"donor {metadata} described step {meta.step} when asked for {step}")
             own = own_tensors(into)
             _check_against_own(meta.tensors, own)

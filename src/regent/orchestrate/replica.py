@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 # What a warm spare imports before it is needed. torch._dynamo is imported lazily by the optimizer's constructor
 # (about 1 s here); the rest is the trainer's own code.
 PRELOAD = ["torch", "torch._dynamo", "regent.train.trainer", "regent.ft.manager", "regent.ft.local_sgd",
-           "regent.orchestrate.session", "regent.orchestrate.trainer_actor"]
+           "regent.orchestrate.session", "regent.orchestrate.trainer_actor", "regent.orchestrate.warm"]
 
 
 def free_port() -> int:

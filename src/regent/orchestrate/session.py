@@ -131,6 +131,15 @@ class TrainingSession:
             # a donor never serves weights that its optimizer is halfway through updating
             self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.disallow_state_dict_read())
             self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.allow_state_dict_read())
+            if ft.early_heal:
+                # Per-step early heal: the committed state is the training state between two optimizer steps.
+                # It is served in place from the commit until the next optimizer step (most of a step: forward
+                # and backward only read the weights), so a restarted replica copies it right after it is built
+                # instead of waiting for the survivors' next quorum. Publishing costs a walk over the state's
+                # structure per step, not a copy.
+                self.manager.serve_committed(self._peer_state, self._load_peer_state, live=True)
+                self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.withdraw_committed())
+                self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.publish_committed())
         # registered last, so it runs after DiLoCo's post-hook (where syncs and heals happen)
         self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
         self._backstop_state: Any = None
@@ -159,6 +168,8 @@ class TrainingSession:
             self.diloco.recover()
         else:
             self.manager.recover_committed()
+            if ft.early_heal:
+                self.manager.publish_committed()  # what it holds now (pulled, restored or its own) can be served
         if self.diloco is not None:
             # Join the replicas' sync round right away instead of after `sync_every` local steps: a fresh
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
