@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from regent.ft import manager as manager_mod
+from regent.ft import wire
 from regent.ft.backstop import Backstop, BackstopCorruptError, complete_steps, read_record
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
@@ -179,6 +180,29 @@ class _CorruptingProxy:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def test_tensor_digest_sees_changed_moved_and_swapped_bytes():
+    data = bytes(torch.randn(10_000, generator=torch.Generator().manual_seed(0)).numpy().tobytes()) + b"tail!"
+    base = wire.tensor_digest(memoryview(data))
+    assert len(base) == wire.DIGEST_BYTES and wire.tensor_digest(data) == base
+
+    def changed(edit) -> bool:
+        b = bytearray(data)
+        edit(b)
+        return wire.tensor_digest(b) != base
+
+    def swap(b: bytearray, i: int, j: int, n: int) -> None:
+        b[i:i + n], b[j:j + n] = b[j:j + n], b[i:i + n]
+
+    assert changed(lambda b: b.__setitem__(777, b[777] ^ 0x01))  # one bit
+    assert changed(lambda b: b.__setitem__(len(b) - 2, b[len(b) - 2] ^ 0x80))  # in the tail
+    assert changed(lambda b: swap(b, 0, 8, 8))  # neighbouring words
+    assert changed(lambda b: swap(b, 0, 4096 * 3 + 8, 8))  # words of other rows and columns
+    assert changed(lambda b: swap(b, 0, 4096, 4096))  # whole rows
+    assert changed(lambda b: swap(b, 0, 4, 4))  # halves of a word
+    assert wire.tensor_digest(data[:-1]) != base  # length
+    assert wire.tensor_digest(b"") != wire.tensor_digest(b"\0")
 
 
 def test_transfer_refuses_tensor_bytes_altered_on_the_wire():

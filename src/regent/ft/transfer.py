@@ -23,9 +23,10 @@ a donor serves only processes that know it, a healer loads only from a donor tha
 (library use outside `regent train`, no `REGENT_JOB_SECRET`) it runs unauthenticated, as before, and says so
 once in the log; a process with a secret never talks to one without.
 
-Integrity (TCP): after the bytes of its tensors, each chunk connection carries their CRC-32s (zlib, one per
-non-empty tensor, computed once per served state and cached); the healer computes the same over what it
-received and raises `TransferIntegrityError`, naming the tensor, on any difference. The transfer then fails
+Integrity (TCP): after the bytes of its tensors, each chunk connection carries their checksums
+(`wire.tensor_digest`, 8 bytes per non-empty tensor, computed once per served state and cached); the healer
+computes the same over what it received and raises `TransferIntegrityError`, naming the tensor, on any
+difference. The transfer then fails
 like a dropped connection: the received state is never returned, so the Manager reports the heal as failed and
 never commits on it (tensors received in place may hold part of the donor's bytes until the next heal).
 """
@@ -41,7 +42,6 @@ import socket
 import struct
 import threading
 import time
-import zlib
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -702,7 +702,6 @@ def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 # ---- TCP streaming fallback ------------------------------------------------------------------------------
 
 _HEADER = struct.Struct("!Q")
-_LITTLE_ENDIAN = struct.pack("=I", 1) == struct.pack("<I", 1)  # checksums travel big-endian
 # Connection greeting: magic and whether this donor authenticates ("A": the job secret's handshake follows,
 # "N": no secret configured). Each side refuses the other mode, so a process with the secret never falls
 # back to an unauthenticated peer.
@@ -725,11 +724,6 @@ def _warn_unauthenticated_once() -> None:
 class TransferIntegrityError(WireFormatError):
     """The tensor bytes received from a donor do not match the checksums it sent (corrupted on the way or at
     either end): the transfer fails and nothing of it is returned."""
-
-
-def _crc32(t: torch.Tensor) -> int:
-    """CRC-32 of a host tensor's bytes (zlib releases the GIL, so chunks checksum in parallel)."""
-    return zlib.crc32(_cpu_bytes_view(t))
 
 
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
@@ -804,7 +798,7 @@ class StreamTransport:
         self._lock = RWLock()
         self._state_lock = threading.Lock()
         # step, description, staged tensors, encoded description (made on the first request: a donor publishes
-        # at every commit and is rarely asked), CRC-32 of each tensor (index -> crc, filled as chunks are served)
+        # at every commit and is rarely asked), each tensor's checksum (index -> digest, filled as chunks are served)
         self._serving: list[Any] | None = None
         self._readers: set[socket.socket] = set()  # connections reading the served state now
         self._sock = socket.create_server((host, port), backlog=128)
@@ -914,7 +908,7 @@ class StreamTransport:
         if serving is None:
             _send_frame(conn, json.dumps({"error": "donor is not serving any state now"}).encode())
             return
-        step, meta, tensors, blob, crcs = serving[:5]
+        step, meta, tensors, blob, digests = serving[:5]
         if request["step"] != step and not (request["what"] == "meta" and request["step"] == ANY_STEP):
             _send_frame(
                 conn,
@@ -929,18 +923,17 @@ class StreamTransport:
             _send_frame(conn, blob)
             return
         chunk, of = request["chunk"], request["of"]
-        sums = array("I")
+        sums = []
         for i in range(chunk, len(tensors), of):
             if tensors[i].numel():
                 t = tensors[i] if tensors[i].device.type == "cpu" else tensors[i].to("cpu")
-                conn.sendall(_cpu_bytes_view(t))
-                crc = crcs.get(i)
-                if crc is None:  # the tensors do not change while served (disallow_checkpoint first)
-                    crc = crcs[i] = _crc32(t)
-                sums.append(crc)
-        if _LITTLE_ENDIAN:
-            sums.byteswap()
-        conn.sendall(sums.tobytes())
+                view = _cpu_bytes_view(t)
+                conn.sendall(view)
+                digest = digests.get(i)
+                if digest is None:  # the tensors do not change while served (disallow_checkpoint first)
+                    digest = digests[i] = wire.tensor_digest(view)
+                sums.append(digest)
+        conn.sendall(b"".join(sums))
 
     # healer side
     def _open(self, host: str, port: int, metadata: str, remaining: float) -> socket.socket:
@@ -974,7 +967,7 @@ class StreamTransport:
 
         Raises `regent.auth.AuthenticationError` when the donor does not know the job secret and
         `regent.ft.wire.WireFormatError` on a bad state description; both before anything is loaded.
-        Raises `TransferIntegrityError` when tensor bytes arrive other than the donor sent them (CRC-32 per
+        Raises `TransferIntegrityError` when tensor bytes arrive other than the donor sent them (a checksum per
         tensor): nothing is returned, though tensors of `into` received in place may hold part of them."""
         host, port = _parse_tcp(metadata)
         deadline = time.monotonic() + timeout
@@ -1019,15 +1012,14 @@ class StreamTransport:
                     for i in mine:
                         view = _cpu_bytes_view(host_bufs[i])
                         _recv_into(sock, view)
-                        got.append(zlib.crc32(view))
-                    sums = array("I", _recv_exact(sock, 4 * len(mine)))
-                    if _LITTLE_ENDIAN:
-                        sums.byteswap()
-                    for i, crc, sent in zip(mine, got, sums):
-                        if crc != sent:
+                        got.append(wire.tensor_digest(view))
+                    sent = _recv_exact(sock, wire.DIGEST_BYTES * len(mine))
+                    for k, (i, digest) in enumerate(zip(mine, got)):
+                        theirs = sent[k * wire.DIGEST_BYTES:(k + 1) * wire.DIGEST_BYTES]
+                        if digest != theirs:
                             raise TransferIntegrityError(
-                                f"tensor {meta.tensors[i].path!r} from donor {metadata} arrived corrupted (CRC-32 "
-                                f"{crc:08x}, donor sent {sent:08x}); the transfer is refused")
+                                f"tensor {meta.tensors[i].path!r} from donor {metadata} arrived corrupted "
+                                f"(checksum {digest.hex()}, donor sent {theirs.hex()}); the transfer is refused")
 
             with ThreadPoolExecutor(max_workers=n) as pool:
                 for f in [pool.submit(fetch, c) for c in range(n)]:
