@@ -61,6 +61,44 @@ def encode_env(env: tuple) -> bytes:
 decode_env = marshal.loads
 
 
+def _peer_timeout() -> float | None:
+    raw = os.environ.get("REGENT_PEER_TIMEOUT", "60").strip().lower()
+    if raw in ("", "0", "none", "off"):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"REGENT_PEER_TIMEOUT={raw!r}: seconds, or 'none'") from None
+
+
+# A peer cut off by the network (a pulled cable, a partition, a host that lost power) sends no FIN or RST: a
+# TCP connection to it stays open, for good while idle and ~15 minutes while data waits for retransmission, so
+# nothing waiting on that process would ever fail and supervision would never report it. Keepalive probes an
+# idle connection and TCP_USER_TIMEOUT bounds how long sent data may stay unacknowledged: either closes the
+# connection after about this many seconds of silence from the peer's kernel (env REGENT_PEER_TIMEOUT; 'none'
+# turns it off). A live peer's kernel acknowledges on its own, however busy the peer process is.
+PEER_TIMEOUT_S = _peer_timeout()
+
+
+def detect_dead_peer(sock: Any, timeout: float | None) -> None:
+    """Make a TCP socket fail (ETIMEDOUT) once its peer has been unreachable for about `timeout` seconds."""
+    if timeout is None:
+        return
+    idle = max(1, int(timeout / 2))
+    interval = max(1, int(timeout / 6))
+    probes = max(1, int((timeout - idle) / interval))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; macOS has only TCP_KEEPALIVE (idle) and defaults
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeout * 1000))
+    except OSError as exc:
+        logger.debug("could not set dead-peer detection on a TCP socket: %s", exc)
+
+
 class FrameError(Exception):
     """A peer sent bytes that are not a valid frame; the connection is closed, the process carries on."""
 
@@ -128,6 +166,7 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            detect_dead_peer(sock, PEER_TIMEOUT_S)
         if self._is_server:
             transport.write(HELLO_MAGIC + self._nonce)  # type: ignore[attr-defined]
             self._state = "server_wait_proof"
