@@ -199,3 +199,22 @@ def test_training_survives_a_lighthouse_restart(tmp_path):
             second.shutdown()
     ha, hb = hashes(a_out), hashes(b_out)
     assert ha == hb and max(ha) == 14
+
+
+def test_min_replica_size_two_commits_the_init_sync_step(lighthouse2, tmp_path):
+    """min_replica_size=2 with the defaults (async quorum, init_sync): at step 0 only the primary's gradient is
+    averaged while the other replica heals from it, and both hold the state once the step commits, so both count
+    toward min_replica_size. (They did not: step 0 never committed, an endless retry; found by test_partitions.)"""
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    procs = [spawn(lighthouse2.address(), name, out, "--steps", "4", "--seed", str(seed), "--min-replica-size", "2")
+             for name, out, seed in zip(["a", "b"], outs, [1, 2])]
+    try:
+        codes = wait_all(procs, timeout=90)
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0], logs(outs[0]) + logs(outs[1])
+    ha, hb = hashes(outs[0]), hashes(outs[1])
+    assert sorted(ha) == [1, 2, 3, 4] and ha == hb
+    first = [r for r in records(outs[0]) if r["kind"] == "commit"][0]
+    assert first["committed"] and first["step"] == 1, first

@@ -524,6 +524,10 @@ class Manager:
         self._pending_state: Any = None
         self._participating_rank: int | None = None
         self._participating_world_size = 0
+        # How many replicas hold the primary's state once an init-sync step (step 0) commits: only the primary's
+        # gradient counts there, but every member ends the step with its state, so all count toward
+        # min_replica_size (as in TorchFT, where every replica at the max step participates). 0 otherwise.
+        self._init_sync_replicas = 0
         self._replica_rank = 0
         self._replica_world_size = 0
         self._quorum_future: concurrent.futures.Future | None = None
@@ -971,12 +975,14 @@ class Manager:
             return
         self._replica_rank = result.replica_rank
         self._replica_world_size = result.replica_world_size
+        self._init_sync_replicas = 0
         if self.use_async_quorum and allow_heal:
             # Healing replicas do not participate this step: they train on stale weights and contribute zeros.
             # At step 0 with init_sync every replica but the primary heals, so only the primary participates.
             if self.init_sync and result.max_step == 0 and result.replica_world_size > 1:
                 self._participating_rank = None if result.heal else 0
                 self._participating_world_size = 1
+                self._init_sync_replicas = result.replica_world_size
             else:
                 self._participating_rank = result.max_replica_rank
                 self._participating_world_size = result.max_world_size
@@ -1181,7 +1187,7 @@ class Manager:
             self._transport.disallow_checkpoint()
         except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
             self.report_error(err)
-        enough = self._participating_world_size >= self.min_replica_size
+        enough = max(self._participating_world_size, self._init_sync_replicas) >= self.min_replica_size
         local = enough and self._errored is None
         request = torchft_pb2.ShouldCommitRequest(should_commit=local, group_rank=self.group_rank, step=self._step)
         try:
