@@ -273,3 +273,45 @@ def test_live_feed_shows_a_failed_group_once_per_replica_and_build():
     assert again is not None  # the next build of the group under the same quorum id is news
     told = view.on_event(make_event("peer_abort", replica=0, quorum_id=4, peer="replica_1:abc"))
     assert told == "replica 0 dropped its collective with failed peer replica_1:abc"
+
+
+def test_gradient_average_reduces_large_gradients_in_place_and_packs_small_ones():
+    """TrainingSession._allreduce_grads (per-step mode with FSDP2 shards): every gradient gets the replicas'
+    average; large ones go to the Manager as themselves (no copy), runs of small ones in packed buffers of at most
+    ft.bucket_mb, split where the dtype changes; all are issued before the first wait."""
+    import types
+
+    import torch
+
+    from regent.orchestrate.session import IN_PLACE_GRAD_BYTES, TrainingSession
+
+    sent: list[torch.Tensor] = []
+    waited: list[int] = []
+
+    class Done:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def wait(self) -> None:
+            waited.append(self.i)
+
+    def allreduce(t: torch.Tensor) -> Done:  # a peer with the same gradients plus one: the average adds 0.5
+        assert not waited, "a collective was issued after the first wait"
+        sent.append(t)
+        t.add_(0.5)
+        return Done(len(sent))
+
+    big = torch.ones(IN_PLACE_GRAD_BYTES // 4)  # float32: exactly the in-place size
+    small = [torch.full((1000,), float(i)) for i in range(5)]
+    half = torch.zeros(10, dtype=torch.bfloat16)
+    grads = [small[0], small[1], big, small[2], half, small[3], small[4]]
+    before = [g.clone() for g in grads]
+    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(ft=types.SimpleNamespace(bucket_mb=8000 / 2**20)),
+                                 manager=types.SimpleNamespace(allreduce=allreduce))
+    TrainingSession._allreduce_grads(fake, grads)
+    for g, b in zip(grads, before):
+        assert torch.equal(g, b + 0.5)
+    assert any(t is big for t in sent)  # in place, not copied
+    packed = [t for t in sent if t is not big]
+    assert all(t.numel() * t.element_size() <= 8000 for t in packed)
+    assert len({t.dtype for t in packed}) == 2 and len(sent) == 5  # [s0 s1] big [s2] [half] [s3 s4]
