@@ -315,3 +315,38 @@ def test_security_from_environment(monkeypatch, tmp_path):
     assert env[rpc_security.RPC_AUTH_ENV] == "0" and os.path.isabs(env[rpc_security.TLS_CERT_ENV])
     with pytest.raises(ValueError, match="ft.tls_"):
         FTConfig(tls_cert=str(tmp_path / "nope.pem"), tls_key=str(tmp_path / "nope.key")).validate()
+
+
+def test_lite_reads_the_per_call_proof_beside_its_header_cache():
+    """The lean server reads the proof (a trailing literal, as grpcio sends it) without decoding the block
+    again, and falls back to a full decode whenever the block is anything else."""
+    import hpack
+
+    from regent.ft import grpc_lite
+
+    def conn() -> grpc_lite._Connection:
+        return grpc_lite._Connection(grpc_lite.Server(volatile_header=rpc_security.AUTH_KEY_BYTES))
+
+    enc = hpack.Encoder()
+    base = [(b":path", HEARTBEAT.encode()), (b":method", b"POST"), (b"content-type", b"application/grpc")]
+    prefix = enc.encode(base)
+    c, reference = conn(), hpack.Decoder()
+    for _ in range(3):  # each call its own token; the prefix repeats
+        token = make_token(SECRET, HEARTBEAT).encode()
+        block = prefix + grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, token)
+        assert c._decode_headers(block) == [*reference.decode(prefix, raw=True), (rpc_security.AUTH_KEY_BYTES, token)]
+        prefix = enc.encode(base)  # now fully indexed, as a warm client sends it
+    # a Huffman-coded value, or the literal not at the end, or a long value: decoded as a whole, same result
+    huff = hpack.Encoder().encode([*base, (rpc_security.AUTH_KEY_BYTES, b"v1:" + b"a" * 200)], huffman=True)
+    assert dict(conn()._decode_headers(huff))[rpc_security.AUTH_KEY_BYTES] == b"v1:" + b"a" * 200
+    long_value = b"x" * 300
+    block = hpack.Encoder().encode(base) + grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, long_value)
+    assert dict(conn()._decode_headers(block))[rpc_security.AUTH_KEY_BYTES] == long_value
+    middle = grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, b"t") + hpack.Encoder().encode(base)
+    assert dict(conn()._decode_headers(middle))[rpc_security.AUTH_KEY_BYTES] == b"t"
+    # a hostile block of many markers costs one split, not one per marker
+    marker = grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, b"")
+    hostile = marker * 1000 + grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, b"t")
+    assert conn()._decode_headers(hostile)[-1] == (rpc_security.AUTH_KEY_BYTES, b"t")
+    with pytest.raises(grpc_lite._ConnectionError, match="larger than"):  # and a header list too long is refused
+        conn()._decode_headers(marker * 3000 + grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, b"t"))

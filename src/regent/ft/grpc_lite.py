@@ -150,6 +150,28 @@ def percent_encode(message: str) -> bytes:
     return bytes(out)
 
 
+def _plain_literal_value(block: bytes, i: int) -> bytes | None:
+    """The value of a literal header whose name ended at `i` when it is not Huffman-coded and ends the block
+    exactly; else None (the block is then decoded as a whole)."""
+    if i >= len(block) or block[i] & 0x80:
+        return None
+    length = block[i] & 0x7F
+    i += 1
+    if length == 0x7F:
+        shift = 0
+        length = 0x7F
+        while True:
+            if i >= len(block) or shift > 28:
+                return None
+            byte = block[i]
+            i += 1
+            length += (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+    return block[i:] if i + length == len(block) else None
+
+
 def parse_timeout(value: bytes) -> float | None:
     """The `grpc-timeout` header ('100m', '5S', ...) in seconds; None if malformed."""
     units = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -443,7 +465,21 @@ class _Connection(asyncio.Protocol):
 
         Clients repeat the same block call after call (tonic sends byte-identical requests once its table is
         warm); decoding such a block again would give the same headers and the same table, so the cached result
-        is exact. Any block that changes the table clears the cache, since later blocks may refer to it."""
+        is exact. Any block that changes the table clears the cache, since later blocks may refer to it.
+
+        A per-call header (the job secret's proof, `Server.volatile_header`) makes every block different. grpcio
+        sends it last, as a literal that never touches the table and is not Huffman-coded: it is read here
+        directly and the rest of the block goes through the cache as before."""
+        volatile = self._server._volatile_marker
+        if volatile:
+            pos = block.rfind(volatile)
+            if pos >= 0:
+                value = _plain_literal_value(block, pos + len(volatile))
+                if value is not None:
+                    return [*self._decode_cached(block[:pos]), (self._server.volatile_header, value)]
+        return self._decode_cached(block)
+
+    def _decode_cached(self, block: bytes) -> list[tuple[bytes, bytes]]:
         table = self._decoder.header_table
         key = (self._table_generation, block)
         cached = self._header_cache.get(key)
@@ -692,9 +728,14 @@ class Server:
     def __init__(
         self, handlers: dict[str, Handler] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         authenticate: Authenticator | None = None, ssl: _ssl.SSLContext | None = None,
+        volatile_header: bytes = b"",
     ) -> None:
-        """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext)."""
+        """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext). `volatile_header`:
+        a header that differs on every call (see `_Connection._decode_headers`)."""
         self.authenticate = authenticate
+        self.volatile_header = volatile_header
+        # 'literal without indexing, new name' + the name: how grpcio sends a custom header
+        self._volatile_marker = literal_header(volatile_header, b"")[:-1] if volatile_header else b""
         self._ssl = ssl
         self._handlers: dict[bytes, Handler] = {}
         for path, handler in (handlers or {}).items():

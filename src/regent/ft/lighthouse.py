@@ -440,7 +440,8 @@ class LighthouseServer:
             lite = grpc_lite.Server(
                 _lite_handlers(self),
                 authenticate=rpc_security.lite_authenticator(self._verifier) if self._verifier is not None else None,
-                ssl=security.tls.server_context() if security.tls.enabled else None)
+                ssl=security.tls.server_context() if security.tls.enabled else None,
+                volatile_header=rpc_security.AUTH_KEY_BYTES if self._verifier is not None else b"")
             await lite.start(self._host, port)
             self._server = lite
             return
