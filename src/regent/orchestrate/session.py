@@ -18,10 +18,6 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 
-# A gradient at least this large is averaged in place (its own collective) rather than packed with others.
-IN_PLACE_GRAD_BYTES = 4 * 1024 * 1024
-
-
 class InjectedFault(RuntimeError):
     """Raised inside the training loop by the `exception` fault kind."""
 
@@ -223,46 +219,15 @@ class TrainingSession:
 
     # -- per-step allreduce (ft.mode ddp) --------------------------------------------------------------
     def _allreduce_grads(self, grads: list[torch.Tensor]) -> None:
-        """Average this rank's gradients (local shards under FSDP2) across replicas, after backward.
-
-        Large gradients are reduced in place; runs of small ones are packed into buffers of at most
-        `ft.bucket_mb`, all issued before any is waited for. Packing everything into one flat buffer (as before)
-        cost a copy in and out of every gradient and a second gradient-sized allocation: 9.7 ms and 5.6 GiB per
-        step for `1b` on an H200 (benchmarks/gpu/titan_ft_overhead.py)."""
         if not grads:
             return
-        limit = int(self.cfg.ft.bucket_mb * 1024 * 1024) if self.cfg.ft.bucket_mb > 0 else 100 * 1024 * 1024
-        pending: list[tuple[Any, torch.Tensor | None, list[torch.Tensor]]] = []
-        small: list[torch.Tensor] = []
-        small_bytes = 0
-
-        def pack() -> None:
-            nonlocal small_bytes
-            if small:
-                flat = torch.cat([g.reshape(-1) for g in small])
-                pending.append((self.manager.allreduce(flat), flat, list(small)))
-                small.clear()
-                small_bytes = 0
-
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.manager.allreduce(flat).wait()
+        offset = 0
         for g in grads:
-            nbytes = g.numel() * g.element_size()
-            if nbytes >= IN_PLACE_GRAD_BYTES and g.is_contiguous():
-                pending.append((self.manager.allreduce(g), None, [g]))
-                continue
-            if small and (small_bytes + nbytes > limit or small[0].dtype != g.dtype):
-                pack()
-            small.append(g)
-            small_bytes += nbytes
-        pack()
-        for fut, flat, members in pending:
-            fut.wait()
-            if flat is None:
-                continue
-            offset = 0
-            for g in members:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
 
     # -- the loop --------------------------------------------------------------------------------------
     def at_boundary(self) -> bool:
