@@ -228,6 +228,9 @@ class NetLab:
         hub = self._netns("hub")
         prefix = self.subnet.prefixlen
         _ip("-n", hub, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
+        # A fixed MAC: a bridge otherwise takes the lowest of its ports' MACs, so `split`/`join` would change the
+        # hub's MAC and hosts with the old one in their ARP cache would lose the hub for up to ~30 s.
+        _ip("-n", hub, "link", "set", "br0", "address", "02:77:00:00:00:01")
         _ip("-n", hub, "addr", "add", f"{self.subnet.network_address + 1}/{prefix}", "dev", "br0")
         _ip("-n", hub, "link", "set", "br0", "up")
         if self.root_link:
