@@ -218,3 +218,26 @@ def test_min_replica_size_two_commits_the_init_sync_step(lighthouse2, tmp_path):
     assert sorted(ha) == [1, 2, 3, 4] and ha == hb
     first = [r for r in records(outs[0]) if r["kind"] == "commit"][0]
     assert first["committed"] and first["step"] == 1, first
+
+
+def test_healed_replica_takes_its_donors_lineage_so_two_replicas_commit_again(lighthouse2, tmp_path):
+    """min_replica_size=2: b crashes, so a cannot commit alone; b restarts and heals from a. The healed b holds a's
+    state and must be counted as up to date at the next quorum. (It kept its own lineage until it committed,
+    so it looked behind a at every quorum and healed again, forever: nothing committed. Found by
+    test_partitions.)"""
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--steps", "8", "--sleep", "0.1", "--timeout", "5", "--min-replica-size", "2")
+    a = spawn(lighthouse2.address(), "a", a_out, *common, "--seed", "1")
+    b = spawn(lighthouse2.address(), "b", b_out, *common, "--seed", "2", "--crash-at", "4")
+    try:
+        assert b.wait(timeout=90) == 3, logs(b_out)
+        b2 = spawn(lighthouse2.address(), "b", b_out, *common, "--seed", "2")
+        codes = wait_all([a, b2], timeout=120)
+    finally:
+        for p in (a, b):
+            p.kill()
+    assert codes == [0, 0], logs(a_out) + logs(b_out)
+    ha, hb = hashes(a_out), hashes(b_out)
+    assert max(ha) == max(hb) == 8 and ha[8] == hb[8]
+    late_heals = [r for r in records(b_out) if r["kind"] == "heal_done" and r["step"] > 0]
+    assert 1 <= len(late_heals) <= 2, late_heals  # healed once (twice if a committed in between), not in a loop

@@ -45,7 +45,13 @@ from regent.ft.config import env_timeout
 from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import group_name
-from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, QuorumResult, compute_quorum_results
+from regent.ft.recovery import (
+    ACCEPTED_LOSS_KEY,
+    LINEAGE_KEY,
+    QuorumResult,
+    compute_quorum_results,
+    state_version,
+)
 from regent.ft.rpc_security import Security, TLSFiles
 from regent.ft.transfer import (
     ANY_STEP,
@@ -163,6 +169,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self._metadata: dict[int, str] = {}
         # quorum id of the last committed step (see `recovery.state_version`) and of the latest quorum
         self._lineage = 0
+        self.heal_lineage = 0  # lineage of the up-to-date members of the latest quorum (see Manager._apply_pending_state)
         self._round_quorum_id: int | None = None
         # What the heartbeats report (Regent extension): the committed step (set at each commit, and by the
         # Manager of group rank 0 when it loads state).
@@ -284,6 +291,8 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                 )
                 rnd.result = quorum
                 self._round_quorum_id = int(quorum.quorum_id)
+                # the lineage of the up-to-date members: what this replica's state becomes if it heals now
+                self.heal_lineage = max(state_version(m) for m in quorum.participants)[1]
                 break
             except Exception as err:  # noqa: BLE001 - retried; the last error is kept in rnd.error and sent back to the caller
                 attempt += 1
@@ -1076,6 +1085,11 @@ class Manager:
             self.withdraw_committed()  # the served tensors are overwritten next
         self.load_full_state_dict(state)
         self._healing = False
+        if self._server is not None:
+            # The replica now holds its donor's state, lineage included. Without this it would look behind its
+            # donor at the next quorum until it committed a step, and heal again and again where no step can
+            # commit (min_replica_size 2 with one up-to-date peer; found by the partition tests).
+            self._server.lineage = self._server.heal_lineage
         if self._committed_live:
             self.publish_committed()
 
