@@ -704,7 +704,7 @@ class Manager:
           counted as a lineage reset (`state_lost`, cause "no_holder") and logged as an error: "accepted".
         """
         self._recover_calls += 1
-        for attempt in range(RECOVER_ATTEMPTS):
+        for attempt in range(RECOVER_ATTEMPTS * 2 if self._committed_live else RECOVER_ATTEMPTS):
             key = f"regent/recover/{self._recover_calls}/{attempt}"
             plan = self._share(f"{key}/plan", self._recover_plan if self.group_rank == 0 else None)
             kind = plan["kind"]
@@ -735,7 +735,8 @@ class Manager:
                 logger.warning("recovering the committed state (%s, attempt %d) failed: %s", kind, attempt + 1,
                                [e for e in errors if e])
                 self._emit("recover_failed", how=kind, attempt=attempt + 1, errors=[e for e in errors if e])
-                time.sleep(min(2.0, 0.25 * 2 ** attempt))
+                # a live holder refuses or cuts a read while it takes its optimizer step (tens of ms): ask again soon
+                time.sleep(min(1.0, 0.05 * 2 ** attempt) if self._committed_live else min(2.0, 0.25 * 2 ** attempt))
                 continue
             if kind == "early":
                 self._committed_fns[1](state["user"])
