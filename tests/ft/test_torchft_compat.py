@@ -126,16 +126,32 @@ def _wait_for(log: Path, predicate, timeout: float = 120) -> None:
     raise AssertionError(f"timed out waiting on {log}:\n{log.read_text() if log.exists() else ''}")
 
 
+# The replacement process imports torch and regent before the kill and starts the script when told: a cold start
+# on a loaded 2-core box (10-20 s) would otherwise outlast the survivor's whole run, and the test would measure the
+# machine's load rather than the recovery.
+_WAIT_THEN_RUN = (
+    "import os, runpy, sys, time\n"
+    "import torch, regent.ft\n"
+    "go, script = sys.argv[1], sys.argv[2]\n"
+    "while not os.path.exists(go):\n"
+    "    time.sleep(0.02)\n"
+    "sys.argv = [script, *sys.argv[3:]]\n"
+    "runpy.run_path(script, run_name='__main__')\n"
+)
+
+
 def _run_with_a_kill(cmd, lighthouse, tmp_path, ready, done_line):
     """Two replicas; once replica 1 shows `ready`, kill it (SIGKILL) and start it again; both must finish."""
     logs = [tmp_path / "r0.log", tmp_path / "r1.log", tmp_path / "r1b.log"]
-    procs = [_start(cmd(0), logs[0], lighthouse), _start(cmd(1), logs[1], lighthouse)]
+    go = tmp_path / "go"
+    procs = [_start(cmd(0), logs[0], lighthouse), _start(cmd(1), logs[1], lighthouse),
+             _start(["-c", _WAIT_THEN_RUN, str(go), *cmd(1)], logs[2], lighthouse)]
     try:
         _wait_for(logs[1], ready)
         procs[1].kill()
         procs[1].wait(30)
         assert procs[0].poll() is None, logs[0].read_text()  # the survivor trains on
-        procs.append(_start(cmd(1), logs[2], lighthouse))
+        go.touch()
         codes = [procs[0].wait(240), procs[2].wait(240)]
     finally:
         for p in procs:
@@ -166,7 +182,8 @@ def test_the_readme_loop_survives_a_kill_and_ends_bit_identical(lighthouse, tmp_
 @pytest.mark.parametrize("mode", ["localsgd", "diloco"])
 def test_torchft_style_local_sgd_and_diloco_recover_from_a_kill(lighthouse, tmp_path, mode):
     def cmd(r: int) -> list[str]:
-        return [str(STYLE_WORKER), "--replica", str(r), "--mode", mode, "--syncs", "40", "--sync-every", "4"]
+        return [str(STYLE_WORKER), "--replica", str(r), "--mode", mode, "--syncs", "40", "--sync-every", "4",
+                "--step-time", "0.05"]
 
     def done(text: str) -> dict:
         return [json.loads(x) for x in text.splitlines() if x.startswith('{"done"')][-1]
