@@ -10,7 +10,6 @@ of the parameters and optimizer state.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -20,19 +19,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+from ft_worker import state_hash  # the sibling worker's hash (this file runs as a script from tests/ft)
 
 from regent.ft import Manager, ProcessGroupGloo
-
-
-def state_hash(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
-    h = hashlib.sha256()
-    for t in model.state_dict().values():
-        h.update(t.detach().numpy().tobytes())
-    for st in opt.state.values():
-        for v in st.values():
-            if isinstance(v, torch.Tensor):
-                h.update(v.detach().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def main() -> None:
