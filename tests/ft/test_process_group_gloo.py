@@ -161,6 +161,23 @@ def test_rendezvous_with_a_peer_that_never_comes_is_given_up_on_abort_or_timeout
         g.shutdown()
 
 
+def test_rendezvous_whose_store_host_died_is_given_up_on_abort():
+    # The quorum's primary (the store's host) dies between the quorum and the rendezvous: the store client
+    # retries its connect for the whole connect timeout. A supervisor's report must end that wait too (the
+    # soak saw a member stuck there for 139 s while its peers' failures were reported).
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again below: nothing listens there
+    group = ReplicatedGroup("gloo", timeout=2.0, connect_timeout=30.0)
+    timer = threading.Timer(0.5, lambda: group.abort(RuntimeError("peer replica r0 reported failed")))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="given up: peer replica r0 reported failed"):
+        group.configure(f"127.0.0.1:{dead}/regent/1/1", "r1", 1, 2)
+    assert time.monotonic() - start < 5
+    group.shutdown()
+
+
 def test_an_abort_while_an_operation_is_issued_fails_it_at_once():
     """A peer reported dead between `_current()` and the registration of the operation: the operation must
     fail with that reason now, not wait out the timeout for a peer that will never answer."""

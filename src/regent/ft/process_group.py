@@ -181,25 +181,34 @@ class ReplicatedGroup:
         if not prefix:
             raise ValueError(f"store address {store_addr!r} has no prefix; each configure needs a unique one")
         timeout = datetime.timedelta(seconds=self.timeout)
-        store = dist.TCPStore(
-            host,
-            port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self.connect_timeout),
-            wait_for_workers=False,
-        )
-        prefixed = dist.PrefixStore(prefix, store)
+        made: dict[str, Any] = {}
+
+        def connect_store() -> Any:
+            # On the rendezvous thread too: the store's host is the quorum's primary, and if it died after the
+            # quorum formed, the client retries its connect for the whole connect timeout. Seen in the soak: a
+            # member stuck here for 139 s, deaf to the supervisor's report that the primary was dead.
+            made["store"] = dist.TCPStore(
+                host,
+                port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=self.connect_timeout),
+                wait_for_workers=False,
+            )
+            return dist.PrefixStore(prefix, made["store"])
+
         if self.backend == "gloo":
             def build() -> Any:
                 # Rendezvous may wait for a peer that is still starting (connect timeout); operations then
                 # use the (usually shorter) collective timeout.
                 pg = dist.ProcessGroupGloo(
-                    prefixed, rank, world_size, datetime.timedelta(seconds=max(self.connect_timeout, self.timeout))
+                    connect_store(), rank, world_size,
+                    datetime.timedelta(seconds=max(self.connect_timeout, self.timeout)),
                 )
                 pg._set_default_timeout(timeout)
                 return pg
         else:
             def build() -> Any:
+                prefixed = connect_store()
                 opts = dist.ProcessGroupNCCL.Options()
                 opts.config.blocking = False
                 # torch's own NCCL watchdog tears the whole process down on a timeout; keep it far behind
@@ -214,7 +223,7 @@ class ReplicatedGroup:
         with self._lock:
             self._generation += 1
             self._pg = pg
-            self._store = store
+            self._store = made["store"]
             self._error = None
             self._rank = rank
             self._world_size = world_size
