@@ -81,6 +81,9 @@ class KubernetesSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     ttl_seconds_after_finished: int | None = 600
+    # The Secret the pods mount. None: `<name>-secret`, created per allocation by KubernetesJob. `regent k8s
+    # manifest` points every replica's Job at one Secret the user creates out of band.
+    secret_object: str | None = None
 
     @property
     def service_name(self) -> str:
@@ -88,7 +91,7 @@ class KubernetesSpec:
 
     @property
     def secret_name(self) -> str:
-        return f"{self.name}-secret"
+        return self.secret_object or f"{self.name}-secret"
 
     def selector_labels(self) -> dict[str, str]:
         return {JOB_LABEL: self.name}
