@@ -31,7 +31,8 @@ class LoopServer:
             grpc_lite.method_table(
                 "test.Svc",
                 {"Echo": self.echo, "Slow": self.slow, "Fail": self.fail, "Wait": self.wait, "Big": self.big},
-            )
+            ),
+            max_message_bytes=8 * 1024 * 1024,  # above the 4 MiB default: the large-message case sends 5 MiB
         )
         self.port = self.call(self.server.start("127.0.0.1", 0))
 

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
+import ipaddress
 import logging
 import socket
 import ssl as _ssl
 import struct
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import hpack
@@ -61,6 +64,7 @@ FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 DEFAULT_WINDOW = 65_535
 MAX_WINDOW = 2**31 - 1
@@ -69,8 +73,112 @@ DEFAULT_MAX_FRAME = 16_384
 RECV_WINDOW = 1 << 20
 MAX_CONCURRENT_STREAMS = 1000
 MAX_HEADER_BLOCK = 64 * 1024
-DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
+# Largest request message: grpcio's and tonic's default (4 MiB). Control-plane requests are a few hundred bytes;
+# a larger bound only lets one caller park that much memory per stream.
+DEFAULT_MAX_MESSAGE = 4 * 1024 * 1024
 HEADER_CACHE_SIZE = 64
+# Only header blocks up to this size are remembered by the decode cache: real clients' blocks are 100-500 bytes,
+# and caching 64 blocks of 64 KiB would cost 4 MiB per connection.
+HEADER_CACHE_MAX_BLOCK = 2048
+
+# ---- limits against hostile clients (HTTP/2 abuse: rapid reset, floods, slowloris) ----
+# A real client sends its preface and first SETTINGS in its first packet; 10 s covers a loaded host (same as the
+# TLS handshake timeout below). A connection that has not done so by then is closed.
+HANDSHAKE_TIMEOUT_S = 10.0
+# A connection with no stream open and no new stream for this long is closed with GOAWAY(NO_ERROR); clients
+# (grpcio, tonic) reconnect on their next call. Replicas heartbeat every ~100 ms, so only idle or parked
+# connections reach it. PINGs do not count as activity (a slowloris could otherwise keep a socket forever).
+IDLE_TIMEOUT_S = 300.0
+# A request must arrive in full (END_STREAM) this long after its HEADERS: 4 MiB in 60 s is ~70 kB/s, far below
+# any link a replica uses; a client that trickles a body to hold a stream open is reset (RST_STREAM CANCEL).
+REQUEST_TIMEOUT_S = 60.0
+# A frame (at most 16 KiB) or a header block (HEADERS + CONTINUATION, at most 64 KiB) left unfinished this long
+# means the client is holding the connection, not sending: GOAWAY. While a header block is open no other frame
+# may arrive on the connection, so this also bounds how long one client can wedge it.
+PARTIAL_FRAME_TIMEOUT_S = 30.0
+# A response that the client gives no flow-control window (or a socket it stops reading) for this long is given
+# up: the stream is reset, or, for a stalled socket, the connection is dropped.
+SEND_STALL_TIMEOUT_S = 60.0
+# How often each connection checks the timeouts above (the smallest of them over 4, at most this).
+TIMER_TICK_S = 1.0
+# After GOAWAY the connection is closed once our last bytes are out; a client that stops reading would keep
+# it open for good, so it is aborted after this long.
+GOAWAY_LINGER_S = 2.0
+# Connections from one peer address. A replica group opens one or two channels to the Lighthouse; 256 leaves
+# room for many groups behind one NAT address while stopping one host from holding thousands of sockets.
+# Loopback peers are exempt by default: processes on this host (the scale benchmark runs 4096 simulated groups
+# from 127.0.0.1) can exhaust the host by simpler means anyway.
+MAX_CONNECTIONS_PER_PEER = 256
+# Connections in all: each costs ~20 kB of Python objects plus a file descriptor; 8192 covers the 4096-group
+# scale benchmark twice over.
+MAX_CONNECTIONS = 8192
+# Token buckets per connection (burst, then a sustained rate per second). grpcio sends a keepalive PING every
+# 10 s or more and a few BDP pings per burst of data; SETTINGS once or twice per connection; RST_STREAM only
+# when a call is cancelled. A client that exceeds these is flooding: GOAWAY(ENHANCE_YOUR_CALM).
+PING_BURST, PING_RATE = 200, 50.0
+SETTINGS_BURST, SETTINGS_RATE = 50, 5.0
+# Streams the client resets (or that we refuse) while open: the CVE-2023-44487 'rapid reset' pattern costs the
+# server a dispatch per HEADERS and the client nothing. 500 covers a burst of deadlines on many calls at once.
+RESET_BURST, RESET_RATE = 500, 100.0
+# CONTINUATION frames in one header block: 64 KiB in 16 KiB frames is 4; empty CONTINUATION frames grow the
+# block by nothing, so only a count stops an endless run of them (the 2024 'CONTINUATION flood').
+MAX_CONTINUATIONS = 32
+# Request bytes buffered per connection (bodies not yet complete). Past it the connection window is no longer
+# refilled, so the client must wait for calls to finish: 1000 streams x 4 MiB could otherwise park 4 GB.
+MAX_BUFFERED_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The abuse limits of one server (defaults: the module constants above, each with its reason). Tests
+    shorten the timeouts; an operator may raise a bound."""
+
+    handshake_timeout: float = HANDSHAKE_TIMEOUT_S
+    idle_timeout: float = IDLE_TIMEOUT_S
+    request_timeout: float = REQUEST_TIMEOUT_S
+    partial_frame_timeout: float = PARTIAL_FRAME_TIMEOUT_S
+    send_stall_timeout: float = SEND_STALL_TIMEOUT_S
+    goaway_linger: float = GOAWAY_LINGER_S
+    max_connections_per_peer: int = MAX_CONNECTIONS_PER_PEER
+    limit_loopback_peers: bool = False
+    max_connections: int = MAX_CONNECTIONS
+    ping_burst: int = PING_BURST
+    ping_rate: float = PING_RATE
+    settings_burst: int = SETTINGS_BURST
+    settings_rate: float = SETTINGS_RATE
+    reset_burst: int = RESET_BURST
+    reset_rate: float = RESET_RATE
+    max_continuations: int = MAX_CONTINUATIONS
+    max_buffered_request_bytes: int = MAX_BUFFERED_REQUEST_BYTES
+
+    @property
+    def tick(self) -> float:
+        return min(TIMER_TICK_S, self.handshake_timeout / 4, self.idle_timeout / 4, self.request_timeout / 4,
+                   self.partial_frame_timeout / 4, self.send_stall_timeout / 4)
+
+
+class _Budget:
+    """A token bucket: `spend()` is False once a client has used more than `burst` plus `rate` per second."""
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, burst: int, rate: float) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def spend(self) -> bool:
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 
@@ -205,7 +313,7 @@ def trailers_block(code: StatusCode, message: str) -> bytes:
 class _Stream:
     __slots__ = (
         "id", "path", "deadline", "body", "send_window", "recv_unacked", "task", "timer", "pending", "trailers",
-        "expired", "ended",
+        "expired", "ended", "opened_at", "stalled_at",
     )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
@@ -221,12 +329,22 @@ class _Stream:
         self.trailers = b""
         self.expired = False
         self.ended = False  # the request is complete (END_STREAM received)
+        self.opened_at = time.monotonic()
+        self.stalled_at = 0.0  # when a response last waited for window (0: not waiting)
 
 
 class _ConnectionError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.code = code
+        # the counter it goes to (`Server.counters`); by default the error code's name
+        self.reason = reason or _ERROR_NAMES.get(code, f"error_{code}")
+
+
+_ERROR_NAMES = {
+    PROTOCOL_ERROR: "protocol_error", FLOW_CONTROL_ERROR: "flow_control_error", FRAME_SIZE_ERROR: "frame_size_error",
+    COMPRESSION_ERROR: "compression_error", ENHANCE_YOUR_CALM: "enhance_your_calm",
+}
 
 
 class _Connection(asyncio.Protocol):
@@ -255,15 +373,42 @@ class _Connection(asyncio.Protocol):
         self._table_generation = 0
         self._closing = False
         self._peer = "?"
+        self._host = "?"
+        limits = server.limits
+        self._limits = limits
+        self._pings = _Budget(limits.ping_burst, limits.ping_rate)
+        self._settings = _Budget(limits.settings_burst, limits.settings_rate)
+        self._resets = _Budget(limits.reset_burst, limits.reset_rate)
+        now = time.monotonic()
+        self._opened_at = now
+        self._active_at = now  # last new stream or finished call: what the idle timeout measures from
+        self._handshaken = False  # preface and the client's first SETTINGS received
+        self._partial_at = 0.0  # when the bytes of an unfinished frame started waiting (0: none)
+        self._headers_at = 0.0  # when the open header block started
+        self._continuations = 0
+        self._buffered = 0  # request bytes held in unfinished bodies
+        self._write_paused_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol --------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._server._connections.add(self)
         peername = transport.get_extra_info("peername")
         if peername:
             self._peer = f"{peername[0]}:{peername[1]}"
+            self._host = str(peername[0])
+        refusal = self._server._admit(self)
+        if refusal:
+            # Refused before any work: our GOAWAY is the whole conversation.
+            transport.write(frame(SETTINGS, 0, 0) + frame(  # type: ignore[attr-defined]
+                GOAWAY, 0, 0, struct.pack(">II", 0, ENHANCE_YOUR_CALM) + refusal.encode()))
+            self._closing = True
+            self._close_after_goaway(transport)  # type: ignore[arg-type]
+            return
+        self._server._by_host[self._host] += 1
+        self._schedule_timer()
         settings = struct.pack(
             ">HIHIHI",
             SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS,
@@ -275,14 +420,25 @@ class _Connection(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._server._connections.discard(self)
+        server = self._server
+        if self in server._connections:
+            server._connections.discard(self)
+            server._by_host[self._host] -= 1
+            if server._by_host[self._host] <= 0:
+                del server._by_host[self._host]
         self._closing = True
+        for handle in (self._timer, self._linger):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._linger = None
         for stream in list(self._streams.values()):
             self._drop(stream)
         self._streams.clear()
         self._blocked.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return  # after GOAWAY: nothing more is read (nor buffered)
         buf = self._buf
         buf += data
         try:
@@ -310,8 +466,12 @@ class _Connection(asyncio.Protocol):
                 pos += 9 + length
                 self._on_frame(kind, flags, stream_id, payload)
             del buf[:pos]
+            if not buf:
+                self._partial_at = 0.0
+            elif pos or not self._partial_at:
+                self._partial_at = time.monotonic()  # a new unfinished frame starts waiting now
         except _ConnectionError as err:
-            logger.debug("closing HTTP/2 connection: %s", err)
+            self._server._refuse(self._host, err.reason, f"closing HTTP/2 connection from {self._peer}: {err}")
             self._go_away(err.code, str(err))
 
     # ---- frames ------------------------------------------------------------------------------------------------
@@ -319,6 +479,8 @@ class _Connection(asyncio.Protocol):
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._headers_stream and (kind != CONTINUATION or stream_id != self._headers_stream):
             raise _ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
+        if not self._handshaken and kind != SETTINGS:
+            raise _ConnectionError(PROTOCOL_ERROR, "the client's first frame must be SETTINGS")
         if kind == DATA:
             self._on_data(flags, stream_id, payload)
         elif kind == HEADERS:
@@ -326,9 +488,13 @@ class _Connection(asyncio.Protocol):
         elif kind == CONTINUATION:
             if not self._headers_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+            self._continuations += 1
+            if self._continuations > self._limits.max_continuations:
+                raise _ConnectionError(ENHANCE_YOUR_CALM, f"more than {self._limits.max_continuations} CONTINUATION "
+                                       "frames in one header block", "continuation_flood")
             self._headers_block += payload
             if len(self._headers_block) > MAX_HEADER_BLOCK:
-                raise _ConnectionError(PROTOCOL_ERROR, "header block too large")
+                raise _ConnectionError(PROTOCOL_ERROR, "header block too large", "header_block_too_large")
             if flags & FLAG_END_HEADERS:
                 self._header_block_done()
         elif kind == SETTINGS:
@@ -339,19 +505,26 @@ class _Connection(asyncio.Protocol):
             if len(payload) != 8 or stream_id:
                 raise _ConnectionError(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "bad PING")
             if not flags & FLAG_ACK:
+                if not self._pings.spend():
+                    raise _ConnectionError(ENHANCE_YOUR_CALM, "PING flood", "ping_flood")
                 self._write(frame(PING, FLAG_ACK, 0, payload))
         elif kind == RST_STREAM:
-            if not stream_id or len(payload) != 4:
-                raise _ConnectionError(PROTOCOL_ERROR, "bad RST_STREAM")
+            if len(payload) != 4:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM payload not 4 bytes")
+            if not stream_id or stream_id > self._last_stream_id:
+                raise _ConnectionError(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
             stream = self._streams.pop(stream_id, None)
             if stream is not None:
                 self._drop(stream)
+                self._spend_reset()
         elif kind == GOAWAY:
             # The client will open no new streams; calls in flight finish normally.
             logger.debug("client sent GOAWAY (error %d)", int.from_bytes(payload[4:8], "big") if payload else -1)
         elif kind == PRIORITY:
             if not stream_id:
                 raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY payload not 5 bytes")
         elif kind == PUSH_PROMISE:
             raise _ConnectionError(PROTOCOL_ERROR, "a client may not push")
         # Unknown frame types are ignored (RFC 9113 section 4.1).
@@ -371,10 +544,7 @@ class _Connection(asyncio.Protocol):
         if self._recv_window < 0:
             raise _ConnectionError(FLOW_CONTROL_ERROR, "client overran the connection window")
         self._recv_unacked += flow
-        if self._recv_unacked >= RECV_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
-            self._recv_window += self._recv_unacked
-            self._recv_unacked = 0
+        self._refill_connection_window()
         stream = self._streams.get(stream_id)
         if stream is None or stream.ended:
             if stream_id > self._last_stream_id:
@@ -382,8 +552,16 @@ class _Connection(asyncio.Protocol):
             return  # a stream we already answered or reset: its late DATA only counts against the window
         data = self._unpad(flags, payload)
         stream.body += data
-        if len(stream.body) > self._server.max_message_bytes + 5:
-            self._finish(stream, StatusCode.RESOURCE_EXHAUSTED, "request larger than the server accepts")
+        self._buffered += len(data)
+        limit = self._server.max_message_bytes
+        # The gRPC prefix declares the message's length: refuse a too-large one at once, not after buffering it.
+        declared = int.from_bytes(stream.body[1:5], "big") if len(stream.body) >= 5 else 0
+        if declared > limit or len(stream.body) > limit + 5:
+            size = max(declared, len(stream.body) - 5)
+            self._server._refuse(self._host, "oversized_message",
+                                 f"request of {size} bytes from {self._peer} refused (limit {limit})")
+            self._finish(stream, StatusCode.RESOURCE_EXHAUSTED,
+                         f"request of {size} bytes is larger than the server accepts ({limit})")
             return
         if flags & FLAG_END_STREAM:
             stream.ended = True
@@ -400,9 +578,13 @@ class _Connection(asyncio.Protocol):
         block = self._unpad(flags, payload)
         if flags & FLAG_PRIORITY:
             block = block[5:]
+        if len(block) > MAX_HEADER_BLOCK:
+            raise _ConnectionError(PROTOCOL_ERROR, "header block too large", "header_block_too_large")
         self._headers_stream = stream_id
         self._headers_block = bytearray(block)
         self._headers_end_stream = bool(flags & FLAG_END_STREAM)
+        self._headers_at = time.monotonic()
+        self._continuations = 0
         if flags & FLAG_END_HEADERS:
             self._header_block_done()
 
@@ -424,8 +606,12 @@ class _Connection(asyncio.Protocol):
         if stream_id <= self._last_stream_id or not stream_id & 1:
             raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id} that cannot be opened")
         self._last_stream_id = stream_id
+        self._active_at = time.monotonic()
         stream = _Stream(stream_id, self._peer_initial_window)
         if len(self._streams) >= MAX_CONCURRENT_STREAMS or self._server._stopping:
+            # Beyond what we advertised (SETTINGS_MAX_CONCURRENT_STREAMS): refused, and it counts as a reset.
+            self._server.counters["refused_stream"] += 1
+            self._spend_reset()
             self._write(frame(RST_STREAM, 0, stream_id, struct.pack(">I", REFUSED_STREAM)))
             return
         self._streams[stream_id] = stream
@@ -495,9 +681,10 @@ class _Connection(asyncio.Protocol):
         if (len(entries), entries[0] if entries else None, table.maxsize) == before and (
             before[1] is None or entries[0] is before[1]
         ):
-            if len(self._header_cache) >= HEADER_CACHE_SIZE:
-                self._header_cache.clear()
-            self._header_cache[key] = headers
+            if len(block) <= HEADER_CACHE_MAX_BLOCK:
+                if len(self._header_cache) >= HEADER_CACHE_SIZE:
+                    self._header_cache.clear()
+                self._header_cache[key] = headers
         else:
             self._table_generation += 1
             self._header_cache.clear()
@@ -507,9 +694,14 @@ class _Connection(asyncio.Protocol):
         if stream_id:
             raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & FLAG_ACK:
+            if payload:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+        if not self._settings.spend():
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "SETTINGS flood", "settings_flood")
+        self._handshaken = True
         for offset in range(0, len(payload), 6):
             ident, value = struct.unpack_from(">HI", payload, offset)
             if ident == SETTINGS_INITIAL_WINDOW_SIZE:
@@ -519,6 +711,11 @@ class _Connection(asyncio.Protocol):
                 self._peer_initial_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream "
+                                               "window")
+            elif ident == SETTINGS_ENABLE_PUSH and value > 1:
+                raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1")
             elif ident == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
                     raise _ConnectionError(PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
@@ -541,9 +738,14 @@ class _Connection(asyncio.Protocol):
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
             self._flush_blocked()
             return
+        if stream_id > self._last_stream_id:
+            raise _ConnectionError(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
         stream = self._streams.get(stream_id)
         if stream is None:
             return  # a closed stream: WINDOW_UPDATE may still arrive
+        if not increment:
+            self._reset_stream(stream, PROTOCOL_ERROR)
+            return
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
             self._reset_stream(stream, FLOW_CONTROL_ERROR)
@@ -568,7 +770,7 @@ class _Connection(asyncio.Protocol):
             self._finish(stream, StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
             return
         request = bytes(body[5:])
-        stream.body = bytearray()
+        self._release_body(stream)
         if stream.deadline is not None and stream.deadline <= time.monotonic():
             self._finish(stream, StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
             return
@@ -618,8 +820,28 @@ class _Connection(asyncio.Protocol):
             logger.error("handler for %s failed", stream.path.decode(errors="replace"), exc_info=err)
             self._finish(stream, StatusCode.UNKNOWN, f"{type(err).__name__}: {err}")
 
+    def _release_body(self, stream: _Stream) -> None:
+        """The stream's request bytes are no longer held: give the client its window back if it was held."""
+        if stream.body:
+            self._buffered -= len(stream.body)
+            stream.body = bytearray()
+            self._refill_connection_window()
+
+    def _refill_connection_window(self) -> None:
+        # While too many request bytes are held unfinished the window stays shut: the client waits, memory holds.
+        if self._recv_unacked >= RECV_WINDOW // 2 and self._buffered < self._limits.max_buffered_request_bytes:
+            self._write(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self._recv_unacked)))
+            self._recv_window += self._recv_unacked
+            self._recv_unacked = 0
+
+    def _spend_reset(self) -> None:
+        if not self._resets.spend():
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "too many streams reset (rapid reset)", "rapid_reset")
+
     def _drop(self, stream: _Stream) -> None:
         """Forget a stream the client abandoned: cancel its handler and timer."""
+        self._release_body(stream)
+        self._active_at = time.monotonic()
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None
@@ -676,6 +898,7 @@ class _Connection(asyncio.Protocol):
         self._write(head)
         stream.pending = message
         stream.trailers = trailers
+        stream.stalled_at = time.monotonic()
         self._blocked.append(stream)
         self._flush_blocked()
 
@@ -692,6 +915,7 @@ class _Connection(asyncio.Protocol):
                     stream.send_window -= size
                     self._send_window -= size
                     self._write(frame(DATA, 0, stream.id, chunk))
+                    stream.stalled_at = time.monotonic()
                     progressed = True
                 if not stream.pending:
                     self._blocked.remove(stream)
@@ -713,7 +937,87 @@ class _Connection(asyncio.Protocol):
         self._closing = True
         self._write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream_id, code) + message.encode()[:256]))
         if self._transport is not None:
-            self._transport.close()
+            self._close_after_goaway(self._transport)
+
+    def _close_after_goaway(self, transport: asyncio.Transport) -> None:
+        """Half-close, then read and drop what the client still sends until it closes or `goaway_linger`
+        passes. Closing at once would make the kernel answer the client's next bytes (a flood in flight) with a
+        reset, and a reset discards our GOAWAY from the client's receive buffer: it would never learn why."""
+        if transport.can_write_eof():
+            transport.write_eof()
+            transport.resume_reading()  # in case writes had paused it: the client's bytes must be drained
+        else:  # TLS cannot half-close
+            transport.close()
+        self._abort_later()
+
+    def eof_received(self) -> bool:
+        """The client finished sending: after our GOAWAY (or without one) the connection is done."""
+        return False
+
+    def _abort_later(self) -> None:
+        """close() waits for our buffered bytes to go out; a client that never reads would hold the socket."""
+        transport = self._transport
+        if transport is not None and self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(self._limits.goaway_linger, transport.abort)
+
+    def pause_writing(self) -> None:
+        """asyncio: the socket's send buffer is full. Stop reading the client until it reads what we wrote, so
+        a client that sends requests (or PINGs) but never reads cannot make us queue answers without bound."""
+        self._write_paused_at = time.monotonic()
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused_at = 0.0
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def _schedule_timer(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._limits.tick, self._check_timers)
+
+    def _check_timers(self) -> None:
+        """The slowloris defences: every deadline in `Limits` is checked here, once per tick."""
+        self._timer = None
+        if self._closing:
+            return
+        now = time.monotonic()
+        limits = self._limits
+        expired: tuple[str, int, str] | None = None
+        if not self._handshaken:
+            if now - self._opened_at > limits.handshake_timeout:
+                expired = ("handshake_timeout", PROTOCOL_ERROR,
+                           f"no connection preface and SETTINGS within {limits.handshake_timeout:g} s")
+        elif self._write_paused_at and now - self._write_paused_at > limits.send_stall_timeout:
+            expired = ("send_stall", ENHANCE_YOUR_CALM,
+                       f"client read nothing for {limits.send_stall_timeout:g} s")
+        elif self._headers_stream and now - self._headers_at > limits.partial_frame_timeout:
+            expired = ("partial_frame_timeout", PROTOCOL_ERROR,
+                       f"header block unfinished after {limits.partial_frame_timeout:g} s")
+        elif self._partial_at and now - self._partial_at > limits.partial_frame_timeout:
+            expired = ("partial_frame_timeout", PROTOCOL_ERROR,
+                       f"frame unfinished after {limits.partial_frame_timeout:g} s")
+        elif not self._streams and now - self._active_at > limits.idle_timeout:
+            expired = ("idle_timeout", NO_ERROR, f"idle for {limits.idle_timeout:g} s")
+        if expired is not None:
+            reason, code, message = expired
+            self._server._refuse(self._host, reason, f"closing HTTP/2 connection from {self._peer}: {message}",
+                                 quiet=code == NO_ERROR)
+            self._go_away(code, message)
+            if self._transport is not None and reason == "send_stall":
+                self._transport.abort()  # it reads nothing: the GOAWAY could not reach it anyway
+            return
+        for stream in list(self._streams.values()):
+            if not stream.ended and now - stream.opened_at > limits.request_timeout:
+                self._server._refuse(self._host, "request_timeout",
+                                     f"request on stream {stream.id} from {self._peer} unfinished after "
+                                     f"{limits.request_timeout:g} s: reset")
+                self._reset_stream(stream, CANCEL)
+            elif stream.stalled_at and now - stream.stalled_at > limits.send_stall_timeout:
+                self._server._refuse(self._host, "send_stall",
+                                     f"response on stream {stream.id} to {self._peer} got no window for "
+                                     f"{limits.send_stall_timeout:g} s: reset")
+                self._reset_stream(stream, CANCEL)
+        self._schedule_timer()
 
     def shut_down(self) -> None:
         """Server shutdown: answer calls in flight with UNAVAILABLE (clients retry that), then GOAWAY."""
@@ -728,10 +1032,17 @@ class Server:
     def __init__(
         self, handlers: dict[str, Handler] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         authenticate: Authenticator | None = None, ssl: _ssl.SSLContext | None = None,
-        volatile_header: bytes = b"",
+        volatile_header: bytes = b"", limits: Limits | None = None,
     ) -> None:
         """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext). `volatile_header`:
-        a header that differs on every call (see `_Connection._decode_headers`)."""
+        a header that differs on every call (see `_Connection._decode_headers`). `limits`: the abuse bounds
+        (`Limits()`, the module's constants, by default)."""
+        self.limits = limits or Limits()
+        # What hostile or broken clients were refused, by reason ('ping_flood', 'rapid_reset', 'idle_timeout',
+        # 'too_many_connections', ...): for tests and for an operator reading a status page.
+        self.counters: Counter[str] = Counter()
+        self._by_host: Counter[str] = Counter()
+        self._warned: set[tuple[str, str]] = set()
         self.authenticate = authenticate
         self.volatile_header = volatile_header
         # 'literal without indexing, new name' + the name: how grpcio sends a custom header
@@ -785,7 +1096,43 @@ class Server:
 
     @property
     def connections(self) -> int:
+        """Connections open now."""
         return len(self._connections)
+
+    def _admit(self, conn: _Connection) -> str:
+        """'' to serve a new connection, else why it is refused (counted and logged)."""
+        limits = self.limits
+        if len(self._connections) >= limits.max_connections:
+            reason, message = "too_many_connections", f"server holds {limits.max_connections} connections"
+        elif self._by_host[conn._host] >= limits.max_connections_per_peer and (
+                limits.limit_loopback_peers or not _is_loopback(conn._host)):
+            reason, message = "too_many_connections", (f"{conn._host} holds {limits.max_connections_per_peer} "
+                                                       "connections")
+        else:
+            self._connections.add(conn)
+            return ""
+        self._refuse(conn._host, reason, f"refused HTTP/2 connection from {conn._peer}: {message}")
+        return message
+
+    def _refuse(self, host: str, reason: str, message: str, quiet: bool = False) -> None:
+        """Count a refusal; log the first of each kind per peer host as a warning, the rest at debug level (a
+        flood must not become a log flood)."""
+        self.counters[reason] += 1
+        key = (host, reason)
+        if quiet or key in self._warned:
+            logger.debug("%s", message)
+            return
+        if len(self._warned) >= 4096:
+            self._warned.clear()
+        self._warned.add(key)
+        logger.warning("%s (%s; later ones from this host are logged at debug level)", message, reason)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def dual_stack_socket(port: int) -> socket.socket:
