@@ -262,6 +262,32 @@ def test_a_running_lighthouse_passes():
         lighthouse.shutdown()
 
 
+def test_lighthouse_that_refuses_the_runs_secret_is_refused_before_launch(monkeypatch):
+    """The probe is signed as the trainers' calls will be: a Lighthouse started with another secret, or a run
+    with none, fails here with the fix, not at every quorum after launch."""
+    from regent.auth import SECRET_ENV, SECRET_FILE_ENV
+    from regent.ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, secret=b"k" * 32)
+    try:
+        monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
+        monkeypatch.setenv(SECRET_ENV, (b"k" * 32).hex())
+        check_lighthouse_reachable(lighthouse.address(), timeout_s=5.0)  # the same secret: passes
+        monkeypatch.setenv(SECRET_ENV, (b"w" * 32).hex())
+        with pytest.raises(ConfigError, match="refused this run's calls .*UNAUTHENTICATED.*not the Lighthouse's"):
+            check_lighthouse_reachable(lighthouse.address(), timeout_s=5.0)
+        monkeypatch.delenv(SECRET_ENV)
+        with pytest.raises(ConfigError, match="requires the job secret .*REGENT_JOB_SECRET_FILE"):
+            check_lighthouse_reachable(lighthouse.address(), timeout_s=5.0)
+        # --ft.rpc-auth false: the run will not sign, so the probe does not either
+        monkeypatch.setenv(SECRET_ENV, (b"k" * 32).hex())
+        with pytest.raises(ConfigError, match="requires the job secret"):
+            check_lighthouse_reachable(lighthouse.address(), timeout_s=5.0, rpc_env={"REGENT_FT_RPC_AUTH": "0"})
+        assert lighthouse.status()["heartbeats"] == []  # no probe registered anything
+    finally:
+        lighthouse.shutdown()
+
+
 def test_parse_level_config_needs_no_machine(tmp_path):
     """parse_train_argv stays pure: an address nobody serves is only checked when the CLI is about to launch."""
     cfg = parse_train_argv(["--lighthouse.address", f"127.0.0.1:{_closed_port()}", "--no-faults",

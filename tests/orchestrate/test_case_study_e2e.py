@@ -28,8 +28,8 @@ COMMON = [
 ]
 
 # (seconds after the first training step, replica, kind, rank)
-SCHEDULE_A = [(15, 0, "kill", 1), (45, 1, "exception", 0), (75, 0, "segfault", 0), (105, 1, "exit", 1)]
-SCHEDULE_B = [(15, 1, "hang", 1), (60, 0, "node", 0), (100, 1, "comm", 0)]
+SCHEDULE_A = [(12, 0, "kill", 1), (34, 1, "exception", 0), (56, 0, "segfault", 0), (78, 1, "exit", 1)]
+SCHEDULE_B = [(12, 1, "hang", 1), (42, 0, "node", 0), (70, 1, "comm", 0)]
 
 
 class Run:
@@ -61,14 +61,14 @@ def write_schedule(path: Path, schedule: list[tuple[int, int, str, int]]) -> str
 def run_a(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_a")
     # every restart gets a fresh allocation from the job layer (a new local worker host)
-    return run_regent(d / "run", "--duration", "160s", "--in-place-restarts", "0",
+    return run_regent(d / "run", "--duration", "105s", "--in-place-restarts", "0",
                       "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_A))
 
 
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_b")
-    return run_regent(d / "run", "--duration", "150s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
+    return run_regent(d / "run", "--duration", "95s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
 
 
 def check_fault_recovered(run: Run, kind: str) -> None:
@@ -155,8 +155,8 @@ def test_run_level_properties(request, which):
 
 
 def test_checkpoint_restart_baseline(tmp_path):
-    sched = write_schedule(tmp_path / "faults.jsonl", [(20, 0, "kill", 1)])
-    run = run_regent(tmp_path / "run", "--duration", "80s", "--recovery", "restart", "--checkpoint-every", "5",
+    sched = write_schedule(tmp_path / "faults.jsonl", [(12, 0, "kill", 1)])
+    run = run_regent(tmp_path / "run", "--duration", "50s", "--recovery", "restart", "--checkpoint-every", "5",
                      "--faults-file", sched)
     assert run.summary["full_restarts"] >= 1
     restarts = [e for e in run.events if e["kind"] == "restart_done"]

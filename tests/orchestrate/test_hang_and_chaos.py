@@ -296,7 +296,7 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1",
-         "--model", "debug", "--no-live", "--duration", "70s", "--run-dir", str(run_dir), "--faults-file", str(sched),
+         "--model", "debug", "--no-live", "--duration", "55s", "--run-dir", str(run_dir), "--faults-file", str(sched),
          "--ft.sync-every", "5", "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
          "--ft.quorum-timeout-s", "120", "--lighthouse.join-timeout-ms", "10000",
          "--lighthouse.heartbeat-timeout-ms", "3000"],

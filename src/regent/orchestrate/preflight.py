@@ -9,7 +9,8 @@ allocation or Lighthouse is started.
 - a `--train.data` glob that matches no file, a `--train.tokenizer` that is missing or unreadable
   (local job: on a cluster the trainers read them on their own nodes);
 - a `--lighthouse.bind` port (or the dashboard's, port + 1) already taken on this host;
-- an external `--lighthouse.address` that does not accept a connection within `connect_timeout_s`.
+- an external `--lighthouse.address` that does not accept a connection within `connect_timeout_s`, does not
+  answer gRPC, or refuses this run's proof of the job secret.
 
 Each check is a plain function with injectable inputs, so tests can call them directly with real sockets.
 """
@@ -21,6 +22,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from regent.orchestrate.config import ConfigError, RunConfig
 
@@ -37,7 +39,7 @@ def preflight(cfg: RunConfig, *, connect_timeout_s: float = LIGHTHOUSE_CONNECT_T
         return
     lc = cfg.lighthouse
     if lc.address:
-        check_lighthouse_reachable(lc.address, connect_timeout_s)
+        check_lighthouse_reachable(lc.address, connect_timeout_s, rpc_env=cfg.ft.rpc_env())
     else:
         check_bind_free(lc.bind)
 
@@ -144,11 +146,15 @@ def check_bind_free(bind: str) -> None:
                                   "it") from exc
 
 
-def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_CONNECT_TIMEOUT_S) -> None:
+def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_CONNECT_TIMEOUT_S,
+                               rpc_env: dict[str, str] | None = None) -> None:
     """An external Lighthouse must accept a TCP connection (refused ones are retried until `timeout_s`) and
-    answer a gRPC call as a gRPC server does (an unknown method: UNIMPLEMENTED, or a refusal for a missing
-    secret). Something else on that port (an HTTP server, a proxy) is refused too. TLS (https://) addresses
-    get the TCP check only."""
+    answer a gRPC call as a gRPC server does (an unknown method: UNIMPLEMENTED). Something else on that port
+    (an HTTP server, a proxy) is refused too. The probe is made the way the run's trainers will call: over TLS
+    for an https:// address or with `--ft.tls-*`, and signed with the job secret this process has
+    ($REGENT_JOB_SECRET / _FILE) unless `--ft.rpc-auth false`; a Lighthouse that refuses the proof is
+    refused here, before launch, instead of failing every quorum after it. `rpc_env`: the run's
+    `cfg.ft.rpc_env()` (None: this process's environment as it is)."""
     host, port = split_hostport(address, "--lighthouse.address")
     unreachable = (f"Lighthouse at {address} unreachable after {timeout_s:g} s ({{why}}); is it running there? "
                    "start it with `regent lighthouse`, fix --lighthouse.address, or drop --lighthouse.address to "
@@ -165,26 +171,65 @@ def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_CONNE
                 continue
             why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
             raise ConfigError(unreachable.format(why=why)) from exc
-    if not address.strip().startswith("https://"):
-        why = _grpc_probe(f"{host or '127.0.0.1'}:{port}" if ":" not in host else f"[{host}]:{port}",
-                          max(deadline - time.monotonic(), 1.0))
-        if why is not None:
-            raise ConfigError(unreachable.format(why=why))
+    security = _probe_security(rpc_env)
+    target = f"{host or '127.0.0.1'}:{port}" if ":" not in host else f"[{host}]:{port}"
+    outcome = _grpc_probe(target, max(deadline - time.monotonic(), 1.0), security,
+                          tls=address.strip().startswith("https://"))
+    if outcome is None:
+        return
+    kind, why = outcome
+    if kind == "refused":
+        if security.secret:
+            fix = ("this run's job secret is not the Lighthouse's: give both the same file (`regent lighthouse "
+                   "--secret-file F` and REGENT_JOB_SECRET_FILE=F for `regent train`)")
+        else:
+            fix = ("the Lighthouse requires the job secret and this run has none yet: set REGENT_JOB_SECRET_FILE "
+                   "to the file given to `regent lighthouse --secret-file`")
+        raise ConfigError(f"Lighthouse at {address} refused this run's calls ({why}); {fix}")
+    raise ConfigError(unreachable.format(why=why))
 
 
-def _grpc_probe(target: str, timeout_s: float) -> str | None:
-    """None when a gRPC server answers at `target`; else why not. The probe calls a method no Lighthouse
-    has, so it changes nothing there (a heartbeat would make the Lighthouse wait for a replica)."""
+def _probe_security(rpc_env: dict[str, str] | None) -> Any:
+    """The client side of `rpc_security` as the run's trainers will have it (the run's --ft.* settings laid
+    over this process's environment)."""
+    from regent.ft import rpc_security
+
+    saved = {k: os.environ.get(k) for k in rpc_env or {}}
+    try:
+        os.environ.update(rpc_env or {})
+        return rpc_security.Security.resolve()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _grpc_probe(target: str, timeout_s: float, security: Any = None,
+                tls: bool = False) -> tuple[str, str] | None:
+    """None when a gRPC server answers at `target` and takes our proof; else ("refused", why) when it refuses
+    the proof, or ("unreachable", why). The probe calls a method no Lighthouse has, so it changes nothing
+    there (a heartbeat would make the Lighthouse wait for a replica); the secret's check runs before the
+    method lookup, so a wrong proof is refused as UNAUTHENTICATED and a right one ends in UNIMPLEMENTED."""
     import grpc
 
-    with grpc.insecure_channel(target) as channel:
+    from regent.ft import rpc_security
+
+    security = security if security is not None else rpc_security.Security()
+    with security.channel(target, force_tls=tls) as channel:
         call = channel.unary_unary("/torchft.LighthouseService/RegentPreflight")
         try:
             call(b"", timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as exc:
             code, details = exc.code(), str(exc.details() or "")
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return "refused", f"{code.name}: {details}"
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                return f"the port accepts connections but nothing answered gRPC: {details or code.name}"
+                if tls or security.tls.enabled:
+                    return "unreachable", (f"the port accepts connections but no TLS gRPC answered: "
+                                           f"{details or code.name}; check --ft.tls-* and the address's scheme")
+                return "unreachable", f"the port accepts connections but nothing answered gRPC: {details or code.name}"
             if details.startswith("Received http2 header with status"):  # HTTP without gRPC: not a Lighthouse
-                return f"the port answers HTTP, not the Lighthouse's gRPC ({details})"
+                return "unreachable", f"the port answers HTTP, not the Lighthouse's gRPC ({details})"
     return None
