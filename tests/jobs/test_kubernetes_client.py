@@ -1,272 +1,42 @@
-"""KubernetesJob's client path, driven through the official `kubernetes` client against a real HTTP server
-that speaks the part of the Kubernetes REST API the backend uses (create/read/delete of Secrets, Services
-and Jobs, and listing Pods by label). The server plays the Job controller too: creating a Job makes one pod
-per completion index, which turns Ready after a few polls (or gets stuck, as the test asks).
+"""KubernetesJob's client path, driven through the official `kubernetes` client against
+`RecordedKubeApiStub` (tests/jobs/kube_api_stub.py), a recorded-response stub of the Kubernetes REST API:
+create/read/delete of Secrets, Services and Jobs, listing Pods by label, the Job controller's pods, and in
+"run" mode a tiny kubelet that runs each pod's container command as a local process.
 
-This checks request shapes, polling, error handling and cleanup. In "run" mode the server also acts as a
-tiny kubelet: it runs each pod's container command as a local process (pod IPs are distinct loopback
-addresses, the Secret volume is written to a temp dir) so the generated worker command is exercised for
-real. It is not a cluster: scheduling, images and networking are not exercised."""
+This checks request shapes, polling, error handling and cleanup, not a cluster: scheduling, images and
+networking are not exercised."""
 
 from __future__ import annotations
 
 import base64
-import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 pytest.importorskip("kubernetes")
 
-from regent.jobs.base import (
-    SECRET_ENV,
-    JobError,
-    JobFailedError,
-    JobTimeoutError,
-    is_listening,
-    pick_free_port,
-)
-from regent.jobs.kubernetes import INDEX_ANNOTATION, JOB_LABEL, KubernetesJob
-
-KINDS = {("api/v1", "secrets"), ("api/v1", "services"), ("apis/batch/v1", "jobs"), ("api/v1", "pods")}
-
-
-class FakeApiServer:
-    """In-memory objects keyed by (resource, namespace, name), served over HTTP."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.pod_mode = "ready"  # "ready" | "image_pull_backoff" | "unschedulable" | "run"
-        self.kubelet_dir: Path | None = None  # "run" mode: where pod volumes are materialised
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.ready_after_lists = 1
-        self.forbid_creates = False
-        self.lists = 0
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                server.handle(self, "GET")
-
-            def do_POST(self) -> None:
-                server.handle(self, "POST")
-
-            def do_DELETE(self) -> None:
-                server.handle(self, "DELETE")
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> FakeApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        for name in list(self.processes):
-            self.stop_pod(name)
-
-    def names(self, resource: str) -> list[str]:
-        return sorted(name for (res, _ns, name) in self.objects if res == resource)
-
-    # --- request handling ---------------------------------------------------------------------------
-    def handle(self, req: BaseHTTPRequestHandler, method: str) -> None:
-        url = urlparse(req.path)
-        length = int(req.headers.get("Content-Length") or 0)
-        body = json.loads(req.rfile.read(length)) if length else None
-        with self.lock:
-            self.requests.append((method, req.path))
-            code, payload = self.route(method, url.path.strip("/").split("/"), parse_qs(url.query), body)
-        data = json.dumps(payload).encode()
-        req.send_response(code)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        req.wfile.write(data)
-
-    @staticmethod
-    def status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
-        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-                      "message": message, "code": code}
-
-    def route(self, method: str, parts: list[str], query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
-        # api/v1/namespaces/NS/RES[/NAME]  or  apis/batch/v1/namespaces/NS/RES[/NAME]
-        prefix_len = 2 if parts[0] == "api" else 3
-        group, rest = "/".join(parts[:prefix_len]), parts[prefix_len:]
-        if len(rest) < 3 or rest[0] != "namespaces" or (group, rest[2]) not in KINDS:
-            return self.status(404, "NotFound", f"no route {'/'.join(parts)}")
-        ns, resource, name = rest[1], rest[2], (rest[3] if len(rest) > 3 else None)
-        key = (resource, ns, name or "")
-        if method == "POST" and name is None:
-            if self.forbid_creates:
-                return self.status(403, "Forbidden", f'{resource} is forbidden: cannot create in "{ns}"')
-            key = (resource, ns, body["metadata"]["name"])
-            if key in self.objects:
-                return self.status(409, "AlreadyExists", f"{key[2]} already exists")
-            obj = json.loads(json.dumps(body))
-            obj["metadata"]["uid"] = f"uid-{len(self.objects)}"
-            if resource == "jobs":
-                obj["status"] = {"active": obj["spec"]["parallelism"]}
-                self.make_pods(ns, obj)
-            self.objects[key] = obj
-            return 201, obj
-        if method == "GET" and resource == "pods" and name is None:
-            self.lists += 1
-            selector = query.get("labelSelector", [""])[0]
-            want = dict(kv.split("=", 1) for kv in selector.split(",") if kv)
-            items = [self.pod_status(obj) for (res, pns, _), obj in sorted(self.objects.items())
-                     if res == "pods" and pns == ns
-                     and all(obj["metadata"]["labels"].get(k) == v for k, v in want.items())]
-            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
-        if method == "GET" and name is not None:
-            if key not in self.objects:
-                return self.status(404, "NotFound", f'{resource} "{name}" not found')
-            return 200, self.objects[key]
-        if method == "DELETE" and name is not None:
-            if key not in self.objects:
-                return self.status(404, "NotFound", f'{resource} "{name}" not found')
-            obj = self.objects.pop(key)
-            if resource == "jobs":
-                for pod_key in [k for k, o in self.objects.items()
-                                if k[0] == "pods" and o["metadata"]["labels"].get("job-name") == name]:
-                    del self.objects[pod_key]
-                    self.stop_pod(pod_key[2])
-            return 200, obj
-        return self.status(405, "MethodNotAllowed", f"{method} {'/'.join(parts)}")
-
-    def make_pods(self, ns: str, job: dict[str, Any]) -> None:
-        name = job["metadata"]["name"]
-        for index in range(job["spec"]["completions"]):
-            labels = dict(job["spec"]["template"]["metadata"]["labels"], **{"job-name": name})
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"{name}-{index}-x7k2p", "namespace": ns, "labels": labels,
-                                "annotations": {INDEX_ANNOTATION: str(index)}},
-                   "spec": job["spec"]["template"]["spec"], "_index": index}
-            self.objects[("pods", ns, pod["metadata"]["name"])] = pod
-            if self.pod_mode == "run":
-                self.run_pod(ns, pod, f"127.0.0.{index + 10}")
-
-    # --- "run" mode: a minimal kubelet that runs each pod's container as a local process --------------
-    def run_pod(self, ns: str, pod: dict[str, Any], pod_ip: str) -> None:
-        """Materialise secret volumes, expand $(VAR) from the env (downward API included), start it."""
-        assert self.kubelet_dir is not None
-        name = pod["metadata"]["name"]
-        spec = pod["spec"]
-        (container,) = spec["containers"]
-        env: dict[str, str] = {}
-        fields = {"status.podIP": pod_ip, "metadata.name": name}
-        for item in container.get("env", []):
-            env[item["name"]] = item["value"] if "value" in item else fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        mounts: dict[str, str] = {}
-        for volume in spec["volumes"]:
-            if "secret" not in volume:
-                continue  # emptyDir /dev/shm: the host's is fine
-            secret = self.objects[("secrets", ns, volume["secret"]["secretName"])]
-            vol_dir = self.kubelet_dir / name / volume["name"]
-            vol_dir.mkdir(parents=True)
-            for key, value in secret["data"].items():
-                path = vol_dir / key
-                path.write_bytes(base64.b64decode(value))
-                path.chmod(volume["secret"]["defaultMode"])
-            for mount in container["volumeMounts"]:
-                if mount["name"] == volume["name"]:
-                    mounts[mount["mountPath"]] = str(vol_dir)
-
-        def expand(arg: str) -> str:
-            arg = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
-            for mount_path, local in mounts.items():
-                arg = arg.replace(mount_path, local)
-            return arg
-
-        argv = [expand(a) for a in container["command"] + container["args"]]
-        argv[0] = shutil.which(argv[0], path=str(Path(sys.executable).parent)) or argv[0]
-        full_env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-        full_env.update(env, OMP_NUM_THREADS="1")
-        pod["_ip"], pod["_port"] = pod_ip, container["readinessProbe"]["tcpSocket"]["port"]
-        self.processes[name] = subprocess.Popen(argv, env=full_env, stdout=subprocess.DEVNULL)
-
-    def stop_pod(self, name: str) -> None:
-        proc = self.processes.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def pod_status(self, pod: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in pod.items() if k != "_index"}
-        index = pod["_index"]
-        if self.pod_mode == "unschedulable":
-            out["status"] = {"phase": "Pending", "conditions": [
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
-        elif self.pod_mode == "image_pull_backoff":
-            out["status"] = {"phase": "Pending", "podIP": f"10.8.0.{index + 10}", "containerStatuses": [
-                {"name": "worker", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
-                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}}}]}
-        elif self.pod_mode == "run":
-            proc = self.processes[pod["metadata"]["name"]]
-            if proc.poll() is not None:
-                out["status"] = {"phase": "Failed", "podIP": pod["_ip"], "containerStatuses": [
-                    {"name": "worker", "ready": False, "restartCount": 0, "image": "x", "imageID": "",
-                     "state": {"terminated": {"exitCode": proc.returncode, "reason": "Error"}}}]}
-            else:
-                ready = is_listening(pod["_ip"], pod["_port"])  # what a tcpSocket readiness probe sees
-                out["status"] = {"phase": "Running", "podIP": pod["_ip"], "conditions": [
-                    {"type": "Ready", "status": "True" if ready else "False"}]}
-            out = {k: v for k, v in out.items() if not k.startswith("_")}
-        else:
-            ready = self.lists > self.ready_after_lists
-            out["status"] = {"phase": "Running", "podIP": f"10.8.0.{index + 10}", "conditions": [
-                {"type": "Ready", "status": "True" if ready else "False"}]}
-        return out
+from regent.jobs.base import JobError, JobFailedError, JobTimeoutError, pick_free_port
+from regent.jobs.kubernetes import JOB_LABEL, KubernetesJob
+from tests.jobs.kube_api_stub import RecordedKubeApiStub
 
 
 @pytest.fixture
 def api(tmp_path: Path):
-    with FakeApiServer() as server:
+    with RecordedKubeApiStub() as server:
         yield server
 
 
-def _kubeconfig(tmp_path: Path, url: str) -> str:
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-              "clusters": [{"name": "fake", "cluster": {"server": url}}],
-              "users": [{"name": "u", "user": {"token": "test-token"}}],
-              "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(config))
-    return str(path)
-
-
-def _job(tmp_path: Path, api: FakeApiServer, **kw: Any) -> KubernetesJob:
+def _job(tmp_path: Path, api: RecordedKubeApiStub, **kw: Any) -> KubernetesJob:
     opts: dict[str, Any] = dict(image="registry.local/regent:test", namespace="ml", secret="6b38732d736563726574",
-                                kubeconfig=_kubeconfig(tmp_path, api.url), gpus_per_host=2, platform="rocm")
+                                kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"), gpus_per_host=2, platform="rocm")
     opts.update(kw)
     return KubernetesJob(3, **opts)
 
 
-def test_start_wait_and_kill_through_the_rest_api(tmp_path: Path, api: FakeApiServer) -> None:
+def test_start_wait_and_kill_through_the_rest_api(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     job = _job(tmp_path, api)
     job.start()
     name = job.spec.name
@@ -298,7 +68,7 @@ def test_start_wait_and_kill_through_the_rest_api(tmp_path: Path, api: FakeApiSe
     assert len(api.requests) == count  # idempotent: nothing more sent
 
 
-def test_renew_replaces_every_object(tmp_path: Path, api: FakeApiServer) -> None:
+def test_renew_replaces_every_object(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     job = _job(tmp_path, api)
     job.start()
     fresh = job.renew()
@@ -311,7 +81,7 @@ def test_renew_replaces_every_object(tmp_path: Path, api: FakeApiServer) -> None
         fresh.kill()
 
 
-def test_a_pod_that_cannot_pull_its_image_fails_the_wait(tmp_path: Path, api: FakeApiServer) -> None:
+def test_a_pod_that_cannot_pull_its_image_fails_the_wait(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     api.pod_mode = "image_pull_backoff"
     job = _job(tmp_path, api)
     job.start()
@@ -322,7 +92,7 @@ def test_a_pod_that_cannot_pull_its_image_fails_the_wait(tmp_path: Path, api: Fa
         job.kill()
 
 
-def test_unschedulable_pods_time_out_with_the_schedulers_message(tmp_path: Path, api: FakeApiServer) -> None:
+def test_unschedulable_pods_time_out_with_the_schedulers_message(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     api.pod_mode = "unschedulable"
     job = _job(tmp_path, api)
     job.start()
@@ -334,7 +104,7 @@ def test_unschedulable_pods_time_out_with_the_schedulers_message(tmp_path: Path,
         job.kill()
 
 
-def test_a_deleted_job_is_reported_not_waited_for(tmp_path: Path, api: FakeApiServer) -> None:
+def test_a_deleted_job_is_reported_not_waited_for(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     api.ready_after_lists = 10**9
     job = _job(tmp_path, api)
     job.start()
@@ -347,7 +117,7 @@ def test_a_deleted_job_is_reported_not_waited_for(tmp_path: Path, api: FakeApiSe
         job.kill()
 
 
-def test_a_forbidden_create_names_the_cause(tmp_path: Path, api: FakeApiServer) -> None:
+def test_a_forbidden_create_names_the_cause(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     api.forbid_creates = True
     job = _job(tmp_path, api)
     with pytest.raises(JobError, match=r"creating Kubernetes job ml/regent-\w+ failed: 403 .*forbidden"):
@@ -363,7 +133,7 @@ def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
 
 
 
-def test_pods_run_the_generated_worker_command_and_serve_actors(tmp_path: Path, api: FakeApiServer) -> None:
+def test_pods_run_the_generated_worker_command_and_serve_actors(tmp_path: Path, api: RecordedKubeApiStub) -> None:
     import cloudpickle
 
     from regent.actor import Actor, endpoint
@@ -386,3 +156,96 @@ def test_pods_run_the_generated_worker_command_and_serve_actors(tmp_path: Path, 
     finally:
         job.kill()
     assert all(p.poll() is not None for p in api.processes.values()) and not api.processes
+
+
+@pytest.mark.parametrize("scenario,expected", [
+    ("preempted", "preempted by the scheduler for a higher-priority pod"),
+    ("evicted", "terminated by the kubelet (node pressure"),
+    ("node_lost", "tainted NoExecute (the node was lost"),
+    ("oom_killed", "its worker exited with code 137 (OOMKilled); raise --job.memory"),
+])
+def test_problem_names_a_lost_pod_so_the_replica_reallocates(
+    tmp_path: Path, api: RecordedKubeApiStub, scenario: str, expected: str,
+) -> None:
+    """What the orchestrator asks before an in-place restart (`problem()`), per recorded pod status."""
+    job = _job(tmp_path, api)
+    job.start()
+    try:
+        job.worker_addresses(timeout=60)
+        assert job.problem() is None  # healthy pods: an in-place restart is fine
+        victim = api.pods_of(job.spec.name)[1]["metadata"]["name"]
+        api.disrupt(victim, scenario)
+        problem = job.problem()
+        assert problem is not None and f"pod {victim} (index 1)" in problem, problem
+        assert expected in problem, problem
+        assert "fresh allocation" in problem
+    finally:
+        job.kill()
+    assert job.problem() == f"{job.describe()} was released by this controller"
+
+
+def test_problem_sees_a_vanished_pod_and_a_deleted_job(tmp_path: Path, api: RecordedKubeApiStub) -> None:
+    job = _job(tmp_path, api)
+    job.start()
+    try:
+        job.worker_addresses(timeout=60)
+        api.delete_pod(api.pods_of(job.spec.name)[2]["metadata"]["name"])
+        assert "pod(s) of index 2 are gone" in (job.problem() or "")
+        del api.objects[("jobs", "ml", job.spec.name)]
+        assert "no longer exists" in (job.problem() or "")
+    finally:
+        job.kill()
+
+
+def test_objects_that_fail_the_1_30_schema_are_refused_like_an_api_server(
+    tmp_path: Path, api: RecordedKubeApiStub,
+) -> None:
+    """The stub admits only what validates (strict), so every object KubernetesJob created in these tests did;
+    and a bad option is refused with a JobError that names it, leaving nothing behind."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    pytest.importorskip("kubernetes_validate")
+    bad = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"clusterIp": "None"}}
+    request = urllib.request.Request(f"{api.url}/api/v1/namespaces/ml/services", data=json.dumps(bad).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 422 and "clusterIp" in json.loads(refused.value.read())["message"]
+
+    job = _job(tmp_path, api, tolerations=[{"key": "gpu", "operatr": "Exists"}])  # a misspelt field
+    with pytest.raises(JobError, match=r"(?s)failed before reaching the API server: .*operatr"):
+        job.start()
+    assert api.names("jobs") == api.names("secrets") == api.names("services") == []  # cleaned up
+    good = _job(tmp_path, api, cpu="4", memory="16Gi", priority_class="regent-high")
+    good.start()
+    try:
+        kinds = [o["kind"] for o in api.created]
+        assert kinds[-3:] == ["Secret", "Service", "Job"]
+        pod_spec = api.created[-1]["spec"]["template"]["spec"]
+        assert pod_spec["priorityClassName"] == "regent-high"
+    finally:
+        good.kill()
+
+
+def test_pod_bootstrap_reads_the_secret_from_the_mounted_file_only(tmp_path: Path, api: RecordedKubeApiStub) -> None:
+    """The pod side, as local processes: `regent worker` gets the secret from the 0400 Secret volume file; the
+    secret is on no command line and in no environment (the stub's kubelet gives pods none of the controller's)."""
+    secret = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+    api.pod_mode, api.kubelet_dir = "run", tmp_path / "kubelet"
+    job = _job(tmp_path, api, secret=secret, gpus_per_host=None, port=pick_free_port("127.0.0.1"))
+    try:
+        job.start()
+        addresses = job.worker_addresses(timeout=120)
+        assert len(addresses) == 3
+        for pod in api.pods_of(job.spec.name):
+            pid = api.processes[pod["metadata"]["name"]].pid
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode()
+            assert secret not in cmdline and secret not in environ
+            secret_file = cmdline.split("\0")[cmdline.split("\0").index("--secret-file") + 1]
+            assert Path(secret_file).read_text() == secret
+            assert Path(secret_file).stat().st_mode & 0o777 == 0o400
+    finally:
+        job.kill()

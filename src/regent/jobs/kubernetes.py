@@ -81,6 +81,7 @@ class KubernetesSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     ttl_seconds_after_finished: int | None = 600
+    priority_class: str | None = None
     # The Secret the pods mount. None: `<name>-secret`, created per allocation by KubernetesJob. `regent k8s
     # manifest` points every replica's Job at one Secret the user creates out of band.
     secret_object: str | None = None
@@ -189,6 +190,8 @@ def build_job_manifest(spec: KubernetesSpec) -> dict[str, Any]:
         pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account
+    if spec.priority_class:
+        pod_spec["priorityClassName"] = spec.priority_class
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     if spec.host_network:
@@ -272,6 +275,49 @@ def _camel(snake: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
+# Reasons of the DisruptionTarget pod condition (Kubernetes >= 1.26): who took the pod away, and what helps.
+DISRUPTION_REASONS = {
+    "PreemptionByScheduler": "preempted by the scheduler for a higher-priority pod (a higher PriorityClass for "
+                             "regent's pods, --job.priority-class, prevents it)",
+    "DeletionByTaintManager": "deleted because its node was tainted NoExecute (the node was lost, became "
+                              "unreachable or is being drained)",
+    "EvictionByEvictionAPI": "evicted through the Eviction API (kubectl drain or the cluster autoscaler; a "
+                             "PodDisruptionBudget holds voluntary evictions back)",
+    "DeletionByPodGC": "deleted by the pod garbage collector: its node no longer exists",
+    "TerminationByKubelet": "terminated by the kubelet (node pressure or a graceful node shutdown)",
+}
+
+
+def pod_loss(pod: Any) -> str | None:
+    """Why a worker pod can no longer serve its host, or None while it may. Pure, for V1Pod or dict.
+
+    restartPolicy is Never, so a pod that stopped, was disrupted, is being deleted or sits on a node that
+    stopped reporting (phase Unknown) never serves again: its replica needs a fresh allocation."""
+    get = _getter(pod)
+    meta, status = get(pod, "metadata") or {}, get(pod, "status") or {}
+    for c in get(status, "conditions") or []:
+        if get(c, "type") == "DisruptionTarget" and get(c, "status") == "True":
+            reason = get(c, "reason") or "unknown"
+            return DISRUPTION_REASONS.get(reason, f"disrupted ({reason}: {get(c, 'message') or ''})")
+    phase = get(status, "phase") or "Unknown"
+    if get(status, "reason") == "Evicted":
+        return f"evicted by the kubelet: {get(status, 'message') or 'node pressure'}"
+    if phase == "Unknown":
+        return "its node stopped reporting (phase Unknown: node lost or partitioned from the control plane)"
+    if get(meta, "deletion_timestamp", "deletionTimestamp"):
+        return "being deleted"
+    if phase in ("Failed", "Succeeded"):
+        for cs in get(status, "container_statuses", "containerStatuses") or []:
+            terminated = get(get(cs, "state") or {}, "terminated")
+            if terminated:
+                reason = get(terminated, "reason") or "no reason"
+                code = get(terminated, "exit_code", "exitCode")
+                hint = "; raise --job.memory" if reason == "OOMKilled" else ""
+                return f"its worker exited with code {code} ({reason}){hint}"
+        return f"pod {phase.lower()} ({get(status, 'reason') or 'no reason'})"
+    return None
+
+
 def ready_addresses(pods: Sequence[PodView], hosts: int, port: int) -> list[str] | None:
     """Addresses of pods 0..hosts-1 in index order once all are Ready, else None. Raises on a fatal pod."""
     for pod in pods:
@@ -289,7 +335,8 @@ class KubernetesJob(Job):
     Options: `image` (required: an image with regent installed), `namespace`, `port`, `platform`
     ("cuda"/"rocm"), `command` (how to invoke regent in the image, default ["regent"]), `cpu`, `memory`,
     `env`, `node_selector`, `tolerations`, `service_account`, `image_pull_policy`, `image_pull_secrets`,
-    `host_network`, `shm_size`, `labels`, `annotations`, `kubeconfig`, `context`."""
+    `host_network`, `shm_size`, `labels`, `annotations`, `kubeconfig`, `context`, `priority_class` (a
+    PriorityClass for the pods: a high one keeps the scheduler from preempting them)."""
 
     backend = "k8s"
 
@@ -319,6 +366,7 @@ class KubernetesJob(Job):
         annotations: Mapping[str, str] | None = None,
         kubeconfig: str | None = None,
         context: str | None = None,
+        priority_class: str | None = None,
     ) -> None:
         if not image:
             raise ValueError("KubernetesJob needs image=...: a container image with regent installed")
@@ -329,7 +377,7 @@ class KubernetesJob(Job):
             service_account=service_account, image_pull_policy=image_pull_policy,
             image_pull_secrets=tuple(image_pull_secrets), host_network=host_network, shm_size=shm_size,
             labels=dict(labels or {}), annotations=dict(annotations or {}), kubeconfig=kubeconfig,
-            context=context,
+            context=context, priority_class=priority_class,
         )
         if gpus_per_host:
             gpu_resource_name(platform)  # fail before launch on a bad platform
@@ -339,7 +387,7 @@ class KubernetesJob(Job):
             env=dict(env or {}), node_selector=dict(node_selector or {}), tolerations=tuple(tolerations),
             service_account=service_account, image_pull_policy=image_pull_policy,
             image_pull_secrets=tuple(image_pull_secrets), host_network=host_network, shm_size=shm_size,
-            labels=dict(labels or {}), annotations=dict(annotations or {}),
+            labels=dict(labels or {}), annotations=dict(annotations or {}), priority_class=priority_class,
         )
         self._kubeconfig = kubeconfig
         self._context = context
@@ -392,6 +440,10 @@ class KubernetesJob(Job):
                 f"creating {self.describe()} failed: {exc.status} {exc.reason}: {_api_message(exc)}; check the "
                 f"namespace exists and your account may create secrets, services and jobs in it"
             ) from exc
+        except Exception as exc:  # the client validates objects itself (pydantic in kubernetes>=35): clean up too
+            self.kill()
+            raise JobError(f"creating {self.describe()} failed before reaching the API server: {exc}; check the "
+                           f"job options (--job.KEY) against the Kubernetes object they set") from exc
         logger.info("created %s with %d worker pods", self.describe(), self.hosts)
 
     def pods(self) -> list[PodView]:
@@ -454,6 +506,44 @@ class KubernetesJob(Job):
         return not any(
             c.type in ("Failed", "Complete", "FailureTarget") and c.status == "True" for c in status.conditions or []
         )
+
+    def problem(self) -> str | None:
+        """Why this allocation can no longer serve its hosts, with the cause; None while it looks healthy.
+
+        The orchestrator asks before an in-place restart: a pod that was preempted, evicted, lost with its node
+        or whose worker exited (pods are never restarted) means a fresh allocation, not a restart on it."""
+        if not self._started:
+            return None
+        if self._killed:
+            return f"{self.describe()} was released by this controller"
+        _, batch, api_exception = self._clients()
+        try:
+            job = batch.read_namespaced_job(self.spec.name, self.spec.namespace)
+        except api_exception as exc:
+            if exc.status == 404:
+                return (f"{self.describe()} no longer exists (deleted by someone, or by ttlSecondsAfterFinished); "
+                        f"the replica moves to a fresh allocation")
+            raise
+        core, _, _ = self._clients()
+        listing = core.list_namespaced_pod(self.spec.namespace, label_selector=f"{JOB_LABEL}={self.spec.name}")
+        seen: set[int] = set()
+        for pod in listing.items:
+            view = pod_view(pod)
+            if view.index is not None:
+                seen.add(view.index)
+            loss = pod_loss(pod)
+            if loss:
+                return (f"{self.describe()}: pod {view.name} (index {view.index}) {loss}; the replica moves to a "
+                        f"fresh allocation (`kubectl -n {self.spec.namespace} describe pod {view.name}`)")
+        missing = sorted(set(range(self.hosts)) - seen)
+        if missing:
+            return (f"{self.describe()}: the pod(s) of index {', '.join(map(str, missing))} are gone (deleted with "
+                    f"their node?); the replica moves to a fresh allocation")
+        status = job.status
+        for c in (getattr(status, "conditions", None) or []):
+            if c.type in ("Failed", "FailureTarget") and c.status == "True":
+                return f"{self.describe()} failed ({c.reason}: {c.message or ''}); the replica moves to a fresh allocation"
+        return None
 
     def kill(self) -> None:
         if self._killed:
