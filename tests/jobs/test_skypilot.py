@@ -1,24 +1,33 @@
-"""SkyPilotJob's pure parts (task YAML, `sky status` parsing) and its error when the CLI is missing.
+"""SkyPilotJob's pure parts (the task), its run step on a "node", and the launch flow through SkyPilot's Python
+API against SkyApiStub (tests/jobs/sky_api_stub.py), a stub of the `sky` module named as such.
 
-SkyPilot and cloud credentials are not available here, so `sky launch/logs/status/down` is not run."""
+SkyPilot and cloud credentials are not available here: the real API server and a cloud are not exercised."""
 
 from __future__ import annotations
 
 import json
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from regent.jobs.base import ADDRESS_MARKER, JobError, JobFailedError, parse_address_markers
+from regent.actor import Actor, endpoint
+from regent.jobs.base import (
+    ADDRESS_MARKER,
+    JobError,
+    JobFailedError,
+    JobTimeoutError,
+    parse_address_markers,
+    pick_free_port,
+)
 from regent.jobs.skypilot import (
     REMOTE_SECRET,
     SkyPilotJob,
     SkyPilotSpec,
     build_task,
     build_task_yaml,
-    parse_cluster_status,
 )
 
 
@@ -64,24 +73,6 @@ def test_accelerator_without_count_and_no_gpus() -> None:
     assert build_task(_spec(accelerator="tpu-v5-8"))["resources"]["accelerators"] == "tpu-v5-8"
 
 
-STATUS = """\
-Clusters
-NAME              INFRA             RESOURCES                          STATUS   AUTOSTOP  LAUNCHED
-regent-1234abcd   Kubernetes (ctx)  4x(gpus=H100:8, cpus=64, mem=512)  UP       -         3 mins ago
-regent-ffff0000   AWS (us-east-1)   2x(gpus=H100:8)                    STOPPED  -         1 day ago
-
-Managed jobs
-No in-progress managed jobs.
-"""
-
-
-def test_parse_cluster_status() -> None:
-    assert parse_cluster_status(STATUS, "regent-1234abcd") == "UP"
-    assert parse_cluster_status(STATUS, "regent-ffff0000") == "STOPPED"
-    assert parse_cluster_status(STATUS, "regent-absent") is None
-    assert parse_cluster_status("No existing clusters.\n", "regent-1234abcd") is None
-
-
 def test_addresses_come_from_marker_lines_in_sky_logs() -> None:
     log = "\n".join([
         "(setup pid=1) Successfully installed regent-ml",
@@ -89,31 +80,6 @@ def test_addresses_come_from_marker_lines_in_sky_logs() -> None:
         f"(worker1, rank=1, pid=3) {ADDRESS_MARKER} rank=1 address=tcp://10.0.0.5:26600",
     ])
     assert parse_address_markers(log) == {0: "tcp://10.0.0.4:26600", 1: "tcp://10.0.0.5:26600"}
-
-
-def test_missing_sky_cli_is_a_clear_error() -> None:
-    job = SkyPilotJob(2, secret="ab12", sky="regent-no-such-sky")
-    with pytest.raises(JobError, match="SkyPilot CLI `regent-no-such-sky` is not installed.*pip install"):
-        job.start()
-    assert not job.is_alive()
-    job.kill()
-    job.kill()
-
-
-@pytest.mark.skipif(shutil.which("false") is None, reason="no `false` binary")
-def test_a_failed_background_launch_is_reported_and_leaves_no_secret_copy() -> None:
-    """`false` stands in for a `sky` whose launch fails: start() returns at once (launch runs in the
-    background), and the wait reports the failure instead of polling logs of a cluster that never came up."""
-    job = SkyPilotJob(2, secret="ab12", sky="false")
-    job.start()
-    try:
-        assert Path(job.spec.secret_path).exists()  # while launching, the file mount source must exist
-        with pytest.raises(JobFailedError, match=r"`sky launch` for SkyPilot cluster regent-\w+ failed with exit code 1"):
-            job.worker_addresses(timeout=60)
-        assert not Path(job.spec.secret_path).exists()
-    finally:
-        job.kill()
-    assert not job.is_alive()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
@@ -156,3 +122,131 @@ def test_run_step_serves_a_worker_as_it_would_on_a_node(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- the launch flow through the `sky` Python API, against SkyApiStub -----------------------------------
+
+@pytest.fixture
+def sky_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    from tests.jobs.sky_api_stub import SkyApiStub
+
+    api, records = getattr(request, "param", ("requests", "dict"))
+    stub = SkyApiStub(tmp_path / "cloud", api=api, records=records)
+    monkeypatch.setitem(sys.modules, "sky", stub.module)
+    try:
+        yield stub
+    finally:
+        stub.close()
+
+
+def _sky_job(**kw) -> SkyPilotJob:
+    opts = dict(secret="5c1e5c1e5c1e5c1e", setup=(), python=sys.executable, port=pick_free_port("127.0.0.1"))
+    opts.update(kw)
+    return SkyPilotJob(2, **opts)
+
+
+class NodeRank(Actor):
+    @endpoint
+    def rank(self) -> str:
+        import os
+
+        return os.environ["SKYPILOT_NODE_RANK"]
+
+
+@pytest.mark.parametrize("sky_stub", [("requests", "dict"), ("direct", "object")], indirect=True,
+                         ids=["sdk-requests", "sdk-direct"])
+def test_launch_flow_through_the_python_api_serves_workers(sky_stub) -> None:
+    """start -> sky.launch(Task) -> nodes run the task -> addresses from sky.tail_logs -> actors on both nodes
+    -> sky.status says UP -> kill -> sky.down. Both SDK generations: request ids + sky.get, and direct results."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    job = _sky_job(idle_minutes_to_autostop=30, secret=None)  # this controller's runtime secret
+    try:
+        hosts = job.host_mesh(timeout=120)
+        (launch,) = [c for c in sky_stub.calls if c[0] == "launch"]
+        task, kwargs = launch[1][0], launch[2]
+        assert task.config == build_task(job.spec)  # the task handed to sky.launch is exactly build_task's
+        assert kwargs["cluster_name"] == job.cluster
+        assert kwargs["idle_minutes_to_autostop"] == 30 and kwargs["down"] is True
+        assert kwargs.get("detach_run") is (True if sky_stub.api == "direct" else None)
+        assert job.secret not in json.dumps(task.config)  # the secret is a file mount, never inline
+        assert sky_stub.uploaded_secrets[job.cluster] == job.secret
+        assert not Path(job.spec.secret_path).exists()  # the local copy is gone once uploaded
+        assert job.sky_job_id == 1
+
+        procs = hosts.spawn_procs(per_host={"procs": 1})
+        ranks = sorted(procs.spawn("rank", NodeRank).rank.call().get(timeout=120).values())
+        assert ranks == ["0", "1"]
+        procs.stop().get(timeout=60)
+
+        assert job.status() == "UP" and job.is_alive() and job.problem() is None
+        status_calls = [c for c in sky_stub.calls if c[0] == "status"]
+        assert status_calls and all(c[2]["cluster_names"] == [job.cluster] for c in status_calls)
+        tails = [c for c in sky_stub.calls if c[0] == "tail_logs"]
+        assert tails and all(c[1] == (job.cluster, 1) and c[2]["follow"] is False for c in tails)
+        if sky_stub.api == "requests":
+            assert [c for c in sky_stub.calls if c[0] == "get"]  # every request id was resolved with sky.get
+    finally:
+        job.kill()
+    assert [c[1] for c in sky_stub.calls if c[0] == "down"] == [(job.cluster,)]
+    assert job.cluster not in sky_stub.clusters and not job.is_alive()
+    job.kill()  # idempotent: no second sky.down
+    assert len([c for c in sky_stub.calls if c[0] == "down"]) == 1
+
+
+def test_a_failed_launch_is_reported_with_skypilots_error_and_torn_down(sky_stub) -> None:
+    sky_stub.fail_launch = True
+    job = _sky_job()
+    job.start()
+    try:
+        assert Path(job.spec.secret_path).exists() or job._launch_thread is None  # kept only while launching
+        with pytest.raises(JobFailedError, match=r"launching SkyPilot cluster regent-\w+ failed: "
+                                                 r"ResourcesUnavailableError: Failed to provision .*sky check"):
+            job.worker_addresses(timeout=60)
+        assert not Path(job.spec.secret_path).exists()
+    finally:
+        job.kill()
+    assert [c[1] for c in sky_stub.calls if c[0] == "down"] == [(job.cluster,)]  # anything half made goes too
+
+
+def test_a_launch_still_running_times_out_and_is_cancelled(sky_stub) -> None:
+    sky_stub.launch_delay.clear()  # provisioning never finishes within the wait
+    job = _sky_job()
+    job.start()
+    try:
+        with pytest.raises(JobTimeoutError, match="the launch is still running after 1 s"):
+            job.worker_addresses(timeout=1)
+    finally:
+        job.kill()
+        sky_stub.launch_delay.set()
+    assert [c for c in sky_stub.calls if c[0] == "api_cancel"]  # the launch request was cancelled
+    assert [c for c in sky_stub.calls if c[0] == "down"]
+
+
+def test_spot_preemption_is_a_lost_allocation(sky_stub) -> None:
+    """A preempted spot cluster reports STOPPED: problem() says so (the orchestrator then reallocates)."""
+    job = _sky_job(use_spot=True)
+    try:
+        job.start()
+        job.worker_addresses(timeout=120)
+        assert job.problem() is None
+        sky_stub.preempt(job.cluster)
+        assert job.status() == "STOPPED" and not job.is_alive()
+        problem = job.problem()
+        assert problem is not None and "is STOPPED (spot preemption" in problem and "fresh cluster" in problem
+        del sky_stub.clusters[job.cluster]
+        assert "no longer listed by sky.status" in (job.problem() or "")
+    finally:
+        job.kill()
+
+
+def test_missing_skypilot_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sky", None)  # `import sky` raises ImportError
+    job = SkyPilotJob(2, secret="ab12")
+    with pytest.raises(JobError, match=r"SkyPilot is not installed \(cannot import sky\): pip install "
+                                       r"'skypilot\[<cloud>\]'"):
+        job.start()
+    assert not job.is_alive()
+    job.kill()
+    job.kill()

@@ -1,31 +1,40 @@
 """SkyPilot backend: a SkyPilot cluster of N nodes, each serving a host with `regent worker`.
 
-Driven through the `sky` CLI (`pip install skypilot[<cloud>]`), so Regent does not depend on SkyPilot's
-Python API, which changes between releases:
-- `start()` writes a task YAML (see `build_task_yaml`) and starts `sky launch -y -d -c <cluster> task.yaml`
-  in the background (provisioning takes minutes); `worker_addresses()` waits for it and reports its log
-  if it fails. `-d` (detach) makes `sky launch` return once the run step is submitted.
-- The secret travels as a file mount of a local 0600 file; setup `chmod 600`s the remote copy.
+Driven through SkyPilot's Python API (`import sky`; `pip install 'skypilot[<cloud>]'`), never by parsing the
+CLI's tables. Since SkyPilot 0.8 most calls return a request id that `sky.get(...)` resolves (the request runs
+on the SkyPilot API server); older releases returned the result directly. Both are accepted (`_resolve`).
+- `start()` builds the task (`build_task`, also written to `task.yaml` beside the local secret copy for a
+  `sky launch` by hand), turns it into `sky.Task.from_yaml_config(...)` and calls
+  `sky.launch(task, cluster_name=..., ...)` on a background thread (provisioning takes minutes);
+  `worker_addresses()` waits for it and reports its error if it fails.
+- The secret travels as a file mount of a local 0600 file, removed once the launch returns; setup
+  `chmod 600`s the remote copy. It is never in the task, an env var or a command line.
 - Each node's run step calls `regent.jobs.base.launch_worker`, which serves on the node's IP and `port`
   and prints a `REGENT_WORKER_READY rank=<SKYPILOT_NODE_RANK> address=tcp://ip:port` line once listening.
-  `worker_addresses()` reads those lines from `sky logs --no-follow <cluster>`.
-- `is_alive()` parses `sky status <cluster>`; `kill()` runs `sky down -y <cluster>`.
+  `worker_addresses()` reads those lines with `sky.tail_logs(cluster, job_id, follow=False,
+  output_stream=...)`.
+- `status()`/`is_alive()`/`problem()` read `sky.status(cluster_names=[cluster])` records (their `status` is a
+  `sky.ClusterStatus`); `kill()` calls `sky.down(cluster)`.
 
 The controller must reach the nodes' private IPs (same VPC or network), as with Monarch's SkyPilot example.
 
-Testing: `build_task_yaml`, the status parser and the log parser are unit-tested, and the generated run
-step is executed locally with the variables SkyPilot sets on a node (it serves a real worker). SkyPilot
-and cloud credentials are not available here, so `sky launch/logs/status/down` themselves are untested.
+Testing: `build_task` is unit-tested, its run step is executed locally with the variables SkyPilot sets on a
+node, and the launch flow runs against tests/jobs/sky_api_stub.py, a stub of the `sky` API (named as such)
+whose "nodes" are local processes. SkyPilot itself and a cloud were not available, so the real API server,
+provisioning and `sky.tail_logs` output format on a live cluster are untested.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
 import json
 import logging
 import shlex
 import shutil
-import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,10 +46,8 @@ from regent.jobs.base import (
     JobError,
     JobFailedError,
     JobTimeoutError,
-    environ_without_secret,
     launcher_command,
     parse_address_markers,
-    run_command,
     wait_until,
     write_secret_file,
 )
@@ -49,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 REMOTE_SECRET = "~/.regent/job-secret"
 DEFAULT_PORT = 26600
-# `sky status` cluster states that still hold (or are getting) nodes.
+# `sky.ClusterStatus` states that still hold (or are getting) nodes.
 ALIVE_CLUSTER_STATES = frozenset({"INIT", "UP"})
 
 
@@ -130,21 +137,18 @@ def build_task_yaml(spec: SkyPilotSpec) -> str:
     return json.dumps(build_task(spec), indent=2) + "\n"
 
 
-def parse_cluster_status(text: str, cluster: str) -> str | None:
-    """The STATUS column of `cluster` in `sky status` output, or None if the cluster is not listed."""
-    header_cols: list[str] | None = None
-    for line in text.splitlines():
-        cols = line.split()
-        if not cols:
-            continue
-        if cols[0] == "NAME" and "STATUS" in cols:
-            header_cols = cols
-            continue
-        if cols[0] == cluster and header_cols is not None:
-            for token in cols[1:]:
-                if token in {"INIT", "UP", "STOPPED", "AUTOSTOPPING", "PENDING"}:
-                    return token
-    return None
+def record_field(record: Any, name: str) -> Any:
+    """A field of a `sky.status` record: a dict in older SkyPilot, an object with attributes in newer."""
+    if isinstance(record, Mapping):
+        return record.get(name)
+    return getattr(record, name, None)
+
+
+def status_name(value: Any) -> str | None:
+    """The state name ("UP", "INIT", "STOPPED", ...) of a `sky.ClusterStatus` member or its plain string."""
+    if value is None:
+        return None
+    return str(getattr(value, "value", value)).rsplit(".", 1)[-1].upper()
 
 
 class SkyPilotJob(Job):
@@ -152,10 +156,10 @@ class SkyPilotJob(Job):
 
     Options: `accelerator` ("H100", "MI300X", ...), `cloud`, `region`, `instance_type`, `image_id`,
     `use_spot`, `cpus`, `memory`, `disk_size`, `python`, `setup` (shell lines that install regent; default
-    `pip install regent-ml`), `workdir`, `file_mounts`, `env`, `port`, `idle_minutes_to_autostop`,
-    `launch_timeout` (seconds for `sky launch`), `open_port` (expose the worker port publicly; off by
-    default: the workers authenticate every connection, but there is no reason to invite the internet),
-    `sky` (the CLI executable)."""
+    `pip install regent-ml`), `workdir`, `file_mounts`, `env`, `port`, `idle_minutes_to_autostop` (then the
+    cluster is torn down, not stopped, when idle), `launch_timeout` (seconds for the launch), `open_port`
+    (expose the worker port publicly; off by default: the workers authenticate every connection, but there is
+    no reason to invite the internet)."""
 
     backend = "skypilot"
 
@@ -184,7 +188,6 @@ class SkyPilotJob(Job):
         idle_minutes_to_autostop: int | None = None,
         launch_timeout: float = 3600.0,
         open_port: bool = False,
-        sky: str = "sky",
     ) -> None:
         super().__init__(
             hosts, name=name, gpus_per_host=gpus_per_host, secret=secret, accelerator=accelerator, cloud=cloud,
@@ -192,17 +195,17 @@ class SkyPilotJob(Job):
             memory=memory, disk_size=disk_size, python=python, setup=tuple(setup), workdir=workdir,
             file_mounts=dict(file_mounts or {}), env=dict(env or {}), port=port,
             idle_minutes_to_autostop=idle_minutes_to_autostop, launch_timeout=launch_timeout, open_port=open_port,
-            sky=sky,
         )
         self.cluster = self.unique_name
-        self._sky = sky
         self._idle_minutes = idle_minutes_to_autostop
         self._launch_timeout = launch_timeout
-        # Holds the task YAML and, only while `sky launch` uploads it, a copy of the secret.
+        # Holds the task YAML and, only while the launch uploads it, a copy of the secret.
         self._local_dir = Path(tempfile.gettempdir()) / f"regent-sky-{self.cluster}"
-        self._launch: subprocess.Popen | None = None
-        self._launch_log = self._local_dir / "launch.log"
+        self._launch_thread: threading.Thread | None = None
+        self._launch_request: Any = None  # the request id of sky.launch (SkyPilot >= 0.8), for cancelling
+        self._launch_error: BaseException | None = None
         self._launch_started = 0.0
+        self.sky_job_id: int | None = None  # the run step's job id on the cluster, once launched
         self.spec = SkyPilotSpec(
             name=self.cluster, hosts=hosts, port=port, gpus_per_host=gpus_per_host, accelerator=accelerator,
             cloud=cloud, region=region, instance_type=instance_type, image_id=image_id, use_spot=use_spot,
@@ -214,87 +217,132 @@ class SkyPilotJob(Job):
     def describe(self) -> str:
         return f"SkyPilot cluster {self.cluster}"
 
-    def _require_sky(self) -> str:
-        path = shutil.which(self._sky)
-        if path is None:
+    # --- the sky API ---------------------------------------------------------------------------------
+    @staticmethod
+    def _sky() -> Any:
+        """The `sky` module; a JobError naming the fix when SkyPilot is not installed."""
+        try:
+            import sky
+        except ImportError as exc:
             raise JobError(
-                f"the SkyPilot CLI `{self._sky}` is not installed; pip install 'skypilot[<cloud>]' and run "
-                f"`sky check`, or choose another job backend (--job local|slurm|k8s)"
-            )
-        return path
+                "SkyPilot is not installed (cannot import sky): pip install 'skypilot[<cloud>]' and run "
+                "`sky check`, or choose another job backend (--job local|slurm|k8s)"
+            ) from exc
+        return sky
+
+    def _resolve(self, result: Any) -> Any:
+        """A request id (SkyPilot >= 0.8: a str) resolved with `sky.get`; an older direct result as is."""
+        if isinstance(result, str):
+            return self._sky().get(result)
+        return result
 
     def start(self) -> None:
-        """Run `sky launch` in the background (provisioning takes minutes); worker_addresses() waits for it."""
+        """Launch the cluster on a background thread (provisioning takes minutes); worker_addresses() waits."""
         if self._started:
             return
         if self._killed:
             raise JobError(f"{self.describe()} was killed; call renew() for a fresh allocation")
-        sky = self._require_sky()
+        sky = self._sky()
+        config = build_task(self.spec)
         self._local_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_secret_file(self.spec.secret_path, self.secret)
-        task_path = self._local_dir / "task.yaml"
-        task_path.write_text(build_task_yaml(self.spec))
-        cmd = [sky, "launch", "-y", "-d", "-c", self.cluster]
+        (self._local_dir / "task.yaml").write_text(build_task_yaml(self.spec))
+        task = sky.Task.from_yaml_config(config)
+        kwargs: dict[str, Any] = {"cluster_name": self.cluster}
         if self._idle_minutes is not None:
-            cmd += ["-i", str(self._idle_minutes), "--down"]
-        cmd.append(str(task_path))
-        self._launch_log = self._local_dir / "launch.log"
-        with open(self._launch_log, "w") as log:
-            self._launch = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=environ_without_secret())
+            kwargs.update(idle_minutes_to_autostop=self._idle_minutes, down=True)
+        if "detach_run" in _parameters(sky.launch):  # SkyPilot < 0.8 streamed the run step unless told not to
+            kwargs["detach_run"] = True
+        self._launch_error = None
         self._launch_started = time.monotonic()
         self._mark_started()  # a partly provisioned cluster must still be torn down by kill()
-        logger.info("launching %s (%d nodes) in the background; log: %s", self.describe(), self.hosts,
-                    self._launch_log)
+
+        def launch() -> None:
+            try:
+                result = sky.launch(task, **kwargs)
+                if isinstance(result, str):
+                    self._launch_request = result
+                    result = sky.get(result)
+                if isinstance(result, (tuple, list)) and result:
+                    self.sky_job_id = result[0]
+            except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits (worker_addresses)
+                self._launch_error = exc
+            finally:
+                Path(self.spec.secret_path).unlink(missing_ok=True)  # uploaded (or never will be): no local copy
+
+        self._launch_thread = threading.Thread(target=launch, name=f"sky-launch-{self.cluster}", daemon=True)
+        self._launch_thread.start()
+        logger.info("launching %s (%d nodes) in the background", self.describe(), self.hosts)
 
     def _launch_finished(self) -> bool:
-        """True once `sky launch` succeeded; raises if it failed or overran `launch_timeout`."""
-        launch = self._launch
-        if launch is None:
+        """True once the launch succeeded; raises if it failed or overran `launch_timeout`."""
+        thread = self._launch_thread
+        if thread is None:
             return True
-        code = launch.poll()
-        if code is None:
+        if thread.is_alive():
             if time.monotonic() - self._launch_started > self._launch_timeout:
-                launch.terminate()
-                raise JobFailedError(f"`sky launch` for {self.describe()} ran over {self._launch_timeout:.0f} s; "
-                                     f"see {self._launch_log}")
+                raise JobFailedError(f"launching {self.describe()} ran over {self._launch_timeout:.0f} s; see "
+                                     f"`sky api logs` / `sky status {self.cluster}`")
             return False
-        self._launch = None
-        Path(self.spec.secret_path).unlink(missing_ok=True)  # uploaded (or never will be): no local copy
-        if code != 0:
-            raise JobFailedError(f"`sky launch` for {self.describe()} failed with exit code {code}; run "
-                                 f"`sky check`. Last lines of {self._launch_log}:\n{self._launch_tail()}")
+        self._launch_thread = None
+        error = self._launch_error
+        if error is not None:
+            raise JobFailedError(f"launching {self.describe()} failed: {type(error).__name__}: {error}; run "
+                                 f"`sky check`, or try another region/cloud") from error
         return True
 
-    def _launch_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self._launch_log.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, AttributeError):
-            return ""
-
     def status(self) -> str | None:
-        proc = run_command([self._require_sky(), "status", self.cluster], timeout=300, check=False)
-        return parse_cluster_status(proc.stdout, self.cluster)
+        """The cluster's status ("INIT", "UP", "STOPPED", ...) from `sky.status`, or None if it is not listed."""
+        sky = self._sky()
+        records = self._resolve(sky.status(cluster_names=[self.cluster])) or []
+        for record in records:
+            if record_field(record, "name") == self.cluster:
+                return status_name(record_field(record, "status"))
+        return None
 
     def is_alive(self) -> bool:
         if not self._started or self._killed:
             return False
         return self.status() in ALIVE_CLUSTER_STATES
 
+    def problem(self) -> str | None:
+        """Why this cluster can no longer serve its hosts (None while it looks healthy): it is stopped (spot
+        preemption, autostop) or gone, so its replica needs a fresh cluster rather than a restart on it."""
+        if not self._started:
+            return None
+        if self._killed:
+            return f"{self.describe()} was released by this controller"
+        if self._launch_thread is not None:
+            return None  # still launching: nothing lost yet
+        state = self.status()
+        if state in ALIVE_CLUSTER_STATES:
+            return None
+        what = "is no longer listed by sky.status" if state is None else f"is {state}"
+        return (f"{self.describe()} {what} (spot preemption, autostop or someone ran `sky down`); the replica "
+                f"moves to a fresh cluster")
+
+    def logs(self) -> str:
+        """The run step's output so far (all nodes), through `sky.tail_logs` without following."""
+        sky = self._sky()
+        buffer = io.StringIO()
+        if "output_stream" in _parameters(sky.tail_logs):
+            sky.tail_logs(self.cluster, self.sky_job_id, follow=False, output_stream=buffer)
+        else:  # SkyPilot < 0.8 printed the logs
+            with contextlib.redirect_stdout(buffer):
+                sky.tail_logs(self.cluster, self.sky_job_id, follow=False)
+        return buffer.getvalue()
+
     def worker_addresses(self, timeout: float) -> list[str]:
         if not self._started:
             raise JobError(f"{self.describe()} was not started; call start() first")
-        sky = self._require_sky()
         last_log = [""]
 
         def poll() -> list[str] | None:
             if self._killed:
                 raise JobFailedError(f"{self.describe()} was killed")
             if not self._launch_finished():
-                last_log[0] = self._launch_tail()
                 return None
-            proc = run_command([sky, "logs", "--no-follow", self.cluster], timeout=300, check=False)
-            last_log[0] = proc.stdout + proc.stderr
+            last_log[0] = self.logs()
             found = parse_address_markers(last_log[0])
             if all(rank in found for rank in range(self.hosts)):
                 return [found[rank] for rank in range(self.hosts)]
@@ -308,9 +356,11 @@ class SkyPilotJob(Job):
         if addresses is None:
             found = parse_address_markers(last_log[0])
             tail = "\n".join(last_log[0].splitlines()[-20:])
+            waiting = "the launch is still running" if self._launch_thread is not None else \
+                f"{len(found)}/{self.hosts} workers reported"
             raise JobTimeoutError(
-                f"{self.describe()}: {len(found)}/{self.hosts} workers reported after {timeout:.0f} s; "
-                f"see `sky logs {self.cluster}`\n--- last log lines ---\n{tail}"
+                f"{self.describe()}: {waiting} after {timeout:.0f} s; see `sky logs {self.cluster}`"
+                f"\n--- last log lines ---\n{tail}"
             )
         return addresses
 
@@ -318,17 +368,25 @@ class SkyPilotJob(Job):
         if self._killed:
             return
         self._killed = True
-        if self._launch is not None and self._launch.poll() is None:
-            self._launch.terminate()  # stop provisioning more; `sky down` below removes what exists
-            try:
-                self._launch.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._launch.kill()
-                self._launch.wait()
         if self._started:
-            proc = run_command([self._require_sky(), "down", "-y", self.cluster], timeout=1800, check=False)
-            if proc.returncode != 0:
-                logger.warning("`sky down %s` failed: %s", self.cluster, (proc.stderr or proc.stdout).strip())
+            sky = self._sky()
+            if self._launch_thread is not None and self._launch_request is not None and hasattr(sky, "api_cancel"):
+                try:  # stop provisioning more; the down below removes what exists
+                    self._resolve(sky.api_cancel(self._launch_request))
+                except Exception as exc:  # noqa: BLE001 - best effort; the down still runs
+                    logger.warning("cancelling the launch of %s failed: %r", self.describe(), exc)
+            try:
+                self._resolve(sky.down(self.cluster))
+            except Exception as exc:  # noqa: BLE001 - reported: the cluster may be left running
+                logger.warning("sky.down(%r) failed, the cluster may still be running (check `sky status`): %s",
+                               self.cluster, exc)
             else:
                 logger.info("tore down %s", self.describe())
         shutil.rmtree(self._local_dir, ignore_errors=True)
+
+
+def _parameters(func: Any) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(func).parameters
+    except (TypeError, ValueError):  # builtins and odd callables: assume the newer API
+        return {"output_stream": None}
