@@ -18,9 +18,15 @@ The controller must reach pod IPs: run it inside the cluster (it then uses the i
 or on a network that routes to pods; outside, set `kubeconfig=`/`context=` for the API and `host_network=True`
 if only node addresses are routable.
 
-Testing: the manifest builders are pure and unit-tested, and the client path (create, poll pods, delete)
-runs in tests against a small HTTP server that speaks the part of the Kubernetes REST API used here. No real
-cluster was available, so scheduling, image pulls and the readiness probe on a live cluster are untested.
+Failures: `problem()` (asked by the orchestrator before an in-place restart) reports a pod that was preempted,
+evicted, lost with its node (DisruptionTarget conditions, phase Unknown), whose worker exited or was OOM-killed,
+or that vanished, and a deleted or failed Job: the replica then gets a fresh allocation.
+
+Testing: the manifest builders are pure and unit-tested, and `regent k8s manifest` output validates against the
+Kubernetes 1.30 schemas. The client path (create, poll pods, problem, delete) and `regent train --job k8s` run
+against tests/jobs/kube_api_stub.py, a recorded-response stub of the REST API whose "kubelet" runs pods as
+local processes. No real cluster was available, so scheduling, image pulls, the readiness probe and the way a
+live API server reports failures are untested.
 """
 
 from __future__ import annotations
