@@ -224,17 +224,26 @@ def decode_tree(data: Any, leaf: Any = None) -> tuple[Any, int]:
             return tuple([v if type(v) in plain else dec(v, depth) for v in node[1:]])
         if tag == "y" and len(node) == 2:
             return _dtype(node[1])
-        if tag == "s" and all(type(v) is int and v >= 0 for v in node[1:]):
+        if tag == "s" and all(type(v) is int and 0 <= v < _DIM_LIMIT for v in node[1:]):
             return torch.Size(node[1:])
         if tag == "f" and len(node) == 2 and node[1] in _NONFINITE:
             return _NONFINITE[node[1]]
         raise WireFormatError(f"unknown type tag {tag!r} (or a malformed {tag!r} entry) in a state description")
 
-    tree = dec(data, 0)
+    try:
+        tree = dec(data, 0)
+    except RecursionError:  # the depth bound is checked, but the caller's own stack depth is not known here
+        raise WireFormatError("state description nested too deep for this process's stack") from None
     return tree, leaves
 
 
-_MAX_DEPTH = 500
+# Containers inside containers. A training state nests a handful of levels; each level costs two Python frames
+# here (the walk and its comprehension), so 500 overran the interpreter's default limit of 1000 and a peer's
+# 600-deep list escaped as a RecursionError instead of a WireFormatError.
+_MAX_DEPTH = 200
+# torch sizes are int64: a larger dimension or byte count cannot describe a real tensor (torch.Size raises a
+# plain ValueError on one, which must surface as WireFormatError like every other bad description).
+_DIM_LIMIT = 1 << 63
 
 
 def _dtype(name: Any) -> torch.dtype:
@@ -273,11 +282,12 @@ def decode_metas(data: Any, meta_type: Any) -> list[Any]:
     out = []
     new = tuple.__new__
     for path, shape, dtype_name, size, spec in zip(*columns):
-        if type(path) is not str or type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        if type(path) is not str or type(shape) is not list or not all(
+                type(d) is int and 0 <= d < _DIM_LIMIT for d in shape):
             raise WireFormatError(f"tensor description {path!r}: bad path or shape {shape!r}")
         dtype = _dtype(dtype_name)
         expected = math.prod(shape) * dtype.itemsize
-        if type(size) is not int or size != expected:
+        if type(size) is not int or size != expected or size >= _DIM_LIMIT:
             raise WireFormatError(f"tensor {path!r}: {size!r} bytes declared, but shape {shape} of {dtype} takes "
                                   f"{expected}")
         out.append(new(meta_type, (path, tuple(shape), dtype, size, None if spec is None else _decode_spec(spec, path))))
