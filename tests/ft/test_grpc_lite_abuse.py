@@ -282,6 +282,8 @@ def attack(target: Target, request: pytest.FixtureRequest):
     if report:
         with open(report, "a") as f:
             f.write(json.dumps({"test": request.node.name, "rss_growth_mb": round(growth, 1),
+                                "good_calls": good.calls, "good_worst_s": round(good.worst, 3),
+                                "threads": threading.active_count() - threads,
                                 "counters": dict(target.server.counters), **getattr(good, "report", {})}) + "\n")
 
 
