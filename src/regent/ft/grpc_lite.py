@@ -944,7 +944,11 @@ class _Connection(asyncio.Protocol):
         passes. Closing at once would make the kernel answer the client's next bytes (a flood in flight) with a
         reset, and a reset discards our GOAWAY from the client's receive buffer: it would never learn why."""
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the client is already gone (ENOTCONN): nothing to tell it
+                transport.abort()
+                return
             transport.resume_reading()  # in case writes had paused it: the client's bytes must be drained
         else:  # TLS cannot half-close
             transport.close()
@@ -1129,10 +1133,13 @@ class Server:
 
 
 def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8 and ::1, also as IPv4-mapped IPv6 (how a dual-stack `[::]` socket sees 127.0.0.1)."""
     try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
 
 
 def dual_stack_socket(port: int) -> socket.socket:
