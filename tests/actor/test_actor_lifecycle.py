@@ -207,6 +207,26 @@ def test_warm_spare_is_claimed_by_spawn_procs():
     assert wait_for(lambda: not rt.spawner.spares)
 
 
+def test_claimed_spare_is_refilled_after_the_delay():
+    # The replacement's imports would compete with the claimed proc's start: it begins `refill_delay_s` later.
+    rt = get_runtime()
+    this_host().keep_warm(1, preload=["xml.dom.minidom"], refill_delay_s=2.0).get(timeout=TIMEOUT)
+    assert wait_for(lambda: rt.spawner is not None and len(rt.spawner.spares) == 1, timeout=TIMEOUT)
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
+        claimed = time.monotonic()
+        assert not rt.spawner.spares and rt.spawner.starting_spares == 0  # nothing started yet
+        assert wait_for(lambda: rt.spawner.starting_spares + len(rt.spawner.spares) == 1, timeout=TIMEOUT)
+        assert time.monotonic() - claimed > 1.0
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+        this_host().keep_warm(0).get(timeout=TIMEOUT)
+    assert wait_for(lambda: not rt.spawner.spares and not rt.spawner.starting_spares, timeout=TIMEOUT)
+    with pytest.raises(ValueError, match="refill_delay_s"):
+        rt.spawner.keep_warm(1, [], refill_delay_s=-1)
+
+
 def test_worker_command_requires_a_secret(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
     proc = subprocess.run([sys.executable, "-m", "regent.cli", "worker", "--address", "tcp://127.0.0.1:0"],

@@ -15,7 +15,17 @@ import torch
 from regent.ft.backstop import Backstop, complete_steps
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
-from regent.ft.quorum import LighthouseState, QuorumOptions, holders, note_committed
+from regent.ft.manager import recovery_plan
+from regent.ft.quorum import (
+    LighthouseState,
+    QuorumOptions,
+    holders,
+    note_committed,
+    note_heartbeat,
+    quorum_compute,
+    restart_grace,
+)
+from regent.ft.types import QuorumMember
 from tests.ft.ft_harness import logs, records, wait_all
 from tests.ft.test_diloco_recovery import _committed_hashes, _spawn, _syncs, _wait_for_sync
 
@@ -56,6 +66,74 @@ def test_holders_are_healthy_replicas_at_the_watermark():
     assert holders(10.5, s, opts) == ["a:1", "b:1"]
 
 
+def _plan(**kw):
+    args = dict(watermark=9, lineage=4, holders=[], replica_id="r1:new", own_step=0, can_fetch=True,
+                give_up=False, backstop=None, backstop_root="/bs")
+    args.update(kw)
+    return recovery_plan(**args)
+
+
+def test_recovery_plan_prefers_a_live_holder_then_own_state_then_the_backstop():
+    assert _plan(own_step=9)["kind"] == "none"  # holds the watermark already
+    early = _plan(holders=[("r1:old", "h:1"), ("r0:a", "h:2")])  # its own dead incarnation is no donor
+    assert (early["kind"], early["donor"], early["address"]) == ("early", "r0:a", "h:2")
+    # a live holder a restarted Lighthouse has no address for yet: alive, so nothing is lost; heal at the quorum
+    assert _plan(holders=[("r0:a", "")])["kind"] == "none"
+    assert _plan(holders=[("r0:a", "h:2")], can_fetch=False)["kind"] == "none"
+    assert _plan() is None  # nobody named yet: ask again until the grace is over
+    assert _plan(give_up=True)["kind"] == "fatal" and "/bs has none" in _plan(give_up=True)["reason"]
+    restore = _plan(give_up=True, own_step=5, backstop=(7, "/bs/7"))
+    assert (restore["kind"], restore["path"]) == ("restore", "/bs/7")
+    # the survivors of a lost watermark that hold more than the backstop keep it instead of going back further
+    keep = _plan(give_up=True, own_step=8, backstop=(7, "/bs/7"))
+    assert keep["kind"] == "keep" and "own committed step 8" in keep["reason"]
+
+
+def test_restarted_lighthouse_waits_for_the_last_quorums_groups():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0, heartbeat_timeout_ms=2000)
+    s = LighthouseState()
+    restart_grace(s, ["r0", "r1"], now=100.0, opts=opts)
+    from regent.ft.quorum import Participant
+
+    note_heartbeat(s, "r0:x", 100.1)
+    s.participants["r0:x"] = Participant(100.1, QuorumMember(replica_id="r0:x"))
+    members, why = quorum_compute(100.2, s, opts)
+    assert members is None and "['r1']" in why  # r1 has not heartbeated since the restart: no solo quorum
+    note_heartbeat(s, "r1:y", 100.3)  # back: from here on the usual rules apply (it joins the quorum)
+    s.participants["r1:y"] = Participant(100.3, QuorumMember(replica_id="r1:y"))
+    members, _ = quorum_compute(100.4, s, opts)
+    assert [m.replica_id for m in members] == ["r0:x", "r1:y"] and s.not_before == 0.0
+    # a group that never comes back is waited for one heartbeat timeout only
+    s2 = LighthouseState()
+    restart_grace(s2, ["r0", "r1"], now=0.0, opts=opts)
+    note_heartbeat(s2, "r0:x", 0.1)
+    s2.participants["r0:x"] = Participant(0.1, QuorumMember(replica_id="r0:x"))
+    assert quorum_compute(1.9, s2, opts)[0] is None
+    note_heartbeat(s2, "r0:x", 2.0)
+    assert [m.replica_id for m in quorum_compute(2.1, s2, opts)[0]] == ["r0:x"]
+    s3 = LighthouseState()
+    restart_grace(s3, [], now=0.0, opts=opts)  # a first start (no quorum saved): no grace
+    assert s3.not_before == 0.0
+
+
+def test_lighthouse_saves_the_last_quorums_groups_for_its_successor(tmp_path):
+    state = tmp_path / "lh.state"
+    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state, join_timeout_ms=100)
+    try:
+        client = LighthouseClient(lh.address())
+        q = client.quorum("g:1", timeout=10.0, address="a:1", store_address="s:1")
+        assert [m.replica_id for m in q.participants] == ["g:1"]
+        client.close()
+    finally:
+        lh.shutdown()
+    assert json.loads(state.read_text())["groups"] == ["g"]
+    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state, heartbeat_timeout_ms=60_000)
+    try:
+        assert lh2._state.expected_groups == {"g"} and lh2._state.not_before > 0
+    finally:
+        lh2.shutdown()
+
+
 def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
     state = tmp_path / "lh.state"
     lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
@@ -63,7 +141,8 @@ def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
         client = LighthouseClient(lh.address())
         client.heartbeat("g:1", committed=(7, 4, 0, 0))
         assert client.holders()[:2] == (7, 4)
-        assert [m.replica_id for m in client.holders()[2]] == []  # never asked for a quorum: no address yet
+        # never asked for a quorum: named (it is alive and holds the watermark) but without an address yet
+        assert [(m.replica_id, m.address) for m in client.holders()[2]] == [("g:1", "")]
         client.close()
     finally:
         lh.shutdown()

@@ -273,3 +273,39 @@ def test_live_feed_shows_a_failed_group_once_per_replica_and_build():
     assert again is not None  # the next build of the group under the same quorum id is news
     told = view.on_event(make_event("peer_abort", replica=0, quorum_id=4, peer="replica_1:abc"))
     assert told == "replica 0 dropped its collective with failed peer replica_1:abc"
+
+
+def test_training_thread_priority_is_lowered_for_that_thread_only():
+    import os
+    import threading
+
+    from regent.orchestrate.trainer_actor import lower_thread_priority
+
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, int | None] = {}
+
+    def training() -> None:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["want"] = min(19, before + 3) - before  # capped at 19 (when the tests themselves run niced)
+        seen["returned"] = lower_thread_priority(3)
+        seen["delta"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+        child: dict[str, int] = {}
+        t = threading.Thread(target=lambda: child.update(nice=os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        t.start()
+        t.join()
+        seen["child"] = child["nice"] - before  # threads the loop starts later (Gloo's) inherit it
+        seen["off"] = lower_thread_priority(0)
+
+    t = threading.Thread(target=training)
+    t.start()
+    t.join()
+    assert seen["delta"] == seen["want"] and seen["child"] == seen["want"] and seen["off"] is None
+    assert seen["returned"] == min(19, main_before + 3)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
+
+
+@pytest.mark.parametrize("value", ["-1", "20"])
+def test_training_nice_out_of_range_is_refused(value):
+    with pytest.raises(ConfigError, match="--training-nice"):
+        parse_train_argv(["--training-nice", value, "--no-faults"])

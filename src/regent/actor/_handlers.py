@@ -107,7 +107,7 @@ def install_handlers(rt: Runtime) -> None:
             spawner_of(rt).kill(pid)
 
     def h_host_keep_warm(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        spawner_of(rt).keep_warm(msg[1], msg[2])
+        spawner_of(rt).keep_warm(msg[1], msg[2], msg[3] if len(msg) > 3 else 0.0)
 
     def h_host_shutdown(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         logger.warning("worker %s shutting down at its controller's request", rt.proc_id)

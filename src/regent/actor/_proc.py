@@ -293,17 +293,19 @@ class HostMesh(MeshTrait):
             self._state.agent_pids.setdefault(host_rank, agent)
             rt.remote_procs[spec["pid"]] = agent
 
-    def keep_warm(self, n: int, preload: list[str] | tuple[str, ...] = ()) -> Future:
-        """Keep `n` idle procs per host that already imported `preload`; `spawn_procs` claims them."""
+    def keep_warm(self, n: int, preload: list[str] | tuple[str, ...] = (), refill_delay_s: float = 0.0) -> Future:
+        """Keep `n` idle procs per host that already imported `preload`; `spawn_procs` claims them.
+        `refill_delay_s`: start the replacement of a claimed spare this much later, so that its imports do not
+        compete for the CPU with the claimed proc while it starts (a restart's critical path)."""
         rt = get_runtime()
 
         async def run() -> None:
             if self._state.kind == "local":
-                spawner_of(rt).keep_warm(n, list(preload))
+                spawner_of(rt).keep_warm(n, list(preload), refill_delay_s)
                 return
             for host_rank in self._shape.ranks():
                 agent = await self._agent(rt, host_rank)
-                rt.send(agent, ("host_keep_warm", n, list(preload)))
+                rt.send(agent, ("host_keep_warm", n, list(preload), refill_delay_s))
 
         return rt.submit(run())
 

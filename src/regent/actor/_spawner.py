@@ -86,6 +86,7 @@ class LocalSpawner:
         self.starting_spares = 0
         self.warm_target = 0
         self.preload: list[str] = []
+        self.refill_delay_s = 0.0
 
     def is_child(self, pid: str) -> bool:
         return pid in self.children
@@ -218,7 +219,11 @@ class LocalSpawner:
             if self.spares and command is None:  # spares run Regent's default command: only it may claim them
                 child = self.spares.popleft()
                 child.label = spec["label"]
-                self._replenish()
+                if self.refill_delay_s > 0:
+                    # the next spare's imports (seconds of CPU) would compete with the claimed proc's start
+                    self.rt.loop.call_later(self.refill_delay_s, self._replenish)
+                else:
+                    self._replenish()
             else:
                 child = await self._start(spec["pid"], env, spec["label"], False, [], on_exit, on_output,
                                           spec.get("sys_path"), command)
@@ -240,9 +245,12 @@ class LocalSpawner:
 
         return list(await asyncio.gather(*(one(s) for s in specs)))
 
-    def keep_warm(self, n: int, preload: list[str]) -> None:
+    def keep_warm(self, n: int, preload: list[str], refill_delay_s: float = 0.0) -> None:
         if n < 0:
             raise ValueError(f"keep_warm needs n >= 0, got {n}")
+        if refill_delay_s < 0:
+            raise ValueError(f"keep_warm needs refill_delay_s >= 0, got {refill_delay_s}")
+        self.refill_delay_s = float(refill_delay_s)
         if list(preload) != self.preload:
             while self.spares:  # spares that preloaded other modules are replaced
                 self.kill(self.spares.popleft().pid)

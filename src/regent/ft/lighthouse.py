@@ -72,6 +72,7 @@ from regent.ft.quorum import (
     Watermark,
     expire_heartbeats,
     forget_replicas,
+    group_name,
     healthy_replicas,
     holders,
     issue_quorum,
@@ -79,6 +80,7 @@ from regent.ft.quorum import (
     note_heartbeat,
     quorum_compute,
     quorum_possible,
+    restart_grace,
 )
 from regent.ft.recovery import ACCEPTED_LOSS_KEY, state_version
 from regent.ft.types import Quorum, QuorumMember
@@ -124,15 +126,22 @@ def advertised_host(host: str) -> str:
 
 def load_state(path: Path) -> tuple[int, Watermark]:
     """The last quorum id and committed watermark a previous Lighthouse saved at `path` (zeros if none yet)."""
+    quorum_id, watermark, _ = load_state_groups(path)
+    return quorum_id, watermark
+
+
+def load_state_groups(path: Path) -> tuple[int, Watermark, list[str]]:
+    """`load_state`, and the replica groups of the last quorum saved (empty if none, or an older file)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return 0, Watermark()
+        return 0, Watermark(), []
     try:
         data = json.loads(text)
         quorum_id = int(data["quorum_id"])
         w = data.get("committed", {})
         watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), int(w.get("resets", 0)))
+        groups = [str(g) for g in data.get("groups", [])]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(
             f"Lighthouse state file {path} is not valid ({err}); delete it to start quorum ids from 1 "
@@ -140,7 +149,7 @@ def load_state(path: Path) -> tuple[int, Watermark]:
         ) from None
     logger.info("resuming quorum ids after %d, committed watermark step %d (from %s)", quorum_id,
                 watermark.step, path)
-    return quorum_id, watermark
+    return quorum_id, watermark, groups
 
 
 def load_quorum_id(path: Path) -> int:
@@ -148,13 +157,16 @@ def load_quorum_id(path: Path) -> int:
     return load_state(path)[0]
 
 
-def save_quorum_id(path: Path, quorum_id: int, watermark: Watermark | None = None) -> None:
-    """Atomically record the latest quorum id and watermark (write a sibling file, then rename over)."""
+def save_quorum_id(path: Path, quorum_id: int, watermark: Watermark | None = None,
+                   groups: list[str] | None = None) -> None:
+    """Atomically record the latest quorum id, watermark and the last quorum's replica groups (write a sibling
+    file, then rename over)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     w = watermark or Watermark()
     tmp.write_text(json.dumps({"quorum_id": quorum_id, "saved": datetime.now(timezone.utc).isoformat(),
-                               "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets}}))
+                               "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets},
+                               "groups": sorted(groups or [])}))
     os.replace(tmp, path)
 
 
@@ -293,7 +305,8 @@ class LighthouseServer:
         self._state = LighthouseState()
         self._state_file = Path(state_file) if state_file is not None else None
         if self._state_file is not None:
-            self._state.quorum_id, self._state.watermark = load_state(self._state_file)
+            self._state.quorum_id, self._state.watermark, groups = load_state_groups(self._state_file)
+            restart_grace(self._state, groups, time.monotonic(), self._opts)
         self._member_wire: dict[str, torchft_pb2.QuorumMember] = {}  # each replica's last quorum request
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
@@ -516,7 +529,11 @@ class LighthouseServer:
         if self._state_file is None:
             return
         try:
-            save_quorum_id(self._state_file, self._state.quorum_id, self._state.watermark)
+            prev = self._state.prev_quorum
+            groups = sorted({group_name(rid) or rid for rid in prev.replica_ids()}) if prev is not None else None
+            if groups is None and self._state.expected_groups:
+                groups = sorted(self._state.expected_groups)  # no quorum yet since the restart: keep the last one's
+            save_quorum_id(self._state_file, self._state.quorum_id, self._state.watermark, groups)
         except OSError:
             logger.exception("could not save Lighthouse state to %s; ids may repeat after a restart",
                              self._state_file)
@@ -527,7 +544,10 @@ class LighthouseServer:
         found = holders(time.monotonic(), self._state, self._opts)
         return torchft_pb2.RegentHoldersResponse(
             watermark=torchft_pb2.RegentCommitted(step=w.step, lineage=w.lineage, resets=w.resets),
-            holders=[self._member_wire[rid] for rid in found if rid in self._member_wire],
+            # A holder whose address this Lighthouse has not learned yet (it was restarted, and the holder has not
+            # asked for a quorum since) is named without one: the asker then knows the state is alive and heals
+            # at its next quorum, instead of concluding from an empty list that every holder is gone.
+            holders=[self._member_wire.get(rid) or torchft_pb2.QuorumMember(replica_id=rid) for rid in found],
         ).SerializeToString()
 
     def _heartbeat(self, rid: str, message: torchft_pb2.LighthouseHeartbeatRequest | None = None) -> None:

@@ -699,6 +699,8 @@ class Manager:
           waiting for the holders' next sync: the window in which only the holders have it closes here;
         - "restored": no live replica holds it: restored the newest durable backstop, counted as a lineage
           reset (`state_lost` event with what was lost); the Lighthouse is told, so the quorum goes on from it;
+        - "accepted" also when no live replica holds it but this replica's own committed state is at least as
+          new as the newest backstop: it goes on from that (`state_lost`, cause "own_state");
         - when no backstop exists either: with `lost_state="raise"` raises `StateLostError` (`state_lost` with
           fatal=True); with "accept" (the default, TorchFT's behaviour) goes on from what this replica holds,
           counted as a lineage reset (`state_lost`, cause "no_holder") and logged as an error: "accepted".
@@ -710,6 +712,13 @@ class Manager:
             kind = plan["kind"]
             if kind == "none":
                 return "none"
+            if kind == "keep":
+                if self._server is not None:
+                    self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
+                    self._server.heartbeat_now()  # the Lighthouse counts the reset and lowers its watermark
+                self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source="own",
+                           fatal=False, cause="own_state", reason=plan["reason"])
+                return "accepted"
             if kind == "fatal" and self.lost_state == "accept":
                 logger.error("%s; going on from step %d (lost_state='accept'; pass lost_state='raise' to stop "
                              "instead)", plan["reason"], self._step)
@@ -776,36 +785,22 @@ class Manager:
                    cause="checkpoint_restart", reason=f"restarted from {source}")
 
     def _recover_plan(self) -> dict[str, Any]:
-        """Group rank 0: where the committed state comes from (see `recover_committed`)."""
+        """Group rank 0: where the committed state comes from (see `recover_committed` and `recovery_plan`)."""
         assert self._server is not None
         client = self._server._client
-        mine = group_name(self.replica_id)
         deadline = time.monotonic() + HOLDER_GRACE_S
         while True:
             watermark, lineage, holders = client.holders(self.replica_id, timeout=self.connect_timeout)
-            if watermark <= self._step:
-                return {"kind": "none"}
-            others = [h for h in holders if group_name(h.replica_id) != mine and h.replica_id != self.replica_id]
-            if others:
-                if self._committed_transport is None:
-                    return {"kind": "none"}  # the next quorum heals us from them (per-step mode: one step)
-                donor = others[0]
-                return {"kind": "early", "watermark": watermark, "donor": donor.replica_id,
-                        "address": donor.address}
-            if time.monotonic() >= deadline:
-                break
+            give_up = time.monotonic() >= deadline
+            latest = self.backstop.latest() if self.backstop is not None and give_up else None
+            plan = recovery_plan(
+                watermark=watermark, lineage=lineage, holders=[(h.replica_id, h.address) for h in holders],
+                replica_id=self.replica_id, own_step=self._step, can_fetch=self._committed_transport is not None,
+                give_up=give_up, backstop=latest,
+                backstop_root=str(self.backstop.root) if self.backstop is not None else None)
+            if plan is not None:
+                return plan
             time.sleep(0.5)
-        reason = (f"no live replica holds committed step {watermark} (lineage {lineage}): every holder is gone")
-        latest = self.backstop.latest() if self.backstop is not None else None
-        if latest is None:
-            where = f" and the backstop at {self.backstop.root} has none" if self.backstop is not None else ""
-            return {"kind": "fatal", "watermark": watermark, "lineage": lineage,
-                    "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
-                              "(regent train --recovery restart) or enable the durable backstop "
-                              "(regent train: ft.backstop_every_s; library: Manager(backstop=Backstop(...)))"}
-        step, path = latest
-        return {"kind": "restore", "watermark": watermark, "lineage": lineage, "path": path, "step": step,
-                "reason": f"{reason}; restoring the durable backstop of step {step}"}
 
     def _fetch_early(self, plan: dict[str, Any]) -> Any:
         assert self._committed_transport is not None
@@ -1272,6 +1267,51 @@ def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
 class StateLostError(RuntimeError):
     """No live replica and no durable backstop holds the committed state: training cannot go on without
     silently losing it."""
+
+
+def recovery_plan(*, watermark: int, lineage: int, holders: list[tuple[str, str]], replica_id: str,
+                  own_step: int, can_fetch: bool, give_up: bool, backstop: tuple[int, str] | None,
+                  backstop_root: str | None) -> dict[str, Any] | None:
+    """Where a replica's committed state comes from (pure; `Manager.recover_committed` carries it out).
+
+    `holders`: (replica id, address) of the live replicas at the run's committed `watermark`, as the
+    Lighthouse names them (address "" when a restarted Lighthouse has not learned it yet). None: no holder is
+    known yet, ask again (until `give_up`). Otherwise a plan whose "kind" is:
+    - "none": nothing to do (this replica holds the watermark), or a live holder heals it at the next quorum
+      (no early copy here, or no address to copy from yet): the state is alive, nothing is lost;
+    - "early": copy it now from "donor" at "address";
+    - "keep": every holder is gone and this replica's own committed state is at least as new as the newest
+      `backstop` (step, path): go on from it, a counted loss;
+    - "restore": every holder is gone: restore the backstop, a counted loss;
+    - "fatal": every holder is gone and there is no backstop.
+    """
+    if watermark <= own_step:
+        return {"kind": "none"}
+    mine = group_name(replica_id)
+    others = [(rid, address) for rid, address in holders if group_name(rid) != mine and rid != replica_id]
+    reachable = [(rid, address) for rid, address in others if address]
+    if others and (not can_fetch or not reachable):
+        return {"kind": "none"}
+    if others:
+        donor, address = reachable[0]
+        return {"kind": "early", "watermark": watermark, "donor": donor, "address": address}
+    if not give_up:
+        return None
+    reason = f"no live replica holds committed step {watermark} (lineage {lineage}): every holder is gone"
+    if backstop is None:
+        where = f" and the backstop at {backstop_root} has none" if backstop_root is not None else ""
+        return {"kind": "fatal", "watermark": watermark, "lineage": lineage,
+                "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
+                          "(regent train --recovery restart) or enable the durable backstop "
+                          "(regent train: ft.backstop_every_s; library: Manager(backstop=Backstop(...)))"}
+    step, path = backstop
+    if own_step >= step:
+        # going back to the backstop would lose more than the dead holders took with them
+        return {"kind": "keep", "watermark": watermark, "lineage": lineage,
+                "reason": f"{reason}; going on from this replica's own committed step {own_step} (the newest "
+                          f"backstop is step {step})"}
+    return {"kind": "restore", "watermark": watermark, "lineage": lineage, "path": path, "step": step,
+            "reason": f"{reason}; restoring the durable backstop of step {step}"}
 
 
 # How long a restarted replica looks for a live holder of the committed state before it concludes that none

@@ -91,6 +91,10 @@ class LighthouseState:
     incarnations: dict[str, str] = field(default_factory=dict)
     committed: dict[str, tuple[int, int]] = field(default_factory=dict)  # replica id -> (step, lineage) reported
     watermark: Watermark = field(default_factory=Watermark)
+    # A restarted Lighthouse (`restart_grace`): the groups of the last quorum before the restart, and until when
+    # it waits for them to heartbeat again before it issues a quorum.
+    expected_groups: frozenset[str] = frozenset()
+    not_before: float = 0.0
 
 
 def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: int,
@@ -189,11 +193,27 @@ def healthy_replicas(now: float, state: LighthouseState, opts: QuorumOptions) ->
     return {rid for rid, last in state.heartbeats.items() if now - last < limit}
 
 
+def restart_grace(state: LighthouseState, groups: list[str], now: float, opts: QuorumOptions) -> None:
+    """A Lighthouse restarted from its state file knows nobody yet: the first replica to reconnect would be a
+    quorum of one (rules 5-7 only wait for replicas that heartbeat), commit alone, and leave the others behind,
+    so that its death right after loses committed state (seen in the soak). Wait for the last quorum's
+    `groups` to heartbeat again, at most one heartbeat timeout (a group still silent by then is dead)."""
+    state.expected_groups = frozenset(groups)
+    state.not_before = now + opts.heartbeat_timeout_ms / 1000.0 if groups else 0.0
+
+
 def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
     """Decide whether a quorum can be issued now. Returns (members sorted by id, or None; the reason)."""
     healthy = healthy_replicas(now, state, opts)
+    if state.not_before:
+        back = {group_name(rid) or rid for rid in healthy}
+        missing = state.expected_groups - back
+        if missing and now < state.not_before:
+            return None, (f"Restarted Lighthouse waiting {state.not_before - now:.1f} s more for the last quorum's "
+                          f"groups {sorted(missing)} to heartbeat again")
+        state.not_before = 0.0  # every group is back, or the grace is over
     healthy_participants = {rid: p for rid, p in state.participants.items() if rid in healthy}
     candidates = sorted((p.member for p in healthy_participants.values()), key=lambda m: m.replica_id)
     shrink_only = any(p.member.shrink_only for p in healthy_participants.values())

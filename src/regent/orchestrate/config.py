@@ -109,6 +109,11 @@ class RunConfig:
     # step or healing (there is no lifetime cap on restarts; see orchestrate/policy.py).
     crash_loop_starts: int = 5
     restart_backoff_s: float = 1.0  # first backoff between failed starts; doubles, at most 60 s
+    # Once a trainer is built and holds the committed state, its training thread runs this much nicer (Linux
+    # nice, 0-19; 0 = off). Where processes outnumber cores, a restarting trainer then builds and heals ahead
+    # of the survivors' steady-state steps (the vulnerability window), and the control plane (heartbeats, pings,
+    # state serving threads) ahead of both. Where each trainer has its own cores it changes nothing.
+    training_nice: int = 5
     checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
     live: bool | None = None  # rich live view; None = when stdout is a terminal
     job_options: dict[str, Any] = field(default_factory=dict)  # passed to the job backend (TOML [job_options])
@@ -330,6 +335,8 @@ def validate(cfg: RunConfig) -> None:
                           "--crash-loop-starts at least 1")
     if cfg.restart_backoff_s < 0:
         raise ConfigError("--restart-backoff-s must be zero or positive")
+    if not 0 <= cfg.training_nice <= 19:
+        raise ConfigError(f"--training-nice {cfg.training_nice}: use 0 (off) to 19, a Linux nice increment")
     if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():
         raise ConfigError(f"--baseline {cfg.baseline} has no metrics.jsonl; point it at a finished run directory")
     mode = getattr(cfg.ft, "mode", "diloco")

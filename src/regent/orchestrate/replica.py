@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 # (about 1 s here); the rest is the trainer's own code.
 PRELOAD = ["torch", "torch._dynamo", "regent.train.trainer", "regent.ft.manager", "regent.ft.local_sgd",
            "regent.orchestrate.session", "regent.orchestrate.trainer_actor", "regent.orchestrate.warm"]
+# A claimed spare is replaced this much later: importing torch takes seconds of CPU, which would otherwise be
+# taken from the restarted trainer while it builds and heals (the vulnerability window). Faults on one replica
+# seconds apart then start cold, which `restart_done` phases show.
+SPARE_REFILL_DELAY_S = 3.0
 
 
 def free_port() -> int:
@@ -167,7 +171,7 @@ class ReplicaActor(Actor):
         are up, so that the spares do not compete with them for the CPU at start-up."""
         self._spares_started = True
         if self.cfg.warm_spares and hasattr(self.host, "keep_warm"):
-            self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD)
+            self.host.keep_warm(self.cfg.procs_per_replica, preload=PRELOAD, refill_delay_s=SPARE_REFILL_DELAY_S)
 
     async def _stop_trainers(self, graceful: bool = False) -> None:
         """Stop the trainer mesh. `graceful` (the end of the run): actors clean up, processes that do not exit

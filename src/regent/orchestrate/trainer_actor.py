@@ -24,6 +24,24 @@ from regent.orchestrate.events import make_event
 logger = logging.getLogger(__name__)
 
 
+def lower_thread_priority(increment: int) -> int | None:
+    """Make the calling thread `increment` nicer (Linux nice is per thread); returns the new nice, or None.
+
+    Called by the training loop once the trainer is built and holds the committed state: threads it starts
+    later (Gloo's) inherit the value, threads started before (the actor's event loop answering pings, the
+    Manager's gRPC and state-serving threads) keep theirs. Raising one's own nice needs no privilege."""
+    if increment <= 0 or not hasattr(os, "setpriority"):
+        return None
+    tid = threading.get_native_id()
+    try:
+        value = min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        os.setpriority(os.PRIO_PROCESS, tid, value)
+    except OSError as exc:  # reported: only the restart's priority over steady-state steps is lost
+        logger.warning("could not lower the training thread's priority by %d: %s", increment, exc)
+        return None
+    return value
+
+
 class TrainerActor(Actor):
     def __init__(self, cfg: Any, replica_index: int, generation: int, lighthouse_addr: str, report: Port,
                  supervisor: Any, resume_from: str | None = None) -> None:
@@ -78,6 +96,7 @@ class TrainerActor(Actor):
                 generation=self.generation, lighthouse_addr=self.lighthouse_addr, on_event=self._event,
                 resume_from=self.resume_from, on_ready=self._ready,
             )
+            lower_thread_priority(getattr(self.cfg, "training_nice", 0))
             if self._pending_stop is not None:
                 self.session.stop_at = self._pending_stop
             if self.cfg.steps is not None:
