@@ -22,7 +22,7 @@ from regent.ft import grpc_lite
 from regent.ft.grpc_lite import DATA, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS
 
 EXAMPLES = int(os.environ.get("REGENT_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow],
+FUZZ = settings(max_examples=EXAMPLES, deadline=10_000, suppress_health_check=[HealthCheck.too_slow],
                 derandomize="REGENT_FUZZ_EXAMPLES" not in os.environ)
 END_STREAM, END_HEADERS = 0x1, 0x4
 ERRORS = {grpc_lite.NO_ERROR, grpc_lite.PROTOCOL_ERROR, grpc_lite.FLOW_CONTROL_ERROR, grpc_lite.FRAME_SIZE_ERROR,

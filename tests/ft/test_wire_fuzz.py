@@ -26,7 +26,7 @@ from regent.ft.transfer import StateMeta, TensorMeta
 from regent.ft.wire import WireFormatError
 
 EXAMPLES = int(os.environ.get("REGENT_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow],
+FUZZ = settings(max_examples=EXAMPLES, deadline=10_000, suppress_health_check=[HealthCheck.too_slow],
                 derandomize="REGENT_FUZZ_EXAMPLES" not in os.environ)
 LEAF = transfer._TENSOR
 
