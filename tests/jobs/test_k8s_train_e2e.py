@@ -97,7 +97,7 @@ def test_train_on_k8s_kill_in_place_and_preemption_reallocates(tmp_path: Path) -
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env.pop("KUBERNETES_SERVICE_HOST", None)
         cmd = [sys.executable, "-m", "regent.cli", "train", *ARGS, "--job.kubeconfig", kubeconfig,
-               "--job.port", str(pick_free_port("127.0.0.1")), "--duration", "150s", "--no-faults",
+               "--job.port", str(pick_free_port("127.0.0.1")), "--duration", "120s", "--no-faults",
                "--run-dir", str(run_dir)]
         log = (tmp_path / "train.log").open("w")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -309,3 +309,21 @@ def test_training_thread_priority_is_lowered_for_that_thread_only():
 def test_training_nice_out_of_range_is_refused(value):
     with pytest.raises(ConfigError, match="--training-nice"):
         parse_train_argv(["--training-nice", value, "--no-faults"])
+
+
+def test_every_event_the_ft_layer_emits_is_forwarded_or_explicitly_not():
+    """A kind the Manager or the backstop emits but the trainer does not forward never reaches events.jsonl: it
+    must be a decision (NOT_FORWARDED_KINDS), never an omission. Forwarded kinds must be known event kinds."""
+    import re
+    from pathlib import Path
+
+    import regent.ft
+    from regent.orchestrate.events import EVENT_KINDS
+    from regent.orchestrate.trainer_actor import FORWARDED_KINDS, NOT_FORWARDED_KINDS
+
+    root = Path(regent.ft.__file__).parent
+    emitted = {m for f in root.rglob("*.py")
+               for m in re.findall(r'(?:_emit|_on_event|on_event)\("([a-z_]+)"', f.read_text())}
+    assert {"state_lost", "backstop_corrupt", "early_heal_done"} <= emitted  # the scan finds them
+    assert emitted <= FORWARDED_KINDS | NOT_FORWARDED_KINDS, emitted - FORWARDED_KINDS - NOT_FORWARDED_KINDS
+    assert set(EVENT_KINDS) >= FORWARDED_KINDS, FORWARDED_KINDS - set(EVENT_KINDS)

@@ -27,9 +27,11 @@ EVENT_KINDS = (
     "gave_up",
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
     "early_heal_done",  # a restarted replica pulled the committed state from a live holder
+    "trainer_built",  # a (re)started trainer is built: where its build time went ("phases")
     "recover_failed",
     "backstop_saved",
     "backstop_failed",
+    "backstop_corrupt",  # a damaged backstop was passed over for the next older one
     "run_failed",
     "lighthouse_restarted",
     "run_finished",

@@ -36,6 +36,8 @@ class TrainingSession:
         resume_from: str | None = None,
         on_ready: Callable[[TrainingSession], None] | None = None,
     ) -> None:
+        # where a (re)start's build time goes, reported by the trainer actor ("trainer_built")
+        self.build_marks: list[tuple[str, float]] = [("start", time.time())]
         from regent.ft.manager import Manager
         from regent.train.trainer import Trainer
 
@@ -63,6 +65,7 @@ class TrainingSession:
                 replica_index=replica_index,
                 num_replicas=cfg.replicas,
             )
+        self.build_marks.append(("trainer", time.time()))
         ft = cfg.ft
         self.mode = ft.mode
         self.backstop: Any = None
@@ -94,6 +97,7 @@ class TrainingSession:
             backstop=self.backstop,
             lost_state="raise",  # regent train keeps a backstop; with none, stopping beats a silent reset
         )
+        self.build_marks.append(("manager", time.time()))
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
         if ft.mode == "diloco":
@@ -160,6 +164,7 @@ class TrainingSession:
             self.manager.accept_loss(f"checkpoint restart from {resume_from}")
         self.stop_at: int | None = None
         self.inject_exception = False
+        self.build_marks.append(("wrap", time.time()))
         if on_ready is not None:
             on_ready(self)  # built and ready; what follows is waiting for the other replicas
         # Never train on from less than the run has committed: pull it from a live holder now (DiLoCo's early

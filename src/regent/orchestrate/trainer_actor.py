@@ -24,6 +24,15 @@ from regent.orchestrate.events import make_event
 logger = logging.getLogger(__name__)
 
 
+# What the FT layer reports (Manager, Backstop, DiLoCo) that goes to events.jsonl. Not forwarded: "error" (the
+# step's failure is in its "commit" event, committed false, with the error). tests/orchestrate check that every
+# kind the FT layer emits is one or the other, so that none is dropped silently.
+FORWARDED_KINDS = frozenset({
+    "quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
+    "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt"})
+NOT_FORWARDED_KINDS = frozenset({"error"})
+
+
 def lower_thread_priority(increment: int) -> int | None:
     """Make the calling thread `increment` nicer (Linux nice is per thread); returns the new nice, or None.
 
@@ -57,6 +66,7 @@ class TrainerActor(Actor):
         os.environ["RANK"] = str(self.rank)
         os.environ["LOCAL_RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(self.world_size)
+        self._t_init = time.time()
         self.session: Any = None
         self.final: dict[str, Any] | None = None
         self._pending_stop: int | None = None
@@ -68,8 +78,7 @@ class TrainerActor(Actor):
                 (kind == "commit" and details.get("committed")) or kind in ("heal_done", "early_heal_done")):
             self._progress_told = True  # once per incarnation: not a crash loop (orchestrate/policy.py)
             self.supervisor.made_progress.broadcast(self.generation)
-        if kind not in ("quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed",
-                        "state_lost", "early_heal_done", "recover_failed", "backstop_saved", "backstop_failed"):
+        if kind not in FORWARDED_KINDS:
             return
         if kind in ("commit", "quorum", "peer_abort", "state_lost", "early_heal_done", "recover_failed",
                     "backstop_saved") and self.rank != 0:
@@ -120,6 +129,15 @@ class TrainerActor(Actor):
     def _ready(self, session: Any) -> None:
         """The process is up, torch imported, model built: from here on it only waits for its quorum."""
         self.session = session
+        marks = getattr(session, "build_marks", None)
+        if self.rank == 0 and marks:
+            # where the build went (restart_done's "build" phase, split): "actor" from this actor's creation to
+            # the session's start, then each part of the session, in seconds
+            phases = {"actor": round(marks[0][1] - self._t_init, 3)}
+            phases.update({name: round(t - marks[i][1], 3) for i, (name, t) in enumerate(marks[1:])})
+            self.report.send(("event", make_event("trainer_built", replica=self.replica_index,
+                                                  generation=self.generation, quorum_id=None, step=None,
+                                                  rank=self.rank, phases=phases)))
 
     # -- control --------------------------------------------------------------------------------------
     @concurrent_endpoint
