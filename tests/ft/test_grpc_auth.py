@@ -350,3 +350,32 @@ def test_lite_reads_the_per_call_proof_beside_its_header_cache():
     assert conn()._decode_headers(hostile)[-1] == (rpc_security.AUTH_KEY_BYTES, b"t")
     with pytest.raises(grpc_lite._ConnectionError, match="larger than"):  # and a header list too long is refused
         conn()._decode_headers(marker * 3000 + grpc_lite.literal_header(rpc_security.AUTH_KEY_BYTES, b"t"))
+
+
+def test_a_quorum_request_that_outlived_its_deadline_in_flight_is_not_counted():
+    """A request delayed in the network (TCP retransmission through a partition) past its caller's deadline
+    arrives with its full `grpc-timeout`: by its signed timestamp the lean server knows it is stale and refuses
+    it before the Lighthouse counts it (a quorum with it would wait for a caller that already gave up)."""
+    lh = LighthouseServer(min_replicas=1, join_timeout_ms=60_000, secret=SECRET, tls=TLSFiles())
+    try:
+        request = torchft_pb2.LighthouseQuorumRequest(requester=torchft_pb2.QuorumMember(replica_id="late:1"))
+        with grpc.insecure_channel(normalize_address(lh.address())) as channel:
+            stub = torchft_pb2_grpc.LighthouseServiceStub(channel)
+            # signed 8 s ago with a 5 s deadline: its caller gave up 3 s ago
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Quorum(request, timeout=5, metadata=[(AUTH_KEY, make_token(SECRET, QUORUM, now=time.time() - 8))])
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert lh.status()["waiting"] == []
+            # signed 2 s ago with a 5 s deadline: still wanted, so it is served
+            reply = stub.Quorum(request, timeout=5, metadata=[(AUTH_KEY, make_token(SECRET, QUORUM,
+                                                                                     now=time.time() - 2))])
+            assert [m.replica_id for m in reply.quorum.participants] == ["late:1"]
+    finally:
+        lh.shutdown()
+
+
+def test_call_age_reads_the_proofs_timestamp():
+    token = make_token(SECRET, QUORUM, now=1000.0).encode()
+    assert rpc_security.lite_call_age([(b"x", b"y"), (rpc_security.AUTH_KEY_BYTES, token)], now=1003.5) == 3.5
+    assert rpc_security.lite_call_age([(b"x", b"y")]) is None
+    assert rpc_security.lite_call_age([(rpc_security.AUTH_KEY_BYTES, b"v1:abc:x:y")]) is None

@@ -216,6 +216,11 @@ class RpcStatusError(Exception):
 Handler = Callable[[bytes, "float | None"], "bytes | Awaitable[bytes]"]
 # (path, request headers, peer 'host:port') -> None to serve the call, else the UNAUTHENTICATED message.
 Authenticator = Callable[[bytes, "list[tuple[bytes, bytes]]", str], "str | None"]
+# headers -> seconds since the caller made this call (from an authenticated timestamp), or None if unknown
+CallAge = Callable[["list[tuple[bytes, bytes]]"], "float | None"]
+# Clocks of two hosts differ by this much at most (NTP keeps them within milliseconds): a call is only taken for
+# older than it is when its timestamp says more than this.
+CALL_AGE_SLACK_S = 0.5
 
 
 # ---- encoding helpers -------------------------------------------------------------------------------------------
@@ -642,6 +647,14 @@ class _Connection(asyncio.Protocol):
                 # Before the body is read and before the handler runs: a refused call changes nothing.
                 self._finish(stream, StatusCode.UNAUTHENTICATED, refusal)
                 return
+        call_age = self._server.call_age
+        if call_age is not None and stream.deadline is not None:
+            # `grpc-timeout` is relative to when the request arrives. One that sat in TCP retransmission through
+            # a partition arrives after its caller gave up: counted, it would join a quorum nobody answers for.
+            # The caller's signed timestamp says how old it really is (the expiry check at dispatch refuses it).
+            age = call_age(headers)
+            if age is not None and age > CALL_AGE_SLACK_S:
+                stream.deadline -= age
         if end_stream:
             stream.ended = True
             self._dispatch(stream)
@@ -1036,9 +1049,11 @@ class Server:
     def __init__(
         self, handlers: dict[str, Handler] | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE,
         authenticate: Authenticator | None = None, ssl: _ssl.SSLContext | None = None,
-        volatile_header: bytes = b"", limits: Limits | None = None,
+        volatile_header: bytes = b"", limits: Limits | None = None, call_age: CallAge | None = None,
     ) -> None:
-        """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext). `volatile_header`:
+        """`authenticate` and `ssl`: see the module docstring (both None: open, plaintext). `call_age`: how old
+        an authenticated call is by its caller's clock, so that one that outlived its deadline in flight is
+        refused (DEADLINE_EXCEEDED) instead of run. `volatile_header`:
         a header that differs on every call (see `_Connection._decode_headers`). `limits`: the abuse bounds
         (`Limits()`, the module's constants, by default)."""
         self.limits = limits or Limits()
@@ -1048,6 +1063,7 @@ class Server:
         self._by_host: Counter[str] = Counter()
         self._warned: set[tuple[str, str]] = set()
         self.authenticate = authenticate
+        self.call_age = call_age
         self.volatile_header = volatile_header
         # 'literal without indexing, new name' + the name: how grpcio sends a custom header
         self._volatile_marker = literal_header(volatile_header, b"")[:-1] if volatile_header else b""

@@ -454,7 +454,8 @@ class LighthouseServer:
                 _lite_handlers(self),
                 authenticate=rpc_security.lite_authenticator(self._verifier) if self._verifier is not None else None,
                 ssl=security.tls.server_context() if security.tls.enabled else None,
-                volatile_header=rpc_security.AUTH_KEY_BYTES if self._verifier is not None else b"")
+                volatile_header=rpc_security.AUTH_KEY_BYTES if self._verifier is not None else b"",
+                call_age=rpc_security.lite_call_age if self._verifier is not None else None)
             await lite.start(self._host, port)
             self._server = lite
             return

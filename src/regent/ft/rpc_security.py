@@ -423,6 +423,18 @@ def lite_authenticator(verifier: CallVerifier) -> Callable[[bytes, list[tuple[by
     return authenticate
 
 
+def lite_call_age(headers: list[tuple[bytes, bytes]], now: float | None = None) -> float | None:
+    """The `call_age` hook of `regent.ft.grpc_lite.Server`: seconds since the caller signed this call (its
+    proof's timestamp; the proof was checked before this is asked), or None without a well-formed proof."""
+    for name, value in headers:
+        if name == AUTH_KEY_BYTES:
+            parts = value.split(b":")
+            if len(parts) == 4 and parts[1].isdigit():
+                return (time.time() if now is None else now) - int(parts[1]) / 1000.0
+            return None
+    return None
+
+
 # ---- the dashboard's one action ----------------------------------------------------------------------------
 
 DASHBOARD_AUTH_HEADER = "X-Regent-Auth"
