@@ -69,9 +69,12 @@ for _name, _value in SAFE_NCCL_ENV.items():
 FLAVOR = "regent1b"
 TINY_FLAVOR = "regent_tiny"
 DATA_NOTE = "synthetic: uniform random token ids (no dataset, no tokenizer)"
-ENV_FLAVOR, ENV_ATTN, ENV_DRY, ENV_GRAPHS, ENV_COMPILE, ENV_INFO, ENV_LOSS = (
+ENV_FLAVOR, ENV_ATTN, ENV_DRY, ENV_GRAPHS, ENV_COMPILE, ENV_INFO, ENV_LOSS, ENV_PROFILE = (
     "TITAN_SPEED_FLAVOR", "TITAN_SPEED_ATTN", "TITAN_SPEED_DRY_RUN", "TITAN_SPEED_CUDA_GRAPHS",
-    "TITAN_SPEED_COMPILE", "TITAN_SPEED_INFO", "TITAN_SPEED_LOSS")
+    "TITAN_SPEED_COMPILE", "TITAN_SPEED_INFO", "TITAN_SPEED_LOSS", "TITAN_SPEED_PROFILE")
+# --profile: TorchTitan's own profiler traces the last PROFILE_ACTIVE steps after PROFILE_WARMUP profiler warm-up
+# steps; those steps are left out of the speed figures.
+PROFILE_WARMUP, PROFILE_ACTIVE, PROFILE_FOLDER = 3, 2, "profile_traces"
 STEP_LINE = re.compile(
     r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+)\s+grad_norm:\s*(?P<grad_norm>\S+)\s+"
     r"memory:\s*(?P<mem>-?[\d.]+)GiB\((?P<mem_pct>-?[\d.]+)%\)\s+tps:\s*(?P<tps>[\d,]+)\s+"
@@ -99,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="TorchTitan's CrossEntropyLoss on full logits (like Regent) or its ChunkedLossWrapper "
                              "(needs torch >= 2.13's FSDP2, see the module docstring)")
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--profile", action="store_true",
+                        help=f"trace the last {PROFILE_ACTIVE} steps with TorchTitan's profiler and summarize them "
+                             "(benchmarks/gpu/_trace.py); those steps and the profiler's warm-up are not timed")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny flavor on CPU with gloo (checks the plumbing; figures are meaningless)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per launch before it is stopped")
@@ -111,6 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.titan_args = rest
     if args.gpus < 1 or args.steps <= args.warmup or args.warmup < 0:
         parser.error("--gpus must be >= 1 and --steps > --warmup >= 0")
+    if args.profile and args.steps - PROFILE_WARMUP - PROFILE_ACTIVE <= args.warmup:
+        parser.error(f"--profile needs --steps > --warmup + {PROFILE_WARMUP + PROFILE_ACTIVE}")
     return args
 
 
@@ -132,6 +140,7 @@ def run_one(args: argparse.Namespace, batch: int) -> dict:
     env.update({ENV_FLAVOR: TINY_FLAVOR if args.dry_run else FLAVOR, ENV_ATTN: args.attn,
                 ENV_DRY: "1" if args.dry_run else "0", ENV_GRAPHS: str(args.cuda_graphs),
                 ENV_COMPILE: str(args.compile), ENV_INFO: info_path, ENV_LOSS: args.loss,
+                ENV_PROFILE: str(args.steps if args.profile else 0),
                 "PYTHONUNBUFFERED": "1"})
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
@@ -167,6 +176,16 @@ def run_one(args: argparse.Namespace, batch: int) -> dict:
     if os.path.exists(info_path):
         with open(info_path) as f:
             record.update(json.load(f))
+    if args.profile:
+        traces = sorted(Path(dump, PROFILE_FOLDER).glob("iteration_*/rank0_trace.json*"))
+        if traces:
+            import _trace
+
+            record["profile"] = _trace.summarize_trace(traces[-1], PROFILE_ACTIVE)
+            record["profile"]["trace_of"] = traces[-1].parent.name
+            _trace.print_summary(f"torchtitan compile={args.compile} profile", record["profile"])
+        else:
+            record["profile"] = {"error": "no trace written"}
     if code != 0 or "tokens_per_s_per_gpu" not in record:
         oom = any("OutOfMemoryError" in line or "CUDA out of memory" in line for line in tail)
         record["status"] = "timeout" if timed_out else ("oom" if oom else f"failed rc={code}")
@@ -192,8 +211,10 @@ def summarize(args: argparse.Namespace, batch: int, steps: dict[int, dict]) -> d
                     "activation_checkpointing": False,
                     "mixed_precision": "bf16 params, fp32 reduce (FSDP2)", "optimizer": f"AdamW lr {args.lr}",
                     "steps": args.steps, "warmup": args.warmup, "data": DATA_NOTE, "dry_run": args.dry_run,
+                    "profiled": args.profile,
                     "logged_steps": len(steps)}
-    timed = [steps[s] for s in sorted(steps) if s > args.warmup]
+    last_timed = args.steps - PROFILE_WARMUP - PROFILE_ACTIVE if args.profile else args.steps
+    timed = [steps[s] for s in sorted(steps) if args.warmup < s <= last_timed]
     if not timed:
         return record
     tps = [float(s["tps"].replace(",", "")) for s in timed]
@@ -441,8 +462,10 @@ def regent_speed_config():
     from torchtitan.components.validate import Validator
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.models.llama3 import model_registry
+    from torchtitan.tools.profiler import Profiler
     from torchtitan.trainer import Trainer
 
+    profile_freq = int(os.environ.get(ENV_PROFILE, "0"))
     flavor, attn = os.environ.get(ENV_FLAVOR, FLAVOR), os.environ.get(ENV_ATTN, "sdpa")
     model_spec = model_registry(flavor, attn_backend=attn)
     model_spec.state_dict_adapter = None  # no HF checkpoint conversion (nothing is loaded or saved)
@@ -468,6 +491,9 @@ def regent_speed_config():
         checkpoint=CheckpointManager.Config(enable=False),
         validator=Validator.Config(enable=False),
         metrics=MetricsProcessor.Config(log_freq=1, disable_color_printing=True, enable_tensorboard=False),
+        profiler=Profiler.Config(enable_profiling=profile_freq > 0, profile_freq=max(profile_freq, 10),
+                                 profiler_warmup=PROFILE_WARMUP, profiler_active=PROFILE_ACTIVE,
+                                 save_traces_folder=PROFILE_FOLDER),
     )
 
 
@@ -506,6 +532,12 @@ def worker(args: argparse.Namespace) -> int:
                     titan_peak_flops=trainer.metrics_processor.gpu_peak_flops)
         if device.type == "cuda":
             info["max_allocated_gib_last_step"] = torch.cuda.max_memory_allocated(device) / 2**30
+        from torch._dynamo.utils import counters
+
+        info["dynamo"] = {"graph_breaks": sum(counters["graph_break"].values()),
+                          "unique_graphs": counters["stats"].get("unique_graphs", 0),
+                          "counters": {group: {str(k): v for k, v in values.items()}
+                                       for group, values in counters.items() if values}}
         with open(os.environ[ENV_INFO], "w") as f:
             json.dump(info, f)
     trainer.close()

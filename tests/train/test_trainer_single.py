@@ -212,3 +212,16 @@ def test_contiguous_state_trains_identically_and_is_laid_out_back_to_back():
     finally:
         flat.close()
         apart.close()
+
+
+def test_compile_also_compiles_the_loss_and_eager_keeps_the_specs():
+    """With --train.compile the loss goes through torch.compile (TorchTitan does the same: its fused
+    cross-entropy is most of the compiled step's lead); eager runs call the spec's loss itself. Construction
+    only: compiling is lazy, so nothing is compiled here."""
+    eager = Trainer(small_cfg())
+    assert eager.loss_fn is eager.spec.loss
+    eager.close()
+    compiled = Trainer(small_cfg(compile=True))
+    assert compiled.loss_fn is not compiled.spec.loss
+    assert getattr(compiled.loss_fn, "_torchdynamo_orig_callable", None) is compiled.spec.loss
+    compiled.close()
