@@ -58,11 +58,11 @@ def test_watermark_rises_and_falls_only_on_an_accepted_loss():
 def test_holders_are_healthy_replicas_at_the_watermark():
     s = LighthouseState()
     opts = QuorumOptions(heartbeat_timeout_ms=1000)
-    for rid, step, beat in (("a:1", 5, 10.0), ("b:1", 5, 8.0), ("c:1", 4, 10.0)):
+    for rid, step, beat in (("a:1", 5, 10.0), ("b:1", 5, 7.0), ("c:1", 4, 10.0)):
         note_committed(s, rid, step, 2)
         s.heartbeats[rid] = beat
-    assert holders(10.5, s, opts) == ["a:1"]  # b's heartbeat is stale, c is behind
-    s.heartbeats["b:1"] = 10.2
+    assert holders(10.5, s, opts) == ["a:1"]  # b has been silent for 3.5 heartbeat timeouts, c is behind
+    s.heartbeats["b:1"] = 8.0  # 2.5 timeouts: too late for a quorum, but a slow holder is still a holder
     assert holders(10.5, s, opts) == ["a:1", "b:1"]
 
 

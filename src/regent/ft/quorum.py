@@ -117,9 +117,16 @@ def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: 
     return False
 
 
+# A holder of the committed state counts as alive for this many heartbeat timeouts, not one. Being named a holder
+# decides whether the run restores an older backstop (or stops); a holder that is only slow (a starved host, a
+# long GC pause) must not be taken for a dead one. A holder that died is retired at once anyway (the supervisor's
+# report, or its group's next incarnation), so only a silent host's loss waits the longer time.
+HOLDER_ALIVE_TIMEOUTS = 3
+
+
 def holders(now: float, state: LighthouseState, opts: QuorumOptions) -> list[str]:
-    """Healthy replicas that hold the watermark's step (those at its lineage first), sorted by id."""
-    limit = opts.heartbeat_timeout_ms / 1000.0
+    """Live replicas (`HOLDER_ALIVE_TIMEOUTS`) that hold the watermark's step (those at its lineage first), by id."""
+    limit = HOLDER_ALIVE_TIMEOUTS * opts.heartbeat_timeout_ms / 1000.0
     w = state.watermark
     found = [rid for rid, (step, _) in state.committed.items()
              if step == w.step and now - state.heartbeats.get(rid, -1e18) < limit]
