@@ -251,6 +251,7 @@ def test_restart_resumes_every_replica_from_the_newest_common_checkpoint(tmp_pat
             path = tmp_path / f"replica_{replica}" / f"step-{step:08d}" / f"rank{k}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"x")
+            path.with_name(path.name + ".json").write_text("{}")  # the manifest: written last, it completes it
 
     assert common_checkpoint_step(str(tmp_path), 2, 2) is None
     save(0, 5), save(1, 5), save(0, 10), save(0, 100)
@@ -259,6 +260,27 @@ def test_restart_resumes_every_replica_from_the_newest_common_checkpoint(tmp_pat
     save(1, 10, ranks=(1,))
     assert common_checkpoint_step(str(tmp_path), 2, 2) == "step-00000010"  # not replica 0's newer step 100
     assert common_checkpoint_step(str(tmp_path), 3, 2) is None  # a replica with none
+    (tmp_path / "replica_1" / "step-00000010" / "rank1.pt.json").unlink()  # torn: file without manifest
+    assert common_checkpoint_step(str(tmp_path), 2, 2) == "step-00000005"
+
+
+def test_checkpoint_restart_refuses_a_damaged_file(tmp_path):
+    import hashlib
+    import json
+
+    from regent.orchestrate.session import verify_checkpoint_file
+
+    path = tmp_path / "rank0.pt"
+    path.write_bytes(b"weights" * 100)
+    with pytest.raises(ValueError, match="manifest .* missing"):
+        verify_checkpoint_file(str(path))
+    path.with_name("rank0.pt.json").write_text(json.dumps({"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}))
+    verify_checkpoint_file(str(path))
+    data = bytearray(path.read_bytes())
+    data[10] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is damaged: sha256"):
+        verify_checkpoint_file(str(path))
 
 
 def test_live_feed_shows_a_failed_group_once_per_replica_and_build():

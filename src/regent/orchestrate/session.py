@@ -6,6 +6,8 @@ plain process.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -297,11 +299,18 @@ class TrainingSession:
         return self.manager.full_state_dict()
 
     def _checkpoint(self) -> None:
-        path = os.path.join(self.ckpt_root, f"step-{self.trainer.step:08d}", f"rank{self.rank}.pt")
+        """rank{r}.pt and its manifest rank{r}.pt.json (step, sha256 of the file): a restart verifies the file
+        before loading it, so a torn or damaged checkpoint is refused by name instead of unpickled."""
+        step = self.trainer.step
+        path = os.path.join(self.ckpt_root, f"step-{step:08d}", f"rank{self.rank}.pt")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
         torch.save(self._full_state(), tmp)
+        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": _sha256(tmp)}
+        with open(path + ".json.tmp", "w") as f:
+            json.dump(manifest, f)
         os.replace(tmp, path)
+        os.replace(path + ".json.tmp", path + ".json")  # last: a checkpoint counts once its manifest exists
 
     def _resume(self, root: str) -> None:
         # Every replica resumes from the same step: a replica killed between two replicas' saves of one boundary
@@ -312,6 +321,7 @@ class TrainingSession:
                            self.replica_index, self.rank, root)
             return
         path = os.path.join(root, f"replica_{self.replica_index}", step, f"rank{self.rank}.pt")
+        verify_checkpoint_file(path)
         self.manager.load_full_state_dict(torch.load(path, weights_only=False))
         logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
 
@@ -350,12 +360,35 @@ def _rss_mb() -> float | None:
         return None
 
 
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint_file(path: str) -> None:
+    """Refuse (ValueError naming the file) a checkpoint whose bytes are not the ones its manifest recorded."""
+    try:
+        with open(path + ".json") as f:
+            manifest = json.load(f)
+        recorded = manifest["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"checkpoint {path}: its manifest {path}.json is missing or unreadable ({exc})") from exc
+    actual = _sha256(path)
+    if actual != recorded:
+        raise ValueError(f"checkpoint {path} is damaged: sha256 {actual[:16]}... but its manifest recorded "
+                         f"{str(recorded)[:16]}...; delete that step-N directory to restart from the one before")
+
+
 def common_checkpoint_step(root: str, replicas: int, ranks: int) -> str | None:
-    """The newest `step-N` directory that every replica and rank has saved under `root`, or None."""
+    """The newest `step-N` directory that every replica and rank has saved (file and manifest) under `root`."""
     def saved(replica: int) -> set[str]:
         base = os.path.join(root, f"replica_{replica}")
         steps = [d for d in os.listdir(base) if d.startswith("step-")] if os.path.isdir(base) else []
-        return {d for d in steps if all(os.path.exists(os.path.join(base, d, f"rank{k}.pt")) for k in range(ranks))}
+        return {d for d in steps if all(os.path.exists(os.path.join(base, d, f"rank{k}.pt.json"))
+                                        and os.path.exists(os.path.join(base, d, f"rank{k}.pt")) for k in range(ranks))}
 
     common = set.intersection(*(saved(r) for r in range(replicas))) if replicas > 0 else set()
     return max(common) if common else None
