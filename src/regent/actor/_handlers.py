@@ -19,6 +19,8 @@ from regent.actor._pickle import loads
 from regent.actor._proc import _controller_local, ensure_self_proc
 from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime, exit_gracefully
 from regent.actor._spawner import LOG_SYNC_MARK, _env, _OneShot, apply_proc_bind, spawner_of
+from regent.actor._tree import deliver_in_order, post_many, relay_cast
+from regent.actor._tree import proc_exited as tree_proc_exited
 
 logger = logging.getLogger("regent.actor")
 
@@ -35,16 +37,29 @@ def root_creator() -> Instance:
 
 def install_handlers(rt: Runtime) -> None:
     def h_msg(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        key = msg[1]
-        cell = rt.cells.get(key)
         item = ("m", msg[2], body, buffers, msg[3], msg[4])
+        if len(msg) > 5:  # ordered with the sender's other messages to this process (see _tree)
+            deliver_in_order(rt, msg[5], msg[6], lambda: post(msg[1], item))
+        else:
+            post(msg[1], item)
+
+    def h_mc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        _, origin, seq, mesh_id, method, reply, labels, sizes, items = msg
+        deliver_in_order(rt, origin, seq, lambda: post_many(rt, post, spawn_cell, mesh_id, method, reply, labels,
+                                                            sizes, items, body, buffers))
+
+    def h_cast(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
+        relay_cast(rt, msg, body, buffers)
+
+    def post(key: str, item: tuple) -> None:
+        cell = rt.cells.get(key)
         if cell is not None:
             cell.post(item)
             return
         dead = rt.dead_cells.get(key)
         if dead is not None:
-            if msg[3] is not None:
-                rt.send_reply(msg[3], DEAD, dead)
+            if item[4] is not None:
+                rt.send_reply(item[4], DEAD, dead)
             return
         # the spawn message may still be on its way (another sender's connection): hold the message
         rt.unknown.setdefault(key, []).append(item)
@@ -58,6 +73,10 @@ def install_handlers(rt: Runtime) -> None:
 
     def h_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         _, key, mesh_id, rank, name, point, owner, is_async, reply = msg
+        spawn_cell(key, mesh_id, rank, name, point, owner, is_async, reply, body, buffers)
+
+    def spawn_cell(key: str, mesh_id: str, rank: int, name: str, point: tuple, owner: tuple, is_async: bool,
+                   reply: tuple | None, body: Any, buffers: list) -> None:
         try:
             cls, args, kwargs = loads(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: a spawn whose arguments cannot be read is a supervision event
@@ -84,7 +103,12 @@ def install_handlers(rt: Runtime) -> None:
         rt.rank_failed(mesh_id, rank, text)
 
     def h_stop_actor(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, key, reason, reply = msg
+        if len(msg) > 4:  # after the sender's earlier messages to this process (a tree cast may be behind)
+            deliver_in_order(rt, msg[4], msg[5], lambda: stop_actor(msg[1], msg[2], msg[3]))
+        else:
+            stop_actor(msg[1], msg[2], msg[3])
+
+    def stop_actor(key: str, reason: str, reply: tuple | None) -> None:
         cell = rt.cells.get(key)
         if cell is None:
             if reply is not None:
@@ -96,7 +120,10 @@ def install_handlers(rt: Runtime) -> None:
         rt.loop.create_task(configure_self(rt, msg[1], body, buffers, msg[2]))
 
     def h_stop_proc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        rt.loop.create_task(stop_self(rt, msg[2]))
+        def stop() -> None:
+            rt.loop.create_task(stop_self(rt, msg[2]))
+
+        deliver_in_order(rt, msg[3] if len(msg) > 3 else None, msg[4] if len(msg) > 4 else None, stop)
 
     def h_host_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
         _, specs, events, reply = msg
@@ -140,7 +167,7 @@ def install_handlers(rt: Runtime) -> None:
 
         rt.loop.create_task(run())
 
-    rt.handlers.update(m=h_msg, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
+    rt.handlers.update(m=h_msg, mc=h_mc, cast=h_cast, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
                        stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
                        host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc,
                        log_level=h_log_level)
@@ -217,8 +244,28 @@ async def stop_self(rt: Runtime, reply: tuple | None) -> None:
 async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:
     """On a worker: start procs for a remote owner; forward their exits and output to it."""
 
+    exits: list[tuple[str, str | None]] = []
+    timer: list[Any] = [None, 0.0]
+
+    def flush_exits() -> None:
+        timer[0] = None
+        batch = list(exits)
+        exits.clear()
+        if batch:
+            rt.send_reply(events, OK, ("exits", batch))
+
     def on_exit(pid: str, reason: str | None) -> None:
-        rt.send_reply(events, OK, ("exit", pid, reason))
+        # procs that exit together (a host losing them all) are reported in one event, so their owner
+        # gets one supervision report naming every rank; a quiet spell of `exit_window_s` ends the batch
+        tree_proc_exited(rt, pid, reason)
+        exits.append((pid, reason))
+        now = rt.loop.time()
+        if timer[0] is None:
+            timer[1] = now
+        else:
+            timer[0].cancel()
+        delay = min(rt.exit_window_s, max(0.0, timer[1] + 10 * rt.exit_window_s - now))
+        timer[0] = rt.loop.call_later(delay, flush_exits)
 
     def on_output(pid: str, stream: str, text: str) -> None:
         rt.send_reply(events, OK, ("out", pid, stream, text))

@@ -21,6 +21,7 @@ from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
 from regent.actor._transport import encode_env
+from regent.actor._tree import next_seq, send_cast
 
 logger = logging.getLogger("regent.actor")
 R = TypeVar("R")
@@ -273,8 +274,9 @@ class ActorMesh(MeshTrait, Generic[R]):
 
             gather.future.add_done_callback(done)
             for i, r in enumerate(ranks):
-                rt.send(ref.rank_procs[r], ("stop_actor", f"{ref.mesh_id}/{r}", reason,
-                                            (rt.proc_id, gather.port_id, i)))
+                pid = ref.rank_procs[r]
+                rt.send(pid, ("stop_actor", f"{ref.mesh_id}/{r}", reason, (rt.proc_id, gather.port_id, i),
+                              rt.proc_id, next_seq(rt, pid)))
 
         rt.run_on_loop(on_loop)
         return fut
@@ -380,8 +382,37 @@ class Endpoint(Generic[R]):
         view_ranks = self._mesh._ranks
         reply_proc = reply_proc or rt.proc_id
         method = self._name
+        me = rt.proc_id
 
         def on_loop() -> None:
+            if len(ranks) > 1 and rt.cast_mode != "actor":
+                # tree fan-out (see _tree): one message per host agent or process, not one per actor
+                full = len(ranks) == len(view_ranks)
+                items = [(r, i if full else view_ranks.index(r), i if fixed_index is None else fixed_index)
+                         for i, r in enumerate(ranks)]
+                reply = None
+                if reply_port is not None:
+                    batched = isinstance(pending, Gather) and reply_proc == me
+                    reply = (reply_proc, reply_port, "b" if batched else "d")
+                relays: list[str] = []
+
+                def cast() -> None:
+                    relays.extend(send_cast(rt, ref.mesh_id, method, ref.rank_procs, labels, sizes, items,
+                                            body, buffers, reply, rt.cast_mode == "tree"))
+
+                if pending is not None:
+                    # the relaying agents are known only once grouped; track before sending, then add them
+                    rt.track(pending)
+                    cast()
+                    if relays:
+                        pending.vias = relays
+                        for agent in relays:
+                            rt.pending_by_proc[agent].add(pending.port_id)
+                            if agent in rt.dead:
+                                rt.loop.call_soon(rt._fail_pending_for_proc, agent)
+                else:
+                    cast()
+                return
             if pending is not None:
                 rt.track(pending)
             for i, r in enumerate(ranks):
@@ -389,8 +420,11 @@ class Endpoint(Generic[R]):
                 reply = None
                 if reply_port is not None:
                     reply = (reply_proc, reply_port, i if fixed_index is None else fixed_index)
-                env = encode_env(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local)))
-                rt.send_raw(ref.rank_procs[r], env, body, buffers)
+                pid = ref.rank_procs[r]
+                env = encode_env(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local), me,
+                                  next_seq(rt, pid)))
+                rt.send_raw(pid, env, body, buffers)
+            rt.stats["m_sent"] += len(ranks)
 
         rt.run_on_loop(on_loop)
 

@@ -47,6 +47,7 @@ from regent.actor._spawner import (
     spawner_of,
 )
 from regent.actor._transport import split_address
+from regent.actor._tree import SPAWN, next_seq, send_cast
 
 logger = logging.getLogger("regent.actor")
 LOG_SYNC_TIMEOUT = 5.0  # how long logging_option waits for procs' earlier output to drain through the pipes
@@ -235,7 +236,7 @@ class HostMesh(MeshTrait):
             if self._state.kind == "local":
                 spawner = spawner_of(rt)
                 specs = [s for _, host_specs in specs_by_host for s in host_specs]
-                await spawner.spawn(specs, bootstrap, rt.proc_gone, state.logs, release=True)
+                await spawner.spawn(specs, bootstrap, rt.proc_exited, state.logs, release=True)
             else:
                 await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap, state.logs)
                                        for host_rank, specs in specs_by_host))
@@ -278,6 +279,7 @@ class HostMesh(MeshTrait):
         port = rt.new_port(_OneShot(fut))
         try:
             rt.send(agent, ("host_spawn", specs, (rt.proc_id, events.port_id, 0), (rt.proc_id, port, 0)), bootstrap)
+            rt.stats["host_spawn_sent"] += 1
             status, body, buffers = await fut
         finally:
             rt.drop_port(port)
@@ -380,7 +382,9 @@ class HostEvents:
 
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         event = loads(body, buffers)
-        if event[0] == "exit":
+        if event[0] == "exits":
+            self.rt.procs_gone([tuple(e) for e in event[1]])
+        elif event[0] == "exit":
             self.rt.proc_gone(event[1], event[2])
         elif event[0] == "out":
             self.output(event[1], event[2], event[3])
@@ -481,6 +485,7 @@ class ProcMeshState:
         self.owned = True
         self.task: asyncio.Task | None = None
         self.logs: LogRouter | None = None
+        self.base: ProcMeshState | None = None  # the mesh a `colocated` view was made from
 
 
 class ProcMesh(MeshTrait):
@@ -503,9 +508,28 @@ class ProcMesh(MeshTrait):
             return local_host_mesh()
         return self._state.host
 
+    def colocated(self, label: str, n: int) -> ProcMesh:
+        """This proc mesh with an extra innermost dimension `label` of size `n` whose ranks share processes:
+        spawning on the result puts `n` actors of the mesh in every proc (Regent extension; many actors per
+        process without starting more processes). Stop the original mesh, not this view."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"colocated needs n >= 1, got {n!r}")
+        extent = self._shape.extent
+        if label in extent.labels:
+            raise ValueError(f"dimension {label!r} already exists in {extent}")
+        st = self._state
+        pids = [st.proc_ids[r] for r in self._shape.ranks() for _ in range(n)]
+        new_extent = Extent(extent.labels + [label], extent.sizes + [n])
+        view = ProcMeshState(st.mesh_id, st.name, new_extent, pids, st.owner_key, st.host)
+        view.owned = False
+        view.initialized = st.initialized
+        view.base = st
+        return ProcMesh(view, Shape.from_extent(new_extent))
+
     def spawn(self, name: str, Class: type, *args: Any, **kwargs: Any) -> Any:
         """Start one `Class(*args, **kwargs)` actor per proc; returns the ActorMesh at once."""
-        if self._state.stopped or self._state.stopping:
+        base = self._state.base
+        if self._state.stopped or self._state.stopping or (base is not None and (base.stopped or base.stopping)):
             raise RuntimeError("`ProcMesh` has already been stopped")
         owner_key = context().actor_instance.key
         return spawn_actor_mesh(self, name, Class, args, kwargs, owner_key)
@@ -535,7 +559,7 @@ class ProcMesh(MeshTrait):
             exits.append(rt.exit_future(pid))
         for pid in state.proc_ids:
             if pid not in rt.dead:
-                rt.send(pid, ("stop_proc", "stopped by owner", None))
+                rt.send(pid, ("stop_proc", "stopped by owner", None, rt.proc_id, next_seq(rt, pid)))
         if exits:
             pending = {f for f in exits if not f.done()}
             if timeout > 0:
@@ -692,6 +716,17 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
     def on_loop() -> None:
         rt.register_mesh(mstate)
         rt.track(gather)
+        if len(rank_procs) > 1 and rt.cast_mode != "actor":
+            # one message per host agent (see _tree), which spawns on its procs and gathers their replies
+            items = [(i, i, i) for i in range(len(rank_procs))]
+            relays = send_cast(rt, mesh_id, [SPAWN, name, [rt.proc_id, owner_key], is_async], rank_procs,
+                               extent.labels, extent.sizes, items, body, buffers, (rt.proc_id, gather.port_id, "b"),
+                               rt.cast_mode == "tree")
+            if relays:
+                gather.vias = relays
+                for agent in relays:
+                    rt.pending_by_proc[agent].add(gather.port_id)
+            return
         for i, pid in enumerate(rank_procs):
             rt.send(pid, ("s", f"{mesh_id}/{i}", mesh_id, i, name, (extent.labels, extent.sizes, i),
                           (rt.proc_id, owner_key), is_async, (rt.proc_id, gather.port_id, i)), body, buffers)

@@ -177,6 +177,7 @@ class PendingReply:
 
     port_id: int
     targets: list[tuple[str, int, str]]  # (mesh_id, rank, proc_id)
+    vias: tuple[str, ...] | list[str] = ()  # host agents relaying the call (`_tree`): their loss fails it
 
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -238,6 +239,24 @@ class Runtime:
         self.exit_futures: dict[str, asyncio.Future] = {}
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
         self.controller_failures: dict[str, str] = {}
+        # tree casts (`_tree`): per-destination sequence numbers out, per-origin expected numbers in, messages
+        # held until earlier ones arrive, and (on agents) reply batches waiting on each child process
+        self.out_seq: dict[str, int] = {}
+        self.in_seq: dict[str, int] = {}
+        self.seq_held: dict[str, dict[int, Callable]] = {}
+        self.tree_batches: dict[str, set] = {}
+        # how a cast to many actors is sent: "tree" (one message per host agent), "proc" (one per process) or
+        # "actor" (one per actor, replies one by one: the design before tree casts; kept for comparison)
+        self.cast_mode = os.environ.get("REGENT_CAST", "tree")
+        if self.cast_mode not in ("tree", "proc", "actor"):
+            raise ValueError(f"REGENT_CAST={self.cast_mode!r}: use tree, proc or actor")
+        self.stats: collections.Counter = collections.Counter()  # message counts, for tests and benchmarks
+        # process exits reported within `exit_window_s` of each other make one supervision report per mesh
+        self.exit_window_s = float(os.environ.get("REGENT_EXIT_WINDOW", "0.05"))
+        self._exits: list[tuple[str, str | None]] = []
+        self._exits_timer: asyncio.TimerHandle | None = None
+        self._exits_first = 0.0
+        self._failure_sink: dict | None = None
         self._register_handlers()
         from regent.actor._handlers import install_handlers
 
@@ -428,6 +447,7 @@ class Runtime:
             hello=self._h_hello,
             whereis=self._h_whereis,
             r=self._h_reply,
+            rb=self._h_reply_batch,
             bye=self._h_bye,
         )
 
@@ -616,6 +636,21 @@ class Runtime:
             return  # late reply to a finished or failed call
         handler.deliver(index, status, body, buffers)
 
+    def _h_reply_batch(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
+        """Several OK replies to one port, gathered by a host or process (`_tree.Batch`)."""
+        _, port_id, indices, lengths = msg
+        self.stats["reply_batches"] += 1
+        handler = self.ports.get(port_id)
+        if handler is None:
+            return
+        view = memoryview(body)
+        offset = 0
+        for index, n in zip(indices, lengths):
+            handler.deliver(index, OK, view[offset:offset + n], [])
+            offset += n
+            if self.ports.get(port_id) is not handler:
+                return  # finished (or failed) part-way
+
     def send_reply(self, reply: tuple, status: int, value: Any) -> None:
         """Send a value (or error) to a reply port `(proc_id, port_id, index)`; any thread."""
         from regent.actor._pickle import dumps
@@ -636,11 +671,19 @@ class Runtime:
             self.pending_by_proc[proc_id].add(pending.port_id)
             if proc_id in self.dead:
                 self.loop.call_soon(self._fail_pending_for_proc, proc_id)
+        for agent in pending.vias:
+            self.pending_by_proc[agent].add(pending.port_id)
+            if agent in self.dead:
+                self.loop.call_soon(self._fail_pending_for_proc, agent)
 
     def untrack(self, pending: PendingReply) -> None:
         self.ports.pop(pending.port_id, None)
         for _mesh_id, _rank, proc_id in pending.targets:
             s = self.pending_by_proc.get(proc_id)
+            if s is not None:
+                s.discard(pending.port_id)
+        for agent in pending.vias:
+            s = self.pending_by_proc.get(agent)
             if s is not None:
                 s.discard(pending.port_id)
 
@@ -651,6 +694,14 @@ class Runtime:
         for port_id in list(self.pending_by_proc.pop(proc_id, ())):
             pending = self.ports.get(port_id)
             if pending is None or not isinstance(pending, PendingReply):
+                continue
+            if proc_id in pending.vias:
+                # the host agent relaying this call is gone: what it had not passed on never will be
+                got = getattr(pending, "got", [])
+                for idx, (_mesh_id, _rank, _pid) in enumerate(pending.targets):
+                    if idx < len(got) and not got[idx]:
+                        pending.fail_rank(idx, SupervisionError(
+                            f"the host agent {proc_id} relaying this call failed: {reason}"))
                 continue
             for idx, (mesh_id, rank, pid) in enumerate(pending.targets):
                 if pid == proc_id:
@@ -736,11 +787,73 @@ class Runtime:
                     rank = pm_state.proc_ids.index(proc_id)
                     from regent.actor._shape import Point
 
+                    if self._failure_sink is not None:
+                        self._failure_sink.setdefault(("proc", pm_state.mesh_id), (pm, []))[1].append(
+                            (rank, f"the process {proc_id} failed: {reason}", reason))
+                        continue
                     self.dispatch_failure(
                         pm_state.owner_key,
                         MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm,
                                     actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}"),
                     )
+
+    def proc_exited(self, proc_id: str, reason: str | None) -> None:
+        """A child process exited: report it with the other exits of the next `exit_window_s` seconds (a
+        host losing all its procs at once), so the owner gets one supervision report per mesh."""
+        self._exits.append((proc_id, reason))
+        now = self.loop.time()
+        if self._exits_timer is None:
+            self._exits_first = now
+        else:
+            self._exits_timer.cancel()
+        # wait for a quiet spell, but never more than 10 windows after the first exit
+        delay = min(self.exit_window_s, max(0.0, self._exits_first + 10 * self.exit_window_s - now))
+        self._exits_timer = self.loop.call_later(delay, self._flush_exits)
+
+    def _flush_exits(self) -> None:
+        self._exits_timer = None
+        exits, self._exits = self._exits, []
+        if exits:
+            self.procs_gone(exits)
+
+    def procs_gone(self, gone: list[tuple[str, str | None]]) -> None:
+        """Several processes exited together: `proc_gone` for each, then one `MeshFailure` per mesh naming
+        every failed rank (instead of one per rank)."""
+        if self._failure_sink is not None:
+            for proc_id, reason in gone:
+                self.proc_gone(proc_id, reason)
+            return
+        self._failure_sink = sink = {}
+        try:
+            for proc_id, reason in gone:
+                self.proc_gone(proc_id, reason)
+        finally:
+            self._failure_sink = None
+        self.stats["supervision_reports"] += len(sink)
+        for (kind, _mesh_id), (holder, failed) in sink.items():
+            failed.sort(key=lambda f: f[0])
+            ranks = [f[0] for f in failed]
+            events = {f[1] for f in failed}
+            if kind == "actor":
+                state = holder
+                event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
+                name = state.display.get(ranks[0]) if len(ranks) == 1 else None
+                failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
+                failure._mesh_id = state.mesh_id
+                self.dispatch_failure(state.owner_key, failure)
+            else:
+                pm = holder
+                pm_state = pm._state
+                from regent.actor._shape import Point
+
+                if len(ranks) == 1:
+                    event, name = failed[0][1], f"{pm_state.name}{Point(ranks[0], pm_state.extent)}"
+                else:
+                    reasons = {f[2] for f in failed}
+                    why = reasons.pop() if len(reasons) == 1 else "; ".join(f"rank {r}: {w}" for r, _, w in failed)
+                    event, name = f"the processes of {ranks_text(ranks)} failed: {why}", None
+                self.dispatch_failure(pm_state.owner_key, MeshFailure(pm_state.name, ranks, event, mesh=pm,
+                                                                      actor_name=name))
 
     def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
         """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner."""
@@ -753,6 +866,9 @@ class Runtime:
         if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
             return
         state.dispatched.add(rank)
+        if self._failure_sink is not None:
+            self._failure_sink.setdefault(("actor", mesh_id), (state, []))[1].append((rank, event, event))
+            return
         failure = MeshFailure(state.name, [rank], event, mesh=state.mesh, actor_name=state.display.get(rank))
         failure._mesh_id = mesh_id
         self.dispatch_failure(state.owner_key, failure)
@@ -883,9 +999,11 @@ def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
 def reply_of(msg: tuple) -> tuple | None:
     """The reply port carried by a message envelope, if any."""
     kind = msg[0]
-    if kind == "m":
+    if kind in ("m", "stop_actor"):
         return msg[3]
-    if kind in ("s", "stop_actor", "stop_proc", "configure", "log_level"):  # reply port last
+    if kind == "stop_proc":
+        return msg[2]
+    if kind in ("s", "configure", "log_level"):  # reply port last
         return msg[-1]
     return None
 

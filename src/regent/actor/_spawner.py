@@ -276,6 +276,9 @@ class LocalSpawner:
         finally:
             self.starting_spares -= 1
         self.rt.held.discard(pid)
+        if len(self.spares) >= self.warm_target:  # keep_warm lowered the target while this one started
+            self.kill(child.pid)
+            return
         self.spares.append(child)
 
     def kill(self, pid: str) -> None:
