@@ -150,35 +150,32 @@ def test_order_is_kept_between_tree_casts_and_direct_calls(members):
     assert all(h[-20:] == list(range(20)) for h in mesh.slice(hosts=0).history.call().get(timeout=TIMEOUT).values())
 
 
-def test_host_losing_all_procs_is_one_supervision_report(job, monkeypatch):
+def test_host_losing_all_procs_is_one_supervision_report(members, monkeypatch):
+    """Runs last of the tests on `members`: it kills every proc of host 1."""
     faults = []
     monkeypatch.setattr(regent.actor, "unhandled_fault_hook", faults.append)
-    procs = job.host_mesh().spawn_procs(per_host={"procs": PROCS})
-    mesh = procs.colocated("actors", ACTORS).spawn("doomed", Member)
+    _procs, mesh = members
     rt = get_runtime()
-    try:
-        who = mesh.who.call().get(timeout=TIMEOUT)
-        victims = sorted({pid for point, pid in who.values() if point.startswith("{'hosts': 1/3")})
-        assert len(victims) == PROCS
-        inflight = mesh.slice(hosts=1).sleep.call(30)
-        reports_before = rt.stats["supervision_reports"]
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
-        with pytest.raises(SupervisionError):
-            inflight.get(timeout=TIMEOUT)
-        assert wait_for(lambda: faults)
-        time.sleep(1.0)  # any further (storm) report would have come by now
-        assert len(faults) == 1, [str(f) for f in faults]
-        lost = list(range(PROCS * ACTORS, 2 * PROCS * ACTORS))
-        assert faults[0].mesh_name == "doomed" and faults[0].crashed_ranks == lost
-        assert "Killed(sig=9)" in faults[0].report()
-        assert rt.stats["supervision_reports"] - reports_before == 1
-        # the other hosts still answer; the lost ranks fail fast
-        assert len(mesh.slice(hosts=0).who.call().get(timeout=TIMEOUT)) == PROCS * ACTORS
-        with pytest.raises(SupervisionError, match="doomed"):
-            mesh.who.call().get(timeout=TIMEOUT)
-    finally:
-        procs.stop().get(timeout=TIMEOUT)
+    who = mesh.who.call().get(timeout=TIMEOUT)
+    victims = sorted({pid for point, pid in who.values() if point.startswith("{'hosts': 1/3")})
+    assert len(victims) == PROCS
+    inflight = mesh.slice(hosts=1).sleep.call(30)
+    reports_before = rt.stats["supervision_reports"]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        inflight.get(timeout=TIMEOUT)
+    assert wait_for(lambda: faults)
+    time.sleep(1.0)  # any further (storm) report would have come by now
+    assert len(faults) == 1, [str(f) for f in faults]
+    lost = list(range(PROCS * ACTORS, 2 * PROCS * ACTORS))
+    assert faults[0].mesh_name == "members" and faults[0].crashed_ranks == lost
+    assert "Killed(sig=9)" in faults[0].report()
+    assert rt.stats["supervision_reports"] - reports_before == 1
+    # the other hosts still answer; the lost ranks fail fast
+    assert len(mesh.slice(hosts=0).who.call().get(timeout=TIMEOUT)) == PROCS * ACTORS
+    with pytest.raises(SupervisionError, match="members"):
+        mesh.who.call().get(timeout=TIMEOUT)
 
 
 class Owner(Actor):
