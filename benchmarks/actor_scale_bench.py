@@ -67,7 +67,16 @@ def lat(samples: list[float]) -> dict[str, float]:
             "min_ms": ordered[0] * 1e3, "n": len(ordered)}
 
 
-def define_actor(api: Any) -> type:
+def define_actor(api: Any, is_async: bool = False) -> type:
+    """A no-op endpoint; sync actors run on a thread of their own, async ones on their process's loop."""
+    if is_async:
+        class AsyncMember(api.Actor):
+            @api.endpoint
+            async def ping(self, x: int) -> int:
+                return x
+
+        return AsyncMember
+
     class Member(api.Actor):
         @api.endpoint
         def ping(self, x: int) -> int:
@@ -88,7 +97,7 @@ def time_calls(mesh: Any, rounds: int, warmup: int = 5) -> list[float]:
     return out
 
 
-def bench_calls(hosts: int, procs: int, actors: int, rounds: int) -> dict[str, Any]:
+def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool = False) -> dict[str, Any]:
     """call() latency by mesh size and send mode, on one job of `hosts` x `procs` x `actors`."""
     import regent.actor as api
     from regent.actor._runtime import get_runtime
@@ -102,7 +111,7 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int) -> dict[str, A
         pm = hm.spawn_procs(per_host={"procs": procs})
         pm.initialized.get(timeout=600)
         t_procs = time.perf_counter() - t0
-        mesh = pm.colocated("actors", actors).spawn("members", define_actor(api))
+        mesh = pm.colocated("actors", actors).spawn("members", define_actor(api, is_async))
         mesh.initialized.get(timeout=600)
         log(f"job up: {hosts} hosts x {procs} procs x {actors} actors in {time.perf_counter() - t0:.1f} s")
         workers = job.worker_pids()
@@ -112,12 +121,11 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int) -> dict[str, A
         memory["total_mb"] = memory["controller_mb"] + memory["workers_mb"] + memory["procs_mb"]
         memory["per_proc_mb"] = memory["procs_mb"] / max(1, len(proc_pids))
         log(f"memory: {memory}")
-        sizes = {}
-        if hosts * procs * actors >= 8 and hosts == 8:
+        if (hosts, procs, actors) == (8, 16, 8):  # the issue's sizes, each spread over all 8 hosts
             sizes = {8: mesh.slice(procs=0, actors=0), 64: mesh.slice(procs=slice(0, 8), actors=0),
                      256: mesh.slice(actors=slice(0, 2)), 1024: mesh}
-        else:
-            sizes = {len(mesh): mesh}
+        else:  # one actor per host, one per proc, all
+            sizes = {hosts: mesh.slice(procs=0, actors=0), hosts * procs: mesh.slice(actors=0), len(mesh): mesh}
         rows = []
         for n, view in sizes.items():
             assert len(view) == n, (n, len(view))
@@ -137,8 +145,8 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int) -> dict[str, A
                     f"{msgs:.0f} msgs sent/call, {replies:.0f} gathered replies/call")
         rt.cast_mode = "tree"
         pm.stop().get(timeout=120)
-        return {"hosts": hosts, "procs": procs, "actors": actors, "setup_s": t_procs, "memory": memory,
-                "rows": rows}
+        return {"hosts": hosts, "procs": procs, "actors": actors, "async": is_async, "setup_s": t_procs,
+                "memory": memory, "rows": rows}
     finally:
         rt.cast_mode = "tree"
         job.kill()
@@ -244,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spawn-hosts", default="1,4,16")
     parser.add_argument("--spawn-procs", type=int, default=2, help="procs per host in the spawn measure")
     parser.add_argument("--skip-calls", action="store_true")
+    parser.add_argument("--async-actors", action="store_true", help="async endpoints (no thread per actor)")
     parser.add_argument("--skip-spawn", action="store_true")
     parser.add_argument("--monarch", default=None, help="python of a venv with torchmonarch")
     parser.add_argument("--monarch-sizes", default="8,32,64")
@@ -253,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "cpus": os.cpu_count(), "argv": sys.argv}
     if not args.skip_calls:
-        result["calls"] = bench_calls(args.hosts, args.procs, args.actors, args.rounds)
+        result["calls"] = bench_calls(args.hosts, args.procs, args.actors, args.rounds, args.async_actors)
     if not args.skip_spawn:
         counts = [int(h) for h in args.spawn_hosts.split(",") if h]
         result["spawn"] = bench_spawn(counts, args.spawn_procs, warm=False) + \
@@ -268,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
 def print_tables(result: dict[str, Any]) -> None:
     calls = result.get("calls")
     if calls:
-        print(f"\ncall() latency, {calls['hosts']} hosts x {calls['procs']} procs x {calls['actors']} actors/proc "
+        kind = "async" if calls.get("async") else "sync"
+        print(f"\ncall() latency, {calls['hosts']} hosts x {calls['procs']} procs x {calls['actors']} {kind} actors/proc "
               "(median / p90 ms; messages sent by the caller per call)")
         print("| actors | tree | proc (flat per process) | actor (flat per actor, old) |")
         print("|---:|---|---|---|")

@@ -229,7 +229,13 @@ def test_spawn_over_hosts_is_one_exchange_per_host(job):
         spawned = rt.stats.copy()
         spawned.subtract(before)
         assert spawned["host_spawn_sent"] == HOSTS
-        mesh = procs.spawn("fresh", Member)
+        def spawn():
+            mesh = procs.spawn("fresh", Member)
+            mesh.initialized.get(timeout=TIMEOUT)
+            return mesh
+
+        mesh, sent = sent_during(spawn)
+        assert sent["cast_sent"] == HOSTS  # the actors too: one spawn message per host, not per proc
         assert [p for p, _ in mesh.who.call().get(timeout=TIMEOUT).values()][-1] == "{'hosts': 2/3, 'procs': 1/2}"
     finally:
         procs.stop().get(timeout=TIMEOUT)

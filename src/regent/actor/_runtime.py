@@ -663,8 +663,20 @@ class Runtime:
             err = ActorError(RuntimeError(f"result could not be pickled: {exc!r}"), "Actor call failed.")
             body, bufs = dumps((err.exception, str(exc), ""))
             status = ERROR
+        if reply[0] == self.proc_id and not bufs:
+            # a port in this process (a tree cast's reply batch, or a local caller): no envelope, no frame
+            if self.on_loop_thread():  # delivered after the current callback, as a frame would be
+                self.loop.call_soon(self._local_reply, reply[1], reply[2], status, body)
+            else:
+                self.run_on_loop(self._local_reply, reply[1], reply[2], status, body)
+            return
         env = encode_env(("r", reply[1], reply[2], status))
         self.run_on_loop(self.send_raw, reply[0], env, body, bufs)
+
+    def _local_reply(self, port_id: int, index: int, status: int, body: Any) -> None:
+        handler = self.ports.get(port_id)
+        if handler is not None:
+            handler.deliver(index, status, memoryview(body), [])
 
     def track(self, pending: PendingReply) -> None:
         for _mesh_id, _rank, proc_id in pending.targets:
