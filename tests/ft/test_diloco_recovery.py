@@ -130,6 +130,30 @@ def test_diloco_outer_step_math_single_replica(lighthouse):
         manager.shutdown()
 
 
+def test_a_round_nobody_trained_in_takes_no_outer_step(lighthouse):
+    """A replica that sits a round out (just healed) and ends up alone in its quorum commits the round without
+    an outer step: with outer momentum, a step on zero pseudo-gradients would still move its parameters, and
+    the same committed state would have two values (seen at the end of a run: replicas differing)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        with DiLoCo(manager, [model], inner, outer, sync_every=2) as diloco:
+            for _ in range(2):  # one trained round: the outer momentum is not zero any more
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            assert diloco.last_sync["committed"] and outer.state[model.weight]["momentum_buffer"].abs().sum() > 0
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            assert diloco.join_now()  # a round this replica sits out, alone: committed, nothing to average
+            for n, p in model.named_parameters():
+                assert torch.equal(p, before[n]), n
+    finally:
+        manager.shutdown()
+
+
 def test_diloco_validates_its_arguments(lighthouse):
     model = torch.nn.Linear(2, 2)
     manager = _solo_manager(lighthouse, model)

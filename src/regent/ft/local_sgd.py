@@ -237,13 +237,18 @@ class _Fragment:
             self._manager.withdraw_committed()  # the committed state is about to change: stop serving it
             self._manager.disallow_state_dict_read()
             try:
-                # the mean over contributors, not over everyone (sit-outs sent zeros with weight 0)
-                scale = 1.0 / committed_weight if 0.0 < committed_weight < 1.0 else 1.0
-                for name, p in self.params.items():
-                    if scale != 1.0:
-                        self._pseudo[name].mul_(scale)
-                    p.grad = self._pseudo[name]
-                self.outer.step()
+                # The mean over contributors, not over everyone (sit-outs sent zeros with weight 0). A round
+                # nobody trained in (every member sat it out: a healed replica left alone, the initial sync)
+                # has nothing to average: no outer step, or the momentum alone would move the parameters of
+                # these members and not of the replicas that synced the round before (the same committed
+                # state would then have two values).
+                if committed_weight > 0.0:
+                    scale = 1.0 / committed_weight if committed_weight < 1.0 else 1.0
+                    for name, p in self.params.items():
+                        if scale != 1.0:
+                            self._pseudo[name].mul_(scale)
+                        p.grad = self._pseudo[name]
+                    self.outer.step()
                 self.save_global()
                 if self.alpha > 0:
                     with torch.no_grad():
