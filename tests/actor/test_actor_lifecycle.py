@@ -184,6 +184,42 @@ def test_process_job_with_two_hosts(monkeypatch):
     assert not any(pid_alive(p) for p in workers)
 
 
+def test_local_procs_exit_at_once_when_their_spawner_dies(tmp_path):
+    """Not after the orphan timeout (here 600 s): a proc whose parent process is gone exits within a second or
+    two, and takes what it spawned with it (a killed `regent train` leaves no trainer behind)."""
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, time
+        from regent.actor import Actor, endpoint, this_host
+
+        class Nested(Actor):
+            @endpoint
+            def pid(self):
+                return os.getpid()
+
+        class P(Actor):
+            @endpoint
+            def pids(self):
+                inner = this_host().spawn_procs(per_host={"gpus": 1}).spawn("n", Nested)
+                return [os.getpid(), *inner.pid.call().get(timeout=60).values()]
+
+        local = this_host().spawn_procs(per_host={"gpus": 1}).spawn("p", P)
+        print(json.dumps(local.pids.call_one().get(timeout=120)), flush=True)
+        time.sleep(600)
+    """))
+    env = dict(os.environ, REGENT_ORPHAN_TIMEOUT="600", OMP_NUM_THREADS="1")
+    ctl = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = json.loads(ctl.stdout.readline())
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=20), [p for p in pids if pid_alive(p)]
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+
+
 def test_warm_spare_is_claimed_by_spawn_procs():
     rt = get_runtime()
     this_host().keep_warm(1, preload=["xml.dom.minidom"]).get(timeout=TIMEOUT)

@@ -19,6 +19,7 @@ import sys
 def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
     signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it for children
+    parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`Runtime.orphan_watch`)
     boot = json.loads(os.environ.pop("REGENT_BOOT"))
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
@@ -41,7 +42,7 @@ def main() -> None:
     rt._bind_loop(loop)
     loop.run_until_complete(rt.start())
     rt._dial(parent["id"])
-    loop.create_task(rt.orphan_watch())
+    loop.create_task(rt.orphan_watch(parent_os_pid))
     loop.run_forever()
 
 

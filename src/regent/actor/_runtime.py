@@ -936,21 +936,29 @@ class Runtime:
             return True
         return any(c.peer == owner and not c.closed for c in self.connections)
 
-    async def orphan_watch(self) -> None:
-        """Procs only: exit when the owner process has been unreachable for `orphan_timeout` seconds."""
+    async def orphan_watch(self, parent_os_pid: int | None = None) -> None:
+        """Procs only: exit when the owner process has been unreachable for `orphan_timeout` seconds, or at
+        once when `parent_os_pid` (the process that started this one) is gone: a killed `regent train` then
+        takes its replicas and their trainers with it within a second or two, instead of leaving them to
+        train on until the orphan timeout."""
         timeout = config.orphan_timeout
-        if timeout is None:
+        if timeout is None and parent_os_pid is None:
             return
         last_seen = self.loop.time()
         while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
+            await asyncio.sleep(min(1.0, timeout / 4) if timeout is not None else 1.0)
             now = self.loop.time()
-            if self.owner_connected():
+            orphaned = parent_os_pid is not None and os.getppid() != parent_os_pid
+            if not orphaned and (timeout is None or self.owner_connected()):
                 last_seen = now
                 continue
-            if now - last_seen >= timeout:
-                logger.error("owner process %s unreachable for %.1f s; this proc exits (orphan timeout, "
-                             "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
+            if orphaned or now - last_seen >= timeout:
+                if orphaned:
+                    logger.error("the process that started this proc (pid %d) is gone; this proc exits",
+                                 parent_os_pid)
+                else:
+                    logger.error("owner process %s unreachable for %.1f s; this proc exits (orphan timeout, "
+                                 "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
                 if self.spawner is not None:
                     self.spawner.kill_all()  # what this proc owns cannot outlive it
                 with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report; exiting anyway
