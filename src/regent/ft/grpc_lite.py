@@ -688,7 +688,7 @@ class _Connection(asyncio.Protocol):
         before = (len(entries), entries[0] if entries else None, table.maxsize)
         try:
             headers = self._decoder.decode(block, raw=True)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - hpack raises several types for hostile blocks; each ends the connection, with its reason
             raise _ConnectionError(COMPRESSION_ERROR, f"bad header block: {err}") from None
         entries = table.dynamic_entries
         if (len(entries), entries[0] if entries else None, table.maxsize) == before and (

@@ -415,7 +415,7 @@ class LighthouseServer:
                 continue
             try:
                 self._call_in_loop(self._create_grpc_server(grpc_port)).result()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - grpcio reports a taken port as RuntimeError: try another pair, and the last error is raised below
                 http.server_close()
                 last_error = err
                 continue
