@@ -349,3 +349,18 @@ def test_every_event_the_ft_layer_emits_is_forwarded_or_explicitly_not():
     assert {"state_lost", "backstop_corrupt", "early_heal_done"} <= emitted  # the scan finds them
     assert emitted <= FORWARDED_KINDS | NOT_FORWARDED_KINDS, emitted - FORWARDED_KINDS - NOT_FORWARDED_KINDS
     assert set(EVENT_KINDS) >= FORWARDED_KINDS, FORWARDED_KINDS - set(EVENT_KINDS)
+
+
+def test_checkpoint_restart_refuses_replicas_of_different_lineages(tmp_path):
+    import json
+
+    from regent.orchestrate.session import check_same_lineage
+
+    for replica, lineage in ((0, 7), (1, 7), (2, None)):  # None: saved without a Lighthouse, not compared
+        d = tmp_path / f"replica_{replica}" / "step-00000010"
+        d.mkdir(parents=True)
+        (d / "rank0.pt.json").write_text(json.dumps({"step": 10, "lineage": lineage}))
+    check_same_lineage(str(tmp_path), "step-00000010", 3)
+    (tmp_path / "replica_1" / "step-00000010" / "rank0.pt.json").write_text(json.dumps({"lineage": 9}))
+    with pytest.raises(ValueError, match="different lineages"):
+        check_same_lineage(str(tmp_path), "step-00000010", 3)

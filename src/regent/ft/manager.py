@@ -1236,6 +1236,11 @@ class Manager:
     def batches_committed(self) -> int:
         return self._batches_committed
 
+    def lineage(self) -> int | None:
+        """The quorum id this replica's state was committed in (`regent.ft.recovery.state_version`); None
+        for a group rank without the Manager server (ranks other than 0)."""
+        return self._server.lineage if self._server is not None else None
+
     def quorum_id(self) -> int:
         return self._quorum_id
 

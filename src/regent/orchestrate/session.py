@@ -306,7 +306,8 @@ class TrainingSession:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
         torch.save(self._full_state(), tmp)
-        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": _sha256(tmp)}
+        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": _sha256(tmp),
+                    "lineage": self.manager.lineage()}
         with open(path + ".json.tmp", "w") as f:
             json.dump(manifest, f)
         os.replace(tmp, path)
@@ -322,6 +323,7 @@ class TrainingSession:
             return
         path = os.path.join(root, f"replica_{self.replica_index}", step, f"rank{self.rank}.pt")
         verify_checkpoint_file(path)
+        check_same_lineage(root, step, self.cfg.replicas)
         self.manager.load_full_state_dict(torch.load(path, weights_only=False))
         logger.info("replica %d rank %d resumed from %s", self.replica_index, self.rank, path)
 
@@ -380,6 +382,24 @@ def verify_checkpoint_file(path: str) -> None:
     if actual != recorded:
         raise ValueError(f"checkpoint {path} is damaged: sha256 {actual[:16]}... but its manifest recorded "
                          f"{str(recorded)[:16]}...; delete that step-N directory to restart from the one before")
+
+
+def check_same_lineage(root: str, step: str, replicas: int) -> None:
+    """Every replica resumes `step`: refuse (ValueError) when their checkpoints of it were committed in
+    different lineages (different histories of the run; mixing them would silently diverge the replicas)."""
+    seen: dict[int, int] = {}
+    for replica in range(replicas):
+        try:
+            with open(os.path.join(root, f"replica_{replica}", step, "rank0.pt.json")) as f:
+                lineage = json.load(f).get("lineage")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"checkpoint {step} of replica {replica}: manifest unreadable ({exc})") from exc
+        if lineage is not None:
+            seen[replica] = int(lineage)
+    if len(set(seen.values())) > 1:
+        raise ValueError(f"checkpoints {step} under {root} belong to different lineages {seen} (replica: lineage); "
+                         "they are not one state of the run: delete the newer step-N directories of the replicas "
+                         "that differ to restart from an older common step")
 
 
 def common_checkpoint_step(root: str, replicas: int, ranks: int) -> str | None:
