@@ -61,6 +61,31 @@ def children_of(pid: int) -> list[int]:
         return []
 
 
+def cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def wait_spares_ready(workers: list[int], per_host: int, timeout: float = 600.0) -> None:
+    """Until every worker has `per_host` spare children and they stopped using CPU (imports done)."""
+    deadline = time.monotonic() + timeout
+    last = -1
+    while time.monotonic() < deadline:
+        kids = [c for w in workers for c in children_of(w)]
+        ticks = cpu_ticks(kids)
+        if len(kids) >= per_host * len(workers) and ticks == last:
+            return
+        last = ticks if len(kids) >= per_host * len(workers) else -1
+        time.sleep(1.0)
+
+
 def lat(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"median_ms": statistics.median(ordered) * 1e3, "p90_ms": ordered[int(0.9 * (len(ordered) - 1))] * 1e3,
@@ -167,14 +192,9 @@ def bench_spawn(host_counts: list[int], procs: int, warm: bool) -> list[dict[str
             hm = job.host_mesh()
             hm.initialized.get(timeout=600)
             if warm:
-                hm.keep_warm(procs).get(timeout=60)
-                deadline = time.monotonic() + 600
-                workers = job.worker_pids()
-                while time.monotonic() < deadline:  # spares are children of the workers
-                    if all(len(children_of(w)) >= procs for w in workers):
-                        break
-                    time.sleep(0.2)
-                time.sleep(2.0)  # let the spares finish importing (they say hello when ready)
+                # refills start a minute later, so they do not compete with the spawn being measured
+                hm.keep_warm(procs, refill_delay_s=60.0).get(timeout=60)
+                wait_spares_ready(job.worker_pids(), procs)
             before = rt.stats.copy()
             t0 = time.perf_counter()
             pm = hm.spawn_procs(per_host={"procs": procs})
@@ -206,6 +226,18 @@ class Member(api.Actor):
     @api.endpoint
     def ping(self, x: int) -> int:
         return x
+def tree_rss_mb(root):
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo += [int(p) for p in f.read().split()]
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
 out = []
 for n in n_list:
     t0 = time.perf_counter()
@@ -220,7 +252,7 @@ for n in n_list:
         t = time.perf_counter(); mesh.ping.call(i).get(); s.append(time.perf_counter() - t)
     s.sort()
     out.append({"actors": n, "median_ms": statistics.median(s) * 1e3, "p90_ms": s[int(0.9 * (len(s) - 1))] * 1e3,
-                "spawn_s": spawn_s})
+                "spawn_s": spawn_s, "rss_mb": tree_rss_mb(os.getpid())})
     print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     pm.stop().get()
 sys.stdout.write(json.dumps(out) + "\n"); sys.stdout.flush()
@@ -232,9 +264,13 @@ def bench_monarch(python: str, sizes: list[int], rounds: int) -> dict[str, Any]:
     """Monarch's call() at `sizes` actors (one per proc, this host), in its own venv."""
     if not Path(python).exists():
         return {"error": f"{python} does not exist"}
+    # Monarch gives up on a proc mesh whose procs are not all up within 30 s, which 32 cold procs on 2 busy
+    # cores exceed; the same budget Regent's spawn gets (REGENT_SPAWN_TIMEOUT, 60 s) and more
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYPERACTOR_MESH_PROC_SPAWN_MAX_IDLE": "300s",
+           "HYPERACTOR_MESH_ACTOR_SPAWN_MAX_IDLE": "300s", "HYPERACTOR_MESH_ATTACH_CONFIG_TIMEOUT": "300s"}
     try:
-        proc = subprocess.run([python, "-c", MONARCH_SNIPPET, ",".join(map(str, sizes)), str(rounds)],
-                              stdout=subprocess.PIPE, stderr=None, text=True, timeout=1200)
+        proc = subprocess.run([python, "-c", MONARCH_SNIPPET, ",".join(map(str, sizes)), str(rounds)], env=env,
+                              cwd="/tmp", stdout=subprocess.PIPE, stderr=None, text=True, timeout=1200)
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
@@ -250,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--actors", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--spawn-hosts", default="1,4,16")
-    parser.add_argument("--spawn-procs", type=int, default=2, help="procs per host in the spawn measure")
+    parser.add_argument("--spawn-procs", default="1,4", help="procs per host in the spawn measure (list)")
     parser.add_argument("--skip-calls", action="store_true")
     parser.add_argument("--async-actors", action="store_true", help="async endpoints (no thread per actor)")
     parser.add_argument("--skip-spawn", action="store_true")
@@ -265,8 +301,10 @@ def main(argv: list[str] | None = None) -> None:
         result["calls"] = bench_calls(args.hosts, args.procs, args.actors, args.rounds, args.async_actors)
     if not args.skip_spawn:
         counts = [int(h) for h in args.spawn_hosts.split(",") if h]
-        result["spawn"] = bench_spawn(counts, args.spawn_procs, warm=False) + \
-            bench_spawn(counts, args.spawn_procs, warm=True)
+        result["spawn"] = []
+        for per_host in [int(p) for p in args.spawn_procs.split(",") if p]:
+            for warm in (False, True):
+                result["spawn"] += bench_spawn(counts, per_host, warm=warm)
     if args.monarch:
         result["monarch"] = bench_monarch(args.monarch, [int(x) for x in args.monarch_sizes.split(",")], args.rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -306,7 +344,8 @@ def print_tables(result: dict[str, Any]) -> None:
             print(f"\nMonarch: {mon['error']}")
         else:
             print("\nMonarch (one actor per proc, this host): " + ", ".join(
-                f"{r['actors']} actors {r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f}, spawn {r['spawn_s']:.1f} s)"
+                f"{r['actors']} actors {r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f}, spawn {r['spawn_s']:.1f} s, "
+                f"{r.get('rss_mb', 0):.0f} MiB)"
                 for r in mon["rows"]))
 
 
