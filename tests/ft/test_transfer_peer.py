@@ -185,7 +185,7 @@ def test_group_transfer_packs_small_tensors_and_sends_large_ones_alone():
         _assert_same(got, src)
         assert healer.last_described_alike
         w = 64 * 32 * 4
-        assert sent == [68, w, w]
+        assert sent == [68, w, w, 3 * 4]  # one pack, two tensors alone, then their checksums (int64 [3, 4])
         got_own = [got["model"]["w"], got["model"]["b"], got["optim"]["state"][0]["step"],
                    got["optim"]["state"][0]["exp_avg"]]
         assert [t.data_ptr() for t in got_own] == ptrs  # every tensor landed in place, packed or not
@@ -218,7 +218,7 @@ def test_group_transfer_merges_adjacent_tensors(donor_flat, healer_flat, message
         got, sent, healer = _heal(groups, src, into, packed_below=1024)
         _assert_same(got, src)
         assert healer.last_described_alike  # targets ready before the donor's description came
-        assert len(sent) == 1 + messages  # the step counters' pack, then the large messages
+        assert len(sent) == 1 + messages + 1  # the step counters' pack, the large messages, their checksums
         _, landed = flatten_state(got, 0)
         assert [t.data_ptr() for t in landed] == ptrs  # in place whatever the layouts
 
@@ -276,3 +276,39 @@ def test_unflatten_keeps_named_tuples_whole():
     assert back["seq"][1][0] == 3 and torch.equal(back["seq"][1][1], torch.ones(1))
     with pytest.raises(ValueError, match="more tensors than the 2 given"):
         unflatten_state(meta, tensors[:2])
+
+
+def test_group_transfer_refuses_bytes_corrupted_on_the_way():
+    """The donor's checksums travel after the tensors; a message changed on the way fails the heal with
+    TransferIntegrityError (here the donor's group flips a byte of its largest message as it sends it)."""
+    from regent.ft.transfer import TransferIntegrityError, device_digest
+
+    b = torch.arange(10_000, dtype=torch.int32).view(torch.uint8)
+    base = device_digest(b)
+    for i in (0, 4095, 5000, 39_999):  # a word of a row, the tail
+        c = b.clone()
+        c[i] ^= 1
+        assert not torch.equal(device_digest(c), base), i
+    swapped = b.clone().view(torch.int32)
+    swapped[[3, 7]] = swapped[[7, 3]]
+    assert not torch.equal(device_digest(swapped.view(torch.uint8)), base)
+    assert not torch.equal(device_digest(b[1:]), device_digest(b[:-1]))  # an unaligned view works too
+
+    with gloo_groups(timeout=5.0) as groups:
+        torch.manual_seed(0)
+        state = {"w": torch.randn(4096), "b": torch.randn(8)}
+        send_many = groups[0].send_many
+
+        def corrupting(messages, dst, first_tag=0):
+            big = max(messages[:-1], key=lambda m: m.numel())
+            bad = big.clone()
+            bad[100] ^= 0xFF
+            return send_many([bad if m is big else m for m in messages], dst, first_tag=first_tag)
+
+        groups[0].send_many = corrupting
+        into = {"w": torch.zeros(4096), "b": torch.zeros(8)}
+        with ThreadPoolExecutor(2) as pool:
+            sent = pool.submit(GroupTransport(groups[0]).send_checkpoint, [1], 3, state, 10)
+            with pytest.raises(TransferIntegrityError, match="does not match the checksums"):
+                GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 3, 10, into=into)
+            sent.result(timeout=30)

@@ -532,6 +532,40 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
 
 
+_DIGEST_ROW = 1024  # 32-bit words per row of `device_digest`
+
+
+def device_digest(b: torch.Tensor) -> torch.Tensor:
+    """Four int64 checksums of a uint8 tensor, computed where it lives (GPU: no host copy, two reads of it):
+    the total of its 32-bit words, their row sums weighted by row number, their column sums weighted by
+    column number (rows of `_DIGEST_ROW` words), and the weighted tail bytes with the length. A changed word
+    changes the total; two words swapped change a weighted sum unless they are equal. For corruption on the
+    way (the group transport's counterpart of `wire.tensor_digest`), not forgery; int64 sums wrap."""
+    if b.storage_offset() % 4:
+        b = b.clone()  # a view that starts off a 4-byte boundary cannot be read as 32-bit words
+    n = b.numel()
+    rows = n // (4 * _DIGEST_ROW)
+    out = torch.zeros(4, dtype=torch.int64, device=b.device)
+    if rows:
+        m = b[:rows * 4 * _DIGEST_ROW].view(torch.int32).view(rows, _DIGEST_ROW)
+        row = m.sum(dim=1, dtype=torch.int64)
+        col = m.sum(dim=0, dtype=torch.int64)
+        out[0] = row.sum()
+        out[1] = (row * torch.arange(1, rows + 1, dtype=torch.int64, device=b.device)).sum()
+        out[2] = (col * torch.arange(1, _DIGEST_ROW + 1, dtype=torch.int64, device=b.device)).sum()
+    tail = b[rows * 4 * _DIGEST_ROW:].to(torch.int64)
+    weights = torch.arange(1, tail.numel() + 1, dtype=torch.int64, device=b.device)
+    out[3] = (tail * weights).sum() + n
+    return out
+
+
+def _digests(messages: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The `device_digest` of every message, as one [n, 4] int64 tensor on `device` (sent after them)."""
+    if not messages:
+        return torch.zeros((0, 4), dtype=torch.int64, device=device)
+    return torch.stack([device_digest(m.to(device) if m.device != device else m) for m in messages])
+
+
 class CheckpointTransport(Protocol):
     def metadata(self) -> str: ...
 
@@ -588,6 +622,7 @@ class GroupTransport:
         header, rest = _header(step, state_blob, layout, metas_blob, device)
         described = time.perf_counter()
         packs: list[torch.Tensor] = []
+        digests: torch.Tensor | None = None
         for dst in dst_ranks:
             self._group.send([header], dst, tag=1)
             if rest is not None:
@@ -597,7 +632,9 @@ class GroupTransport:
             messages = packs + [_span(tensors, run, layout.tensors) if len(run) > 1
                                 else _as_bytes(_on_device(tensors[run[0]], device)) for run in layout.runs]
             self.last_messages = len(messages)
-            self._group.send_many(messages, dst, first_tag=3)
+            # the messages' checksums travel last: the healer compares before it returns anything
+            digests = _digests(messages, device) if digests is None else digests
+            self._group.send_many([*messages, digests], dst, first_tag=3)
         self.last_timing = {"describe": described - start, "send": time.perf_counter() - described}
 
     def _layout(self, metas: list[TensorMeta], tensors: list[torch.Tensor],
@@ -680,8 +717,13 @@ class GroupTransport:
             _span(targets, run, layout.tensors) if ok else next(by_run) for run, ok in zip(layout.runs, in_place)
         ]
         posted = time.perf_counter()
-        self._group.recv_many(messages, src_rank, first_tag=3)
+        expected = torch.empty((len(messages), 4), dtype=torch.int64, device=device)
+        self._group.recv_many([*messages, expected], src_rank, first_tag=3)
         received = time.perf_counter()
+        if not torch.equal(_digests(messages, device), expected):
+            raise TransferIntegrityError(
+                f"the state received from donor replica rank {src_rank} does not match the checksums it sent "
+                "(corrupted on the way or at either end); the heal fails and the next quorum retries it")
         for buffer, indices in zip(buffers, staged):
             _unpack(buffer, indices, layout.tensors, targets)
         meta = StateMeta(step=donor_step, skeleton=skeleton, tensors=layout.tensors)
