@@ -87,9 +87,7 @@ def _skip_gap(rt: Runtime, origin: str, expected: int) -> None:
     logger.warning("messages %d..%d from %s never arrived (a relaying host agent was lost?); delivering the "
                    "later ones", expected, nxt - 1, origin)
     rt.in_seq[origin] = nxt
-    fn = held.pop(nxt)
-    rt.in_seq[origin] = nxt  # deliver_in_order below continues from here
-    deliver_in_order(rt, origin, nxt, fn)
+    deliver_in_order(rt, origin, nxt, held.pop(nxt))  # delivers it and whatever follows it in order
 
 
 class Batch:
