@@ -39,12 +39,13 @@ from regent.jobs.slurm import SlurmJob
 
 
 def test_registry_knows_every_backend_and_aliases() -> None:
-    assert JOB_BACKENDS == ("local", "slurm", "k8s", "skypilot")
+    assert JOB_BACKENDS == ("local", "slurm", "k8s", "skypilot", "workers")
     assert get_job_class("slurm").__name__ == "SlurmJob"
     assert get_job_class("k8s").__name__ == "KubernetesJob"
     assert get_job_class("kubernetes") is get_job_class("k8s")
     assert get_job_class("SkyPilot").__name__ == "SkyPilotJob"
-    with pytest.raises(ValueError, match="unknown job backend 'pbs'.*local, slurm, k8s, skypilot"):
+    assert get_job_class("workers").__name__ == "WorkersJob"
+    with pytest.raises(ValueError, match="unknown job backend 'pbs'.*local, slurm, k8s, skypilot, workers"):
         get_job_class("pbs")
 
 

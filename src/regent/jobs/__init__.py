@@ -1,4 +1,4 @@
-"""regent.jobs: where hosts come from (local processes, SLURM, Kubernetes, SkyPilot).
+"""regent.jobs: where hosts come from (local processes, SLURM, Kubernetes, SkyPilot, your own `regent worker`s).
 
 Every backend implements the `Job` contract in `regent.jobs.base` (start, worker_addresses, host_mesh,
 kill, is_alive, renew). Pick one by name with `get_job_class("slurm")`. Backends are imported lazily, so
@@ -17,6 +17,7 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "slurm": ("regent.jobs.slurm", "SlurmJob"),
     "k8s": ("regent.jobs.kubernetes", "KubernetesJob"),
     "skypilot": ("regent.jobs.skypilot", "SkyPilotJob"),
+    "workers": ("regent.jobs.workers", "WorkersJob"),
 }
 _ALIASES = {"kubernetes": "k8s", "sky": "skypilot", "process": "local"}
 
@@ -139,6 +140,7 @@ _LAZY = {
     "SlurmJob": "regent.jobs.slurm",
     "KubernetesJob": "regent.jobs.kubernetes",
     "SkyPilotJob": "regent.jobs.skypilot",
+    "WorkersJob": "regent.jobs.workers",
 }
 
 

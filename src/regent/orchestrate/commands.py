@@ -48,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults-file", help="replay a fault schedule (JSON lines) instead of random faults")
     p.add_argument("--no-faults", action="store_true", help="inject no faults")
     p.add_argument("--recovery", choices=["peer", "restart"], help="peer healing (default) or checkpoint restart")
-    p.add_argument("--job", choices=["local", "slurm", "k8s", "skypilot"], help="where hosts come from")
+    p.add_argument("--job", choices=["local", "slurm", "k8s", "skypilot", "workers"],
+                   help="where hosts come from (workers: your own `regent worker`s, --job.addresses)")
     p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
     p.add_argument("--seed", type=int, help="seed for the model, data and fault schedule")
     p.add_argument("--no-ft", action="store_true", help="plain training of one replica group, no fault tolerance")

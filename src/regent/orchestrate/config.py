@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import sys
 import time
@@ -96,7 +97,7 @@ class RunConfig:
     steps: int | None = None
     duration: float | None = 180.0
     recovery: str = "peer"  # peer | restart
-    job: str = "local"  # local | slurm | k8s | skypilot
+    job: str = "local"  # local | slurm | k8s | skypilot | workers
     run_dir: str = ""
     seed: int = 0
     no_ft: bool = False
@@ -311,8 +312,10 @@ def validate(cfg: RunConfig) -> None:
     _validate_lighthouse(cfg)
     if cfg.recovery not in ("peer", "restart"):
         raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
-    if cfg.job not in ("local", "slurm", "k8s", "skypilot"):
-        raise ConfigError(f"--job must be one of local, slurm, k8s, skypilot, not {cfg.job!r}")
+    if cfg.job not in ("local", "slurm", "k8s", "skypilot", "workers"):
+        raise ConfigError(f"--job must be one of local, slurm, k8s, skypilot, workers, not {cfg.job!r}")
+    if cfg.job == "workers":
+        _validate_workers_job(cfg)
     if cfg.job_options:
         from regent.orchestrate.allocation import check_job_options
 
@@ -419,3 +422,17 @@ def _validate_fault_knobs(cfg: RunConfig) -> None:
     if cfg.lighthouse.address and f.enabled and "lighthouse" in f.kinds and not f.file:
         raise ConfigError("the lighthouse fault kills the Lighthouse this run started; with --lighthouse.address "
                           "(an external one) drop it from --fault-kinds")
+
+
+def _validate_workers_job(cfg: RunConfig) -> None:
+    """`--job workers`: the addresses must be given and well formed, and the controller must share the workers'
+    secret (a fresh random one would only fail later, at the first attach, with a less obvious message)."""
+    from regent.jobs.workers import parse_worker_addresses
+
+    try:
+        parse_worker_addresses(cfg.job_options.get("addresses", ()))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not (os.environ.get("REGENT_JOB_SECRET_FILE") or os.environ.get("REGENT_JOB_SECRET")):
+        raise ConfigError("--job workers: set REGENT_JOB_SECRET_FILE to the secret file given to each `regent worker "
+                          "--secret-file` (the controller must prove the same secret)")
