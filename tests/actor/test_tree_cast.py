@@ -273,3 +273,30 @@ def test_messages_are_delivered_in_sender_order_and_a_lost_one_is_skipped():
     assert got[-2:] == [5, 6] and rt.in_seq["a"] == 7 and not rt.seq_held
     deliver_in_order(rt, "a", 4, lambda: got.append(4))  # arrives after all: delivered, not dropped
     assert got[-1] == 4
+
+
+def test_whole_host_gone_agent_included_is_one_report(job, monkeypatch):
+    """The machine is lost: its `regent worker` dies with its procs, so no exit report comes; the controller
+    sees the connections drop and still makes one report naming every rank of that host. Runs last: it
+    kills host 2 of the module's job."""
+    faults = []
+    monkeypatch.setattr(regent.actor, "unhandled_fault_hook", faults.append)
+    procs = job.host_mesh().spawn_procs(per_host={"procs": 2})
+    try:
+        mesh = procs.colocated("actors", 2).spawn("gone", Member)
+        who = mesh.who.call().get(timeout=TIMEOUT)
+        victims = sorted({pid for point, pid in who.values() if point.startswith("{'hosts': 2/3")})
+        assert len(victims) == 2
+        worker = job.worker_pids()[2]
+        with open(f"/proc/{worker}/task/{worker}/children") as f:
+            on_host = [int(p) for p in f.read().split()]  # these procs and the `members` fixture's
+        assert set(victims) <= set(on_host)
+        for pid in [worker, *on_host]:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: len(faults) >= 2)
+        time.sleep(1.0)
+        reports = sorted((f.mesh_name, f.crashed_ranks) for f in faults)
+        assert reports == [("gone", [8, 9, 10, 11]), ("members", list(range(32, 48)))]
+        assert len(mesh.slice(hosts=0).who.call().get(timeout=TIMEOUT)) == 4
+    finally:
+        procs.stop().get(timeout=TIMEOUT)

@@ -428,7 +428,9 @@ class Runtime:
 
     def _connection_lost_fallback(self, peer: str) -> None:
         if peer not in self.dead and peer not in self.routes:
-            self.proc_gone(peer, None if peer in self.graceful else f"lost connection to process {peer}")
+            # a host that is gone entirely (its agent too) loses all its procs' connections at once: coalesced
+            # like exits, so the owner gets one report per mesh
+            self.proc_exited(peer, None if peer in self.graceful else f"lost connection to process {peer}")
 
     def _on_frame(self, conn: Connection | None, env: bytes, body: Any, buffers: list) -> None:
         try:
