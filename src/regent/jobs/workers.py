@@ -165,6 +165,7 @@ class WorkersJob(Job):
         self.probe_timeout = float(probe_timeout)
         self._claims: dict[str, _Claim] = {}
         self._claimed: list[str] = []
+        self._held: list[str] = []  # what describe() names, also after kill() (the "previous" of the next)
 
     # --- the contract -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -233,6 +234,7 @@ class WorkersJob(Job):
                 continue
             self._claims[address] = claim
             self._claimed.append(address)
+            self._held = list(self._claimed)
             states[address] = "claimed by this job"
         return states
 
@@ -273,7 +275,7 @@ class WorkersJob(Job):
         self._claimed = []
 
     def describe(self) -> str:
-        where = f" on {', '.join(self._claimed)}" if self._claimed else ""
+        where = f" on {', '.join(self._held)}" if self._held else ""
         return f"workers job {self.unique_name}{where}"
 
     def _clone(self) -> Job:
