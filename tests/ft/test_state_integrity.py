@@ -118,7 +118,7 @@ def test_restore_falls_back_to_the_older_backstop_and_reports_it(tmp_path, monke
     try:
         with LighthouseClient(lh.address(), connect_timeout=5, secret=b"", tls=TLSFiles()) as ghost:
             ghost.heartbeat("ghost:1", committed=(10, 3, 0, 0))  # committed step 10, then gone
-        time.sleep(0.4)
+        time.sleep(0.8)  # past HOLDER_ALIVE_TIMEOUTS (3) x the 200 ms heartbeat timeout: no longer a holder
         manager = Manager(load_state_dict=lambda sd: w.copy_(sd["w"]), state_dict=lambda: {"w": w},
                           use_async_quorum=False, connect_timeout=5, timeout=5, lighthouse_addr=lh.address(),
                           replica_id="me", backstop=b, on_event=lambda k, d: events.append((k, d)))

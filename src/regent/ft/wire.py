@@ -226,7 +226,7 @@ def decode_tree(data: Any, leaf: Any = None) -> tuple[Any, int]:
             return _dtype(node[1])
         if tag == "s" and all(type(v) is int and 0 <= v < _DIM_LIMIT for v in node[1:]):
             return torch.Size(node[1:])
-        if tag == "f" and len(node) == 2 and node[1] in _NONFINITE:
+        if tag == "f" and len(node) == 2 and type(node[1]) is str and node[1] in _NONFINITE:
             return _NONFINITE[node[1]]
         raise WireFormatError(f"unknown type tag {tag!r} (or a malformed {tag!r} entry) in a state description")
 
