@@ -29,7 +29,7 @@ pytest.importorskip("kubernetes")
 from regent.jobs.base import pick_free_port
 from tests.jobs.kube_api_stub import RecordedKubeApiStub
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(540)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(540)]  # make test-long
 
 ARGS = [
     "--job", "k8s", "--replicas", "2", "--procs-per-replica", "1", "--model", "debug", "--no-live",

@@ -568,6 +568,11 @@ class Manager:
             name = replica_id or os.environ.get("REGENT_FT_REPLICA_ID") or "replica"
             full_id = f"{name}:{uuid.uuid4()}"
             store_host = self._store_host
+            if store_host.startswith("127.") and hostname and not hostname.startswith("127."):
+                # MASTER_ADDR is this host's loopback (the group's ranks share it), but peers on other hosts
+                # dial the store address to rebuild the replicated group: advertise the host's address (the
+                # store listens on every interface)
+                store_host = hostname
             self._server = ManagerServer(
                 replica_id=full_id,
                 lighthouse_addr=lighthouse_addr,
