@@ -200,7 +200,7 @@ def test_a_failed_launch_is_reported_with_skypilots_error_and_torn_down(sky_stub
     job = _sky_job()
     job.start()
     try:
-        assert Path(job.spec.secret_path).exists() or job._launch_thread is None  # kept only while launching
+        # (the secret copy exists only while the launch runs: this one fails at once, so it may be gone already)
         with pytest.raises(JobFailedError, match=r"launching SkyPilot cluster regent-\w+ failed: "
                                                  r"ResourcesUnavailableError: Failed to provision .*sky check"):
             job.worker_addresses(timeout=60)
