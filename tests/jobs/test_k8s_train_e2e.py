@@ -28,6 +28,7 @@ pytest.importorskip("kubernetes")
 
 from regent.jobs.base import pick_free_port
 from tests.jobs.kube_api_stub import RecordedKubeApiStub
+from tests.run_watch import committed_after, read_events, wait_for_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(540)]  # make test-long
 
@@ -40,35 +41,6 @@ ARGS = [
     "--job.image", "registry.local/regent:test", "--job.namespace", "ml", "--job.gpus-per-node", "0",
     "--job.allocation-timeout", "120s",
 ]
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written right now
-    return out
-
-
-def _wait_for(proc: subprocess.Popen, events_path: Path, what: str, check, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = _events(events_path)
-        if check(events):
-            return events
-        if proc.poll() is not None:
-            raise AssertionError(f"regent train exited ({proc.returncode}) before {what}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _committed(events: list[dict], replica: int, after: float) -> int:
-    return sum(1 for e in events if e["kind"] == "commit" and e.get("committed") and e["replica"] == replica
-               and e["time"] > after)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -106,7 +78,7 @@ def test_train_on_k8s_kill_in_place_and_preemption_reallocates(tmp_path: Path) -
             def together(events: list[dict]) -> bool:
                 return any(e["kind"] == "commit" and e.get("committed") and e.get("participants") == 2
                            for e in events)
-            events = _wait_for(proc, events_path, "both replicas to commit together", together, 240)
+            events = wait_for_events(proc, events_path, "both replicas to commit together", together, 240)
             (pod0,) = api.pods_of([e for e in events if e["kind"] == "allocation" and e["replica"] == 0][0]["job"]
                                   .rsplit("/", 1)[-1])
             trainers = _descendants(api.processes[pod0["metadata"]["name"]].pid)
@@ -116,8 +88,8 @@ def test_train_on_k8s_kill_in_place_and_preemption_reallocates(tmp_path: Path) -
 
             def kill_healed(events: list[dict]) -> bool:
                 done = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 0]
-                return bool(done) and _committed(events, 0, done[0]["time"]) >= 1
-            events = _wait_for(proc, events_path, "replica 0 to recover from the kill", kill_healed, 240)
+                return bool(done) and committed_after(events, 0, done[0]["time"]) >= 1
+            events = wait_for_events(proc, events_path, "replica 0 to recover from the kill", kill_healed, 240)
             # 2. preempt replica 1's pod while both train
             first = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
             assert len(first) == 1, first
@@ -130,8 +102,8 @@ def test_train_on_k8s_kill_in_place_and_preemption_reallocates(tmp_path: Path) -
             def back(events: list[dict]) -> bool:
                 again = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1
                          and e["time"] > t_preempt]
-                return bool(again) and _committed(events, 1, again[0]["time"]) >= 1
-            _wait_for(proc, events_path, "replica 1 to train on a new allocation", back, 200)
+                return bool(again) and committed_after(events, 1, again[0]["time"]) >= 1
+            wait_for_events(proc, events_path, "replica 1 to train on a new allocation", back, 200)
             proc.wait(timeout=240)
         finally:
             if proc.poll() is None:
@@ -145,7 +117,7 @@ def test_train_on_k8s_kill_in_place_and_preemption_reallocates(tmp_path: Path) -
         assert not api.processes
         created_jobs = [o["metadata"]["name"] for o in api.created if o["kind"] == "Job"]
 
-    events = _events(events_path)
+    events = read_events(events_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     allocs = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
     assert len(allocs) == 2, allocs

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns import Host, lab_or_skip
+from tests.run_watch import committed_after, read_events, wait_for_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(480)]  # make test-long
 
@@ -43,35 +44,6 @@ ARGS = [
     "--faults.hang-timeout", "8", "--lighthouse.join-timeout-ms", "10000",
     "--lighthouse.heartbeat-timeout-ms", "3000", "--job.allocation-timeout", "60s", "--job.probe-timeout", "2",
 ]
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written right now
-    return out
-
-
-def _wait_for(proc: subprocess.Popen, events_path: Path, what: str, check, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = _events(events_path)
-        if check(events):
-            return events
-        if proc.poll() is not None:
-            raise AssertionError(f"regent train exited ({proc.returncode}) before {what}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _committed(events: list[dict], replica: int, after: float) -> int:
-    return sum(1 for e in events if e["kind"] == "commit" and e.get("committed") and e["replica"] == replica
-               and e["time"] > after)
 
 
 def _namespace_pids(host: Host) -> list[int]:
@@ -156,8 +128,8 @@ def test_two_replicas_on_namespace_hosts_survive_a_host_loss(tmp_path: Path) -> 
             # 1. the plain kill of replica 1 heals and replica 1 commits again
             def kill_healed(events: list[dict]) -> bool:
                 done = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 1]
-                return bool(done) and _committed(events, 1, done[0]["time"]) >= 1
-            events = _wait_for(proc, events_path, "replica 1 to recover from the kill", kill_healed, 200)
+                return bool(done) and committed_after(events, 1, done[0]["time"]) >= 1
+            events = wait_for_events(proc, events_path, "replica 1 to recover from the kill", kill_healed, 200)
 
             # the secret: on no command line; not in the environment of the workers or the controller
             trainer_pids = [p for h in hosts for p in _namespace_pids(h) if p != workers[h.name].pid]
@@ -209,8 +181,8 @@ def test_two_replicas_on_namespace_hosts_survive_a_host_loss(tmp_path: Path) -> 
 
             def moved(events: list[dict]) -> bool:
                 again = [e for e in events if e["kind"] == "allocation" and e["replica"] == 0 and e["time"] > t_kill]
-                return bool(again) and _committed(events, 0, again[0]["time"]) >= 1
-            _wait_for(proc, events_path, "replica 0 to train on the spare host", moved, 150)
+                return bool(again) and committed_after(events, 0, again[0]["time"]) >= 1
+            wait_for_events(proc, events_path, "replica 0 to train on the spare host", moved, 150)
             proc.wait(timeout=200)
         finally:
             if proc.poll() is None:
@@ -221,7 +193,7 @@ def test_two_replicas_on_namespace_hosts_survive_a_host_loss(tmp_path: Path) -> 
         assert proc.returncode == 0, text[-6000:]
         assert not leaks, leaks
 
-        events = _events(events_path)
+        events = read_events(events_path)
         summary = json.loads((run_dir / "summary.json").read_text())
         ips = {h.address for h in hosts}
         first = {r: _host_of(events, r, t_kill) for r in (0, 1)}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from regent.jobs.slurm import unavailable_reason
+from tests.run_watch import committed_after, read_events, wait_for_events
 
 _REASON = unavailable_reason()
 pytestmark = [pytest.mark.skipif(_REASON is not None, reason=f"real SLURM e2e: {_REASON}"), pytest.mark.slow,
@@ -32,35 +33,6 @@ ARGS = [
     "--lighthouse.heartbeat-timeout-ms", "3000",
     "--job.cpus-per-task", "1", "--job.time", "00:15:00", "--job.allocation-timeout", "120s",
 ]
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written right now
-    return out
-
-
-def _wait_for(proc: subprocess.Popen, events_path: Path, what: str, check, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = _events(events_path)
-        if check(events):
-            return events
-        if proc.poll() is not None:
-            raise AssertionError(f"regent train exited ({proc.returncode}) before {what}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _committed(events: list[dict], replica: int, after: float) -> int:
-    return sum(1 for e in events if e["kind"] == "commit" and e.get("committed") and e["replica"] == replica
-               and e["time"] > after)
 
 
 def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
@@ -78,8 +50,8 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
         # 1. the kill fault on replica 0 heals (in place) and replica 0 commits again
         def kill_healed(events: list[dict]) -> bool:
             done = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 0]
-            return bool(done) and _committed(events, 0, done[0]["time"]) >= 1
-        events = _wait_for(proc, events_path, "replica 0 to recover from the kill", kill_healed, 150)
+            return bool(done) and committed_after(events, 0, done[0]["time"]) >= 1
+        events = wait_for_events(proc, events_path, "replica 0 to recover from the kill", kill_healed, 150)
         # 2. scancel replica 1's allocation while both train
         first = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
         assert len(first) == 1 and first[0]["job_id"], first
@@ -89,8 +61,8 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
         # 3. replica 1 comes back on a new allocation and commits again
         def back(events: list[dict]) -> bool:
             again = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1 and e["time"] > t_cancel]
-            return bool(again) and _committed(events, 1, again[0]["time"]) >= 1
-        _wait_for(proc, events_path, "replica 1 to train on a new allocation", back, 150)
+            return bool(again) and committed_after(events, 1, again[0]["time"]) >= 1
+        wait_for_events(proc, events_path, "replica 1 to train on a new allocation", back, 150)
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
@@ -100,7 +72,7 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
     train_log = (tmp_path / "train.log").read_text()
     assert proc.returncode == 0, train_log[-6000:]
 
-    events = _events(events_path)
+    events = read_events(events_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     # both allocations of replica 1 are in the events: the first, then a new one that replaced it
     allocs = [e for e in events if e["kind"] == "allocation" and e["replica"] == 1]
@@ -123,7 +95,7 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
     assert heals and heals[0]["donor"].startswith("replica_0:"), "replica 1 did not heal from its peer"
     # replica 0 trained on while replica 1 was away
     during = [e for e in events if e["time"] <= heals[0]["time"] + 10]
-    assert _committed(during, 0, t_cancel) >= 1, "replica 0 did not keep training while replica 1 moved"
+    assert committed_after(during, 0, t_cancel) >= 1, "replica 0 did not keep training while replica 1 moved"
     assert not [e for e in events if e["kind"] == "failure_detected" and e["replica"] == 0 and e["time"] > t_cancel]
     assert summary["full_restarts"] == 0, summary
     assert summary["replicas_consistent"] is True, summary.get("final_states")
