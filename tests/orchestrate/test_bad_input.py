@@ -27,7 +27,13 @@ import pytest
 from regent.cli import main
 from regent.orchestrate.commands import parse_train_argv
 from regent.orchestrate.config import ConfigError
-from regent.orchestrate.preflight import check_bind_free, check_gpus, check_lighthouse_reachable
+from regent.orchestrate.preflight import (
+    check_bind_free,
+    check_gpus,
+    check_lighthouse_reachable,
+    check_shared_gpus,
+    cross_replica_gpu_clash,
+)
 
 PREFIX = "regent train: error: "
 QUICK = ["--no-live", "--steps", "3", "--no-faults", "--replicas", "1", "--procs-per-replica", "1"]
@@ -169,6 +175,29 @@ def test_more_procs_per_replica_than_gpus(tmp_path, capsys, gpu_env):
 def test_more_procs_per_replica_than_gpus_from_the_real_command(tmp_path):
     refused_by_cli(tmp_path, [*QUICK, "--procs-per-replica", "2"], "needs 2 GPUs per replica", "has 1 visible",
                    env={"GPU_PLATFORM": "cuda", "CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_replicas_sharing_a_gpu_over_nccl_are_refused_and_gloo_lets_them(tmp_path, capsys, gpu_env):
+    gpu_env.setenv("GPU_PLATFORM", "cuda")
+    gpu_env.setenv("CUDA_VISIBLE_DEVICES", "0")
+    two = [a if a != "1" or QUICK[i - 1] != "--replicas" else "2" for i, a in enumerate(QUICK)]
+    refused(capsys, tmp_path, two, "--replicas 2 x --procs-per-replica 1 needs 2 GPUs for NCCL",
+            "rank 0 of replicas 0 and 1 would share a GPU", "Pass --ft.backend gloo")
+    check_shared_gpus(2, 1, "gloo")  # Gloo stages through host memory: sharing is allowed
+    gpu_env.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    check_shared_gpus(2, 1, None)  # a GPU each
+    gpu_env.setenv("GPU_PLATFORM", "cpu")
+    check_shared_gpus(8, 1, None)
+
+
+def test_cross_replica_gpu_clash_follows_the_replica_gpu_layout():
+    assert cross_replica_gpu_clash(2, 1, 2) is None
+    assert cross_replica_gpu_clash(4, 2, 8) is None
+    assert cross_replica_gpu_clash(3, 1, 2) == (0, 0, 2)  # replica 2 wraps onto GPU 0
+    assert cross_replica_gpu_clash(2, 2, 2) == (0, 0, 1)
+    # 2 replicas x 2 ranks on 3 GPUs: rank 0 on GPUs 0 and 2, rank 1 on GPUs 1 and 0: no group has a clash
+    assert cross_replica_gpu_clash(2, 2, 3) is None
+    assert cross_replica_gpu_clash(5, 1, 0) is None
 
 
 def test_cpu_has_no_gpu_limit(gpu_env):

@@ -5,7 +5,7 @@ each problem is one `ConfigError` whose message names the problem and the fix, r
 allocation or Lighthouse is started.
 
 - more processes per replica than GPUs this host makes visible (local job on a GPU platform; a CPU run
-  has no GPU limit);
+  has no GPU limit), or replicas that would share a GPU over NCCL (which refuses two ranks on one device);
 - a `--train.data` glob that matches no file, a `--train.tokenizer` that is missing or unreadable
   (local job: on a cluster the trainers read them on their own nodes);
 - a `--lighthouse.bind` port (or the dashboard's, port + 1) already taken on this host;
@@ -33,6 +33,8 @@ def preflight(cfg: RunConfig, *, connect_timeout_s: float = LIGHTHOUSE_CONNECT_T
     """Raise `ConfigError` for the first thing on this machine that would make the run fail after launch."""
     if cfg.job == "local":
         check_gpus(cfg.procs_per_replica)
+        if not cfg.no_ft:
+            check_shared_gpus(cfg.replicas, cfg.procs_per_replica, cfg.ft.backend)
         if not cfg.trainer:
             check_data(cfg)
     if cfg.no_ft:
@@ -74,6 +76,42 @@ def check_gpus(procs_per_replica: int) -> None:
         raise ConfigError(f"--procs-per-replica {procs_per_replica} needs {procs_per_replica} GPUs per replica but "
                           f"this host has {count} visible ({source}); pass --procs-per-replica {count} or fewer, "
                           f"or run on CPU with {platform.PLATFORM_ENV}=cpu")
+
+
+def cross_replica_gpu_clash(replicas: int, procs_per_replica: int, gpus: int) -> tuple[int, int, int] | None:
+    """(group rank, replica a, replica b) of two members of one cross-replica group that land on the same GPU
+    when replica i's rank g gets GPU (i * G + g) mod gpus (`replica.replica_gpu_env`), or None."""
+    if gpus <= 0:
+        return None
+    for g in range(procs_per_replica):
+        seen: dict[int, int] = {}
+        for i in range(replicas):
+            gpu = (i * procs_per_replica + g) % gpus
+            if gpu in seen:
+                return g, seen[gpu], i
+            seen[gpu] = i
+    return None
+
+
+def check_shared_gpus(replicas: int, procs_per_replica: int, backend: str | None) -> None:
+    """NCCL refuses a group with two ranks on one GPU ("Duplicate GPU detected"); every quorum would fail after
+    launch. Replicas may share GPUs over Gloo (`--ft.backend gloo`), which stages through host memory."""
+    from regent import platform
+
+    plat = platform.detect_platform()
+    if plat == "cpu" or (backend or platform.backend()) not in ("nccl", "rccl"):
+        return
+    count, source = visible_gpus()
+    clash = cross_replica_gpu_clash(replicas, procs_per_replica, count)
+    if clash is None:
+        return
+    g, a, b = clash
+    need = replicas * procs_per_replica
+    raise ConfigError(f"--replicas {replicas} x --procs-per-replica {procs_per_replica} needs {need} GPUs for NCCL "
+                      f"but this host has {count} visible ({source}): rank {g} of replicas {a} and {b} would share "
+                      f"a GPU, and NCCL refuses two ranks of one group on one device. Pass --ft.backend gloo "
+                      f"(replicas share GPUs; the cross-replica average goes through host memory), fewer replicas, "
+                      f"or a host with {need} GPUs")
 
 
 def check_data(cfg: RunConfig) -> None:

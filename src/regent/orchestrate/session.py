@@ -80,6 +80,7 @@ class TrainingSession:
         self._in_step = False  # inside optimizer.step(): the trainer's step counter has not moved yet
         self.trainer.optimizer.register_step_pre_hook(lambda *_: self._set_in_step(True))
         self.manager = Manager(
+            pg=replicated_group(ft),
             load_state_dict=self._load_peer_state,
             state_dict=self._peer_state,
             min_replica_size=ft.min_replica_size,
@@ -413,3 +414,14 @@ def common_checkpoint_step(root: str, replicas: int, ranks: int) -> str | None:
     common = set.intersection(*(saved(r) for r in range(replicas))) if replicas > 0 else set()
     return max(common) if common else None
 
+
+def replicated_group(ft: Any) -> Any:
+    """The Manager's cross-replica group on `--ft.backend` (Gloo lets replicas share a GPU, where NCCL refuses two
+    ranks on one device; rccl is torch's "nccl" on ROCm), else the platform's: NCCL/RCCL on GPUs, Gloo on CPU.
+    Timeouts as the Manager reads them (the environment wins, as in TorchFT)."""
+    from regent.ft.config import env_timeout
+    from regent.ft.process_group import ReplicatedGroup
+
+    backend = None if ft.backend is None else ("nccl" if ft.backend in ("nccl", "rccl") else ft.backend)
+    return ReplicatedGroup(backend=backend, timeout=env_timeout("timeout", ft.timeout_s),
+                           connect_timeout=env_timeout("connect_timeout", ft.connect_timeout_s))
