@@ -39,9 +39,9 @@ for c in $cases; do
   case $c in
     builtin_ddp) case_run builtin_ddp 35 --model 150m --duration 80s --ft.mode ddp ;;
     builtin_diloco) case_run builtin_diloco 35 --model 150m --duration 80s --ft.mode diloco --ft.sync-every 20 ;;
-    titan_ddp) case_run titan_ddp 40 --engine torchtitan --titan.config debugmodel \
+    titan_ddp) case_run titan_ddp 40 --engine torchtitan --titan.config debugmodel --trainer-opt ac=off \
         "--titan.args=--training.seq_len 512 --training.local_batch_size 4" --duration 80s --ft.mode ddp ;;
-    titan_diloco) case_run titan_diloco 40 --engine torchtitan --titan.config debugmodel \
+    titan_diloco) case_run titan_diloco 40 --engine torchtitan --titan.config debugmodel --trainer-opt ac=off \
         "--titan.args=--training.seq_len 512 --training.local_batch_size 4" --duration 80s --ft.mode diloco \
         --ft.sync-every 10 ;;
   esac

@@ -360,6 +360,12 @@ class ReplicatedGroup:
         average = reduce_op == dist.ReduceOp.AVG and self.backend == "gloo"
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM if average else reduce_op
+        staged = self._host_staged(tensors)
+        if staged is not None:  # Gloo and GPU tensors: averaged on the host, before the copy back
+            host, back = staged
+            size = self._world_size
+            return self._run("allreduce", lambda pg: pg.allreduce(host, opts), tensors,
+                             after=lambda: back(lambda h: h.div_(size) if average else None))
         out = self._run("allreduce", lambda pg: pg.allreduce(tensors, opts), tensors)
         if not average:
             return out
@@ -368,12 +374,39 @@ class ReplicatedGroup:
         out.add_done_callback(lambda f: _settle(averaged, f, lambda v: [t.div_(size) for t in v]))
         return averaged
 
+    def _host_staged(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], Callable] | None:
+        """Gloo given GPU tensors (replicas sharing a GPU, `--ft.backend gloo`): run the collective on host
+        copies and copy the results back before the future resolves. Torch's Gloo path for CUDA tensors copies
+        back on a stream of its own and completes its future without waiting for that copy, so a consumer
+        could read the old values (replicas diverged on an H200 with two replicas on one GPU). None when there
+        is nothing to stage."""
+        if self.backend != "gloo" or not any(t.is_cuda for t in tensors):
+            return None
+        host = [t.to("cpu") if t.is_cuda else t for t in tensors]  # waits for the kernels that produced them
+
+        def back(on_host: Callable[[torch.Tensor], Any]) -> None:
+            devices = set()
+            for t, h in zip(tensors, host, strict=True):
+                on_host(h)
+                if t is not h:
+                    t.copy_(h)
+                    devices.add(t.device)
+            for device in devices:  # the copies are finished before anyone is told the result is ready
+                torch.cuda.current_stream(device).synchronize()
+
+        return host, back
+
     def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], root: int | dist.BroadcastOptions = 0) -> Work:
         """In-place broadcast from replica rank `root` (an int or torch's BroadcastOptions)."""
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         opts = root if isinstance(root, dist.BroadcastOptions) else dist.BroadcastOptions()
         if not isinstance(root, dist.BroadcastOptions):
             opts.rootRank = root
+        staged = self._host_staged(tensors)
+        if staged is not None:
+            host, back = staged
+            return self._run("broadcast", lambda pg: pg.broadcast(host, opts), tensors,
+                             after=lambda: back(lambda h: None))
         return self._run("broadcast", lambda pg: pg.broadcast(tensors, opts), tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: torch.Tensor | list[torch.Tensor],
@@ -382,10 +415,20 @@ class ReplicatedGroup:
         inputs = [input_tensors] if isinstance(input_tensors, torch.Tensor) else list(input_tensors)
         from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
+        flat_out = [t for row in output_tensors for t in row]
+        staged_in, staged_out = self._host_staged(inputs), self._host_staged(flat_out)
+        if staged_in is not None or staged_out is not None:
+            host_in = staged_in[0] if staged_in is not None else inputs
+            host_flat, back = staged_out if staged_out is not None else (flat_out, None)
+            it = iter(host_flat)
+            host_out = [[next(it) for _ in row] for row in output_tensors]
+            return self._run("allgather", lambda pg: pg.allgather(host_out, host_in, opts or AllgatherOptions()),
+                             output_tensors, after=(lambda: back(lambda h: None)) if back is not None else None)
         return self._run("allgather", lambda pg: pg.allgather(output_tensors, inputs, opts or AllgatherOptions()),
                          output_tensors)
 
-    def _run(self, what: str, issue: Callable[[Any], Any], value: Any) -> Work:
+    def _run(self, what: str, issue: Callable[[Any], Any], value: Any, after: Callable[[], None] | None = None) -> Work:
+        """Issue a collective; `after` runs once it has succeeded, before the returned future resolves."""
         pg, generation = self._current()
         try:
             work = issue(pg)
@@ -393,7 +436,7 @@ class ReplicatedGroup:
         except Exception as err:
             self._fail(generation, err)
             raise
-        return self._guard(inner, generation, what, value)
+        return self._guard(inner, generation, what, value, after)
 
     def getBackendName(self) -> str:  # torch's ProcessGroup spelling, kept for TorchFT code
         return f"regent-{self.backend}"
@@ -424,7 +467,8 @@ class ReplicatedGroup:
         self._waiter.put(event, fut)
         return fut
 
-    def _guard(self, inner: torch.futures.Future, generation: int, what: str, value: Any) -> Work:
+    def _guard(self, inner: torch.futures.Future, generation: int, what: str, value: Any,
+               after: Callable[[], None] | None = None) -> Work:
         # NCCL completes its work future as soon as the collective is *enqueued*: the result is ready only on
         # NCCL's stream. A CUDA-aware future (devices=...) completed from the callback below (whose current
         # stream already waits on the collective) records an event, and every later `wait()` or `then()`
@@ -479,6 +523,13 @@ class ReplicatedGroup:
                     self._fail(generation, err)
                     out.set_exception(err)
                 return
+            if after is not None and not state["done"]:  # not after a timeout: the caller has moved on
+                try:
+                    after()
+                except Exception as err:  # noqa: BLE001 - not dropped: the caller's future raises it
+                    if claim():
+                        out.set_exception(err)
+                    return
             if claim():
                 out.set_result(value)
 

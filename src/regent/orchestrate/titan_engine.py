@@ -288,8 +288,21 @@ def _explicit(args: list[str], name: str) -> bool:
     return any(a == name or a.startswith(name + "=") for a in args)
 
 
+def flex_masks_supported() -> bool:
+    """Whether this torch's FlexAttention builds the block masks TorchTitan 0.3.0 asks for: it passes
+    `create_block_mask(..., separate_full_blocks=...)`, which torch 2.11 lacks (every step raised TypeError on
+    an H200 with torch 2.11). Without it, `attn=auto` uses TorchTitan's causal SDPA, as on CPU."""
+    import inspect
+
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError:
+        return False
+    return "separate_full_blocks" in inspect.signature(create_block_mask).parameters
+
+
 def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str = "synthetic",
-                   attn: str = "auto") -> Any:
+                   attn: str = "auto", ac: str = "config") -> Any:
     """What Regent sets on the TorchTitan config: sharding over replicas, synthetic data unless asked
     otherwise, the same seed everywhere, one output folder per replica, and the parts Regent replaces off."""
     from torchtitan.components.checkpoint import CheckpointManager
@@ -298,7 +311,7 @@ def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str 
     ext = _extensions()
     masked_types = (FlexAttention.Config, VarlenAttention.Config)
     if attn == "auto":
-        attn = "sdpa" if ctx.device.type == "cpu" else "config"
+        attn = "sdpa" if ctx.device.type == "cpu" or not flex_masks_supported() else "config"
     if attn == "sdpa":
         # TorchTitan's causal SDPA in place of its masked attention (FlexAttention has no backward on CPU). Its
         # trainer sends such a backend positions but no masks; over the synthetic data (one document per row)
@@ -311,7 +324,8 @@ def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str 
             else:
                 setattr(parent, attr, ScaledDotProductAttention.Config())
     elif attn != "config":
-        raise ValueError(f"trainer option attn={attn!r}: use auto (default: sdpa on CPU), sdpa or config")
+        raise ValueError(f"trainer option attn={attn!r}: use auto (default: sdpa on CPU or where this torch's "
+                         "FlexAttention lacks what TorchTitan asks of it), sdpa or config")
     vocab = config.model_spec.model.vocab_size
     if data == "synthetic":
         config.tokenizer = ext["SyntheticTokenizer"].Config(vocab_size=vocab)
@@ -333,6 +347,15 @@ def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str 
         # TorchTitan 0.3.0's default "spmd_types" backend needs FSDP2 APIs newer than released torch builds
         # (fully_shard(dp_mesh_dims=...)); its classic DTensor FSDP2 path runs on them.
         config.parallelism.spmd_backend = "partial_dtensor"
+    if ac == "off":  # `--trainer-opt ac=off`: no activation checkpointing, whatever the config says
+        config.activation_checkpoint = None
+    elif ac != "config":
+        raise ValueError(f"trainer option ac={ac!r}: use config (default: the TorchTitan config's own) or off")
+    if not _explicit(args, "--training.disable_cuda_graphs"):
+        # TorchTitan 0.3.0 turns CUDA graphs on by default; captured under Regent's engine (outside its own
+        # train loop) the first backward raised "data is not allocated yet" on an H200, every start. Off unless
+        # the user asks; Regent's own trainer has none either (titan_speed.py measured both ways).
+        config.training.disable_cuda_graphs = True
     if ctx.device.type == "cpu":
         config.training.disable_cuda_graphs = True
         if not _explicit(args, "--training.mixed_precision_param"):
@@ -370,7 +393,8 @@ class TitanTrainer:
         steps = options.get("regent.steps")
         if steps and not _explicit(args, "--training.steps"):  # `regent train --steps N`: TorchTitan's horizon
             args = [*args, "--training.steps", str(steps)]
-        config = prepare_config(resolve_config(spec, args), ctx, args, data, str(options.get("attn", "auto")))
+        config = prepare_config(resolve_config(spec, args), ctx, args, data, str(options.get("attn", "auto")),
+                                str(options.get("ac", "config")))
         spec_model = config.model_spec
         if spec_model.post_optimizer_build_fn is not None:
             raise NotImplementedError(f"{spec_model.name} {spec_model.flavor} needs TorchTitan's post-optimizer "
