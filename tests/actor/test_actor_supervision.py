@@ -115,6 +115,22 @@ def test_broadcast_exception_kills_actor_and_reaches_owner(two, faults):
         pickle.dumps(failure)
 
 
+def test_ranks_failing_together_reach_the_owner_as_one_failure_naming_all(faults):
+    # Issue 18: a broadcast that raises on every rank reached the owner as one report per rank, the first
+    # naming rank 0 alone (seen as a flaky "partial" failure by owners that look at the ranks).
+    pm = this_host().spawn_procs(per_host={"gpus": 4})
+    try:
+        w = pm.spawn("all4", Worker)
+        w.raise_value_error.broadcast()
+        assert wait_for(lambda: faults)
+        time.sleep(0.5)  # anything still to come would have arrived by now
+        assert len(faults) == 1, [f.crashed_ranks for f in faults]
+        assert faults[0].mesh_name == "all4" and faults[0].crashed_ranks == [0, 1, 2, 3]
+        assert "endpoint went wrong" in faults[0].report()
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+
+
 def test_base_exception_kills_actor_even_with_reply_port(two, faults):
     w = two.spawn("base", Worker)
     with pytest.raises(SupervisionError, match=r"The actor .* and all its descendants have failed"):

@@ -256,6 +256,10 @@ class Runtime:
         self._exits: list[tuple[str, str | None]] = []
         self._exits_timer: asyncio.TimerHandle | None = None
         self._exits_first = 0.0
+        # rank failures of actor meshes, gathered the same way (mesh id -> (mesh state, failed ranks))
+        self._rank_failures: dict[str, tuple[Any, list[tuple[int, str, str]]]] = {}
+        self._rank_failures_timer: asyncio.TimerHandle | None = None
+        self._rank_failures_first = 0.0
         self._failure_sink: dict | None = None
         self._register_handlers()
         from regent.actor._handlers import install_handlers
@@ -667,6 +671,10 @@ class Runtime:
             status = ERROR
         if reply[0] == self.proc_id and not bufs:
             # a port in this process (a tree cast's reply batch, or a local caller): no envelope, no frame
+            handler = self.ports.get(reply[1])
+            if getattr(handler, "deliver_any_thread", False) and not self.on_loop_thread():
+                handler.deliver(reply[2], status, body, [])  # a sync actor's thread: no loop wake-up
+                return
             if self.on_loop_thread():  # delivered after the current callback, as a frame would be
                 self.loop.call_soon(self._local_reply, reply[1], reply[2], status, body)
             else:
@@ -847,14 +855,8 @@ class Runtime:
         for (kind, _mesh_id), (holder, failed) in sink.items():
             failed.sort(key=lambda f: f[0])
             ranks = [f[0] for f in failed]
-            events = {f[1] for f in failed}
             if kind == "actor":
-                state = holder
-                event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
-                name = state.display.get(ranks[0]) if len(ranks) == 1 else None
-                failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
-                failure._mesh_id = state.mesh_id
-                self.dispatch_failure(state.owner_key, failure)
+                self.dispatch_failure(holder.owner_key, self._actor_mesh_failure(holder, failed))
             else:
                 pm = holder
                 pm_state = pm._state
@@ -883,9 +885,36 @@ class Runtime:
         if self._failure_sink is not None:
             self._failure_sink.setdefault(("actor", mesh_id), (state, []))[1].append((rank, event, event))
             return
-        failure = MeshFailure(state.name, [rank], event, mesh=state.mesh, actor_name=state.display.get(rank))
-        failure._mesh_id = mesh_id
-        self.dispatch_failure(state.owner_key, failure)
+        # Ranks of one mesh often fail together (a broadcast that raises everywhere): their reports arrive a
+        # few ms apart. Gather them for a quiet spell of `exit_window_s` (at most 10 windows), so the owner's
+        # __supervise__ sees one MeshFailure naming every failed rank, not the first rank alone.
+        self._rank_failures.setdefault(mesh_id, (state, []))[1].append((rank, event, event))
+        now = self.loop.time()
+        if self._rank_failures_timer is None:
+            self._rank_failures_first = now
+        else:
+            self._rank_failures_timer.cancel()
+        delay = min(self.exit_window_s, max(0.0, self._rank_failures_first + 10 * self.exit_window_s - now))
+        self._rank_failures_timer = self.loop.call_later(delay, self._flush_rank_failures)
+
+    def _flush_rank_failures(self) -> None:
+        self._rank_failures_timer = None
+        pending, self._rank_failures = self._rank_failures, {}
+        self.stats["supervision_reports"] += len(pending)
+        for state, failed in pending.values():
+            self.dispatch_failure(state.owner_key, self._actor_mesh_failure(state, failed))
+
+    @staticmethod
+    def _actor_mesh_failure(state: Any, failed: list[tuple[int, str, str]]) -> MeshFailure:
+        """One MeshFailure for the failed (rank, event, reason) entries of an actor mesh."""
+        failed.sort(key=lambda f: f[0])
+        ranks = [f[0] for f in failed]
+        events = {f[1] for f in failed}
+        event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
+        name = state.display.get(ranks[0]) if len(ranks) == 1 else None
+        failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
+        failure._mesh_id = state.mesh_id
+        return failure
 
     def failure_is_stale(self, failure: MeshFailure) -> bool:
         """True when the failed mesh was stopped since (its owner already dealt with it)."""

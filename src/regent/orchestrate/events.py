@@ -25,6 +25,7 @@ EVENT_KINDS = (
     "allocation",
     "allocation_lost",  # the scheduler says a replica's allocation ended (scancel, preemption, node down)
     "gave_up",
+    "ended_failed",  # a replica failed after the run decided to stop: not restarted, left out of the final check
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
     "early_heal_done",  # a restarted replica pulled the committed state from a live holder
     "trainer_built",  # a (re)started trainer is built: where its build time went ("phases")

@@ -152,6 +152,10 @@ class RunView:
             line = f"replica {r}: fresh allocation from the job layer ({e.get('job') or e.get('backend')})"
         elif kind == "allocation_lost":
             line = f"replica {r}: allocation lost: {e.get('reason')}"
+        elif kind == "ended_failed":
+            if rv:
+                rv.status = "ended failed"
+            line = f"replica {r} failed while the run was stopping; not restarted (the others hold the state)"
         elif kind == "gave_up":
             if rv:
                 rv.status = "gave up"

@@ -69,6 +69,8 @@ class ReplicaActor(Actor):
         self.errors: dict[int, dict[str, Any]] = {}
         self.resume_from: str | None = None
         self.finished = False
+        self.stop_target: int | None = None  # the step the run stops at, once it has decided to stop
+        self.ended_failed = False
         self._watchdog: asyncio.Task | None = None
         self._restart_task: asyncio.Task | None = None
         self.last_restart_seconds = 0.0
@@ -144,7 +146,20 @@ class ReplicaActor(Actor):
         return int(m.group(1)) if m else self.policy.generation
 
     def _on_failure(self, generation: int, error: str, tb: str, rank: int | None = None) -> None:
-        if self.finished:
+        if self.finished or self.ended_failed:
+            return
+        if self.stop_target is not None and self.autorestart:
+            # The run has decided to stop. A restart now would look for its state in peers that are finishing
+            # and stop serving it, fall back to an old backstop and train alone up to the stop step (seen at the
+            # end of a soak: ~2 minutes alone, counted as a full restart). The peers hold the committed state;
+            # this replica ends here, reported, and is left out of the final comparison.
+            self.ended_failed = True
+            self.last_error = error
+            self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
+            self.emit("ended_failed", error=error, stop_step=self.stop_target, generation=generation)
+            logger.warning("replica %d failed after the run decided to stop (at step %d); not restarted: %s",
+                           self.index, self.stop_target, error)
+            self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
             return
         if not self.autorestart:
             # checkpoint-restart baseline: report once per generation, the manager restarts everyone
@@ -391,6 +406,7 @@ class ReplicaActor(Actor):
 
     @endpoint
     async def request_stop(self, at_step: int) -> None:
+        self.stop_target = at_step
         trainers = self.trainers
         if trainers is not None:
             trainers.stop_at.broadcast(at_step)
@@ -403,7 +419,7 @@ class ReplicaActor(Actor):
         last_error: Exception | None = None
         while time.time() < deadline:
             trainers = self.trainers
-            if trainers is None or self.policy.gave_up:
+            if trainers is None or self.policy.gave_up or self.ended_failed:
                 break
             if self.policy.restarting:
                 await asyncio.sleep(0.5)

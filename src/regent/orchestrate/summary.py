@@ -50,7 +50,7 @@ def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             elif kind == "commit" and newer and e.get("committed", True):
                 out.append(_close(rec, e["time"]))
                 del open_rec[r]
-            elif kind == "gave_up":
+            elif kind in ("gave_up", "ended_failed"):
                 del open_rec[r]
     return out
 
@@ -146,6 +146,7 @@ def compute_summary(
         "recoveries": len(recs),
         "heals": sum(e["kind"] == "heal_done" for e in events),
         "gave_up": sum(e["kind"] == "gave_up" for e in events),
+        "ended_failed": sorted({e["replica"] for e in events if e["kind"] == "ended_failed"}),
         "max_quorum_id": max(quorum_ids, default=0),
         "initial_loss": losses[0]["loss"] if losses else None,
         "final_loss": (sum(final_losses) / len(final_losses)) if final_losses else None,
@@ -486,6 +487,8 @@ def accounting(
             "full_restarts": "Checkpoint-restart baseline restarts (restart_done with full_restart, one per "
                              "generation) plus lineage resets.",
             "gave_up": "Count of gave_up events: replicas whose supervisor stopped restarting them.",
+            "ended_failed": ("Replicas that failed after the run decided to stop: not restarted (their peers hold "
+                             "the committed state) and left out of replicas_consistent."),
             "full_restart_causes": "One entry per full restart: seconds since the first step and its cause.",
             "global_committed_step": "Highest committed trainer step after the last rollback.",
             "replica_steps_useful": (
