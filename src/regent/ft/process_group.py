@@ -155,6 +155,9 @@ class ReplicatedGroup:
         self.coalesce_p2p = os.environ.get("REGENT_P2P_COALESCE", "1") != "0"
         self.connect_timeout = _seconds(connect_timeout)
         self._lock = threading.Lock()
+        # pinned host buffers for Gloo collectives on GPU tensors, by (dtype, numel), free ones only
+        self._staging: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self.stage_host_tensors = False  # tests: run the GPU tensors' staging path on CPU tensors too
         self._pg: Any = None
         self._store: Any = None
         self._generation = 0
@@ -380,21 +383,49 @@ class ReplicatedGroup:
         back on a stream of its own and completes its future without waiting for that copy, so a consumer
         could read the old values (replicas diverged on an H200 with two replicas on one GPU). None when there
         is nothing to stage."""
-        if self.backend != "gloo" or not any(t.is_cuda for t in tensors):
+        if self.backend != "gloo" or not any(self._staged(t) for t in tensors):
             return None
-        host = [t.to("cpu") if t.is_cuda else t for t in tensors]  # waits for the kernels that produced them
+        taken: list[torch.Tensor] = []
+        host = []
+        for t in tensors:
+            if not self._staged(t):
+                host.append(t)
+                continue
+            buf = self._staging_buffer(t)
+            taken.append(buf)
+            view = buf.view(t.shape)
+            view.copy_(t)  # into pinned memory: returns once the kernels that produced `t` and the copy are done
+            host.append(view)
 
         def back(on_host: Callable[[torch.Tensor], Any]) -> None:
             devices = set()
-            for t, h in zip(tensors, host, strict=True):
-                on_host(h)
-                if t is not h:
-                    t.copy_(h)
-                    devices.add(t.device)
-            for device in devices:  # the copies are finished before anyone is told the result is ready
-                torch.cuda.current_stream(device).synchronize()
+            try:
+                for t, h in zip(tensors, host, strict=True):
+                    on_host(h)
+                    if t is not h:
+                        t.copy_(h)
+                        devices.add(t.device)
+                for device in devices:  # the copies are finished before anyone is told the result is ready
+                    if device.type == "cuda":
+                        torch.cuda.current_stream(device).synchronize()
+            finally:
+                with self._lock:
+                    for buf in taken:
+                        self._staging.setdefault((buf.dtype, buf.numel()), []).append(buf)
 
         return host, back
+
+    def _staging_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        """A pinned host buffer for `t`, reused across steps (allocating new host copies every step grew a
+        healed replica's RSS from 1.7 to 3.5 GB in 70 s on an H200; pinned copies are also faster)."""
+        with self._lock:
+            pool = self._staging.get((t.dtype, t.numel()))
+            if pool:
+                return pool.pop()
+        return torch.empty(t.numel(), dtype=t.dtype, pin_memory=t.is_cuda)
+
+    def _staged(self, t: torch.Tensor) -> bool:
+        return t.is_cuda or self.stage_host_tensors
 
     def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], root: int | dist.BroadcastOptions = 0) -> Work:
         """In-place broadcast from replica rank `root` (an int or torch's BroadcastOptions)."""
