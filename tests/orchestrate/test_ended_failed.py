@@ -53,3 +53,18 @@ def test_the_recovery_record_of_an_ended_replica_is_closed():
         make_event("commit", replica=1, generation=1, t=t + 5.0, committed=True),
     ]
     assert recovery_breakdowns(events) == []
+
+
+def test_a_correlated_fault_is_the_cause_of_the_failures_it_made():
+    t = 2000.0
+    events = [
+        make_event("fault_injected", replica=0, t=t, fault_kind="comm"),  # healed in place: no failure
+        make_event("fault_injected", replica=None, replicas=[1, 0], offsets=[0.0, 1.0], t=t + 60,
+                   fault_kind="correlated"),
+        make_event("failure_detected", replica=0, generation=0, t=t + 61.5),
+        make_event("restart_done", replica=0, generation=1, t=t + 62.0),
+        make_event("commit", replica=0, generation=1, t=t + 63.0, committed=True),
+    ]
+    (rec,) = recovery_breakdowns(events)
+    assert rec["fault_kind"] == "correlated"
+    assert abs(rec["detect"] - 0.5) < 1e-6 and abs(rec["total"] - 2.0) < 1e-6

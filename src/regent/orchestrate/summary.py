@@ -21,6 +21,13 @@ def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         r = e.get("replica")
         kind = e["kind"]
+        if kind == "fault_injected" and r is None:
+            # a correlated fault names its replicas and when each was hit; without this, their failures were
+            # paired with an older fault of theirs that had caused none (a 61.7 s "detect" in a soak)
+            offsets = e.get("offsets") or [0.0] * len(e.get("replicas") or [])
+            for hit, offset in zip(e.get("replicas") or [], offsets):
+                last_fault[hit] = (e["time"] + offset, e.get("fault_kind"))
+            continue
         if r is None:
             continue
         if kind == "fault_injected":
