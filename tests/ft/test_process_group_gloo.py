@@ -222,14 +222,14 @@ def test_staged_collectives_copy_back_and_reuse_their_host_buffers():
             xs = [torch.full((5, 3), float(r + 1 + step)) for r in range(2)]
             ys = [torch.arange(4, dtype=torch.float64) * (r + 1) for r in range(2)]
             with ThreadPoolExecutor(2) as pool:
-                list(pool.map(lambda r: groups[r].allreduce([xs[r]], dist.ReduceOp.AVG).wait(), range(2)))
-                list(pool.map(lambda r: groups[r].allreduce(ys[r], dist.ReduceOp.AVG).wait(), range(2)))
+                list(pool.map(lambda r, xs=xs: groups[r].allreduce([xs[r]], dist.ReduceOp.AVG).wait(), range(2)))
+                list(pool.map(lambda r, ys=ys: groups[r].allreduce(ys[r], dist.ReduceOp.AVG).wait(), range(2)))
             for r in range(2):
                 assert xs[r].tolist() == [[1.5 + step + 0.0] * 3] * 5
                 assert ys[r].tolist() == [0.0, 1.5, 3.0, 4.5]
             bs = [torch.full((2,), float(r * 10 + step)) for r in range(2)]
             with ThreadPoolExecutor(2) as pool:
-                list(pool.map(lambda r: groups[r].broadcast(bs[r], 1).wait(), range(2)))
+                list(pool.map(lambda r, bs=bs: groups[r].broadcast(bs[r], 1).wait(), range(2)))
             assert [b.tolist() for b in bs] == [[10.0 + step] * 2] * 2
         for g in groups:  # one buffer per shape and dtype, kept for the next step
             assert sorted((str(k[0]), k[1], len(v)) for k, v in g._staging.items()) == [

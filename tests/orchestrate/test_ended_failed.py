@@ -8,8 +8,8 @@ import asyncio
 from types import SimpleNamespace
 
 from regent.orchestrate.events import make_event
-from regent.orchestrate.replica import ReplicaActor
 from regent.orchestrate.policy import RestartPolicy
+from regent.orchestrate.replica import ReplicaActor
 from regent.orchestrate.summary import recovery_breakdowns
 
 
