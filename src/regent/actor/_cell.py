@@ -14,13 +14,14 @@ import asyncio
 import collections
 import inspect
 import logging
+import queue
 import threading
 from typing import Any
 
 from regent.actor._actor import endpoints_of
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
-from regent.actor._pickle import loads
+from regent.actor._pickle import loads_call
 from regent.actor._runtime import DEAD, ERROR, OK, Runtime
 
 logger = logging.getLogger("regent.actor")
@@ -29,21 +30,24 @@ _STOP_WORKER = ("exit",)
 
 
 class Mailbox:
-    """FIFO of work items; supervision items jump the queue. Put on the loop thread, get on the worker."""
+    """FIFO of work items; supervision items jump the queue. Put on the loop thread, get on the worker.
+
+    A sync actor's thread sleeps on a `queue.SimpleQueue` of wake tokens (one per item put) rather than a
+    Condition: the hand-off is the cost of a call to many sync actors (~50 us each on a 2-core VM), and the C
+    queue wakes a thread for about a quarter less. deque appends and pops are atomic, so the items need no lock.
+    """
 
     def __init__(self, is_async: bool) -> None:
         self.items: collections.deque = collections.deque()
         self.is_async = is_async
-        self.cond = None if is_async else threading.Condition()
+        self.tokens: queue.SimpleQueue | None = None if is_async else queue.SimpleQueue()
         self.waiter: asyncio.Future | None = None
 
     def put(self, item: Any, front: bool = False) -> None:
-        if self.cond is not None:
-            with self.cond:
-                (self.items.appendleft if front else self.items.append)(item)
-                self.cond.notify()
-            return
         (self.items.appendleft if front else self.items.append)(item)
+        if self.tokens is not None:
+            self.tokens.put(None)
+            return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -56,21 +60,21 @@ class Mailbox:
         return self.items.popleft()
 
     def get_sync(self) -> Any:
-        assert self.cond is not None
-        with self.cond:
-            while not self.items:
-                self.cond.wait()
-            return self.items.popleft()
+        assert self.tokens is not None
+        while True:
+            self.tokens.get()
+            try:
+                return self.items.popleft()
+            except IndexError:  # its item was taken by drain(); wait for the next
+                continue
 
     def drain(self) -> list:
-        if self.cond is not None:
-            with self.cond:
-                items = list(self.items)
-                self.items.clear()
+        items = []
+        while True:
+            try:
+                items.append(self.items.popleft())
+            except IndexError:
                 return items
-        items = list(self.items)
-        self.items.clear()
-        return items
 
 
 class Cell:
@@ -176,7 +180,7 @@ class Cell:
         try:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
-            args, kwargs = loads(body, buffers)
+            args, kwargs = loads_call(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
             self._endpoint_raised(exc, reply, method)
             return
@@ -313,7 +317,7 @@ class Cell:
         try:
             if ep is None:
                 raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
-            args, kwargs = loads(body, buffers)
+            args, kwargs = loads_call(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
             self._endpoint_raised(exc, reply, method)
             return

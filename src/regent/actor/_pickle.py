@@ -176,3 +176,16 @@ def loads(data: bytes | bytearray | memoryview, buffers: list[Any] = ()) -> Any:
 def dumps_inband(obj: Any) -> bytes:
     """Pickle with every buffer in band (for places that store one bytes object)."""
     return cloudpickle.dumps(obj, protocol=5)
+
+
+# Pickles of the commonest call arguments and result, made once: a no-argument call to many actors unpickles its
+# arguments once per actor, and every endpoint that returns nothing pickled None once per reply.
+NONE_BODY = pickle.dumps(None, 5)
+_EMPTY_CALL_BODY = pickle.dumps(((), {}), 5)
+
+
+def loads_call(body: Any, buffers: list) -> tuple[tuple, dict]:
+    """An endpoint's (args, kwargs); a fresh empty pair without unpickling for a call with no arguments."""
+    if not buffers and len(body) == len(_EMPTY_CALL_BODY) and body == _EMPTY_CALL_BODY:
+        return (), {}
+    return loads(body, buffers)

@@ -664,10 +664,10 @@ class Runtime:
 
     def send_reply(self, reply: tuple, status: int, value: Any) -> None:
         """Send a value (or error) to a reply port `(proc_id, port_id, index)`; any thread."""
-        from regent.actor._pickle import dumps
+        from regent.actor._pickle import NONE_BODY, dumps
 
         try:
-            body, bufs = dumps(value)
+            body, bufs = (NONE_BODY, []) if value is None else dumps(value)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result becomes an error for the caller
             from regent.actor._errors import ActorError
 
