@@ -832,12 +832,12 @@ class Manager:
                 raise _rpc_error("committed-state address", plan["address"], err) from None
         if not reply.regent_committed_metadata:
             raise RuntimeError(f"holder {plan['donor']} serves no committed state for group rank {self.group_rank}")
-        if not self._committed_live:
-            return self._committed_transport.recv_checkpoint(
-                0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
-        # live (per-step) state: the holder has moved on since the Lighthouse named it; take what it serves now,
-        # provided it is at least the committed step we were told of (a holder between its commit vote and its
-        # optimizer step still serves the step before: the next attempt gets the newer one)
+        # Take what the holder serves now, provided it is at least the committed step we were told of. Live
+        # (per-step) state moves on every step; a DiLoCo holder's committed state may be newer than the watermark
+        # too, since a commit nobody trained in does not raise the watermark (`ManagerServer.trained_step`): asking
+        # for the watermark's exact step was refused ("stale step") four times in a soak, and the replica waited
+        # 14 s for the next quorum instead. (A per-step holder between its commit vote and its optimizer step
+        # still serves the step before: the next attempt gets the newer one.)
         state = self._committed_transport.recv_checkpoint(
             0, reply.regent_committed_metadata, ANY_STEP, self.timeout, into=self._committed_tree())
         served = int(state["regent"].get("step", -1))
