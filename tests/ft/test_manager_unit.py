@@ -248,33 +248,3 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
         for m in (a, b):
             m.shutdown()
         lighthouse.shutdown()
-
-
-def test_a_commit_without_training_leaves_the_watermark_where_it_was():
-    # DiLoCo's initial weight sync commits step 1 with nothing trained. A soak stopped as "state lost" when
-    # the only replica that had committed it died before anyone trained: losing an untrained commit loses
-    # nothing, so the Lighthouse's watermark (what must not be lost) rises only with trained commits.
-    from regent.ft.lighthouse_client import LighthouseClient
-
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
-    manager = Manager(lighthouse_addr=lighthouse.address(), replica_id="sync", timeout=5, quorum_timeout=10,
-                      use_async_quorum=False)
-    client = LighthouseClient(lighthouse.address(), connect_timeout=5)
-    try:
-        manager.start_quorum()
-        assert manager.should_commit(trained=False) is True
-        assert manager.current_step() == 1
-        assert client.holders("probe", timeout=5)[0] == 0  # step 1 carries nothing: no watermark yet
-        assert manager.full_state_dict()["regent"]["trained_step"] == 0
-        manager.start_quorum()
-        assert manager.should_commit() is True  # a trained commit (the default, as in TorchFT)
-        assert client.holders("probe", timeout=5)[0] == 2
-        assert manager.state_dict() == {"step": 2, "batches_committed": 2}  # TorchFT's shape, unchanged
-        # a healed replica takes the donor's trained step with its state; TorchFT's states count as trained
-        manager.load_state_dict({"step": 7, "batches_committed": 7, "trained_step": 5})
-        assert manager.full_state_dict()["regent"]["trained_step"] == 5
-        manager.load_state_dict({"step": 9, "batches_committed": 9})
-        assert manager.full_state_dict()["regent"]["trained_step"] == 9
-    finally:
-        manager.shutdown()
-        lighthouse.shutdown()

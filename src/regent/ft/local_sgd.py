@@ -232,8 +232,7 @@ class _Fragment:
             local = self._local
             for name, p in self.params.items():
                 p.copy_(self.original[name])
-        # a round nobody trained in commits the state it started from: the watermark stays (Manager.trained_step)
-        committed = self._manager.should_commit(trained=committed_weight > 0.0)
+        committed = self._manager.should_commit()
         if committed:
             self._manager.withdraw_committed()  # the committed state is about to change: stop serving it
             self._manager.disallow_state_dict_read()

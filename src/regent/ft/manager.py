@@ -174,12 +174,6 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         # What the heartbeats report (Regent extension): the committed step (set at each commit, and by the
         # Manager of group rank 0 when it loads state).
         self.committed_step = 0
-        # The highest committed step that carried training: what the heartbeats report as this replica's
-        # committed state. A commit without training (DiLoCo's initial weight sync, a round only sit-outs were
-        # in) leaves the state equal to the one before it, so losing it loses nothing: a soak stopped as "state
-        # lost" when the only replica to have committed the initial sync died before anyone trained.
-        self.trained_step = 0
-        self.commit_trains = True  # set by the Manager before each vote (`should_commit(trained=...)`)
         # The watermark (step, lineage) this replica accepts losing after restoring older state; None: none.
         self.accepted: tuple[int, int] | None = None
         self._committed_meta: dict[int, str] = {}
@@ -242,7 +236,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
     def heartbeat_now(self, timeout: float = 5.0) -> None:
         """One heartbeat with this replica's committed state (also sent before a quorum after a restore)."""
         self._client.heartbeat(self.replica_id, timeout=timeout,
-                               committed=(self.trained_step, self._lineage, *(self.accepted or (0, 0))))
+                               committed=(self.committed_step, self._lineage, *(self.accepted or (0, 0))))
 
     @property
     def lineage(self) -> int:
@@ -330,8 +324,6 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     if self._round_quorum_id is not None:
                         self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
                     self.committed_step = request.step + 1
-                    if self.commit_trains:
-                        self.trained_step = self.committed_step
                     self.accepted = None
                 self._commit_round = _Round()
         if last:
@@ -357,7 +349,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
             self._lighthouse_unreachable = True
             self._beat_now.set()
             logger.warning("could not report commit of step %d to the Lighthouse (%s); the heartbeats retry",
-                           self.trained_step, err)
+                           self.committed_step, err)
 
     def Kill(self, request: Any, context: Any) -> Any:  # noqa: N802
         logger.error("replica %s killed by request: %s; exiting with status 1", self.replica_id, request.msg)
@@ -525,7 +517,6 @@ class Manager:
         self._state_lock = RWLock()
 
         self._step = 0
-        self._trained_step = 0  # the highest committed step that carried training (see ManagerServer.trained_step)
         self._batches_committed = 0
         self._commit_failures = 0
         self._quorum_id = -1
@@ -640,17 +631,13 @@ class Manager:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self._step = int(state["step"])
         self._batches_committed = int(state["batches_committed"])
-        # Regent's own states carry it (`full_state_dict`); TorchFT's have none: count every step as trained
-        self._trained_step = int(state.get("trained_step", self._step))
         if self._server is not None:
             self._server.committed_step = self._step
-            self._server.trained_step = self._trained_step
 
     def full_state_dict(self) -> dict[str, Any]:
         """Everything a healer receives: every registered user state and the Manager's own. Also what a disk
         checkpoint of a fault-tolerant replica should hold."""
-        return {"user": {k: save() for k, (_, save) in self._state_fns.items()},
-                "regent": {**self.state_dict(), "trained_step": self._trained_step}}
+        return {"user": {k: save() for k, (_, save) in self._state_fns.items()}, "regent": self.state_dict()}
 
     def load_full_state_dict(self, state: dict[str, Any]) -> None:
         """Load a `full_state_dict()` (e.g. from a disk checkpoint) through the registered load functions."""
@@ -687,8 +674,7 @@ class Manager:
     def _committed_tree(self) -> dict[str, Any]:
         assert self._committed_fns is not None
         lineage = self._server.lineage if self._server is not None else 0
-        return {"user": self._committed_fns[0](), "regent": {**self.state_dict(), "lineage": lineage,
-                                                          "trained_step": self._trained_step}}
+        return {"user": self._committed_fns[0](), "regent": {**self.state_dict(), "lineage": lineage}}
 
     def publish_committed(self) -> None:
         if self._committed_transport is not None:
@@ -832,12 +818,12 @@ class Manager:
                 raise _rpc_error("committed-state address", plan["address"], err) from None
         if not reply.regent_committed_metadata:
             raise RuntimeError(f"holder {plan['donor']} serves no committed state for group rank {self.group_rank}")
-        # Take what the holder serves now, provided it is at least the committed step we were told of. Live
-        # (per-step) state moves on every step; a DiLoCo holder's committed state may be newer than the watermark
-        # too, since a commit nobody trained in does not raise the watermark (`ManagerServer.trained_step`): asking
-        # for the watermark's exact step was refused ("stale step") four times in a soak, and the replica waited
-        # 14 s for the next quorum instead. (A per-step holder between its commit vote and its optimizer step
-        # still serves the step before: the next attempt gets the newer one.)
+        if not self._committed_live:
+            return self._committed_transport.recv_checkpoint(
+                0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
+        # live (per-step) state: the holder has moved on since the Lighthouse named it; take what it serves now,
+        # provided it is at least the committed step we were told of (a holder between its commit vote and its
+        # optimizer step still serves the step before: the next attempt gets the newer one)
         state = self._committed_transport.recv_checkpoint(
             0, reply.regent_committed_metadata, ANY_STEP, self.timeout, into=self._committed_tree())
         served = int(state["regent"].get("step", -1))
@@ -1196,11 +1182,8 @@ class Manager:
         return self._participating_rank is not None and not (self._healing and self.use_async_quorum)
 
     # ---- commit -----------------------------------------------------------------------------------------
-    def should_commit(self, timeout: float | None = None, *, trained: bool = True) -> bool:
-        """Group-wide vote: commit this step only if no rank errored and enough replicas participated.
-
-        `trained=False` (Regent extension; DiLoCo passes it): the step carries no training, so the committed state
-        stays what it was and the Lighthouse's watermark does not rise with it (see `trained_step`)."""
+    def should_commit(self, timeout: float | None = None) -> bool:
+        """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
         try:
             self.wait_quorum()
         except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
@@ -1222,8 +1205,6 @@ class Manager:
         enough = max(self._participating_world_size, self._init_sync_replicas) >= self.min_replica_size
         local = enough and self._errored is None
         request = torchft_pb2.ShouldCommitRequest(should_commit=local, group_rank=self.group_rank, step=self._step)
-        if self._server is not None:
-            self._server.commit_trains = trained
         try:
             if self._server is not None:
                 decision = self._server.ShouldCommit(request, _LocalCall(timeout or self.timeout)).should_commit
@@ -1234,8 +1215,6 @@ class Manager:
             decision = False
         if decision:
             self._step += 1
-            if trained:
-                self._trained_step = self._step
             self._batches_committed += self._participating_world_size
             self._commit_failures = 0
         else:
