@@ -282,8 +282,10 @@ def test_healer_refuses_a_replayed_donor_proof():
     healer = StreamTransport(secret=SECRET, timeout=5)
     try:
         address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
-        with pytest.raises(ConnectionError, match="closed the connection"):
-            healer.recv_checkpoint(0, address, 1, 3)  # handshake passes (real proof), then the donor hangs up
+        # handshake passes (real proof), then the donor hangs up: a clean close, or a reset when the healer's
+        # request was still unread in the donor's socket (both seen; make test once got the reset)
+        with pytest.raises(ConnectionError, match="closed the connection|Connection reset"):
+            healer.recv_checkpoint(0, address, 1, 3)
         with pytest.raises(auth.AuthenticationError, match="does not know the job secret"):
             healer.recv_checkpoint(0, address, 1, 3)  # the replayed proof is refused
     finally:
