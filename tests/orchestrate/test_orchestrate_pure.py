@@ -364,3 +364,19 @@ def test_checkpoint_restart_refuses_replicas_of_different_lineages(tmp_path):
     (tmp_path / "replica_1" / "step-00000010" / "rank0.pt.json").write_text(json.dumps({"lineage": 9}))
     with pytest.raises(ValueError, match="different lineages"):
         check_same_lineage(str(tmp_path), "step-00000010", 3)
+
+
+def test_first_random_fault_waits_for_every_replica_to_train_bounded():
+    from regent.orchestrate.faults import FIRST_FAULT_GRACE_S
+
+    s = RandomFaultSchedule(["kill"], every=10, warmup=5, holdoff=0, procs_per_replica=1, seed=0)
+    # replica 0 trains, 1 and 2 are still starting: hitting 0 now would test start-up luck, not recovery
+    assert s.pick(6, {0: 0.0, 1: None, 2: None}) is None
+    f = s.pick(7, {0: 0.0, 1: 6.5, 2: 6.9})
+    assert f is not None
+    # later faults do not wait for everyone (restarting replicas are simply not eligible)
+    assert s.pick(17, {0: 0.0, 1: None, 2: 6.9}) is not None
+    # and the wait is bounded: a replica that never starts does not stop the faults
+    s2 = RandomFaultSchedule(["kill"], every=10, warmup=5, holdoff=0, procs_per_replica=1, seed=0)
+    assert s2.pick(5 + FIRST_FAULT_GRACE_S - 1, {0: 0.0, 1: None}) is None
+    assert s2.pick(5 + FIRST_FAULT_GRACE_S, {0: 0.0, 1: None}).replica == 0

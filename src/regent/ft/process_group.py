@@ -105,6 +105,52 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
+class _AbandonedWork:
+    """Gloo operations whose callers were released (timeout or abort) while the operation still runs.
+
+    Each still ends by itself, by Gloo's own per-operation timeout, on a leaked communicator. If the
+    interpreter finalizes first, the operation's timeout fires into a half-torn-down process and Gloo throws
+    from its thread ("terminate called after throwing gloo::IoException ... Application timeout caused pair
+    closure": a SIGABRT at the end of an otherwise clean run, seen in CI). At exit we wait for them, bounded
+    by their own deadlines.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[int, float] = {}  # id -> deadline (monotonic)
+        self._ids = itertools.count()
+        self._registered = False
+
+    def add(self, inner: torch.futures.Future, deadline: float) -> None:
+        key = next(self._ids)
+        with self._cond:
+            self._pending[key] = deadline
+            if not self._registered:
+                import atexit
+
+                atexit.register(self.drain)
+                self._registered = True
+
+        def finished(_fut: torch.futures.Future) -> None:
+            with self._cond:
+                self._pending.pop(key, None)
+                self._cond.notify_all()
+
+        inner.add_done_callback(finished)
+
+    def drain(self) -> None:
+        with self._cond:
+            while self._pending:
+                left = max(self._pending.values()) - time.monotonic()
+                if left <= 0:
+                    logger.warning("%d abandoned Gloo operation(s) still running at exit", len(self._pending))
+                    return
+                self._cond.wait(left)
+
+
+_ABANDONED = _AbandonedWork()
+
+
 def _leak(obj: Any) -> None:
     """Keep `obj` alive until the process ends, past interpreter finalization (see `abort`)."""
     import ctypes
@@ -171,6 +217,7 @@ class ReplicatedGroup:
         # collectives in flight of the current generation: fail(err) settles the caller's future with err
         self._inflight: dict[int, Callable[[Exception], None]] = {}
         self._next_op = 0
+        self._op_timeout = self.timeout  # Gloo's own per-operation timeout of the current communicator
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, **_newer: Any) -> None:
@@ -208,6 +255,7 @@ class ReplicatedGroup:
                     datetime.timedelta(seconds=max(self.connect_timeout, self.timeout)),
                 )
                 pg._set_default_timeout(timeout)
+                self._op_timeout = self.timeout
                 return pg
         else:
             def build() -> Any:
@@ -519,9 +567,16 @@ class ReplicatedGroup:
                 self._inflight.pop(op, None)
             return True
 
+        op_deadline = time.monotonic() + max(self.timeout, self._op_timeout) + 2.0  # Gloo's own timeout ends it by then
+
+        def abandon() -> None:
+            if self.backend != "nccl" and not inner.done():
+                _ABANDONED.add(inner, op_deadline)
+
         def fail_now(err: Exception) -> None:  # abort(fail_pending=True)
             if claim():
                 _WATCHDOG.cancel(token)
+                abandon()
                 out.set_exception(err)
 
         def on_timeout() -> None:
@@ -530,6 +585,7 @@ class ReplicatedGroup:
                 "(a peer replica stopped responding); the group is aborted and rebuilt at the next quorum"
             )
             if claim():
+                abandon()
                 self._fail(generation, err)  # errored() is set before anyone sees the failed future
                 out.set_exception(err)
 

@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="debug | 150m | 1b | 8b (default debug)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, help="stop after N committed steps")
-    g.add_argument("--duration", help="stop after this wall time, e.g. 180s or 3m (default 180s)")
+    g.add_argument("--duration", help="stop after this wall time, e.g. 180s or 3m (default 180s); a --faults-file replay "
+                        "runs on until its last fault is recovered (at most 180 s more)")
     p.add_argument("--fault-every", help="inject one fault every F seconds, e.g. 30s")
     p.add_argument("--fault-kinds", help=f"comma list of: {','.join(FAULT_KINDS)} (default kill,exception,comm,hang)")
     p.add_argument("--chaos", action="store_true",

@@ -33,6 +33,7 @@ EVENT_KINDS = (
     "backstop_saved",
     "backstop_failed",
     "backstop_corrupt",  # a damaged backstop was passed over for the next older one
+    "replay_cut",  # a replayed fault file did not play to its end within the overrun past --duration
     "run_failed",
     "lighthouse_restarted",
     "run_finished",

@@ -48,6 +48,9 @@ def parse_correlated_size(value: int | str) -> int | None:
     return size
 
 
+FIRST_FAULT_GRACE_S = 120.0  # how long past the warmup the first fault waits for every replica to train
+
+
 class RandomFaultSchedule:
     """Every `every` seconds after `warmup`, one random fault among `kinds`.
 
@@ -72,6 +75,7 @@ class RandomFaultSchedule:
         self.correlated_window = correlated_window
         self.rng = random.Random(seed)
         self.next_at = warmup
+        self.first = True
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
@@ -81,6 +85,13 @@ class RandomFaultSchedule:
         eligible = sorted(r for r, since in healthy_since.items() if since is not None and now - since >= self.holdoff)
         if not eligible:
             return None  # try again at the next tick, do not skip the slot
+        untrained = any(since is None for since in healthy_since.values())
+        if self.first and untrained and now < self.warmup + FIRST_FAULT_GRACE_S:
+            # The first fault waits until every replica has trained (start-up on a busy machine can take far
+            # longer than the warmup): hitting the only replica that has committed anything yet tests start-up
+            # luck, not recovery. Bounded, so a replica that never starts does not stop the faults.
+            return None
+        self.first = False
         self.next_at = now + self.every
         # the same draws, in the same order, as before the multi-replica kinds: old seeds give old schedules
         replica = self.rng.choice(eligible)

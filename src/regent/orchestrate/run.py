@@ -65,6 +65,8 @@ class OrchestrationManager:
         self.display = LiveDisplay(self.view, cfg.live)
         self.max_step = 0
         self.t_start = time.time()
+        self._replay_overrun_said: float | None = None
+        self._undelivered_said: tuple[str, float] | None = None
         self.t_train: float | None = None  # the first step: the fault clock starts here, after start-up
         self.healthy_since: dict[int, float | None] = {r: None for r in range(cfg.replicas)}
         self.full_restart_pending = False
@@ -350,15 +352,43 @@ class OrchestrationManager:
                                    seed=self.cfg.seed, correlated_size=f.correlated_size,
                                    correlated_window=f.correlated_window_s)
 
-    def _done(self) -> bool:
+    def _done(self, schedule: Any = None) -> bool:
         cfg = self.cfg
         if cfg.steps is not None:
             return self.max_step >= cfg.steps
-        return time.time() - self.t_start >= (cfg.duration or 0)
+        if time.time() - self.t_start < (cfg.duration or 0):
+            return False
+        return not self._replay_unfinished(schedule)
+
+    def _replay_unfinished(self, schedule: Any) -> bool:
+        """A replayed fault file is played to its end: past --duration the run goes on until its last fault has
+        been injected and every replica trains again (a slow start-up on a busy machine left the last faults
+        of a reproduction out). Bounded: REPLAY_OVERRUN_S past the duration at most, then the run ends and
+        says what was left out."""
+        if not isinstance(schedule, ReplayFaultSchedule) or self.t_train is None:
+            return False
+        unhealthy = [r for r, since in self.healthy_since.items()
+                     if since is None and self.view.reps[r].status not in ("gave up", "ended failed")]
+        if not schedule.pending and not unhealthy:
+            return False
+        over = time.time() - self.t_start - (self.cfg.duration or 0)
+        if self._replay_overrun_said is None:
+            self._replay_overrun_said = time.time()
+            print(f"[regent] --duration reached with {len(schedule.pending)} replayed fault(s) still to come "
+                  f"and {len(unhealthy)} replica(s) recovering: running on until they are done "
+                  f"(at most {REPLAY_OVERRUN_S:.0f} s)", flush=True)
+        if over < REPLAY_OVERRUN_S:
+            return True
+        left = ", ".join(f"{f.kind}@{f.at:g}s" for f in schedule.pending) or "none"
+        print(f"[regent] replay overrun of {REPLAY_OVERRUN_S:.0f} s spent; ending. Faults not injected: {left}; "
+              f"replicas still recovering: {unhealthy or 'none'}", flush=True)
+        self.record_event(_event("replay_cut", faults_left=[f.kind for f in schedule.pending],
+                                 recovering=unhealthy, step=self.max_step))
+        return False
 
     async def _supervise_run(self, replicas: Any) -> None:
         schedule = self._schedule()
-        while not self._done() and self.failed_reason is None:
+        while not self._done(schedule) and self.failed_reason is None:
             await asyncio.sleep(0.25)
             self.display.refresh()
             if self.t_train is None:
@@ -366,36 +396,47 @@ class OrchestrationManager:
             now = time.time() - self.t_train
             if schedule is not None and schedule.due(now) and not self.full_restart_pending:
                 fault = schedule.pick(now, since_first_step(self.healthy_since, self.t_train))
-                if fault is not None:
+                if fault is not None and await self._inject(replicas, fault):
                     self.faults_log.write(json.loads(fault_record(fault)))
-                    await self._inject(replicas, fault)
+                elif fault is not None:
+                    # Its replica is restarting: never dropped silently. A replayed fault waits for it (a
+                    # reproduction wants every fault); a random one is skipped and said (the next comes on time).
+                    if isinstance(schedule, ReplayFaultSchedule):
+                        schedule.pending.insert(0, fault)
+                    why = "waits until it trains again" if isinstance(schedule, ReplayFaultSchedule) else "skipped"
+                    key = (fault.kind, fault.at)
+                    if key != self._undelivered_said:
+                        self._undelivered_said = key
+                        print(f"[regent] {fault.kind} fault for replica {fault.replica} not delivered: the replica "
+                              f"is restarting; {why}", flush=True)
             if self.full_restart_pending:
                 await self._full_restart(replicas)
             if all(v.status == "gave up" for v in self.view.reps.values()):
                 print("[regent] every replica gave up; stopping", flush=True)
                 break
 
-    async def _inject(self, replicas: Any, fault: PlannedFault) -> None:
+    async def _inject(self, replicas: Any, fault: PlannedFault) -> bool:
         """Deliver one fault and record `fault_injected` with the replicas it hit (`replica` for a single-replica
-        kind, `replicas` for every kind; neither for `lighthouse`)."""
+        kind, `replicas` for every kind; neither for `lighthouse`). False: not delivered (replica restarting)."""
         if fault.kind == "lighthouse":
             if await self._kill_lighthouse():
                 self.record_event(make_event("fault_injected", replica=None, replicas=[], fault_kind=fault.kind,
                                              rank=None, step=self.max_step,
                                              down_s=self.cfg.faults.lighthouse_down_s))
-            return
+            return True
         if fault.kind == "correlated":
             self._spawn(self._inject_correlated(replicas, fault))  # its kills are spread over a window
-            return
+            return True
         try:
             delivered = await replicas.slice(replicas=fault.replica).inject_fault.call_one(fault.kind, fault.rank)
         except Exception as exc:  # noqa: BLE001 - reported; that replica is failing itself, its supervisor handles it
             logger.warning("injecting %s into replica %s: %r", fault.kind, fault.replica, exc)
-            return
+            return False
         if delivered:
             extra = {"seconds": self.cfg.faults.straggler_s} if fault.kind == "straggler" else {}
             self.record_event(make_event("fault_injected", replica=fault.replica, replicas=[fault.replica],
                                          fault_kind=fault.kind, rank=fault.rank, step=self.max_step, **extra))
+        return bool(delivered)
 
     async def _inject_correlated(self, replicas: Any, fault: PlannedFault) -> None:
         """Kill every replica of `fault.replicas`, each at its offset: one event, timed at the first kill."""
@@ -500,6 +541,9 @@ class OrchestrationManager:
         )
         print(f"[regent] report: {self.run_dir / 'report.html'}", flush=True)
         return summary
+
+
+REPLAY_OVERRUN_S = 180.0  # how far a replayed schedule may run past --duration to play its last faults
 
 
 def since_first_step(healthy_since: dict[int, float | None], t_train: float) -> dict[int, float | None]:

@@ -183,7 +183,12 @@ class TrainingSession:
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
             # same allreduce, and then runs its local steps in phase with everyone. (At the very start of
             # training this is the initial weight sync.)
-            self.diloco.join_now()
+            committed = self.diloco.join_now()
+            if committed and self.backstop is not None and self.at_boundary():
+                # A commit boundary like any other, and at the start of a run the first one: the initial
+                # weight sync. Without a backstop of it, a soak lost the run when the only replica that had
+                # committed it (the others still starting) died before its first sync round ended.
+                self._maybe_backstop()
 
     # -- the state a healer receives ------------------------------------------------------------------
     def _set_in_step(self, value: bool) -> None:
