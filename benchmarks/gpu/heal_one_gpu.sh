@@ -32,6 +32,8 @@ case_run() {  # case_run NAME KILL_AT EXTRA...
     --faults-file "$WORK/faults_$name.jsonl" --run-dir "$run" --ft.backend gloo "$@"
   mkdir -p "$OUT/$name"
   cp "$run"/summary.json "$run"/config.json "$run"/events.jsonl "$OUT/$name/" 2>/dev/null
+  # the first few tracebacks in full (a crash loop's cause is in its first one)
+  grep -n -A80 "Traceback (most recent call last)" "$WORK/$name.log" | head -400 > "$OUT/$name/tracebacks.txt"
   $PY benchmarks/gpu/heal_digest.py "$run" | tee -a "$OUT/run.log"
 }
 cases=${*:-builtin_ddp builtin_diloco titan_ddp}

@@ -21,6 +21,7 @@ from typing import Any
 from regent.actor._actor import endpoints_of
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
+from regent.actor._messages import RankFailed
 from regent.actor._pickle import loads_call
 from regent.actor._runtime import DEAD, ERROR, OK, Runtime
 
@@ -204,7 +205,7 @@ class Cell:
             self.current_reply = None
 
     def _supervise_sync(self, failure: Any) -> None:
-        if self.rt.failure_is_stale(failure):
+        if self.rt.supervision.failure_is_stale(failure):
             return
         set_current(self.ctx, self.point)
         try:
@@ -359,7 +360,7 @@ class Cell:
             await self._supervise_async_locked(failure)
 
     async def _supervise_async_locked(self, failure: Any) -> None:
-        if self.rt.failure_is_stale(failure) or not self.alive:
+        if self.rt.supervision.failure_is_stale(failure) or not self.alive:
             return
         set_current(self.ctx, self.point)
         try:
@@ -462,7 +463,7 @@ class Cell:
         self.owned.clear()
         self.rt.cells.pop(self.key, None)
         if not was_running_stop:
-            self.rt.send(self.owner[0], ("f", self.mesh_id, self.rank, text))
+            self.rt.send(self.owner[0], RankFailed(self.mesh_id, self.rank, text))
 
     def _supervise_raised(self, failure: Any, exc: BaseException) -> None:
         text = (

@@ -15,10 +15,28 @@ from regent.actor._cell import Cell
 from regent.actor._config import config
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
+from regent.actor._messages import (
+    Bye,
+    Cast,
+    CastItems,
+    Configure,
+    Deliver,
+    GetOrSpawnController,
+    HostKeepWarm,
+    HostKill,
+    HostShutdown,
+    HostSpawn,
+    LogLevel,
+    RankFailed,
+    Spawn,
+    StopActor,
+    StopProc,
+    encode,
+)
 from regent.actor._pickle import loads
 from regent.actor._proc import _controller_local, ensure_self_proc
 from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime, exit_gracefully
-from regent.actor._spawner import LOG_SYNC_MARK, _env, _OneShot, apply_proc_bind, spawner_of
+from regent.actor._spawner import LOG_SYNC_MARK, _OneShot, apply_proc_bind, spawner_of
 from regent.actor._tree import deliver_in_order, post_many, relay_cast
 from regent.actor._tree import proc_exited as tree_proc_exited
 
@@ -35,23 +53,41 @@ def root_creator() -> Instance:
     return _ROOT_CREATOR[0]
 
 
-def install_handlers(rt: Runtime) -> None:
-    def h_msg(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        item = ("m", msg[2], body, buffers, msg[3], msg[4])
-        if len(msg) > 5:  # ordered with the sender's other messages to this process (see _tree)
-            deliver_in_order(rt, msg[5], msg[6], lambda: post(msg[1], item))
+class ProcHandlers:
+    """What this process does with each kind of message (besides the runtime's own: hello, whereis, replies,
+    bye). One method per message type of `_messages`; `install_handlers` registers them on the runtime."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def table(self) -> dict[str, Any]:
+        return {
+            Deliver.KIND: self.on_deliver, CastItems.KIND: self.on_cast_items, Cast.KIND: self.on_cast,
+            Spawn.KIND: self.on_spawn, RankFailed.KIND: self.on_rank_failed, StopActor.KIND: self.on_stop_actor,
+            Configure.KIND: self.on_configure, StopProc.KIND: self.on_stop_proc, HostSpawn.KIND: self.on_host_spawn,
+            HostKill.KIND: self.on_host_kill, HostKeepWarm.KIND: self.on_host_keep_warm,
+            HostShutdown.KIND: self.on_host_shutdown, GetOrSpawnController.KIND: self.on_get_or_spawn_controller,
+            LogLevel.KIND: self.on_log_level,
+        }
+
+    # ---- actors ------------------------------------------------------------------------------------------
+    def on_deliver(self, conn: Any, msg: Deliver, body: Any, buffers: list) -> None:
+        item = ("m", msg.method, body, buffers, msg.reply, msg.point)
+        if msg.origin is not None:  # ordered with the sender's other messages to this process (see _tree)
+            deliver_in_order(self.rt, msg.origin, msg.seq, lambda: self.post(msg.key, item))
         else:
-            post(msg[1], item)
+            self.post(msg.key, item)
 
-    def h_mc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, origin, seq, mesh_id, method, reply, labels, sizes, items = msg
-        deliver_in_order(rt, origin, seq, lambda: post_many(rt, post, spawn_cell, mesh_id, method, reply, labels,
-                                                            sizes, items, body, buffers))
+    def on_cast_items(self, conn: Any, msg: CastItems, body: Any, buffers: list) -> None:
+        deliver_in_order(self.rt, msg.origin, msg.seq, lambda: post_many(
+            self.rt, self.post, self.spawn_cell, msg.mesh_id, msg.method, msg.reply, msg.labels, msg.sizes,
+            msg.items, body, buffers))
 
-    def h_cast(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        relay_cast(rt, msg, body, buffers)
+    def on_cast(self, conn: Any, msg: Cast, body: Any, buffers: list) -> None:
+        relay_cast(self.rt, msg, body, buffers)
 
-    def post(key: str, item: tuple) -> None:
+    def post(self, key: str, item: tuple) -> None:
+        rt = self.rt
         cell = rt.cells.get(key)
         if cell is not None:
             cell.post(item)
@@ -64,26 +100,28 @@ def install_handlers(rt: Runtime) -> None:
         # the spawn message may still be on its way (another sender's connection): hold the message
         rt.unknown.setdefault(key, []).append(item)
         if len(rt.unknown[key]) == 1:
-            rt.loop.call_later(config.spawn_timeout, expire_unknown, key)
+            rt.loop.call_later(config.spawn_timeout, self.expire_unknown, key)
 
-    def expire_unknown(key: str) -> None:
+    def expire_unknown(self, key: str) -> None:
+        rt = self.rt
         for item in rt.unknown.pop(key, []):
             if item[4] is not None:
                 rt.send_reply(item[4], DEAD, f"no actor {key} in process {rt.proc_id}")
 
-    def h_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, key, mesh_id, rank, name, point, owner, is_async, reply = msg
-        spawn_cell(key, mesh_id, rank, name, point, owner, is_async, reply, body, buffers)
+    def on_spawn(self, conn: Any, msg: Spawn, body: Any, buffers: list) -> None:
+        self.spawn_cell(msg.key, msg.mesh_id, msg.rank, msg.name, msg.point, msg.owner, msg.is_async, msg.reply,
+                        body, buffers)
 
-    def spawn_cell(key: str, mesh_id: str, rank: int, name: str, point: tuple, owner: tuple, is_async: bool,
-                   reply: tuple | None, body: Any, buffers: list) -> None:
+    def spawn_cell(self, key: str, mesh_id: str, rank: int, name: str, point: tuple, owner: tuple,
+                   is_async: bool, reply: tuple | None, body: Any, buffers: list) -> None:
+        rt = self.rt
         try:
             cls, args, kwargs = loads(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: a spawn whose arguments cannot be read is a supervision event
             text = f"Supervision event: actor {name}[{rank}] failed during spawn: {format_remote_traceback(exc)}"
             rt.dead_cells[key] = text
             rt.send_reply(reply, DEAD, text)
-            rt.send(owner[0], ("f", mesh_id, rank, text))
+            rt.send(owner[0], RankFailed(mesh_id, rank, text))
             return
         proc = rt.self_proc or ensure_self_proc(rt)
         if owner[1] in rt.cells:
@@ -98,79 +136,77 @@ def install_handlers(rt: Runtime) -> None:
             cell.post(item)
         cell.start()
 
-    def h_fail(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, mesh_id, rank, text = msg
-        rt.rank_failed(mesh_id, rank, text)
+    def on_rank_failed(self, conn: Any, msg: RankFailed, body: Any, buffers: list) -> None:
+        self.rt.supervision.rank_failed(msg.mesh_id, msg.rank, msg.text)
 
-    def h_stop_actor(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        if len(msg) > 4:  # after the sender's earlier messages to this process (a tree cast may be behind)
-            deliver_in_order(rt, msg[4], msg[5], lambda: stop_actor(msg[1], msg[2], msg[3]))
+    def on_stop_actor(self, conn: Any, msg: StopActor, body: Any, buffers: list) -> None:
+        if msg.origin is not None:  # after the sender's earlier messages to this process (a tree cast may be behind)
+            deliver_in_order(self.rt, msg.origin, msg.seq, lambda: self.stop_actor(msg.key, msg.reason, msg.reply))
         else:
-            stop_actor(msg[1], msg[2], msg[3])
+            self.stop_actor(msg.key, msg.reason, msg.reply)
 
-    def stop_actor(key: str, reason: str, reply: tuple | None) -> None:
-        cell = rt.cells.get(key)
+    def stop_actor(self, key: str, reason: str, reply: tuple | None) -> None:
+        cell = self.rt.cells.get(key)
         if cell is None:
             if reply is not None:
-                rt.send_reply(reply, OK, None)
+                self.rt.send_reply(reply, OK, None)
             return
         cell.post(("stop", reply, reason))
 
-    def h_configure(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        rt.loop.create_task(configure_self(rt, msg[1], body, buffers, msg[2]))
-
-    def h_stop_proc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        def stop() -> None:
-            rt.loop.create_task(stop_self(rt, msg[2]))
-
-        deliver_in_order(rt, msg[3] if len(msg) > 3 else None, msg[4] if len(msg) > 4 else None, stop)
-
-    def h_host_spawn(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, specs, events, reply = msg
-        rt.loop.create_task(host_spawn(rt, specs, bytes(body), events, reply))
-
-    def h_host_kill(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        for pid in msg[1]:
-            spawner_of(rt).kill(pid)
-
-    def h_host_keep_warm(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        spawner_of(rt).keep_warm(msg[1], msg[2], msg[3] if len(msg) > 3 else 0.0)
-
-    def h_host_shutdown(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        logger.warning("worker %s shutting down at its controller's request", rt.proc_id)
-        spawner_of(rt).kill_all()
-        rt.loop.call_later(0.2, exit_gracefully, 0)
-
-    def h_log_level(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        """ProcMesh.logging_option: set the root logger's level, then mark this point in both output streams
-        (the client applies its new forwarding mode once every proc's marks came through its pipes)."""
-        _, level, token, reply = msg
-        logging.getLogger().setLevel(level)
-        mark = f"{LOG_SYNC_MARK}{token}\n".encode()
-        for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
-            with contextlib.suppress(Exception):  # a closed or redirected stream: the client stops waiting for it
-                stream.flush()
-                os.write(fd, mark)
-        rt.send_reply(reply, OK, None)
-
-    def h_goc(conn: Any, msg: tuple, body: Any, buffers: list) -> None:
-        _, name, reply = msg
+    def on_get_or_spawn_controller(self, conn: Any, msg: GetOrSpawnController, body: Any, buffers: list) -> None:
+        rt = self.rt
 
         async def run() -> None:
             try:
                 cls, args, kwargs = loads(body, buffers)
-                mesh = await _controller_local(rt, name, cls, args, kwargs)
+                mesh = await _controller_local(rt, msg.name, cls, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - reported to the caller
-                rt.send_reply(reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
+                rt.send_reply(msg.reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
                 return
-            rt.send_reply(reply, OK, mesh)
+            rt.send_reply(msg.reply, OK, mesh)
 
         rt.loop.create_task(run())
 
-    rt.handlers.update(m=h_msg, mc=h_mc, cast=h_cast, s=h_spawn, f=h_fail, stop_actor=h_stop_actor, configure=h_configure,
-                       stop_proc=h_stop_proc, host_spawn=h_host_spawn, host_kill=h_host_kill,
-                       host_keep_warm=h_host_keep_warm, host_shutdown=h_host_shutdown, goc=h_goc,
-                       log_level=h_log_level)
+    # ---- this proc ---------------------------------------------------------------------------------------
+    def on_configure(self, conn: Any, msg: Configure, body: Any, buffers: list) -> None:
+        self.rt.loop.create_task(configure_self(self.rt, msg.cfg, body, buffers, msg.reply))
+
+    def on_stop_proc(self, conn: Any, msg: StopProc, body: Any, buffers: list) -> None:
+        def stop() -> None:
+            self.rt.loop.create_task(stop_self(self.rt, msg.reply))
+
+        deliver_in_order(self.rt, msg.origin, msg.seq, stop)
+
+    def on_log_level(self, conn: Any, msg: LogLevel, body: Any, buffers: list) -> None:
+        """ProcMesh.logging_option: set the root logger's level, then mark this point in both output streams
+        (the client applies its new forwarding mode once every proc's marks came through its pipes)."""
+        logging.getLogger().setLevel(msg.level)
+        mark = f"{LOG_SYNC_MARK}{msg.token}\n".encode()
+        for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+            with contextlib.suppress(Exception):  # a closed or redirected stream: the client stops waiting for it
+                stream.flush()
+                os.write(fd, mark)
+        self.rt.send_reply(msg.reply, OK, None)
+
+    # ---- host agents (`regent worker`) -------------------------------------------------------------------
+    def on_host_spawn(self, conn: Any, msg: HostSpawn, body: Any, buffers: list) -> None:
+        self.rt.loop.create_task(host_spawn(self.rt, msg.specs, bytes(body), msg.events, msg.reply))
+
+    def on_host_kill(self, conn: Any, msg: HostKill, body: Any, buffers: list) -> None:
+        for pid in msg.pids:
+            spawner_of(self.rt).kill(pid)
+
+    def on_host_keep_warm(self, conn: Any, msg: HostKeepWarm, body: Any, buffers: list) -> None:
+        spawner_of(self.rt).keep_warm(msg.n, msg.preload, msg.refill_delay_s)
+
+    def on_host_shutdown(self, conn: Any, msg: HostShutdown, body: Any, buffers: list) -> None:
+        logger.warning("worker %s shutting down at its controller's request", self.rt.proc_id)
+        spawner_of(self.rt).kill_all()
+        self.rt.loop.call_later(0.2, exit_gracefully, 0)
+
+
+def install_handlers(rt: Runtime) -> None:
+    rt.handlers.update(ProcHandlers(rt).table())
 
 
 async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
@@ -232,7 +268,7 @@ async def stop_self(rt: Runtime, reply: tuple | None) -> None:
     await asyncio.sleep(0)
     for conn in list(rt.connections):
         with contextlib.suppress(Exception):  # a peer that is gone already needs no goodbye
-            conn.send(_env(("bye",)), b"")
+            conn.send(encode(Bye()), b"")
             conn.flush()
     rt.stopping = True
     if rt.spawner is not None:
@@ -264,7 +300,7 @@ async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: t
             timer[1] = now
         else:
             timer[0].cancel()
-        delay = min(rt.exit_window_s, max(0.0, timer[1] + 10 * rt.exit_window_s - now))
+        delay = min(rt.supervision.exit_window_s, max(0.0, timer[1] + 10 * rt.supervision.exit_window_s - now))
         timer[0] = rt.loop.call_later(delay, flush_exits)
 
     def on_output(pid: str, stream: str, text: str) -> None:

@@ -17,10 +17,10 @@ from regent.actor._config import config
 from regent.actor._context import current_rank
 from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
 from regent.actor._future import Future
+from regent.actor._messages import Deliver, ReplyMsg, StopActor, encode
 from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
-from regent.actor._transport import encode_env
 from regent.actor._tree import next_seq, send_cast
 
 logger = logging.getLogger("regent.actor")
@@ -144,7 +144,7 @@ class Gather(PendingReply):
         self._finish(error)
 
     def _finish(self, error: BaseException | None) -> None:
-        self.rt.untrack(self)
+        self.rt.supervision.untrack(self)
         if error is not None:
             self.future._set_exception(error)
         elif self.single:
@@ -175,7 +175,7 @@ class StreamReplies(PendingReply):
         else:
             fut._set_exception(value)
         if self.next == len(self.futures):
-            self.rt.untrack(self)
+            self.rt.supervision.untrack(self)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         if self.got[index]:
@@ -265,7 +265,7 @@ class ActorMesh(MeshTrait, Generic[R]):
                 fut._set_result(None)
                 return
             gather = Gather(rt, Future._new(), self._shape, targets, f"{ref.name}.stop", False)
-            rt.track(gather)
+            rt.supervision.track(gather)
 
             def done(_: Future) -> None:
                 if len(ranks) == ref.extent.nelements:
@@ -275,8 +275,8 @@ class ActorMesh(MeshTrait, Generic[R]):
             gather.future.add_done_callback(done)
             for i, r in enumerate(ranks):
                 pid = ref.rank_procs[r]
-                rt.send(pid, ("stop_actor", f"{ref.mesh_id}/{r}", reason, (rt.proc_id, gather.port_id, i),
-                              rt.proc_id, next_seq(rt, pid)))
+                rt.send(pid, StopActor(f"{ref.mesh_id}/{r}", reason, (rt.proc_id, gather.port_id, i),
+                                       rt.proc_id, next_seq(rt, pid)))
 
         rt.run_on_loop(on_loop)
         return fut
@@ -329,11 +329,11 @@ def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, ow
 
 def _register_state(rt: Runtime, state: MeshState) -> MeshState:
     if rt.on_loop_thread():
-        return rt.register_mesh(state)
-    existing = rt.mesh_states.get(state.mesh_id)
+        return rt.supervision.register_mesh(state)
+    existing = rt.supervision.mesh_states.get(state.mesh_id)
     if existing is not None:
         return existing
-    rt.run_on_loop(rt.register_mesh, state)
+    rt.run_on_loop(rt.supervision.register_mesh, state)
     return state
 
 
@@ -402,27 +402,27 @@ class Endpoint(Generic[R]):
 
                 if pending is not None:
                     # the relaying agents are known only once grouped; track before sending, then add them
-                    rt.track(pending)
+                    rt.supervision.track(pending)
                     cast()
                     if relays:
                         pending.vias = relays
                         for agent in relays:
-                            rt.pending_by_proc[agent].add(pending.port_id)
-                            if agent in rt.dead:
+                            rt.supervision.pending_by_proc[agent].add(pending.port_id)
+                            if agent in rt.supervision.dead:
                                 rt.loop.call_soon(rt._fail_pending_for_proc, agent)
                 else:
                     cast()
                 return
             if pending is not None:
-                rt.track(pending)
+                rt.supervision.track(pending)
             for i, r in enumerate(ranks):
                 local = view_ranks.index(r) if len(ranks) != len(view_ranks) else i
                 reply = None
                 if reply_port is not None:
                     reply = (reply_proc, reply_port, i if fixed_index is None else fixed_index)
                 pid = ref.rank_procs[r]
-                env = encode_env(("m", f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local), me,
-                                  next_seq(rt, pid)))
+                env = encode(Deliver(f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local), me,
+                                     next_seq(rt, pid)))
                 rt.send_raw(pid, env, body, buffers)
             rt.stats["m_sent"] += len(ranks)
 
@@ -561,7 +561,7 @@ class Port(Generic[R]):
 
     def _emit(self, status: int, body: Any, buffers: list) -> None:
         rt = get_runtime()
-        env = encode_env(("r", self._port_id, self._index_now(), status))
+        env = encode(ReplyMsg(self._port_id, self._index_now(), status))
         rt.run_on_loop(rt.send_raw, self._proc_id, env, body, buffers)
 
     def __reduce__(self):

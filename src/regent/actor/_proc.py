@@ -25,6 +25,16 @@ from regent.actor._context import Instance, context
 from regent.actor._errors import ActorError, format_remote_traceback
 from regent.actor._future import Future
 from regent.actor._mesh import ActorMesh, ActorMeshRef, Gather, actor_mesh_refs
+from regent.actor._messages import (
+    GetOrSpawnController,
+    HostKeepWarm,
+    HostKill,
+    HostShutdown,
+    HostSpawn,
+    LogLevel,
+    Spawn,
+    StopProc,
+)
 from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import (
     CONTROLLERS_KEY,
@@ -236,7 +246,7 @@ class HostMesh(MeshTrait):
             if self._state.kind == "local":
                 spawner = spawner_of(rt)
                 specs = [s for _, host_specs in specs_by_host for s in host_specs]
-                await spawner.spawn(specs, bootstrap, rt.proc_exited, state.logs, release=True)
+                await spawner.spawn(specs, bootstrap, rt.supervision.proc_exited, state.logs, release=True)
             else:
                 await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap, state.logs)
                                        for host_rank, specs in specs_by_host))
@@ -244,7 +254,7 @@ class HostMesh(MeshTrait):
             state.stopping = True
             for pid in state.proc_ids:
                 if pid not in rt.routes:
-                    rt.proc_gone(pid, f"proc failed to start: {exc}")
+                    rt.supervision.proc_gone(pid, f"proc failed to start: {exc}")
             if isinstance(exc, ActorError):
                 state.initialized._set_exception(exc)
             else:
@@ -278,7 +288,7 @@ class HostMesh(MeshTrait):
         fut = rt.loop.create_future()
         port = rt.new_port(_OneShot(fut))
         try:
-            rt.send(agent, ("host_spawn", specs, (rt.proc_id, events.port_id, 0), (rt.proc_id, port, 0)), bootstrap)
+            rt.send(agent, HostSpawn(specs, (rt.proc_id, events.port_id, 0), (rt.proc_id, port, 0)), bootstrap)
             rt.stats["host_spawn_sent"] += 1
             status, body, buffers = await fut
         finally:
@@ -307,7 +317,7 @@ class HostMesh(MeshTrait):
                 return
             for host_rank in self._shape.ranks():
                 agent = await self._agent(rt, host_rank)
-                rt.send(agent, ("host_keep_warm", n, list(preload), refill_delay_s))
+                rt.send(agent, HostKeepWarm(n, list(preload), refill_delay_s))
 
         return rt.submit(run())
 
@@ -326,9 +336,9 @@ class HostMesh(MeshTrait):
             if self._state.kind == "remote":
                 for host_rank in self._shape.ranks():
                     pid = self._state.agent_pids.get(host_rank)
-                    if pid is not None and pid not in rt.dead:
-                        rt.graceful.add(pid)
-                        rt.send(pid, ("host_shutdown",))
+                    if pid is not None and pid not in rt.supervision.dead:
+                        rt.supervision.graceful.add(pid)
+                        rt.send(pid, HostShutdown())
 
         return rt.submit(run())
 
@@ -383,9 +393,9 @@ class HostEvents:
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         event = loads(body, buffers)
         if event[0] == "exits":
-            self.rt.procs_gone([tuple(e) for e in event[1]])
+            self.rt.supervision.procs_gone([tuple(e) for e in event[1]])
         elif event[0] == "exit":
-            self.rt.proc_gone(event[1], event[2])
+            self.rt.supervision.proc_gone(event[1], event[2])
         elif event[0] == "out":
             self.output(event[1], event[2], event[3])
 
@@ -550,28 +560,28 @@ class ProcMesh(MeshTrait):
         timeout = config.stop_timeout if timeout is None else timeout
         state.stopping = True
         procs = set(state.proc_ids)
-        for ms in list(rt.mesh_states.values()):
+        for ms in list(rt.supervision.mesh_states.values()):
             if ms.kind == "actor" and ms.stopped is None and procs.intersection(ms.rank_procs):
                 ms.stopped = "actor mesh is stopped due to proc mesh shutdown"
         exits = []
         for pid in state.proc_ids:
-            rt.graceful.add(pid)
-            exits.append(rt.exit_future(pid))
+            rt.supervision.graceful.add(pid)
+            exits.append(rt.supervision.exit_future(pid))
         for pid in state.proc_ids:
-            if pid not in rt.dead:
-                rt.send(pid, ("stop_proc", "stopped by owner", None, rt.proc_id, next_seq(rt, pid)))
+            if pid not in rt.supervision.dead:
+                rt.send(pid, StopProc("stopped by owner", None, rt.proc_id, next_seq(rt, pid)))
         if exits:
             pending = {f for f in exits if not f.done()}
             if timeout > 0:
                 _, pending = await asyncio.wait(exits, timeout=timeout)
             if pending:
                 for pid in state.proc_ids:
-                    if pid not in rt.dead:
+                    if pid not in rt.supervision.dead:
                         kill_proc(rt, pid)
                 await asyncio.wait(pending, timeout=5.0)
                 for pid in state.proc_ids:
-                    if pid not in rt.dead:
-                        rt.proc_gone(pid, None)
+                    if pid not in rt.supervision.dead:
+                        rt.supervision.proc_gone(pid, None)
         if state.task is not None and not state.task.done():
             state.task.cancel()
         if not state.initialized.done():
@@ -612,7 +622,7 @@ class ProcMesh(MeshTrait):
             for pid in state.proc_ids:
                 fut = rt.loop.create_future()
                 waits.append((fut, rt.new_port(_OneShot(fut))))
-                rt.send(pid, ("log_level", int(level), token, (rt.proc_id, waits[-1][1], 0)))
+                rt.send(pid, LogLevel(int(level), token, (rt.proc_id, waits[-1][1], 0)))
             try:
                 replies = await asyncio.wait_for(asyncio.gather(*(f for f, _ in waits)), config.spawn_timeout)
             finally:
@@ -666,7 +676,7 @@ def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, hos
 def kill_proc(rt: Runtime, pid: str) -> None:
     agent = rt.remote_procs.get(pid)
     if agent is not None:
-        rt.send(agent, ("host_kill", [pid]))
+        rt.send(agent, HostKill([pid]))
     elif rt.spawner is not None:
         rt.spawner.kill(pid)
 
@@ -714,8 +724,8 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
     mstate.mesh = mesh
 
     def on_loop() -> None:
-        rt.register_mesh(mstate)
-        rt.track(gather)
+        rt.supervision.register_mesh(mstate)
+        rt.supervision.track(gather)
         if len(rank_procs) > 1 and rt.cast_mode != "actor":
             # one message per host agent (see _tree), which spawns on its procs and gathers their replies
             items = [(i, i, i) for i in range(len(rank_procs))]
@@ -725,11 +735,11 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
             if relays:
                 gather.vias = relays
                 for agent in relays:
-                    rt.pending_by_proc[agent].add(gather.port_id)
+                    rt.supervision.pending_by_proc[agent].add(gather.port_id)
             return
         for i, pid in enumerate(rank_procs):
-            rt.send(pid, ("s", f"{mesh_id}/{i}", mesh_id, i, name, (extent.labels, extent.sizes, i),
-                          (rt.proc_id, owner_key), is_async, (rt.proc_id, gather.port_id, i)), body, buffers)
+            rt.send(pid, Spawn(f"{mesh_id}/{i}", mesh_id, i, name, (extent.labels, extent.sizes, i),
+                               (rt.proc_id, owner_key), is_async, (rt.proc_id, gather.port_id, i)), body, buffers)
 
     rt.run_on_loop(on_loop)
     _register_owned(rt, owner_key, mesh)
@@ -836,14 +846,14 @@ def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -
 
     def on_loop() -> None:
         rt.directory.setdefault(root["id"], root)
-        rt.send(root["id"], ("goc", name, (rt.proc_id, port, 0)), body, buffers)
+        rt.send(root["id"], GetOrSpawnController(name, (rt.proc_id, port, 0)), body, buffers)
 
     rt.run_on_loop(on_loop)
     return fut
 
 
 async def _controller_local(rt: Runtime, name: str, cls: type, args: tuple, kwargs: dict) -> ActorMesh:
-    failure = rt.controller_failures.get(name)
+    failure = rt.supervision.controller_failures.get(name)
     if failure is not None:
         raise ValueError(f"Failure on {name}: {failure}")
     mesh = rt.controllers.get(name)

@@ -9,8 +9,9 @@ Routing is by process id: `send(proc_id, ...)` uses the connection to that proce
 socket on the same machine, TCP otherwise) if needed and queueing meanwhile. Messages between two
 processes always take one connection, which is what gives per-sender FIFO order.
 
-Supervision bookkeeping also lives here, because it is per process: which meshes this process owns, which
-ranks are failed, which calls are waiting on which processes, and what happens when a process dies.
+Supervision bookkeeping is per process too, and owned by `Runtime.supervision` (`_supervision.Supervision`):
+which meshes exist here, which ranks are failed, which calls wait on which processes, and what happens when a
+process dies. Routing tells it a process is gone; it tells routing to forget the process (`forget_proc`).
 """
 
 from __future__ import annotations
@@ -36,15 +37,20 @@ from typing import Any
 
 from regent.actor import _future
 from regent.actor._config import config
-from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
 from regent.actor._future import Future
-from regent.actor._transport import Connection, connect, decode_env, encode_env, listen, parse_address
+from regent.actor._messages import Bye, Hello, ReplyBatch, ReplyMsg, WhereIs, decode, encode, reply_to_answer
+from regent.actor._supervision import (  # noqa: F401 (the keys and the two state classes: re-exported)
+    CONTROLLERS_KEY,
+    ROOT_KEY,
+    MeshState,
+    PendingReply,
+    Supervision,
+)
+from regent.actor._transport import Connection, connect, listen, parse_address
 from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, job_secret_from_env
 
 logger = logging.getLogger("regent.actor")
 
-ROOT_KEY = "<root>"
-CONTROLLERS_KEY = "<controllers>"
 # reply status codes carried in "r" envelopes
 OK, ERROR, DEAD = 0, 1, 2
 
@@ -143,49 +149,6 @@ def runtime_if_started() -> Runtime | None:
     return _runtime
 
 
-class MeshState:
-    """What this process knows about one actor or proc mesh: failed ranks, stop status, ownership."""
-
-    __slots__ = ("mesh_id", "name", "kind", "failed", "stopped", "owner_key", "rank_procs", "dispatched",
-                 "display", "mesh")
-
-    def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None) -> None:
-        self.mesh_id = mesh_id
-        self.name = name
-        self.kind = kind
-        self.rank_procs = rank_procs
-        self.owner_key = owner_key
-        self.failed: dict[int, str] = {}
-        self.stopped: str | None = None
-        self.dispatched: set[int] = set()
-        self.display: dict[int, str] = {}
-        self.mesh: Any = None  # the mesh object, in the owner's process
-
-    def problem(self, ranks: list[int]) -> str | None:
-        """Why a message to these ranks cannot succeed, or None."""
-        if self.stopped is not None:
-            return self.stopped
-        if self.failed:
-            bad = [r for r in ranks if r in self.failed]
-            if bad:
-                return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {self.failed[bad[0]]}'
-        return None
-
-
-class PendingReply:
-    """Something waiting for replies from specific processes/ranks; failed if they die."""
-
-    port_id: int
-    targets: list[tuple[str, int, str]]  # (mesh_id, rank, proc_id)
-    vias: tuple[str, ...] | list[str] = ()  # host agents relaying the call (`_tree`): their loss fails it
-
-    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def fail_rank(self, index: int, error: BaseException) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-
 class Runtime:
     def __init__(self, proc_id: str, is_controller: bool, secret: bytes | None = None,
                  tcp_host: str | None = None, advertise_host: str | None = None, tcp_port: int = 0) -> None:
@@ -217,11 +180,6 @@ class Runtime:
         self.cells: dict[str, Any] = {}
         self.dead_cells: dict[str, str] = {}
         self.unknown: dict[str, list] = {}
-        self.mesh_states: dict[str, MeshState] = {}
-        self.ranks_on_proc: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
-        self.pending_by_proc: dict[str, set[int]] = collections.defaultdict(set)
-        self.dead: dict[str, str] = {}
-        self.graceful: set[str] = set()
         self.owned_proc_meshes: dict[str, Any] = {}
         self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
@@ -236,9 +194,7 @@ class Runtime:
         self.proc_context: Any = None  # the Instance used outside actors in this process
         self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
         self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
-        self.exit_futures: dict[str, asyncio.Future] = {}
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
-        self.controller_failures: dict[str, str] = {}
         # tree casts (`_tree`): per-destination sequence numbers out, per-origin expected numbers in, messages
         # held until earlier ones arrive, and (on agents) reply batches waiting on each child process
         self.out_seq: dict[str, int] = {}
@@ -251,21 +207,7 @@ class Runtime:
         if self.cast_mode not in ("tree", "proc", "actor"):
             raise ValueError(f"REGENT_CAST={self.cast_mode!r}: use tree, proc or actor")
         self.stats: collections.Counter = collections.Counter()  # message counts, for tests and benchmarks
-        # process exits reported within `exit_window_s` of each other make one supervision report per mesh
-        self.exit_window_s = float(os.environ.get("REGENT_EXIT_WINDOW", "0.05"))
-        # the same for actor failures of one mesh (a broadcast that raises on every rank): their reports come
-        # from separate processes, scheduled apart on a busy host (a rank 60+ ms behind the others in the test
-        # suite), so the quiet spell is longer. Trainer crashes under `regent train` do not wait on it: they are
-        # reported by the trainer itself, and process exits use `exit_window_s`.
-        self.failure_window_s = float(os.environ.get("REGENT_FAILURE_WINDOW", "0.25"))
-        self._exits: list[tuple[str, str | None]] = []
-        self._exits_timer: asyncio.TimerHandle | None = None
-        self._exits_first = 0.0
-        # rank failures of actor meshes, gathered the same way (mesh id -> (mesh state, failed ranks))
-        self._rank_failures: dict[str, tuple[Any, list[tuple[int, str, str]]]] = {}
-        self._rank_failures_timer: asyncio.TimerHandle | None = None
-        self._rank_failures_first = 0.0
-        self._failure_sink: dict | None = None
+        self.supervision = Supervision(self)
         self._register_handlers()
         from regent.actor._handlers import install_handlers
 
@@ -415,7 +357,7 @@ class Runtime:
 
     def _on_open(self, conn: Connection) -> None:
         self.connections.add(conn)
-        conn.send(encode_env(("hello", self.info)), b"")
+        conn.send(encode(Hello(self.info)), b"")
 
     def _on_close(self, conn: Connection, exc: BaseException | None) -> None:
         self.connections.discard(conn)
@@ -430,37 +372,37 @@ class Runtime:
             # a child of ours or of a worker: its parent reports the exit (status, and only once the
             # process is really gone); fall back if that report never comes
             self.loop.call_later(3.0, self._connection_lost_fallback, peer)
-        elif peer in self.graceful:
-            self.proc_gone(peer, None)
+        elif peer in self.supervision.graceful:
+            self.supervision.proc_gone(peer, None)
         else:
-            self.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
+            self.supervision.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
 
     def _connection_lost_fallback(self, peer: str) -> None:
-        if peer not in self.dead and peer not in self.routes:
+        if peer not in self.supervision.dead and peer not in self.routes:
             # a host that is gone entirely (its agent too) loses all its procs' connections at once: coalesced
             # like exits, so the owner gets one report per mesh
-            self.proc_exited(peer, None if peer in self.graceful else f"lost connection to process {peer}")
+            self.supervision.proc_exited(peer, None if peer in self.supervision.graceful else f"lost connection to process {peer}")
 
     def _on_frame(self, conn: Connection | None, env: bytes, body: Any, buffers: list) -> None:
         try:
-            msg = decode_env(env)
-            handler = self.handlers[msg[0]]
+            msg = decode(env)
+            handler = self.handlers[msg.KIND]
         except Exception as exc:  # noqa: BLE001 - a bad envelope is dropped, the connection survives
             logger.error("dropping malformed message from %s: %s", conn.peername if conn else "self", exc)
             return
         try:
             handler(conn, msg, body, buffers)
         except Exception:  # one bad message must not close the connection (logged with its traceback)
-            logger.exception("error handling %r message", msg[0])
+            logger.exception("error handling %r message", msg.KIND)
 
     def _register_handlers(self) -> None:
-        self.handlers.update(
-            hello=self._h_hello,
-            whereis=self._h_whereis,
-            r=self._h_reply,
-            rb=self._h_reply_batch,
-            bye=self._h_bye,
-        )
+        self.handlers.update({
+            Hello.KIND: self._h_hello,
+            WhereIs.KIND: self._h_whereis,
+            ReplyMsg.KIND: self._h_reply,
+            ReplyBatch.KIND: self._h_reply_batch,
+            Bye.KIND: self._h_bye,
+        })
 
     def learn(self, proc_id: str, info: dict) -> None:
         """Record a process's address and answer whoever asked for it ("whereis")."""
@@ -470,12 +412,12 @@ class Runtime:
         if proc_id in self.queued and proc_id not in self.held and proc_id not in self.routes:
             self._dial(proc_id)
 
-    def _h_whereis(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
-        _, proc_id, reply = msg
+    def _h_whereis(self, conn: Connection | None, msg: WhereIs, body: Any, buffers: list) -> None:
+        proc_id, reply = msg
         info = self.directory.get(proc_id)
         if info is not None and proc_id not in self.held:
             self.send_reply(reply, OK, info)
-        elif proc_id in self.dead:
+        elif proc_id in self.supervision.dead:
             self.send_reply(reply, OK, None)
         else:
             self.where_waiters.setdefault(proc_id, []).append(reply)
@@ -503,15 +445,15 @@ class Runtime:
                 rt.asking.discard(proc_id)
                 info = loads(body, buffers) if status == OK else None
                 if info is None:
-                    rt.proc_gone(proc_id, f"no address known for process {proc_id}")
+                    rt.supervision.proc_gone(proc_id, f"no address known for process {proc_id}")
                 else:
                     rt.learn(proc_id, info)
 
         port = self.new_port(_Answer())
-        self.send(via, ("whereis", proc_id, (self.proc_id, port, 0)))
+        self.send(via, WhereIs(proc_id, (self.proc_id, port, 0)))
 
-    def _h_hello(self, conn: Connection, msg: tuple, body: Any, buffers: list) -> None:
-        info = msg[1]
+    def _h_hello(self, conn: Connection, msg: Hello, body: Any, buffers: list) -> None:
+        info = msg.info
         peer = info["id"]
         conn.peer = peer
         if peer not in self.directory:
@@ -526,9 +468,9 @@ class Runtime:
             self.routes[peer] = conn
             self._flush_queue(peer)
 
-    def _h_bye(self, conn: Connection, msg: tuple, body: Any, buffers: list) -> None:
+    def _h_bye(self, conn: Connection, msg: Bye, body: Any, buffers: list) -> None:
         if conn is not None and conn.peer is not None:
-            self.graceful.add(conn.peer)
+            self.supervision.graceful.add(conn.peer)
 
     def release(self, proc_id: str, conn: Connection | None) -> None:
         """Make a held (still configuring) proc routable and send what was queued for it."""
@@ -553,10 +495,9 @@ class Runtime:
         for env, body, bufs in queued:
             conn.send(env, body, bufs)
 
-    def send(self, proc_id: str, env: tuple, body: Any = b"", buffers: list = ()) -> None:
-        """Send one message to a process (loop thread only). Queues while connecting."""
-        env_bytes = encode_env(env)
-        self.send_raw(proc_id, env_bytes, body, buffers)
+    def send(self, proc_id: str, msg: Any, body: Any = b"", buffers: list = ()) -> None:
+        """Send one message (a `_messages` record) to a process (loop thread only). Queues while connecting."""
+        self.send_raw(proc_id, encode(msg), body, buffers)
 
     def send_raw(self, proc_id: str, env_bytes: bytes, body: Any, buffers: list = ()) -> None:
         if proc_id == self.proc_id:
@@ -567,7 +508,7 @@ class Runtime:
         if conn is not None and not conn.closed:
             conn.send(env_bytes, body, buffers)
             return
-        if proc_id in self.dead:
+        if proc_id in self.supervision.dead:
             self._undeliverable(proc_id, env_bytes)
             return
         self.queued.setdefault(proc_id, []).append((env_bytes, body, buffers))
@@ -577,13 +518,13 @@ class Runtime:
     def _undeliverable(self, proc_id: str, env_bytes: bytes) -> None:
         """A message to a dead process: answer its reply port, if any, so nobody waits forever."""
         try:
-            msg = decode_env(env_bytes)
+            msg = decode(env_bytes)
         except Exception as exc:  # noqa: BLE001 - reported; an undecodable message has no reply port to answer
             logger.warning("dropping an undecodable message to dead process %s: %s", proc_id, exc)
             return
-        reply = reply_of(msg)
+        reply = reply_to_answer(msg)
         if reply is not None:
-            reason = self.dead.get(proc_id, "unreachable")
+            reason = self.supervision.dead.get(proc_id, "unreachable")
             self.send_reply(reply, DEAD, f"the process this actor was running on failed: {reason}")
 
     def _dial(self, proc_id: str) -> None:
@@ -610,7 +551,7 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - the peer is unreachable: fail what waits on it
             self.dialing.discard(proc_id)
             logger.warning("cannot connect to %s: %s", proc_id, exc)
-            self.proc_gone(proc_id, f"cannot connect to process {proc_id}: {exc}")
+            self.supervision.proc_gone(proc_id, f"cannot connect to process {proc_id}: {exc}")
             return
         self.dialing.discard(proc_id)
         existing = self.routes.get(proc_id)
@@ -640,16 +581,16 @@ class Runtime:
     def drop_port(self, port_id: int) -> None:
         self.ports.pop(port_id, None)
 
-    def _h_reply(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
-        _, port_id, index, status = msg
+    def _h_reply(self, conn: Connection | None, msg: ReplyMsg, body: Any, buffers: list) -> None:
+        port_id, index, status = msg
         handler = self.ports.get(port_id)
         if handler is None:
             return  # late reply to a finished or failed call
         handler.deliver(index, status, body, buffers)
 
-    def _h_reply_batch(self, conn: Connection | None, msg: tuple, body: Any, buffers: list) -> None:
+    def _h_reply_batch(self, conn: Connection | None, msg: ReplyBatch, body: Any, buffers: list) -> None:
         """Several OK replies to one port, gathered by a host or process (`_tree.Batch`)."""
-        _, port_id, indices, lengths = msg
+        port_id, indices, lengths = msg
         self.stats["reply_batches"] += 1
         handler = self.ports.get(port_id)
         if handler is None:
@@ -685,7 +626,7 @@ class Runtime:
             else:
                 self.run_on_loop(self._local_reply, reply[1], reply[2], status, body)
             return
-        env = encode_env(("r", reply[1], reply[2], status))
+        env = encode(ReplyMsg(reply[1], reply[2], status))
         self.run_on_loop(self.send_raw, reply[0], env, body, bufs)
 
     def _local_reply(self, port_id: int, index: int, status: int, body: Any) -> None:
@@ -693,278 +634,14 @@ class Runtime:
         if handler is not None:
             handler.deliver(index, status, memoryview(body), [])
 
-    def track(self, pending: PendingReply) -> None:
-        for _mesh_id, _rank, proc_id in pending.targets:
-            self.pending_by_proc[proc_id].add(pending.port_id)
-            if proc_id in self.dead:
-                self.loop.call_soon(self._fail_pending_for_proc, proc_id)
-        for agent in pending.vias:
-            self.pending_by_proc[agent].add(pending.port_id)
-            if agent in self.dead:
-                self.loop.call_soon(self._fail_pending_for_proc, agent)
-
-    def untrack(self, pending: PendingReply) -> None:
-        self.ports.pop(pending.port_id, None)
-        for _mesh_id, _rank, proc_id in pending.targets:
-            s = self.pending_by_proc.get(proc_id)
-            if s is not None:
-                s.discard(pending.port_id)
-        for agent in pending.vias:
-            s = self.pending_by_proc.get(agent)
-            if s is not None:
-                s.discard(pending.port_id)
-
-    def _fail_pending_for_proc(self, proc_id: str) -> None:
-        reason = self.dead.get(proc_id)
-        if reason is None:
-            return
-        for port_id in list(self.pending_by_proc.pop(proc_id, ())):
-            pending = self.ports.get(port_id)
-            if pending is None or not isinstance(pending, PendingReply):
-                continue
-            if proc_id in pending.vias:
-                # the host agent relaying this call is gone: what it had not passed on never will be
-                got = getattr(pending, "got", [])
-                for idx, (_mesh_id, _rank, _pid) in enumerate(pending.targets):
-                    if idx < len(got) and not got[idx]:
-                        pending.fail_rank(idx, SupervisionError(
-                            f"the host agent {proc_id} relaying this call failed: {reason}"))
-                continue
-            for idx, (mesh_id, rank, pid) in enumerate(pending.targets):
-                if pid == proc_id:
-                    state = self.mesh_states.get(mesh_id)
-                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
-
-    def _death_text(self, state: MeshState | None, rank: int, reason: str) -> str:
-        if reason.startswith("actor mesh is stopped"):
-            return reason
-        if not reason.startswith(("Supervision event", "the process")):
-            reason = f"the process this actor was running on failed: {reason}"
-        who = state.display.get(rank, f"{state.name}[{rank}]") if state else f"rank {rank}"
-        return f"The actor {who} and all its descendants have failed: {reason}"
-
-    def fail_pending_for_mesh(self, mesh_id: str, rank: int, reason: str) -> None:
-        state = self.mesh_states.get(mesh_id)
-        for port_id in list(self.ports):
-            pending = self.ports.get(port_id)
-            if not isinstance(pending, PendingReply):
-                continue
-            for idx, (mid, r, _pid) in enumerate(pending.targets):
-                if mid == mesh_id and r == rank:
-                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
-
-    # ------------------------------------------------------------------ supervision
-    def register_mesh(self, state: MeshState) -> MeshState:
-        existing = self.mesh_states.get(state.mesh_id)
-        if existing is not None:
-            return existing
-        self.mesh_states[state.mesh_id] = state
-        if state.kind == "actor":
-            for rank, proc_id in enumerate(state.rank_procs):
-                self.ranks_on_proc[proc_id].add((state.mesh_id, rank))
-                if proc_id in self.dead and rank not in state.failed:
-                    state.failed[rank] = f"the process this actor was running on failed: {self.dead[proc_id]}"
-        return state
-
-    def exit_future(self, proc_id: str) -> asyncio.Future:
-        """Resolves when `proc_id` is known to be gone."""
-        fut = self.exit_futures.get(proc_id)
-        if fut is None:
-            fut = self.loop.create_future()
-            if proc_id in self.dead:
-                fut.set_result(self.dead[proc_id])
-            self.exit_futures[proc_id] = fut
-        return fut
-
-    def proc_gone(self, proc_id: str, reason: str | None) -> None:
-        """A process exited or became unreachable. `reason=None` means a graceful stop."""
-        if proc_id in self.dead:
-            return
-        graceful = reason is None or proc_id in self.graceful
-        text = "actor mesh is stopped due to proc mesh shutdown" if graceful else reason
-        self.dead[proc_id] = text
-        fut = self.exit_futures.get(proc_id)
-        if fut is not None and not fut.done():
-            fut.set_result(text)
+    def forget_proc(self, proc_id: str) -> None:
+        """`proc_id` is gone (supervision decided): drop its route and what was queued for it."""
         self.held.discard(proc_id)
         self.routes.pop(proc_id, None)
         for env, _body, _bufs in self.queued.pop(proc_id, []):
             self._undeliverable(proc_id, env)
-        self._fail_pending_for_proc(proc_id)
         if self.spawner is not None:
             self.spawner.forget_spare(proc_id)
-        owned_actor_mesh_on_proc = False
-        for mesh_id, rank in sorted(self.ranks_on_proc.get(proc_id, ())):
-            state = self.mesh_states.get(mesh_id)
-            if state is None:
-                continue
-            if graceful:
-                state.failed.setdefault(rank, text)
-                continue
-            if state.owner_key is not None:
-                owned_actor_mesh_on_proc = True
-            self.rank_failed(mesh_id, rank, f"the process this actor was running on failed: {reason}")
-        if not graceful:
-            for pm in list(self.owned_proc_meshes.values()):
-                pm_state = pm._state
-                started = pm_state.initialized.done() and pm_state.initialized._state == 1
-                # a proc that dies while its mesh is starting is reported through `initialized`
-                if proc_id in pm_state.proc_ids and started and not pm_state.stopping \
-                        and not owned_actor_mesh_on_proc:
-                    rank = pm_state.proc_ids.index(proc_id)
-                    from regent.actor._shape import Point
-
-                    if self._failure_sink is not None:
-                        self._failure_sink.setdefault(("proc", pm_state.mesh_id), (pm, []))[1].append(
-                            (rank, f"the process {proc_id} failed: {reason}", reason))
-                        continue
-                    self.dispatch_failure(
-                        pm_state.owner_key,
-                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm,
-                                    actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}"),
-                    )
-
-    def proc_exited(self, proc_id: str, reason: str | None) -> None:
-        """A child process exited: report it with the other exits of the next `exit_window_s` seconds (a
-        host losing all its procs at once), so the owner gets one supervision report per mesh."""
-        self._exits.append((proc_id, reason))
-        now = self.loop.time()
-        if self._exits_timer is None:
-            self._exits_first = now
-        else:
-            self._exits_timer.cancel()
-        # wait for a quiet spell, but never more than 10 windows after the first exit
-        delay = min(self.exit_window_s, max(0.0, self._exits_first + 10 * self.exit_window_s - now))
-        self._exits_timer = self.loop.call_later(delay, self._flush_exits)
-
-    def _flush_exits(self) -> None:
-        self._exits_timer = None
-        exits, self._exits = self._exits, []
-        if exits:
-            self.procs_gone(exits)
-
-    def procs_gone(self, gone: list[tuple[str, str | None]]) -> None:
-        """Several processes exited together: `proc_gone` for each, then one `MeshFailure` per mesh naming
-        every failed rank (instead of one per rank)."""
-        if self._failure_sink is not None:
-            for proc_id, reason in gone:
-                self.proc_gone(proc_id, reason)
-            return
-        self._failure_sink = sink = {}
-        try:
-            for proc_id, reason in gone:
-                self.proc_gone(proc_id, reason)
-        finally:
-            self._failure_sink = None
-        self.stats["supervision_reports"] += len(sink)
-        for (kind, _mesh_id), (holder, failed) in sink.items():
-            failed.sort(key=lambda f: f[0])
-            ranks = [f[0] for f in failed]
-            if kind == "actor":
-                self.dispatch_failure(holder.owner_key, self._actor_mesh_failure(holder, failed))
-            else:
-                pm = holder
-                pm_state = pm._state
-                from regent.actor._shape import Point
-
-                if len(ranks) == 1:
-                    event, name = failed[0][1], f"{pm_state.name}{Point(ranks[0], pm_state.extent)}"
-                else:
-                    reasons = {f[2] for f in failed}
-                    why = reasons.pop() if len(reasons) == 1 else "; ".join(f"rank {r}: {w}" for r, _, w in failed)
-                    event, name = f"the processes of {ranks_text(ranks)} failed: {why}", None
-                self.dispatch_failure(pm_state.owner_key, MeshFailure(pm_state.name, ranks, event, mesh=pm,
-                                                                      actor_name=name))
-
-    def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
-        """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner."""
-        state = self.mesh_states.get(mesh_id)
-        if state is None:
-            return
-        if rank not in state.failed:
-            state.failed[rank] = event
-        self.fail_pending_for_mesh(mesh_id, rank, event)
-        if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
-            return
-        state.dispatched.add(rank)
-        if self._failure_sink is not None:
-            self._failure_sink.setdefault(("actor", mesh_id), (state, []))[1].append((rank, event, event))
-            return
-        # Ranks of one mesh often fail together (a broadcast that raises everywhere): their reports arrive a
-        # few ms apart. Gather them for a quiet spell of `failure_window_s` (at most 10 windows), so the owner's
-        # __supervise__ sees one MeshFailure naming every failed rank, not the first rank alone.
-        self._rank_failures.setdefault(mesh_id, (state, []))[1].append((rank, event, event))
-        now = self.loop.time()
-        if self._rank_failures_timer is None:
-            self._rank_failures_first = now
-        else:
-            self._rank_failures_timer.cancel()
-        delay = min(self.failure_window_s,
-                    max(0.0, self._rank_failures_first + 10 * self.failure_window_s - now))
-        self._rank_failures_timer = self.loop.call_later(delay, self._flush_rank_failures)
-
-    def _flush_rank_failures(self) -> None:
-        self._rank_failures_timer = None
-        pending, self._rank_failures = self._rank_failures, {}
-        self.stats["supervision_reports"] += len(pending)
-        for state, failed in pending.values():
-            self.dispatch_failure(state.owner_key, self._actor_mesh_failure(state, failed))
-
-    @staticmethod
-    def _actor_mesh_failure(state: Any, failed: list[tuple[int, str, str]]) -> MeshFailure:
-        """One MeshFailure for the failed (rank, event, reason) entries of an actor mesh."""
-        failed.sort(key=lambda f: f[0])
-        ranks = [f[0] for f in failed]
-        events = {f[1] for f in failed}
-        event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
-        name = state.display.get(ranks[0]) if len(ranks) == 1 else None
-        failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
-        failure._mesh_id = state.mesh_id
-        return failure
-
-    def failure_is_stale(self, failure: MeshFailure) -> bool:
-        """True when the failed mesh was stopped since (its owner already dealt with it)."""
-        state = self.mesh_states.get(failure._mesh_id) if failure._mesh_id else None
-        return state is not None and state.stopped is not None
-
-    def dispatch_failure(self, owner_key: str, failure: MeshFailure) -> None:
-        if owner_key == CONTROLLERS_KEY:
-            # get_or_spawn_controller singletons: remember the failure, a later request reports it
-            self.controller_failures[failure.mesh_name] = failure.report()
-            self.controllers.pop(failure.mesh_name, None)
-            return
-        if owner_key == ROOT_KEY:
-            if self.is_controller:
-                threading.Thread(target=self._run_fault_hook, args=(failure,), daemon=True,
-                                 name="regent-fault-hook").start()
-            else:
-                logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
-            return
-        cell = self.cells.get(owner_key)
-        if cell is None or not cell.alive:
-            logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
-            return
-        cell.supervise(failure)
-
-    def _run_fault_hook(self, failure: MeshFailure) -> None:
-        import _thread
-
-        import regent.actor as api
-
-        try:
-            api.unhandled_fault_hook(failure)
-        except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
-            try:
-                sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
-                sys.stderr.flush()
-            except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
-                pass
-            self.exit_code = 1
-            if self._sigint_installed:
-                # the main thread raises SystemExit(1) wherever it is (even blocked in sleep or get())
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            else:
-                _thread.interrupt_main()
 
     # ------------------------------------------------------------------ orphans
     def owner_connected(self) -> bool:
@@ -1051,18 +728,6 @@ def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
         f"hex string (e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`) in both "
         f"environments, or point {SECRET_FILE_ENV} at one file holding it."
     )
-
-
-def reply_of(msg: tuple) -> tuple | None:
-    """The reply port carried by a message envelope, if any."""
-    kind = msg[0]
-    if kind in ("m", "stop_actor"):
-        return msg[3]
-    if kind == "stop_proc":
-        return msg[2]
-    if kind in ("s", "configure", "log_level"):  # reply port last
-        return msg[-1]
-    return None
 
 
 def exit_gracefully(code: int = 0) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from regent.actor._config import config
 from regent.actor._errors import ActorError
+from regent.actor._messages import Configure, encode
 from regent.actor._pickle import loads
 from regent.actor._runtime import ERROR, OK, Runtime, new_id
 
@@ -171,7 +172,7 @@ class LocalSpawner:
         if child in self.spares:
             self.spares.remove(child)
             self._replenish()
-        graceful = child.graceful or (rc == 0 and child.pid in self.rt.graceful)
+        graceful = child.graceful or (rc == 0 and child.pid in self.rt.supervision.graceful)
         if child.on_exit is not None:
             child.on_exit(child.pid, None if graceful else reason)
         return reason
@@ -192,7 +193,7 @@ class LocalSpawner:
         cfg = dict(cfg, id=new_pid)
         fut = rt.loop.create_future()
         port = rt.new_port(_OneShot(fut))
-        child.conn.send(_env(("configure", cfg, (rt.proc_id, port, 0))), bootstrap)
+        child.conn.send(encode(Configure(cfg, (rt.proc_id, port, 0))), bootstrap)
         try:
             status, body, buffers = await asyncio.wait_for(fut, config.spawn_timeout)
         finally:
@@ -385,12 +386,6 @@ class _OneShot:
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         if not self.fut.done():
             self.fut.set_result((status, body, buffers))
-
-
-def _env(msg: tuple) -> bytes:
-    from regent.actor._transport import encode_env
-
-    return encode_env(msg)
 
 
 def visibility_env(index: int) -> dict[str, str]:

@@ -33,9 +33,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from regent.actor._messages import Cast, CastItems, ReplyBatch, ReplyMsg, encode
 from regent.actor._pickle import dumps
 from regent.actor._runtime import DEAD, OK, Runtime
-from regent.actor._transport import encode_env
 
 logger = logging.getLogger("regent.actor")
 
@@ -130,7 +130,7 @@ class Batch:
             self.left -= 1
             done = self.left == 0
         if alone:
-            env = encode_env(("r", self.up[1], index, status))
+            env = encode(ReplyMsg(self.up[1], index, status))
             self.rt.run_on_loop(self.rt.send_raw, self.up[0], env, bytes(body), buffers)
         if done:
             self.rt.run_on_loop(self._flush)
@@ -142,7 +142,7 @@ class Batch:
             for s in rt.tree_batches.values():
                 s.discard(self)
         if self.indices:
-            env = encode_env(("rb", self.up[1], self.indices, [len(b) for b in self.bodies]))
+            env = encode(ReplyBatch(self.up[1], self.indices, [len(b) for b in self.bodies]))
             rt.send_raw(self.up[0], env, b"".join(self.bodies), [])
         self.indices, self.bodies = [], []
 
@@ -198,7 +198,7 @@ def _reply_target(rt: Runtime, reply: tuple | None, n: int) -> tuple[str, int] |
 
 def relay_cast(rt: Runtime, msg: tuple, body: Any, buffers: list) -> None:
     """On an agent: forward a "cast" to each of its target processes, gathering their replies if asked."""
-    _, origin, mesh_id, method, reply, labels, sizes, per_proc = msg
+    origin, mesh_id, method, reply, labels, sizes, per_proc = msg
     fwd = reply
     batch = None
     if reply is not None and reply[2] == "b":
@@ -207,11 +207,11 @@ def relay_cast(rt: Runtime, msg: tuple, body: Any, buffers: list) -> None:
         fwd = (rt.proc_id, batch.port_id, "b")
     body = bytes(body)
     for pid, seq, items in per_proc:
-        if pid in rt.dead:
+        if pid in rt.supervision.dead:
             if batch is not None:
-                batch.proc_exited(pid, rt.dead[pid])
+                batch.proc_exited(pid, rt.supervision.dead[pid])
             continue
-        env = encode_env(("mc", origin, seq, mesh_id, method, fwd, labels, sizes, items))
+        env = encode(CastItems(origin, seq, mesh_id, method, fwd, labels, sizes, items))
         rt.send_raw(pid, env, body, buffers)
     rt.stats["cast_relayed"] += 1
 
@@ -229,7 +229,7 @@ def send_cast(rt: Runtime, mesh_id: str, method: str, rank_procs: list[str], lab
     direct: list[str] = []
     for pid in by_proc:
         agent = rt.remote_procs.get(pid) if tree else None
-        if agent is None or agent == me or agent in rt.dead:
+        if agent is None or agent == me or agent in rt.supervision.dead:
             direct.append(pid)
         else:
             by_agent.setdefault(agent, []).append(pid)
@@ -239,11 +239,11 @@ def send_cast(rt: Runtime, mesh_id: str, method: str, rank_procs: list[str], lab
             direct.append(pids[0])
             continue
         per_proc = [(pid, next_seq(rt, pid), by_proc[pid]) for pid in pids]
-        env = encode_env(("cast", me, mesh_id, method, reply, labels, sizes, per_proc))
+        env = encode(Cast(me, mesh_id, method, reply, labels, sizes, per_proc))
         rt.send_raw(agent, env, body, buffers)
         relays.append(agent)
     for pid in direct:
-        env = encode_env(("mc", me, next_seq(rt, pid), mesh_id, method, reply, labels, sizes, by_proc[pid]))
+        env = encode(CastItems(me, next_seq(rt, pid), mesh_id, method, reply, labels, sizes, by_proc[pid]))
         rt.send_raw(pid, env, body, buffers)
     rt.stats["cast_sent"] += len(relays) + len(direct)
     rt.stats["casts"] += 1

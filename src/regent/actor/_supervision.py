@@ -1,0 +1,366 @@
+"""Supervision bookkeeping of one process: which meshes exist here and who owns them, which processes are gone,
+which calls wait on which processes, and how failures reach their owners.
+
+It is per process and lives on the runtime's event loop (`Runtime.supervision`); the runtime's routing tells it
+when a process is gone (`proc_gone`, or `proc_exited` for exits to gather), and it tells the routing to forget
+that process (`Runtime.forget_proc`). Failures of one mesh that come together (a host losing its procs, a
+broadcast that raises everywhere) are gathered for a quiet spell into one `MeshFailure` naming every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
+
+if TYPE_CHECKING:
+    from regent.actor._runtime import Runtime
+
+logger = logging.getLogger("regent.actor")
+
+ROOT_KEY = "<root>"
+CONTROLLERS_KEY = "<controllers>"
+
+
+class MeshState:
+    """What this process knows about one actor or proc mesh: failed ranks, stop status, ownership."""
+
+    __slots__ = ("mesh_id", "name", "kind", "failed", "stopped", "owner_key", "rank_procs", "dispatched",
+                 "display", "mesh")
+
+    def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None) -> None:
+        self.mesh_id = mesh_id
+        self.name = name
+        self.kind = kind
+        self.rank_procs = rank_procs
+        self.owner_key = owner_key
+        self.failed: dict[int, str] = {}
+        self.stopped: str | None = None
+        self.dispatched: set[int] = set()
+        self.display: dict[int, str] = {}
+        self.mesh: Any = None  # the mesh object, in the owner's process
+
+    def problem(self, ranks: list[int]) -> str | None:
+        """Why a message to these ranks cannot succeed, or None."""
+        if self.stopped is not None:
+            return self.stopped
+        if self.failed:
+            bad = [r for r in ranks if r in self.failed]
+            if bad:
+                return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {self.failed[bad[0]]}'
+        return None
+
+
+class PendingReply:
+    """Something waiting for replies from specific processes/ranks; failed if they die."""
+
+    port_id: int
+    targets: list[tuple[str, int, str]]  # (mesh_id, rank, proc_id)
+    vias: tuple[str, ...] | list[str] = ()  # host agents relaying the call (`_tree`): their loss fails it
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def fail_rank(self, index: int, error: BaseException) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Supervision:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.mesh_states: dict[str, MeshState] = {}
+        self.ranks_on_proc: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
+        self.pending_by_proc: dict[str, set[int]] = collections.defaultdict(set)
+        self.dead: dict[str, str] = {}  # proc id -> why it is gone
+        self.graceful: set[str] = set()  # procs stopping on purpose: their exit is no failure
+        self.exit_futures: dict[str, asyncio.Future] = {}
+        self.controller_failures: dict[str, str] = {}  # get_or_spawn_controller singletons that failed
+        # process exits reported within `exit_window_s` of each other make one supervision report per mesh
+        self.exit_window_s = float(os.environ.get("REGENT_EXIT_WINDOW", "0.05"))
+        # the same for actor failures of one mesh (a broadcast that raises on every rank): their reports come
+        # from separate processes, scheduled apart on a busy host (a rank 60+ ms behind the others in the test
+        # suite), so the quiet spell is longer. Trainer crashes under `regent train` do not wait on it: they are
+        # reported by the trainer itself, and process exits use `exit_window_s`.
+        self.failure_window_s = float(os.environ.get("REGENT_FAILURE_WINDOW", "0.25"))
+        self._exits: list[tuple[str, str | None]] = []
+        self._exits_timer: asyncio.TimerHandle | None = None
+        self._exits_first = 0.0
+        # rank failures of actor meshes, gathered the same way (mesh id -> (mesh state, failed ranks))
+        self._rank_failures: dict[str, tuple[Any, list[tuple[int, str, str]]]] = {}
+        self._rank_failures_timer: asyncio.TimerHandle | None = None
+        self._rank_failures_first = 0.0
+        self._failure_sink: dict | None = None
+
+    def track(self, pending: PendingReply) -> None:
+        for _mesh_id, _rank, proc_id in pending.targets:
+            self.pending_by_proc[proc_id].add(pending.port_id)
+            if proc_id in self.dead:
+                self.rt.loop.call_soon(self._fail_pending_for_proc, proc_id)
+        for agent in pending.vias:
+            self.pending_by_proc[agent].add(pending.port_id)
+            if agent in self.dead:
+                self.rt.loop.call_soon(self._fail_pending_for_proc, agent)
+
+    def untrack(self, pending: PendingReply) -> None:
+        self.rt.ports.pop(pending.port_id, None)
+        for _mesh_id, _rank, proc_id in pending.targets:
+            s = self.pending_by_proc.get(proc_id)
+            if s is not None:
+                s.discard(pending.port_id)
+        for agent in pending.vias:
+            s = self.pending_by_proc.get(agent)
+            if s is not None:
+                s.discard(pending.port_id)
+
+    def _fail_pending_for_proc(self, proc_id: str) -> None:
+        reason = self.dead.get(proc_id)
+        if reason is None:
+            return
+        for port_id in list(self.pending_by_proc.pop(proc_id, ())):
+            pending = self.rt.ports.get(port_id)
+            if pending is None or not isinstance(pending, PendingReply):
+                continue
+            if proc_id in pending.vias:
+                # the host agent relaying this call is gone: what it had not passed on never will be
+                got = getattr(pending, "got", [])
+                for idx, (_mesh_id, _rank, _pid) in enumerate(pending.targets):
+                    if idx < len(got) and not got[idx]:
+                        pending.fail_rank(idx, SupervisionError(
+                            f"the host agent {proc_id} relaying this call failed: {reason}"))
+                continue
+            for idx, (mesh_id, rank, pid) in enumerate(pending.targets):
+                if pid == proc_id:
+                    state = self.mesh_states.get(mesh_id)
+                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
+
+    def _death_text(self, state: MeshState | None, rank: int, reason: str) -> str:
+        if reason.startswith("actor mesh is stopped"):
+            return reason
+        if not reason.startswith(("Supervision event", "the process")):
+            reason = f"the process this actor was running on failed: {reason}"
+        who = state.display.get(rank, f"{state.name}[{rank}]") if state else f"rank {rank}"
+        return f"The actor {who} and all its descendants have failed: {reason}"
+
+    def fail_pending_for_mesh(self, mesh_id: str, rank: int, reason: str) -> None:
+        state = self.mesh_states.get(mesh_id)
+        for port_id in list(self.rt.ports):
+            pending = self.rt.ports.get(port_id)
+            if not isinstance(pending, PendingReply):
+                continue
+            for idx, (mid, r, _pid) in enumerate(pending.targets):
+                if mid == mesh_id and r == rank:
+                    pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
+
+    def register_mesh(self, state: MeshState) -> MeshState:
+        existing = self.mesh_states.get(state.mesh_id)
+        if existing is not None:
+            return existing
+        self.mesh_states[state.mesh_id] = state
+        if state.kind == "actor":
+            for rank, proc_id in enumerate(state.rank_procs):
+                self.ranks_on_proc[proc_id].add((state.mesh_id, rank))
+                if proc_id in self.dead and rank not in state.failed:
+                    state.failed[rank] = f"the process this actor was running on failed: {self.dead[proc_id]}"
+        return state
+
+    def exit_future(self, proc_id: str) -> asyncio.Future:
+        """Resolves when `proc_id` is known to be gone."""
+        fut = self.exit_futures.get(proc_id)
+        if fut is None:
+            fut = self.rt.loop.create_future()
+            if proc_id in self.dead:
+                fut.set_result(self.dead[proc_id])
+            self.exit_futures[proc_id] = fut
+        return fut
+
+    def proc_gone(self, proc_id: str, reason: str | None) -> None:
+        """A process exited or became unreachable. `reason=None` means a graceful stop."""
+        if proc_id in self.dead:
+            return
+        graceful = reason is None or proc_id in self.graceful
+        text = "actor mesh is stopped due to proc mesh shutdown" if graceful else reason
+        self.dead[proc_id] = text
+        fut = self.exit_futures.get(proc_id)
+        if fut is not None and not fut.done():
+            fut.set_result(text)
+        self.rt.forget_proc(proc_id)
+        self._fail_pending_for_proc(proc_id)
+        owned_actor_mesh_on_proc = False
+        for mesh_id, rank in sorted(self.ranks_on_proc.get(proc_id, ())):
+            state = self.mesh_states.get(mesh_id)
+            if state is None:
+                continue
+            if graceful:
+                state.failed.setdefault(rank, text)
+                continue
+            if state.owner_key is not None:
+                owned_actor_mesh_on_proc = True
+            self.rank_failed(mesh_id, rank, f"the process this actor was running on failed: {reason}")
+        if not graceful:
+            for pm in list(self.rt.owned_proc_meshes.values()):
+                pm_state = pm._state
+                started = pm_state.initialized.done() and pm_state.initialized._state == 1
+                # a proc that dies while its mesh is starting is reported through `initialized`
+                if proc_id in pm_state.proc_ids and started and not pm_state.stopping \
+                        and not owned_actor_mesh_on_proc:
+                    rank = pm_state.proc_ids.index(proc_id)
+                    from regent.actor._shape import Point
+
+                    if self._failure_sink is not None:
+                        self._failure_sink.setdefault(("proc", pm_state.mesh_id), (pm, []))[1].append(
+                            (rank, f"the process {proc_id} failed: {reason}", reason))
+                        continue
+                    self.dispatch_failure(
+                        pm_state.owner_key,
+                        MeshFailure(pm_state.name, [rank], f"the process {proc_id} failed: {reason}", mesh=pm,
+                                    actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}"),
+                    )
+
+    def proc_exited(self, proc_id: str, reason: str | None) -> None:
+        """A child process exited: report it with the other exits of the next `exit_window_s` seconds (a
+        host losing all its procs at once), so the owner gets one supervision report per mesh."""
+        self._exits.append((proc_id, reason))
+        now = self.rt.loop.time()
+        if self._exits_timer is None:
+            self._exits_first = now
+        else:
+            self._exits_timer.cancel()
+        # wait for a quiet spell, but never more than 10 windows after the first exit
+        delay = min(self.exit_window_s, max(0.0, self._exits_first + 10 * self.exit_window_s - now))
+        self._exits_timer = self.rt.loop.call_later(delay, self._flush_exits)
+
+    def _flush_exits(self) -> None:
+        self._exits_timer = None
+        exits, self._exits = self._exits, []
+        if exits:
+            self.procs_gone(exits)
+
+    def procs_gone(self, gone: list[tuple[str, str | None]]) -> None:
+        """Several processes exited together: `proc_gone` for each, then one `MeshFailure` per mesh naming
+        every failed rank (instead of one per rank)."""
+        if self._failure_sink is not None:
+            for proc_id, reason in gone:
+                self.proc_gone(proc_id, reason)
+            return
+        self._failure_sink = sink = {}
+        try:
+            for proc_id, reason in gone:
+                self.proc_gone(proc_id, reason)
+        finally:
+            self._failure_sink = None
+        self.rt.stats["supervision_reports"] += len(sink)
+        for (kind, _mesh_id), (holder, failed) in sink.items():
+            failed.sort(key=lambda f: f[0])
+            ranks = [f[0] for f in failed]
+            if kind == "actor":
+                self.dispatch_failure(holder.owner_key, self._actor_mesh_failure(holder, failed))
+            else:
+                pm = holder
+                pm_state = pm._state
+                from regent.actor._shape import Point
+
+                if len(ranks) == 1:
+                    event, name = failed[0][1], f"{pm_state.name}{Point(ranks[0], pm_state.extent)}"
+                else:
+                    reasons = {f[2] for f in failed}
+                    why = reasons.pop() if len(reasons) == 1 else "; ".join(f"rank {r}: {w}" for r, _, w in failed)
+                    event, name = f"the processes of {ranks_text(ranks)} failed: {why}", None
+                self.dispatch_failure(pm_state.owner_key, MeshFailure(pm_state.name, ranks, event, mesh=pm,
+                                                                      actor_name=name))
+
+    def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
+        """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner."""
+        state = self.mesh_states.get(mesh_id)
+        if state is None:
+            return
+        if rank not in state.failed:
+            state.failed[rank] = event
+        self.fail_pending_for_mesh(mesh_id, rank, event)
+        if state.owner_key is None or state.stopped is not None or rank in state.dispatched:
+            return
+        state.dispatched.add(rank)
+        if self._failure_sink is not None:
+            self._failure_sink.setdefault(("actor", mesh_id), (state, []))[1].append((rank, event, event))
+            return
+        # Ranks of one mesh often fail together (a broadcast that raises everywhere): their reports arrive a
+        # few ms apart. Gather them for a quiet spell of `failure_window_s` (at most 10 windows), so the owner's
+        # __supervise__ sees one MeshFailure naming every failed rank, not the first rank alone.
+        self._rank_failures.setdefault(mesh_id, (state, []))[1].append((rank, event, event))
+        now = self.rt.loop.time()
+        if self._rank_failures_timer is None:
+            self._rank_failures_first = now
+        else:
+            self._rank_failures_timer.cancel()
+        delay = min(self.failure_window_s,
+                    max(0.0, self._rank_failures_first + 10 * self.failure_window_s - now))
+        self._rank_failures_timer = self.rt.loop.call_later(delay, self._flush_rank_failures)
+
+    def _flush_rank_failures(self) -> None:
+        self._rank_failures_timer = None
+        pending, self._rank_failures = self._rank_failures, {}
+        self.rt.stats["supervision_reports"] += len(pending)
+        for state, failed in pending.values():
+            self.dispatch_failure(state.owner_key, self._actor_mesh_failure(state, failed))
+
+    @staticmethod
+    def _actor_mesh_failure(state: Any, failed: list[tuple[int, str, str]]) -> MeshFailure:
+        """One MeshFailure for the failed (rank, event, reason) entries of an actor mesh."""
+        failed.sort(key=lambda f: f[0])
+        ranks = [f[0] for f in failed]
+        events = {f[1] for f in failed}
+        event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
+        name = state.display.get(ranks[0]) if len(ranks) == 1 else None
+        failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
+        failure._mesh_id = state.mesh_id
+        return failure
+
+    def failure_is_stale(self, failure: MeshFailure) -> bool:
+        """True when the failed mesh was stopped since (its owner already dealt with it)."""
+        state = self.mesh_states.get(failure._mesh_id) if failure._mesh_id else None
+        return state is not None and state.stopped is not None
+
+    def dispatch_failure(self, owner_key: str, failure: MeshFailure) -> None:
+        if owner_key == CONTROLLERS_KEY:
+            # get_or_spawn_controller singletons: remember the failure, a later request reports it
+            self.controller_failures[failure.mesh_name] = failure.report()
+            self.rt.controllers.pop(failure.mesh_name, None)
+            return
+        if owner_key == ROOT_KEY:
+            if self.rt.is_controller:
+                threading.Thread(target=self._run_fault_hook, args=(failure,), daemon=True,
+                                 name="regent-fault-hook").start()
+            else:
+                logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
+            return
+        cell = self.rt.cells.get(owner_key)
+        if cell is None or not cell.alive:
+            logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
+            return
+        cell.supervise(failure)
+
+    def _run_fault_hook(self, failure: MeshFailure) -> None:
+        import _thread
+
+        import regent.actor as api
+
+        try:
+            api.unhandled_fault_hook(failure)
+        except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
+            try:
+                sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
+                pass
+            self.rt.exit_code = 1
+            if self.rt._sigint_installed:
+                # the main thread raises SystemExit(1) wherever it is (even blocked in sleep or get())
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            else:
+                _thread.interrupt_main()
