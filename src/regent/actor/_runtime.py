@@ -234,6 +234,7 @@ class Runtime:
 
         thread = threading.Thread(target=main, name="regent-runtime", daemon=True)
         thread.start()
+        self._loop_thread = thread
         started.wait()
         if errors:
             raise errors[0]
@@ -686,6 +687,15 @@ class Runtime:
             self.shutdown(timeout=2.0)
         except Exception as exc:  # noqa: BLE001 - reported; an atexit hook must not raise
             logger.warning("runtime shutdown at exit failed (owned processes may outlive this one): %s", exc)
+        # Stop the loop thread before the interpreter finalizes: a daemon thread still running the event loop
+        # (uvloop's C callbacks) while modules are torn down can crash the process at exit (a SIGSEGV after
+        # actor_bench had written its results, seen in the test suite).
+        thread = getattr(self, "_loop_thread", None)
+        loop = self.loop
+        if thread is not None and loop is not None and not loop.is_closed() and thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing left to stop
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(2.0)
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Stop every proc mesh this process owns (bounded by `timeout`), then close sockets."""
