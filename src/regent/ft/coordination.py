@@ -39,14 +39,19 @@ class ManagerClient:
         self._stub = torchft_pb2_grpc.ManagerServiceStub(self._channel)
 
     def _call(self, what: str, method: Any, request: Any, timeout: datetime.timedelta | float) -> Any:
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=self._connect_timeout)
+            ready.result(timeout=self._connect_timeout)
             return method(request, timeout=to_seconds(timeout))
         except grpc.FutureTimeoutError:
             raise TimeoutError(f"{what}: ManagerServer {self._addr} not reachable within "
                                f"{self._connect_timeout:.3g} s") from None
         except grpc.RpcError as err:
             raise _rpc_error(what, self._addr, err) from None
+        finally:
+            # a future that timed out stays subscribed: grpc's polling thread would then raise "Channel closed!"
+            # once this client is closed (an unhandled exception in a thread); cancelling unsubscribes it
+            ready.cancel()
 
     def _quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
                 timeout: datetime.timedelta | float, init_sync: bool = True, commit_failures: int = 0) -> QuorumResult:
