@@ -19,6 +19,7 @@ from regent.ft.manager import recovery_plan
 from regent.ft.quorum import (
     LighthouseState,
     QuorumOptions,
+    expect_first_groups,
     holders,
     note_committed,
     note_heartbeat,
@@ -114,6 +115,37 @@ def test_restarted_lighthouse_waits_for_the_last_quorums_groups():
     s3 = LighthouseState()
     restart_grace(s3, [], now=0.0, opts=opts)  # a first start (no quorum saved): no grace
     assert s3.not_before == 0.0
+
+
+def test_a_fresh_runs_first_quorum_waits_for_every_launched_group_bounded():
+    from regent.ft.quorum import Participant
+
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=0, heartbeat_timeout_ms=2000)
+    s = LighthouseState()
+    expect_first_groups(s, ["replica_0", "replica_1", "replica_2"], now=0.0, within_s=30.0)
+    for rid, t in (("replica_2:a", 5.0), ("replica_3:z", 5.0)):
+        note_heartbeat(s, rid, t)
+        s.participants[rid] = Participant(t, QuorumMember(replica_id=rid))
+    members, why = quorum_compute(5.1, s, opts)
+    assert members is None and "['replica_0', 'replica_1']" in why  # no quorum of the first ones up
+    for rid, t in (("replica_0:b", 5.4), ("replica_1:c", 5.6)):
+        note_heartbeat(s, rid, t)
+        s.participants[rid] = Participant(t, QuorumMember(replica_id=rid))
+    members, _ = quorum_compute(5.7, s, opts)
+    assert [m.replica_id for m in members] == ["replica_0:b", "replica_1:c", "replica_2:a", "replica_3:z"]
+    # a group that never starts delays the first quorum by `within_s`, no more
+    s2 = LighthouseState()
+    expect_first_groups(s2, ["replica_0", "replica_1"], now=0.0, within_s=30.0)
+    note_heartbeat(s2, "replica_0:a", 29.0)
+    s2.participants["replica_0:a"] = Participant(29.0, QuorumMember(replica_id="replica_0:a"))
+    assert quorum_compute(29.5, s2, opts)[0] is None
+    note_heartbeat(s2, "replica_0:a", 30.1)
+    assert [m.replica_id for m in quorum_compute(30.2, s2, opts)[0]] == ["replica_0:a"]
+    # a Lighthouse that knows a previous quorum is left to restart_grace
+    s3 = LighthouseState()
+    restart_grace(s3, ["r0"], now=0.0, opts=opts)
+    expect_first_groups(s3, ["replica_0", "replica_1"], now=0.0, within_s=30.0)
+    assert s3.expected_groups == frozenset({"r0"})
 
 
 def test_lighthouse_saves_the_last_quorums_groups_for_its_successor(tmp_path):

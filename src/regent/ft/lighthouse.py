@@ -70,6 +70,7 @@ from regent.ft.quorum import (
     Participant,
     QuorumOptions,
     Watermark,
+    expect_first_groups,
     expire_heartbeats,
     forget_replicas,
     group_name,
@@ -279,6 +280,8 @@ class LighthouseServer:
         server: str = "lite",
         secret: bytes | None = None,
         tls: rpc_security.TLSFiles | None = None,
+        expect_groups: list[str] | None = None,
+        expect_within_s: float = 60.0,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
@@ -288,7 +291,11 @@ class LighthouseServer:
         "grpcio" (grpcio's asyncio server, kept for comparison). Both serve TLS and check the secret.
 
         `secret` / `tls`: who may call and over what (see the module docstring); None takes the environment,
-        `b""` / `TLSFiles()` turn them off."""
+        `b""` / `TLSFiles()` turn them off.
+
+        `expect_groups` (Regent, for launchers that know what they started, like `regent train`): the replica
+        groups ("<group>" of "<group>:<uuid>" ids) the first quorum waits for, at most `expect_within_s` (see
+        `quorum.expect_first_groups`). Ignored by a Lighthouse restarted from its state file."""
         if server not in SERVER_KINDS:
             raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
         self._server_kind = server
@@ -307,6 +314,8 @@ class LighthouseServer:
         if self._state_file is not None:
             self._state.quorum_id, self._state.watermark, groups = load_state_groups(self._state_file)
             restart_grace(self._state, groups, time.monotonic(), self._opts)
+        if expect_groups and self._state.quorum_id == 0:
+            expect_first_groups(self._state, list(expect_groups), time.monotonic(), expect_within_s)
         self._member_wire: dict[str, torchft_pb2.QuorumMember] = {}  # each replica's last quorum request
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}

@@ -209,6 +209,18 @@ def restart_grace(state: LighthouseState, groups: list[str], now: float, opts: Q
     state.not_before = now + opts.heartbeat_timeout_ms / 1000.0 if groups else 0.0
 
 
+def expect_first_groups(state: LighthouseState, groups: list[str], now: float, within_s: float) -> None:
+    """A fresh run's first quorum waits for every replica group the launcher started to heartbeat (at most
+    `within_s`). Under rules 5-7 alone, the groups whose trainers were built first form a quorum without the
+    others, commit the first step alone and, in DiLoCo, train a whole round before the others can join (37 s of
+    two idle replicas in the demo), while they are the only holders of the committed state. The same wait as
+    `restart_grace`; a group that never comes delays the first quorum by `within_s`, no more."""
+    if state.prev_quorum is not None or state.not_before or not groups:
+        return  # a Lighthouse that knows a previous quorum (restarted) uses restart_grace instead
+    state.expected_groups = frozenset(groups)
+    state.not_before = now + within_s
+
+
 def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
@@ -218,8 +230,8 @@ def quorum_compute(
         back = {group_name(rid) or rid for rid in healthy}
         missing = state.expected_groups - back
         if missing and now < state.not_before:
-            return None, (f"Restarted Lighthouse waiting {state.not_before - now:.1f} s more for the last quorum's "
-                          f"groups {sorted(missing)} to heartbeat again")
+            return None, (f"Lighthouse waiting {state.not_before - now:.1f} s more for the replica groups "
+                          f"{sorted(missing)} to heartbeat (the last quorum's, or the first quorum's expected)")
         state.not_before = 0.0  # every group is back, or the grace is over
     healthy_participants = {rid: p for rid, p in state.participants.items() if rid in healthy}
     candidates = sorted((p.member for p in healthy_participants.values()), key=lambda m: m.replica_id)

@@ -282,7 +282,11 @@ class OrchestrationManager:
         if bind is not None:
             info = await actor.start_lighthouse.call_one(
                 bind, min(lc.min_replicas, cfg.replicas), lc.join_timeout_ms, lc.quorum_tick_ms,
-                lc.heartbeat_timeout_ms, str(self.run_dir / "lighthouse.state"), bind_retry_s)
+                lc.heartbeat_timeout_ms, str(self.run_dir / "lighthouse.state"), bind_retry_s,
+                # a fresh run's first quorum waits for every replica (bounded by the join timeout); a restarted
+                # Lighthouse waits for the last quorum's groups instead (its state file names them)
+                [f"replica_{r}" for r in range(cfg.replicas)] if self._lh_address is None else None,
+                lc.join_timeout_ms / 1000.0)
             if self._lh_address is not None and info["address"] != self._lh_address:
                 raise RuntimeError(f"the new Lighthouse serves at {info['address']}, not {self._lh_address}")
             self._lh_address = info["address"]
