@@ -3,24 +3,17 @@ them that fail fast when the run exits first."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from regent.orchestrate.events import read_jsonl
+
 
 def read_events(path: Path) -> list[dict]:
     """The events written so far (a line being written right now is skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written right now
-    return out
+    return list(read_jsonl(path))
 
 
 def wait_for_events(proc: subprocess.Popen, events_path: Path, what: str, check: Callable[[list[dict]], bool],

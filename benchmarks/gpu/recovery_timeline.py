@@ -152,15 +152,9 @@ def replica_main(args: argparse.Namespace) -> int:
 
 
 def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            pass
-    return out
+    from regent.orchestrate.events import read_jsonl  # src is on PYTHONPATH where this runs
+
+    return list(read_jsonl(path))
 
 
 def _first(events: list[dict], kind: str, after: float = 0.0, **match) -> dict | None:
