@@ -17,7 +17,7 @@ def _manager(duration: float, started_ago: float, healthy: dict[int, float | Non
     m = SimpleNamespace(
         cfg=SimpleNamespace(steps=None, duration=duration), t_start=time.time() - started_ago,
         t_train=time.time() - started_ago + 5, healthy_since=healthy, view=RunView(len(healthy)),
-        _replay_overrun_said=None, max_step=7, record_event=events.append, events=events,
+        _replay_overrun_said=False, max_step=7, record_event=events.append, events=events,
     )
     m._replay_unfinished = lambda s: OrchestrationManager._replay_unfinished(m, s)
     return m
@@ -55,3 +55,13 @@ def test_a_replica_that_gave_up_is_not_waited_for():
     m = _manager(duration=100, started_ago=101, healthy={0: 1.0, 1: None})
     m.view.reps[1].status = "gave up"
     assert OrchestrationManager._done(m, ReplayFaultSchedule([]))
+
+
+def test_an_undelivered_replayed_fault_is_tried_again_a_random_one_is_skipped():
+    replay = ReplayFaultSchedule([PlannedFault(10, 1, "exit", 1), PlannedFault(20, 0, "kill", 0)])
+    first = replay.pick(11, {})
+    assert "waits" in replay.not_delivered(first)
+    assert replay.pick(11.25, {}) == first  # first again, before the later one
+    rand = RandomFaultSchedule(["kill"], 10, 0, 0, 1)
+    fault = rand.pick(1, {0: 0.0})
+    assert rand.not_delivered(fault) == "skipped" and not rand.due(2)  # the next one comes on time

@@ -161,6 +161,7 @@ class Runtime:
         self.tcp_port = tcp_port  # this process's TCP listener (0: any free port); procs pick their own
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread_id: int | None = None
+        self._loop_thread: threading.Thread | None = None  # controller mode: the loop's daemon thread
         self.sock_dir = tempfile.mkdtemp(prefix="regent-")
         self.info: dict[str, Any] = {"id": proc_id, "machine": machine_id(), "unix": None, "tcp": None,
                                      "job": fingerprint(self.secret)}
@@ -690,8 +691,7 @@ class Runtime:
         # Stop the loop thread before the interpreter finalizes: a daemon thread still running the event loop
         # (uvloop's C callbacks) while modules are torn down can crash the process at exit (a SIGSEGV after
         # actor_bench had written its results, seen in the test suite).
-        thread = getattr(self, "_loop_thread", None)
-        loop = self.loop
+        thread, loop = self._loop_thread, self.loop
         if thread is not None and loop is not None and not loop.is_closed() and thread.is_alive():
             with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing left to stop
                 loop.call_soon_threadsafe(loop.stop)

@@ -314,7 +314,7 @@ class LighthouseServer:
         if self._state_file is not None:
             self._state.quorum_id, self._state.watermark, groups = load_state_groups(self._state_file)
             restart_grace(self._state, groups, time.monotonic(), self._opts)
-        if expect_groups and self._state.quorum_id == 0:
+        if expect_groups:
             expect_first_groups(self._state, list(expect_groups), time.monotonic(), expect_within_s)
         self._member_wire: dict[str, torchft_pb2.QuorumMember] = {}  # each replica's last quorum request
         # The wire form of each waiting participant, so unknown fields and the exact `data` string round-trip.

@@ -215,8 +215,8 @@ def expect_first_groups(state: LighthouseState, groups: list[str], now: float, w
     others, commit the first step alone and, in DiLoCo, train a whole round before the others can join (37 s of
     two idle replicas in the demo), while they are the only holders of the committed state. The same wait as
     `restart_grace`; a group that never comes delays the first quorum by `within_s`, no more."""
-    if state.prev_quorum is not None or state.not_before or not groups:
-        return  # a Lighthouse that knows a previous quorum (restarted) uses restart_grace instead
+    if state.quorum_id or state.not_before or not groups:
+        return  # a Lighthouse that has issued quorums before (restarted) uses restart_grace instead
     state.expected_groups = frozenset(groups)
     state.not_before = now + within_s
 

@@ -80,6 +80,10 @@ class RandomFaultSchedule:
     def due(self, now: float) -> bool:
         return now >= self.next_at
 
+    def not_delivered(self, fault: PlannedFault) -> str:
+        """`fault` could not be delivered (its replica is restarting): skipped, the next one comes on time."""
+        return "skipped"
+
     def pick(self, now: float, healthy_since: dict[int, float | None]) -> PlannedFault | None:
         """Choose the next fault; `healthy_since[r]` is when replica r last became healthy (None: not healthy)."""
         eligible = sorted(r for r, since in healthy_since.items() if since is not None and now - since >= self.holdoff)
@@ -141,6 +145,12 @@ class ReplayFaultSchedule:
         if not self.due(now):
             return None
         return self.pending.pop(0)
+
+    def not_delivered(self, fault: PlannedFault) -> str:
+        """`fault` could not be delivered (its replica is restarting): a reproduction wants every fault, so it
+        is tried again at the next tick."""
+        self.pending.insert(0, fault)
+        return "waits until it trains again"
 
 
 def _planned_from_json(d: dict[str, Any]) -> PlannedFault:

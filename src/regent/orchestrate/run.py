@@ -65,7 +65,7 @@ class OrchestrationManager:
         self.display = LiveDisplay(self.view, cfg.live)
         self.max_step = 0
         self.t_start = time.time()
-        self._replay_overrun_said: float | None = None
+        self._replay_overrun_said = False
         self._undelivered_said: tuple[str, float] | None = None
         self.t_train: float | None = None  # the first step: the fault clock starts here, after start-up
         self.healthy_since: dict[int, float | None] = {r: None for r in range(cfg.replicas)}
@@ -376,8 +376,8 @@ class OrchestrationManager:
         if not schedule.pending and not unhealthy:
             return False
         over = time.time() - self.t_start - (self.cfg.duration or 0)
-        if self._replay_overrun_said is None:
-            self._replay_overrun_said = time.time()
+        if not self._replay_overrun_said:
+            self._replay_overrun_said = True
             print(f"[regent] --duration reached with {len(schedule.pending)} replayed fault(s) still to come "
                   f"and {len(unhealthy)} replica(s) recovering: running on until they are done "
                   f"(at most {REPLAY_OVERRUN_S:.0f} s)", flush=True)
@@ -402,12 +402,8 @@ class OrchestrationManager:
                 fault = schedule.pick(now, since_first_step(self.healthy_since, self.t_train))
                 if fault is not None and await self._inject(replicas, fault):
                     self.faults_log.write(json.loads(fault_record(fault)))
-                elif fault is not None:
-                    # Its replica is restarting: never dropped silently. A replayed fault waits for it (a
-                    # reproduction wants every fault); a random one is skipped and said (the next comes on time).
-                    if isinstance(schedule, ReplayFaultSchedule):
-                        schedule.pending.insert(0, fault)
-                    why = "waits until it trains again" if isinstance(schedule, ReplayFaultSchedule) else "skipped"
+                elif fault is not None:  # its replica is restarting: never dropped silently
+                    why = schedule.not_delivered(fault)
                     key = (fault.kind, fault.at)
                     if key != self._undelivered_said:
                         self._undelivered_said = key

@@ -183,12 +183,10 @@ class TrainingSession:
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
             # same allreduce, and then runs its local steps in phase with everyone. (At the very start of
             # training this is the initial weight sync.)
-            committed = self.diloco.join_now()
-            if committed and self.backstop is not None and self.at_boundary():
-                # A commit boundary like any other, and at the start of a run the first one: the initial
-                # weight sync. Without a backstop of it, a soak lost the run when the only replica that had
-                # committed it (the others still starting) died before its first sync round ended.
-                self._maybe_backstop()
+            # A commit boundary like any other, and at the start of a run the first one: the initial weight
+            # sync. Without a backstop of it, a soak lost the run when the only replica that had committed it
+            # (the others still starting) died before its first sync round ended.
+            self._after_commit(self.diloco.join_now())
 
     # -- the state a healer receives ------------------------------------------------------------------
     def _set_in_step(self, value: bool) -> None:
@@ -270,8 +268,7 @@ class TrainingSession:
             wall_s=time.time() - t0,
             rss_mb=_rss_mb(),
         )
-        if self.backstop is not None and self.at_boundary() and record.get("committed", True):
-            self._maybe_backstop()
+        self._after_commit(record.get("committed", True))
         if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
             every = self.cfg.checkpoint_every
             if every and self.trainer.step % every == 0 and self.trainer.step > 0:
@@ -279,6 +276,11 @@ class TrainingSession:
         return record
 
     # -- the durable backstop -------------------------------------------------------------------------
+    def _after_commit(self, committed: bool) -> None:
+        """At a commit boundary: a backstop save if one is due."""
+        if committed and self.backstop is not None and self.at_boundary():
+            self._maybe_backstop()
+
     def _wait_backstop_copy(self, *_: Any) -> None:
         """Optimizer pre-step hook (must return None): the weights change next, so the copy must be done."""
         self.backstop.wait_copied()
