@@ -241,40 +241,6 @@ def test_spawn_over_hosts_is_one_exchange_per_host(job):
         procs.stop().get(timeout=TIMEOUT)
 
 
-class _FakeLoop:
-    def __init__(self):
-        self.timers = []
-
-    def call_later(self, delay, fn, *args):
-        self.timers.append((delay, fn, args))
-
-
-class _FakeRuntime:
-    def __init__(self):
-        self.in_seq, self.seq_held, self.loop = {}, {}, _FakeLoop()
-
-
-def test_messages_are_delivered_in_sender_order_and_a_lost_one_is_skipped():
-    from regent.actor._tree import GAP_TIMEOUT_S, deliver_in_order
-
-    rt = _FakeRuntime()
-    got = []
-    for seq in (1, 0, 3, 2):
-        deliver_in_order(rt, "a", seq, lambda s=seq: got.append(s))
-    assert got == [0, 1, 2, 3] and not rt.seq_held
-    deliver_in_order(rt, "b", 0, lambda: got.append("b0"))  # other senders count on their own
-    # message 4 from "a" is lost (its relaying agent died): 5 and 6 wait, then the gap is skipped
-    deliver_in_order(rt, "a", 6, lambda: got.append(6))
-    deliver_in_order(rt, "a", 5, lambda: got.append(5))
-    assert got[-1] == "b0" and rt.in_seq["a"] == 4
-    delay, skip, args = rt.loop.timers[-1]
-    assert delay == GAP_TIMEOUT_S
-    skip(*args)
-    assert got[-2:] == [5, 6] and rt.in_seq["a"] == 7 and not rt.seq_held
-    deliver_in_order(rt, "a", 4, lambda: got.append(4))  # arrives after all: delivered, not dropped
-    assert got[-1] == 4
-
-
 def test_whole_host_gone_agent_included_is_one_report(job, monkeypatch):
     """The machine is lost: its `regent worker` dies with its procs, so no exit report comes; the controller
     sees the connections drop and still makes one report naming every rank of that host. Runs last: it

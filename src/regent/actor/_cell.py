@@ -137,7 +137,7 @@ class Cell:
             self.rt.send_reply(item[1], OK, None)
 
     def dead_text(self) -> str:
-        return self.rt.dead_cells.get(self.key) or f"actor {self.display} is not running"
+        return self.rt.actors.why_dead(self.key) or f"actor {self.display} is not running"
 
     def _construct(self) -> None:
         self.instance = self.cls.__new__(self.cls)
@@ -444,11 +444,12 @@ class Cell:
             return
         was_running_stop = self.status == "stopping"
         self.status = "failed"
-        self.rt.dead_cells[self.key] = f"The actor {self.display} and all its descendants have failed: {text}"
+        why = f"The actor {self.display} and all its descendants have failed: {text}"
+        self.rt.actors.mark_dead(self.key, why)
         if current_reply is not None:
-            self.rt.send_reply(current_reply, DEAD, self.rt.dead_cells[self.key])
+            self.rt.send_reply(current_reply, DEAD, why)
         if self.init_reply is not None and self.instance is None:
-            self.rt.send_reply(self.init_reply, DEAD, self.rt.dead_cells[self.key])
+            self.rt.send_reply(self.init_reply, DEAD, why)
         for item in self.mailbox.drain():
             self._answer_dead(item)
         self.mailbox.put(_STOP_WORKER)
@@ -461,7 +462,7 @@ class Cell:
             except Exception as exc:  # noqa: BLE001 - reported; the other owned meshes are still stopped
                 logger.warning("stopping %s owned by %s after its failure: %s", mesh, self.display, exc)
         self.owned.clear()
-        self.rt.cells.pop(self.key, None)
+        self.rt.actors.remove(self.key)
         if not was_running_stop:
             self.rt.send(self.owner[0], RankFailed(self.mesh_id, self.rank, text))
 
@@ -500,10 +501,10 @@ class Cell:
     def _finish_stop(self, reply: tuple | None, reason: str) -> None:
         def on_loop() -> None:
             self.status = "stopped"
-            self.rt.dead_cells[self.key] = f"actor {self.display} has status: stopped ({reason})"
+            self.rt.actors.mark_dead(self.key, f"actor {self.display} has status: stopped ({reason})")
             for item in self.mailbox.drain():
                 self._answer_dead(item)
-            self.rt.cells.pop(self.key, None)
+            self.rt.actors.remove(self.key)
             if reply is not None:
                 self.rt.send_reply(reply, OK, None)
 

@@ -37,8 +37,7 @@ from regent.actor._pickle import loads
 from regent.actor._proc import _controller_local, ensure_self_proc
 from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime, exit_gracefully
 from regent.actor._spawner import LOG_SYNC_MARK, _OneShot, apply_proc_bind, spawner_of
-from regent.actor._tree import deliver_in_order, post_many, relay_cast
-from regent.actor._tree import proc_exited as tree_proc_exited
+from regent.actor._tree import post_many, relay_cast
 
 logger = logging.getLogger("regent.actor")
 
@@ -74,12 +73,12 @@ class ProcHandlers:
     def on_deliver(self, conn: Any, msg: Deliver, body: Any, buffers: list) -> None:
         item = ("m", msg.method, body, buffers, msg.reply, msg.point)
         if msg.origin is not None:  # ordered with the sender's other messages to this process (see _tree)
-            deliver_in_order(self.rt, msg.origin, msg.seq, lambda: self.post(msg.key, item))
+            self.rt.tree.deliver_in_order(msg.origin, msg.seq, lambda: self.post(msg.key, item))
         else:
             self.post(msg.key, item)
 
     def on_cast_items(self, conn: Any, msg: CastItems, body: Any, buffers: list) -> None:
-        deliver_in_order(self.rt, msg.origin, msg.seq, lambda: post_many(
+        self.rt.tree.deliver_in_order(msg.origin, msg.seq, lambda: post_many(
             self.rt, self.post, self.spawn_cell, msg.mesh_id, msg.method, msg.reply, msg.labels, msg.sizes,
             msg.items, body, buffers))
 
@@ -88,23 +87,22 @@ class ProcHandlers:
 
     def post(self, key: str, item: tuple) -> None:
         rt = self.rt
-        cell = rt.cells.get(key)
+        cell = rt.actors.get(key)
         if cell is not None:
             cell.post(item)
             return
-        dead = rt.dead_cells.get(key)
+        dead = rt.actors.why_dead(key)
         if dead is not None:
             if item[4] is not None:
                 rt.send_reply(item[4], DEAD, dead)
             return
         # the spawn message may still be on its way (another sender's connection): hold the message
-        rt.unknown.setdefault(key, []).append(item)
-        if len(rt.unknown[key]) == 1:
+        if rt.actors.hold(key, item):
             rt.loop.call_later(config.spawn_timeout, self.expire_unknown, key)
 
     def expire_unknown(self, key: str) -> None:
         rt = self.rt
-        for item in rt.unknown.pop(key, []):
+        for item in rt.actors.take_held(key):
             if item[4] is not None:
                 rt.send_reply(item[4], DEAD, f"no actor {key} in process {rt.proc_id}")
 
@@ -119,20 +117,20 @@ class ProcHandlers:
             cls, args, kwargs = loads(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: a spawn whose arguments cannot be read is a supervision event
             text = f"Supervision event: actor {name}[{rank}] failed during spawn: {format_remote_traceback(exc)}"
-            rt.dead_cells[key] = text
+            rt.actors.mark_dead(key, text)
             rt.send_reply(reply, DEAD, text)
             rt.send(owner[0], RankFailed(mesh_id, rank, text))
             return
         proc = rt.self_proc or ensure_self_proc(rt)
-        if owner[1] in rt.cells:
-            creator = rt.cells[owner[1]].ctx
+        owner_cell = rt.actors.get(owner[1])
+        if owner_cell is not None:
+            creator = owner_cell.ctx
         elif owner[1] == ROOT_KEY:
             creator = root_creator()  # spawned by a program, outside any actor: Monarch's root instance
         else:
             creator = None
         cell = Cell(rt, key, mesh_id, rank, point, name, owner, cls, args, kwargs, is_async, reply, proc, creator)
-        rt.cells[key] = cell
-        for item in rt.unknown.pop(key, []):
+        for item in rt.actors.add(key, cell):
             cell.post(item)
         cell.start()
 
@@ -141,12 +139,12 @@ class ProcHandlers:
 
     def on_stop_actor(self, conn: Any, msg: StopActor, body: Any, buffers: list) -> None:
         if msg.origin is not None:  # after the sender's earlier messages to this process (a tree cast may be behind)
-            deliver_in_order(self.rt, msg.origin, msg.seq, lambda: self.stop_actor(msg.key, msg.reason, msg.reply))
+            self.rt.tree.deliver_in_order(msg.origin, msg.seq, lambda: self.stop_actor(msg.key, msg.reason, msg.reply))
         else:
             self.stop_actor(msg.key, msg.reason, msg.reply)
 
     def stop_actor(self, key: str, reason: str, reply: tuple | None) -> None:
-        cell = self.rt.cells.get(key)
+        cell = self.rt.actors.get(key)
         if cell is None:
             if reply is not None:
                 self.rt.send_reply(reply, OK, None)
@@ -175,7 +173,7 @@ class ProcHandlers:
         def stop() -> None:
             self.rt.loop.create_task(stop_self(self.rt, msg.reply))
 
-        deliver_in_order(self.rt, msg.origin, msg.seq, stop)
+        self.rt.tree.deliver_in_order(msg.origin, msg.seq, stop)
 
     def on_log_level(self, conn: Any, msg: LogLevel, body: Any, buffers: list) -> None:
         """ProcMesh.logging_option: set the root logger's level, then mark this point in both output streams
@@ -256,7 +254,7 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
 async def stop_self(rt: Runtime, reply: tuple | None) -> None:
     """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
     waits = []
-    for cell in list(rt.cells.values()):
+    for cell in rt.actors.running():
         fut = rt.loop.create_future()
         port = rt.new_port(_OneShot(fut))
         cell.post(("stop", (rt.proc_id, port, 0), "proc mesh stopped"))
@@ -293,7 +291,7 @@ async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: t
     def on_exit(pid: str, reason: str | None) -> None:
         # procs that exit together (a host losing them all) are reported in one event, so their owner
         # gets one supervision report naming every rank; a quiet spell of `exit_window_s` ends the batch
-        tree_proc_exited(rt, pid, reason)
+        rt.tree.proc_exited(pid, reason)
         exits.append((pid, reason))
         now = rt.loop.time()
         if timer[0] is None:

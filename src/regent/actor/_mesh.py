@@ -21,7 +21,7 @@ from regent.actor._messages import Deliver, ReplyMsg, StopActor, encode
 from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
-from regent.actor._tree import next_seq, send_cast
+from regent.actor._tree import send_cast
 
 logger = logging.getLogger("regent.actor")
 R = TypeVar("R")
@@ -276,7 +276,7 @@ class ActorMesh(MeshTrait, Generic[R]):
             for i, r in enumerate(ranks):
                 pid = ref.rank_procs[r]
                 rt.send(pid, StopActor(f"{ref.mesh_id}/{r}", reason, (rt.proc_id, gather.port_id, i),
-                                       rt.proc_id, next_seq(rt, pid)))
+                                       rt.proc_id, rt.tree.next_seq(pid)))
 
         rt.run_on_loop(on_loop)
         return fut
@@ -405,11 +405,7 @@ class Endpoint(Generic[R]):
                     rt.supervision.track(pending)
                     cast()
                     if relays:
-                        pending.vias = relays
-                        for agent in relays:
-                            rt.supervision.pending_by_proc[agent].add(pending.port_id)
-                            if agent in rt.supervision.dead:
-                                rt.loop.call_soon(rt._fail_pending_for_proc, agent)
+                        rt.supervision.track_relays(pending, relays)
                 else:
                     cast()
                 return
@@ -422,7 +418,7 @@ class Endpoint(Generic[R]):
                     reply = (reply_proc, reply_port, i if fixed_index is None else fixed_index)
                 pid = ref.rank_procs[r]
                 env = encode(Deliver(f"{ref.mesh_id}/{r}", method, reply, (labels, sizes, local), me,
-                                     next_seq(rt, pid)))
+                                     rt.tree.next_seq(pid)))
                 rt.send_raw(pid, env, body, buffers)
             rt.stats["m_sent"] += len(ranks)
 

@@ -6,7 +6,7 @@ message is a NamedTuple, built and read by field name. The payload (pickled argu
 beside the envelope as the frame's body and buffers, never inside it.
 
 A reply port is `(proc_id, port_id, index)`: where the answer goes. Ordered messages carry `(origin, seq)`, the
-sender's per-destination sequence number (see `_tree.deliver_in_order`).
+sender's per-destination sequence number (see `_tree.TreeState.deliver_in_order`).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ from regent.actor._spawner import (
     spawner_of,
 )
 from regent.actor._transport import split_address
-from regent.actor._tree import SPAWN, next_seq, send_cast
+from regent.actor._tree import SPAWN, send_cast
 
 logger = logging.getLogger("regent.actor")
 LOG_SYNC_TIMEOUT = 5.0  # how long logging_option waits for procs' earlier output to drain through the pipes
@@ -299,9 +299,7 @@ class HostMesh(MeshTrait):
                 raise ActorError(*value)
             raise RuntimeError(str(value))
         for spec, info in zip(specs, value):
-            rt.held.discard(spec["pid"])
-            rt.learn(spec["pid"], info)
-            rt._dial(spec["pid"])
+            rt.release_remote(spec["pid"], info)
             self._state.agent_pids.setdefault(host_rank, agent)
             rt.remote_procs[spec["pid"]] = agent
 
@@ -569,7 +567,7 @@ class ProcMesh(MeshTrait):
             exits.append(rt.supervision.exit_future(pid))
         for pid in state.proc_ids:
             if pid not in rt.supervision.dead:
-                rt.send(pid, StopProc("stopped by owner", None, rt.proc_id, next_seq(rt, pid)))
+                rt.send(pid, StopProc("stopped by owner", None, rt.proc_id, rt.tree.next_seq(pid)))
         if exits:
             pending = {f for f in exits if not f.done()}
             if timeout > 0:
@@ -684,7 +682,7 @@ def kill_proc(rt: Runtime, pid: str) -> None:
 def _register_owned(rt: Runtime, owner_key: str, mesh: Any) -> None:
     if owner_key in (ROOT_KEY, CONTROLLERS_KEY):
         return
-    cell = rt.cells.get(owner_key)
+    cell = rt.actors.get(owner_key)
     if cell is not None:
         cell.owned.append(mesh)
 

@@ -39,9 +39,9 @@ def main() -> None:
     rt.directory[parent["id"]] = parent
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    rt._bind_loop(loop)
+    rt.bind_loop(loop)
     loop.run_until_complete(rt.start())
-    rt._dial(parent["id"])
+    rt.dial(parent["id"])
     loop.create_task(rt.orphan_watch(parent_os_pid))
     loop.run_forever()
 

@@ -1,21 +1,29 @@
 """The per-process runtime: one asyncio loop, a listener, direct connections to peers, and bookkeeping.
 
 Every process of a job (the controller, each proc, each `regent worker`) has exactly one `Runtime`. It
-owns all sockets and all shared state, and everything it owns is touched only on its event loop thread.
-Other threads (the user's main thread, sync actors' threads) hand work over with `run_on_loop`, which
-batches wake-ups so a burst of calls costs one loop wake-up, not one per call.
+owns all sockets; all per-process state is reached from it and touched only on its event loop thread. Other
+threads (the user's main thread, sync actors' threads) hand work over with `run_on_loop`, which batches
+wake-ups so a burst of calls costs one loop wake-up, not one per call.
 
 Routing is by process id: `send(proc_id, ...)` uses the connection to that process, dialing it (Unix
 socket on the same machine, TCP otherwise) if needed and queueing meanwhile. Messages between two
 processes always take one connection, which is what gives per-sender FIFO order.
 
-Supervision bookkeeping is per process too, and owned by `Runtime.supervision` (`_supervision.Supervision`):
-which meshes exist here, which ranks are failed, which calls wait on which processes, and what happens when a
-process dies. Routing tells it a process is gone; it tells routing to forget the process (`forget_proc`).
+The runtime itself owns routing and connections. The other per-process state has owners of its own, reached
+from the runtime (see docs/runtime.md):
+
+- `Runtime.supervision` (`_supervision.Supervision`): which meshes exist here, which ranks are failed, which
+  calls wait on which processes, and what happens when a process dies. Routing tells it a process is gone; it
+  tells routing to forget the process (`forget_proc`).
+- `Runtime.actors` (`_directory.ActorDirectory`): the actors living in this process, why gone ones are gone,
+  and messages waiting for an actor not spawned yet.
+- `Runtime.tree` (`_tree.TreeState`): per-sender order of messages and, on host agents, reply batches of tree
+  casts.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import atexit
 import collections
@@ -37,6 +45,7 @@ from typing import Any
 
 from regent.actor import _future
 from regent.actor._config import config
+from regent.actor._directory import ActorDirectory
 from regent.actor._future import Future
 from regent.actor._messages import Bye, Hello, ReplyBatch, ReplyMsg, WhereIs, decode, encode, reply_to_answer
 from regent.actor._supervision import (  # noqa: F401 (the keys and the two state classes: re-exported)
@@ -178,9 +187,7 @@ class Runtime:
         self.connections: set[Connection] = set()
         self.ports: dict[int, Any] = {}
         self._port_ids = itertools.count(1)
-        self.cells: dict[str, Any] = {}
-        self.dead_cells: dict[str, str] = {}
-        self.unknown: dict[str, list] = {}
+        self.actors = ActorDirectory()  # the actors living in this process (`_directory`)
         self.owned_proc_meshes: dict[str, Any] = {}
         self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
@@ -196,12 +203,6 @@ class Runtime:
         self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
         self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
-        # tree casts (`_tree`): per-destination sequence numbers out, per-origin expected numbers in, messages
-        # held until earlier ones arrive, and (on agents) reply batches waiting on each child process
-        self.out_seq: dict[str, int] = {}
-        self.in_seq: dict[str, int] = {}
-        self.seq_held: dict[str, dict[int, Callable]] = {}
-        self.tree_batches: dict[str, set] = {}
         # how a cast to many actors is sent: "tree" (one message per host agent), "proc" (one per process) or
         # "actor" (one per actor, replies one by one: the design before tree casts; kept for comparison)
         self.cast_mode = os.environ.get("REGENT_CAST", "tree")
@@ -209,6 +210,10 @@ class Runtime:
             raise ValueError(f"REGENT_CAST={self.cast_mode!r}: use tree, proc or actor")
         self.stats: collections.Counter = collections.Counter()  # message counts, for tests and benchmarks
         self.supervision = Supervision(self)
+        from regent.actor._tree import TreeState  # imports this module
+
+        # tree casts: per-sender order of messages and (on agents) reply batches waiting on child processes
+        self.tree = TreeState(self)
         self._register_handlers()
         from regent.actor._handlers import install_handlers
 
@@ -223,7 +228,7 @@ class Runtime:
         def main() -> None:
             loop = new_event_loop()
             asyncio.set_event_loop(loop)
-            self._bind_loop(loop)
+            self.bind_loop(loop)
             try:
                 loop.run_until_complete(self.start())
             except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
@@ -263,7 +268,18 @@ class Runtime:
         except ValueError:
             pass
 
-    def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+    def exit_main_thread(self, code: int) -> None:
+        """Any thread: make the main thread leave with `code` wherever it is (an unhandled fault in the
+        client). With our SIGINT handler it raises SystemExit(code), even blocked in sleep or `get()`;
+        without it, KeyboardInterrupt."""
+        self.exit_code = code
+        if self._sigint_installed:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        else:
+            _thread.interrupt_main()
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make `loop`, running on the calling thread, this runtime's loop (before `start`, by whoever runs it)."""
         self.loop = loop
         self.loop_thread_id = threading.get_ident()
         _future._loop_thread_checker[:] = [self.on_loop_thread]
@@ -273,7 +289,7 @@ class Runtime:
 
     async def start(self) -> None:
         if self.loop is None:
-            self._bind_loop(asyncio.get_running_loop())
+            self.bind_loop(asyncio.get_running_loop())
         path = os.path.join(self.sock_dir, "rt.sock")
         server, addr = await listen(f"unix://{path}", self._factory(True), self.loop)
         self.servers.append(server)
@@ -412,7 +428,7 @@ class Runtime:
         for reply in self.where_waiters.pop(proc_id, []):
             self.send_reply(reply, OK, info)
         if proc_id in self.queued and proc_id not in self.held and proc_id not in self.routes:
-            self._dial(proc_id)
+            self.dial(proc_id)
 
     def _h_whereis(self, conn: Connection | None, msg: WhereIs, body: Any, buffers: list) -> None:
         proc_id, reply = msg
@@ -485,6 +501,13 @@ class Runtime:
             self.routes[proc_id] = conn
         self._flush_queue(proc_id)
 
+    def release_remote(self, proc_id: str, info: dict) -> None:
+        """A proc that a worker started for us is configured: record its address, make it routable and connect
+        to it now (what was queued for it meanwhile is sent once connected)."""
+        self.held.discard(proc_id)
+        self.learn(proc_id, info)
+        self.dial(proc_id)
+
     def _flush_queue(self, proc_id: str) -> None:
         queued = self.queued.pop(proc_id, None)
         if not queued:
@@ -492,7 +515,7 @@ class Runtime:
         conn = self.routes.get(proc_id)
         if conn is None:
             self.queued[proc_id] = queued
-            self._dial(proc_id)
+            self.dial(proc_id)
             return
         for env, body, bufs in queued:
             conn.send(env, body, bufs)
@@ -515,7 +538,7 @@ class Runtime:
             return
         self.queued.setdefault(proc_id, []).append((env_bytes, body, buffers))
         if proc_id not in self.held:
-            self._dial(proc_id)
+            self.dial(proc_id)
 
     def _undeliverable(self, proc_id: str, env_bytes: bytes) -> None:
         """A message to a dead process: answer its reply port, if any, so nobody waits forever."""
@@ -529,7 +552,9 @@ class Runtime:
             reason = self.supervision.dead.get(proc_id, "unreachable")
             self.send_reply(reply, DEAD, f"the process this actor was running on failed: {reason}")
 
-    def _dial(self, proc_id: str) -> None:
+    def dial(self, proc_id: str) -> None:
+        """Connect to `proc_id` now (not waiting for a first message to it), unless already connecting; a
+        process whose address is unknown is asked of the process that told us about it."""
         if proc_id in self.dialing:
             return
         info = self.directory.get(proc_id)

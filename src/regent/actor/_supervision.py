@@ -13,7 +13,6 @@ import asyncio
 import collections
 import logging
 import os
-import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -108,8 +107,17 @@ class Supervision:
             if agent in self.dead:
                 self.rt.loop.call_soon(self._fail_pending_for_proc, agent)
 
+    def track_relays(self, pending: PendingReply, relays: list[str]) -> None:
+        """The host agents relaying `pending`'s call (`_tree.send_cast`), known only once it is sent: the loss
+        of one fails the replies it had not passed on."""
+        pending.vias = relays
+        for agent in relays:
+            self.pending_by_proc[agent].add(pending.port_id)
+            if agent in self.dead:
+                self.rt.loop.call_soon(self._fail_pending_for_proc, agent)
+
     def untrack(self, pending: PendingReply) -> None:
-        self.rt.ports.pop(pending.port_id, None)
+        self.rt.drop_port(pending.port_id)
         for _mesh_id, _rank, proc_id in pending.targets:
             s = self.pending_by_proc.get(proc_id)
             if s is not None:
@@ -339,15 +347,13 @@ class Supervision:
             else:
                 logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
             return
-        cell = self.rt.cells.get(owner_key)
+        cell = self.rt.actors.get(owner_key)
         if cell is None or not cell.alive:
             logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
             return
         cell.supervise(failure)
 
     def _run_fault_hook(self, failure: MeshFailure) -> None:
-        import _thread
-
         import regent.actor as api
 
         try:
@@ -358,9 +364,4 @@ class Supervision:
                 sys.stderr.flush()
             except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
                 pass
-            self.rt.exit_code = 1
-            if self.rt._sigint_installed:
-                # the main thread raises SystemExit(1) wherever it is (even blocked in sleep or get())
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            else:
-                _thread.interrupt_main()
+            self.rt.exit_main_thread(1)

@@ -22,7 +22,7 @@ arrives.
 Order: messages from one sender to one actor keep their order (Monarch's guarantee) even though some travel
 through an agent and some go straight. Each "m" and "mc" message carries the sender's id and a sequence
 number counted per (sender, destination process); the destination delivers them in that order
-(`deliver_in_order`), holding any that arrive early. A gap that is not filled within `GAP_TIMEOUT_S` (a
+(`TreeState.deliver_in_order`), holding any that arrive early. A gap that is not filled within `GAP_TIMEOUT_S` (a
 relaying agent died with the message) is skipped, with a warning, so a lost message cannot stall the process.
 """
 
@@ -44,51 +44,91 @@ SPAWN = "__spawn__"  # in the method slot of a cast: spawn the target actors ins
 Item = tuple[int, int, int]  # (rank in the mesh, index of the rank's point in the view, reply index)
 
 
-def next_seq(rt: Runtime, dest: str) -> int:
-    """The next sequence number of an ordered message from this process to `dest`."""
-    seq = rt.out_seq.get(dest, 0)
-    rt.out_seq[dest] = seq + 1
-    return seq
+class TreeState:
+    """The per-process state of tree casts (`Runtime.tree`): sequence numbers of ordered messages sent, per
+    destination process; per sender, the number expected next and the messages that arrived early; and, on a
+    host agent, the reply batches waiting on each of its processes.
 
+    It exists so that the ordering rule (deliver each sender's messages in the order it numbered them, even
+    when some came through an agent and some straight) lives in one object with the state it needs, instead
+    of module functions editing dicts of the runtime. Loop thread only; `rt` gives the loop for gap timers."""
 
-def deliver_in_order(rt: Runtime, origin: str | None, seq: int | None, fn: Callable[[], None]) -> None:
-    """Run `fn` (the delivery of message `seq` from `origin`) once every earlier message from `origin` was
-    delivered here. Messages without a sequence number (older senders) are delivered at once."""
-    if origin is None or seq is None:
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self._out_seq: dict[str, int] = {}  # destination process -> next sequence number
+        self._in_seq: dict[str, int] = {}  # sender -> sequence number expected next
+        self._held: dict[str, dict[int, Callable[[], None]]] = {}  # sender -> early deliveries, by number
+        self._batches: dict[str, set[Batch]] = {}  # (agents) process -> batches waiting on its replies
+
+    # ---- order -------------------------------------------------------------------------------------------
+    def next_seq(self, dest: str) -> int:
+        """The next sequence number of an ordered message from this process to `dest`."""
+        seq = self._out_seq.get(dest, 0)
+        self._out_seq[dest] = seq + 1
+        return seq
+
+    def expected(self, origin: str) -> int:
+        """The sequence number of the next message from `origin` to deliver."""
+        return self._in_seq.get(origin, 0)
+
+    def held_count(self, origin: str | None = None) -> int:
+        """How many messages (from `origin`, or from anyone) wait for earlier ones."""
+        if origin is not None:
+            return len(self._held.get(origin, ()))
+        return sum(len(h) for h in self._held.values())
+
+    def deliver_in_order(self, origin: str | None, seq: int | None, fn: Callable[[], None]) -> None:
+        """Run `fn` (the delivery of message `seq` from `origin`) once every earlier message from `origin` was
+        delivered here. Messages without a sequence number (older senders) are delivered at once."""
+        if origin is None or seq is None:
+            fn()
+            return
+        expected = self._in_seq.get(origin, 0)
+        if seq < expected:  # after a skipped gap: late, deliver rather than drop
+            fn()
+            return
+        if seq > expected:
+            held = self._held.setdefault(origin, {})
+            held[seq] = fn
+            if len(held) == 1:
+                self.rt.loop.call_later(GAP_TIMEOUT_S, self._skip_gap, origin, expected)
+            return
         fn()
-        return
-    expected = rt.in_seq.get(origin, 0)
-    if seq < expected:  # after a skipped gap: late, deliver rather than drop
-        fn()
-        return
-    if seq > expected:
-        held = rt.seq_held.setdefault(origin, {})
-        held[seq] = fn
-        if len(held) == 1:
-            rt.loop.call_later(GAP_TIMEOUT_S, _skip_gap, rt, origin, expected)
-        return
-    fn()
-    expected += 1
-    held = rt.seq_held.get(origin)
-    while held and expected in held:
-        held.pop(expected)()
         expected += 1
-    rt.in_seq[origin] = expected
-    if held is not None and not held:
-        del rt.seq_held[origin]
-    elif held:
-        rt.loop.call_later(GAP_TIMEOUT_S, _skip_gap, rt, origin, expected)
+        held = self._held.get(origin)
+        while held and expected in held:
+            held.pop(expected)()
+            expected += 1
+        self._in_seq[origin] = expected
+        if held is not None and not held:
+            del self._held[origin]
+        elif held:
+            self.rt.loop.call_later(GAP_TIMEOUT_S, self._skip_gap, origin, expected)
 
+    def _skip_gap(self, origin: str, expected: int) -> None:
+        held = self._held.get(origin)
+        if not held or self._in_seq.get(origin, 0) != expected:
+            return
+        nxt = min(held)
+        logger.warning("messages %d..%d from %s never arrived (a relaying host agent was lost?); delivering the "
+                       "later ones", expected, nxt - 1, origin)
+        self._in_seq[origin] = nxt
+        self.deliver_in_order(origin, nxt, held.pop(nxt))  # delivers it and whatever follows it in order
 
-def _skip_gap(rt: Runtime, origin: str, expected: int) -> None:
-    held = rt.seq_held.get(origin)
-    if not held or rt.in_seq.get(origin, 0) != expected:
-        return
-    nxt = min(held)
-    logger.warning("messages %d..%d from %s never arrived (a relaying host agent was lost?); delivering the "
-                   "later ones", expected, nxt - 1, origin)
-    rt.in_seq[origin] = nxt
-    deliver_in_order(rt, origin, nxt, held.pop(nxt))  # delivers it and whatever follows it in order
+    # ---- reply batches on agents ---------------------------------------------------------------------------
+    def add_batch(self, pid: str, batch: Batch) -> None:
+        """`batch` waits on replies from process `pid`."""
+        self._batches.setdefault(pid, set()).add(batch)
+
+    def drop_batch(self, batch: Batch) -> None:
+        """`batch` is complete: no process's exit needs to answer for it any more."""
+        for s in self._batches.values():
+            s.discard(batch)
+
+    def proc_exited(self, pid: str, reason: str | None) -> None:
+        """On an agent: one of its processes exited; batches waiting on it are answered for it."""
+        for batch in list(self._batches.pop(pid, ())):
+            batch.proc_exited(pid, reason)
 
 
 class Batch:
@@ -114,7 +154,7 @@ class Batch:
         self.port_id = rt.new_port(self)
         if owed_by:
             for pid in set(owed_by.values()):
-                rt.tree_batches.setdefault(pid, set()).add(self)
+                rt.tree.add_batch(pid, self)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
         """One reply; any thread (sends happen on the loop)."""
@@ -139,8 +179,7 @@ class Batch:
         rt = self.rt
         rt.drop_port(self.port_id)
         if self.owed_by is not None:
-            for s in rt.tree_batches.values():
-                s.discard(self)
+            rt.tree.drop_batch(self)
         if self.indices:
             env = encode(ReplyBatch(self.up[1], self.indices, [len(b) for b in self.bodies]))
             rt.send_raw(self.up[0], env, b"".join(self.bodies), [])
@@ -155,12 +194,6 @@ class Batch:
         body, _ = dumps(text)
         for i in owed:
             self.deliver(i, DEAD, body, [])
-
-
-def proc_exited(rt: Runtime, pid: str, reason: str | None) -> None:
-    """On an agent: one of its processes exited; batches waiting on it are answered for it."""
-    for batch in list(rt.tree_batches.pop(pid, ())):
-        batch.proc_exited(pid, reason)
 
 
 def post_many(rt: Runtime, post: Callable[[str, tuple], None], spawn: Callable[..., None], mesh_id: str,
@@ -238,12 +271,12 @@ def send_cast(rt: Runtime, mesh_id: str, method: str, rank_procs: list[str], lab
         if len(pids) == 1:
             direct.append(pids[0])
             continue
-        per_proc = [(pid, next_seq(rt, pid), by_proc[pid]) for pid in pids]
+        per_proc = [(pid, rt.tree.next_seq(pid), by_proc[pid]) for pid in pids]
         env = encode(Cast(me, mesh_id, method, reply, labels, sizes, per_proc))
         rt.send_raw(agent, env, body, buffers)
         relays.append(agent)
     for pid in direct:
-        env = encode(CastItems(me, next_seq(rt, pid), mesh_id, method, reply, labels, sizes, by_proc[pid]))
+        env = encode(CastItems(me, rt.tree.next_seq(pid), mesh_id, method, reply, labels, sizes, by_proc[pid]))
         rt.send_raw(pid, env, body, buffers)
     rt.stats["cast_sent"] += len(relays) + len(direct)
     rt.stats["casts"] += 1

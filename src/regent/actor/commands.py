@@ -84,7 +84,7 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     set_runtime(rt)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    rt._bind_loop(loop)
+    rt.bind_loop(loop)
     loop.run_until_complete(rt.start())
     served = rt.advertised(loop.run_until_complete(rt.listen_extra(bind)))
     print(f"regent worker serving {served}", flush=True)
