@@ -7,23 +7,7 @@ set -u
 OUT=${OUT:-/tmp/heal_one_gpu}; WORK=${WORK:-/tmp/heal_one_gpu_work}
 source benchmarks/gpu/_stages.sh
 export OMP_NUM_THREADS=4
-# TorchTitan from the carried wheels; its trainer imports Hugging Face `datasets`, absent on the GPU machine and
-# never read here (Regent's synthetic data): a placeholder package stands in, as in titan_speed.py.
-if compgen -G ".whl/titan/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/titan/*.whl
-  if ! $PY -c "import datasets" 2>/dev/null; then
-    mkdir -p /tmp/site/datasets
-    cat > /tmp/site/datasets/__init__.py <<'PY'
-def _unavailable(*args, **kwargs):
-    raise RuntimeError("Hugging Face datasets is a placeholder here (heal_one_gpu.sh uses synthetic data)")
-class Dataset: pass
-class IterableDataset: pass
-load_dataset = concatenate_datasets = _unavailable
-PY
-    echo "split_dataset_by_node = None" > /tmp/site/datasets/distributed.py
-  fi
-  export PYTHONPATH=src:/tmp/site
-fi
+source benchmarks/gpu/_titan_site.sh
 case_run() {  # case_run NAME KILL_AT EXTRA...
   local name=$1 at=$2; shift 2
   local run="$WORK/run_$name"; rm -rf "$run"

@@ -297,6 +297,18 @@ def test_live_feed_shows_a_failed_group_once_per_replica_and_build():
     assert told == "replica 0 dropped its collective with failed peer replica_1:abc"
 
 
+def test_a_replica_that_gave_up_stays_so_when_its_last_restart_reports_late():
+    from regent.orchestrate.events import make_event
+    from regent.orchestrate.live import RunView
+
+    view = RunView(replicas=1)
+    view.on_event(make_event("restart_started", replica=0, action="restart_in_place"))
+    view.on_event(make_event("gave_up", replica=0, attempts=1))
+    line = view.on_event(make_event("restart_done", replica=0, generation=1, seconds=3.4))
+    assert line.startswith("replica 0 restarted") and view.reps[0].status == "gave up"
+    assert view.reps[0].generation == 1  # the late event's facts are kept, only the verdict stays
+
+
 def test_training_thread_priority_is_lowered_for_that_thread_only():
     import os
     import threading

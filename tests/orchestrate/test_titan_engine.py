@@ -79,3 +79,12 @@ def test_titan_trainer_heals_from_a_peer_under_regent_train(tmp_path):
     # TorchTitan's loss, from its own forward/loss/backward; the synthetic data can be learned
     losses = [m["loss"] for m in metrics if m.get("committed") and m["replica"] == 0]
     assert len(losses) >= 50 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
+
+
+def test_chunked_loss_is_kept_only_where_torch_runs_it():
+    from regent.orchestrate.titan_engine import chunked_loss_runs
+
+    assert not chunked_loss_runs("2.11.0+cu130")  # the H200's torch: the decoder's backward failed
+    assert not chunked_loss_runs("2.12.1")
+    assert chunked_loss_runs("2.13.0+cpu") and chunked_loss_runs("2.14.0.dev20261201+cu130")
+    assert chunked_loss_runs("3.0.0") and not chunked_loss_runs("garbage")

@@ -127,3 +127,89 @@ def test_example_trainer_runs_under_the_orchestrator_with_faults(tmp_path, mode)
         assert any((run_dir / "tb").iterdir())
     losses = [m["loss"] for m in metrics if m.get("committed")]
     assert losses[-1] < losses[0] / 2 and any("accuracy" in m for m in metrics)
+
+
+BROKEN_TRAINER = '''
+import torch
+
+
+class Broken:
+    def __init__(self):
+        self.model = torch.nn.Linear(4, 4)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def forward_backward(self, batch_index):
+        raise RuntimeError("broken on purpose: every first step fails")
+
+
+def make_trainer(ctx):
+    return Broken()
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_every_replica_gives_up_before_training_ends(tmp_path):
+    # Found on the GPU: one replica that crash-looped before its first step gave up, and the run went on showing
+    # "gave up" until --duration (the every-replica-gave-up check waited for a first step that never came).
+    (tmp_path / "broken_trainer.py").write_text(BROKEN_TRAINER)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "regent.cli", "train", "--trainer", "broken_trainer:make_trainer",
+         "--replicas", "1", "--procs-per-replica", "1", "--duration", "30m", "--crash-loop-starts", "2", "--ft.mode", "ddp",
+         "--no-live", "--run-dir", str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert "every replica gave up; stopping" in out, out[-4000:]
+    assert "broken on purpose" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["gave_up"] == 1 and summary["steps_committed"] == 0
+
+
+SLOW_REBUILD_TRAINER = '''
+import os
+import time
+
+from examples.mlp_trainer import BlobsTrainer
+
+
+def make_trainer(ctx):
+    marker = ctx.options["marker"] + f".{ctx.replica_index}"
+    if ctx.replica_index == 1 and os.path.exists(marker):
+        time.sleep(float(ctx.options["rebuild_s"]))  # replica 1's restart is slow: the run decides to stop meanwhile
+    open(marker, "w").close()
+    return BlobsTrainer(ctx)
+'''
+
+
+@pytest.mark.timeout(400)
+def test_a_replica_still_restarting_when_the_run_stops_heals_from_a_finished_peer(tmp_path):
+    # Found on an H200: the run's stop step was reached while replica 1 was still coming back; replica 0 was
+    # stopped as soon as it got there, so replica 1 found no live holder, restored the step-1 backstop, trained
+    # alone to the stop step (a lineage reset) and ended different. Finished replicas now stay up, serving their
+    # committed state, until every replica has finished.
+    (tmp_path / "slow_rebuild.py").write_text(SLOW_REBUILD_TRAINER)
+    faults = tmp_path / "faults.jsonl"
+    faults.write_text(json.dumps({"at": 2, "replica": 1, "kind": "kill", "rank": 0}) + "\n")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "regent.cli", "train", "--trainer", "slow_rebuild:make_trainer",
+         "--trainer-opt", "hidden=8", "--trainer-opt", f"marker={tmp_path / 'built'}", "--trainer-opt",
+         "rebuild_s=15", "--replicas", "2", "--procs-per-replica", "1", "--steps", "400", "--ft.mode", "ddp",
+         "--faults-file", str(faults), "--no-live", "--run-dir", str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=360, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+    stop_asked = max(e["time"] for e in events if e["kind"] == "restart_started")
+    back = [e for e in events if e["kind"] == "restart_done" and e["replica"] == 1]
+    assert back and back[0]["seconds"] >= 15, "the restart was not slow: the case was not set up"
+    finals = {s["replica"]: s for s in summary["final_states"]}
+    assert finals[0]["step"] == finals[1]["step"] == 400, finals
+    assert summary["lineage_resets"] == 0 and summary["replicas_consistent"] is True, out[-3000:]
+    assert summary["invariant_violations"] == []
+    assert stop_asked < back[0]["time"]

@@ -91,6 +91,17 @@ class RunView:
         kind = e["kind"]
         r = e.get("replica")
         rv = self.reps.get(r) if r is not None else None
+        # a replica that gave up (or failed while the run stopped) stays so: events of its last incarnation
+        # come from other actors and can arrive after the verdict (a restart_done after gave_up)
+        ended = rv.status if rv is not None and rv.status in ("gave up", "ended failed") else None
+        line = self._apply(e, kind, r, rv)
+        if ended is not None:
+            rv.status = ended
+        if line:
+            self.feed.append(f"{time.time() - self.started:6.1f}s  {line}")
+        return line
+
+    def _apply(self, e: dict[str, Any], kind: str, r: Any, rv: Any) -> str | None:
         line = None
         if kind == "quorum":
             q = e.get("quorum_id") or 0
@@ -160,8 +171,6 @@ class RunView:
             if rv:
                 rv.status = "gave up"
             line = f"replica {r} gave up after {e.get('attempts')} attempts"
-        if line:
-            self.feed.append(f"{time.time() - self.started:6.1f}s  {line}")
         return line
 
     def render(self) -> Group:

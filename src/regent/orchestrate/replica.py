@@ -412,8 +412,9 @@ class ReplicaActor(Actor):
             trainers.stop_at.broadcast(at_step)
 
     @endpoint
-    async def finish(self, timeout: float) -> dict[str, Any]:
-        """Wait for the trainers to reach the stop step, collect the final state hash, then stop them."""
+    async def finish(self, timeout: float, stop: bool = True) -> dict[str, Any]:
+        """Wait for the trainers to reach the stop step, collect the final state hash, then stop them (with
+        `stop=False` they stay up, still serving their committed state, until `release()`)."""
         deadline = time.time() + timeout
         result: dict[str, Any] = {"replica": self.index, "step": None, "hash": None}
         last_error: Exception | None = None
@@ -437,11 +438,17 @@ class ReplicaActor(Actor):
             await asyncio.sleep(0.5)
         if result["hash"] is None and last_error is not None:
             logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
+        if stop:
+            await self.release()
+        return result
+
+    @endpoint
+    async def release(self) -> None:
+        """The run is over: stop the trainers (gracefully) and the watchdog."""
         self.finished = True
         if self._watchdog:
             self._watchdog.cancel()
         await self._stop_trainers(graceful=True)
-        return result
 
     async def __cleanup__(self, exc: Exception | None) -> None:
         if self.job is not None:

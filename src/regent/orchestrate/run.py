@@ -395,6 +395,10 @@ class OrchestrationManager:
         while not self._done(schedule) and self.failed_reason is None:
             await asyncio.sleep(0.25)
             self.display.refresh()
+            # before the first step too: replicas that all give up in a crash loop before training end the run
+            if all(v.status == "gave up" for v in self.view.reps.values()):
+                print("[regent] every replica gave up; stopping", flush=True)
+                break
             if self.t_train is None:
                 continue
             now = time.time() - self.t_train
@@ -411,9 +415,6 @@ class OrchestrationManager:
                               f"is restarting; {why}", flush=True)
             if self.full_restart_pending:
                 await self._full_restart(replicas)
-            if all(v.status == "gave up" for v in self.view.reps.values()):
-                print("[regent] every replica gave up; stopping", flush=True)
-                break
 
     async def _inject(self, replicas: Any, fault: PlannedFault) -> bool:
         """Deliver one fault and record `fault_injected` with the replicas it hit (`replica` for a single-replica
@@ -484,10 +485,18 @@ class OrchestrationManager:
         wait = max(120.0, 3 * h / rate + 60)
         try:
             await replicas.request_stop.call(target)
-            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
+            # Every replica's final state first, and only then are trainers stopped: a replica that reaches the
+            # stop step early keeps serving its committed state to one still healing towards it. (Stopping each
+            # replica as soon as it was done left a replica that was mid-heal on a GPU with no live donor: it
+            # restored an old backstop, trained alone to the stop step and ended different.)
+            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait, False)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:  # noqa: BLE001 - reported; the run's data is already on disk
             logger.warning("finishing replicas: %r", exc)
+        try:
+            await asyncio.wait_for(_aw(replicas.release.call()), timeout=90)
+        except Exception as exc:  # noqa: BLE001 - reported; run.py's teardown stops the meshes next either way
+            logger.warning("releasing replicas: %r", exc)
 
     def write_summary(self) -> dict[str, Any]:
         events = list(read_jsonl(self.run_dir / "events.jsonl"))

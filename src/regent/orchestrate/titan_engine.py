@@ -301,8 +301,21 @@ def flex_masks_supported() -> bool:
     return "separate_full_blocks" in inspect.signature(create_block_mask).parameters
 
 
+def chunked_loss_runs(torch_version: str) -> bool:
+    """Whether TorchTitan's `ChunkedLossWrapper` trains under this torch's FSDP2. It runs lm_head (one FSDP
+    unit with the final norm) outside the model's forward, with one backward per chunk; at the end of those
+    backwards torch 2.11's FSDP2 reshards the unit and frees the unsharded norm weight that the decoder's
+    final RMSNorm saved for backward, so the decoder's backward fails ("The tensor has a non-zero number of
+    elements, but its data is not allocated yet", in `_fused_rms_norm_backward`; seen on an H200 with torch
+    2.11, every start). torch 2.13 runs it. `torch_version` as `torch.__version__` ("2.11.0+cu130")."""
+    import re
+
+    numbers = [int(n) for n in re.findall(r"\d+", torch_version.split("+")[0])[:2]]
+    return len(numbers) == 2 and tuple(numbers) >= (2, 13)
+
+
 def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str = "synthetic",
-                   attn: str = "auto", ac: str = "config") -> Any:
+                   attn: str = "auto", ac: str = "config", loss: str = "auto") -> Any:
     """What Regent sets on the TorchTitan config: sharding over replicas, synthetic data unless asked
     otherwise, the same seed everywhere, one output folder per replica, and the parts Regent replaces off."""
     from torchtitan.components.checkpoint import CheckpointManager
@@ -351,15 +364,25 @@ def prepare_config(config: Any, ctx: TrainerContext, args: list[str], data: str 
         config.activation_checkpoint = None
     elif ac != "config":
         raise ValueError(f"trainer option ac={ac!r}: use config (default: the TorchTitan config's own) or off")
-    if not _explicit(args, "--training.disable_cuda_graphs"):
-        # TorchTitan 0.3.0 turns CUDA graphs on by default; captured under Regent's engine (outside its own
-        # train loop) the first backward raised "data is not allocated yet" on an H200, every start. Off unless
-        # the user asks; Regent's own trainer has none either (titan_speed.py measured both ways).
-        config.training.disable_cuda_graphs = True
-    if ctx.device.type == "cpu":
-        config.training.disable_cuda_graphs = True
-        if not _explicit(args, "--training.mixed_precision_param"):
-            config.training.mixed_precision_param = "float32"
+    from torchtitan.components.loss import ChunkedLossWrapper
+
+    if loss == "auto":
+        loss = "config" if chunked_loss_runs(torch.__version__) else "plain"
+        if loss == "plain" and isinstance(config.loss, ChunkedLossWrapper.Config):
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "torch %s: TorchTitan's chunked loss does not train under this torch's FSDP2 (see "
+                "chunked_loss_runs); using its inner loss on the full logits (same loss, more memory). "
+                "--trainer-opt loss=config keeps the chunked one", torch.__version__)
+    if loss == "plain":
+        if isinstance(config.loss, ChunkedLossWrapper.Config):
+            config.loss = config.loss.loss_fn  # the per-chunk loss on the whole sequence at once
+    elif loss != "config":
+        raise ValueError(f"trainer option loss={loss!r}: use auto (default: the config's loss, or its inner loss "
+                         "where this torch cannot run TorchTitan's chunked loss), config or plain")
+    if ctx.device.type == "cpu" and not _explicit(args, "--training.mixed_precision_param"):
+        config.training.mixed_precision_param = "float32"
     return config
 
 
@@ -394,7 +417,7 @@ class TitanTrainer:
         if steps and not _explicit(args, "--training.steps"):  # `regent train --steps N`: TorchTitan's horizon
             args = [*args, "--training.steps", str(steps)]
         config = prepare_config(resolve_config(spec, args), ctx, args, data, str(options.get("attn", "auto")),
-                                str(options.get("ac", "config")))
+                                str(options.get("ac", "config")), str(options.get("loss", "auto")))
         spec_model = config.model_spec
         if spec_model.post_optimizer_build_fn is not None:
             raise NotImplementedError(f"{spec_model.name} {spec_model.flavor} needs TorchTitan's post-optimizer "
