@@ -72,6 +72,37 @@ def test_step_commits_only_on_the_vote_and_consumes_the_batch_either_way():
     assert t.param_hash() != before and {"loss", "accuracy", "lr", "step_time_s"} <= set(record)
 
 
+def test_a_parameter_without_a_gradient_still_takes_part_in_the_cross_replica_average():
+    # Replicas must hand the allreduce the same tensors: a parameter unused on one replica's batch (no .grad)
+    # would make that replica's flattened gradient shorter than its peers' (a mismatched allreduce). It is sent
+    # as zeros, and it receives the average like the others.
+    class TwoHeads:
+        def __init__(self) -> None:
+            self.model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 1), "b": torch.nn.Linear(4, 1)})
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1.0)
+
+        def forward_backward(self, batch_index: int) -> torch.Tensor:
+            loss = self.model["a"](torch.ones(2, 4)).sum()  # head "b" unused on this replica
+            loss.backward()
+            return loss
+
+    t = ExternalTrainer(TwoHeads(), _ctx())
+    before_b = t.model["b"].weight.detach().clone()
+    sizes = []
+
+    def peer_average(grads: list[torch.Tensor]) -> None:  # as if a peer's "b" gradient were 2.0 everywhere
+        sizes.append(sum(g.numel() for g in grads))
+        for name, g in zip(t.param_names, grads):
+            if name.startswith("b."):
+                assert torch.count_nonzero(g) == 0  # sent as zeros
+                g.fill_(1.0)  # the average with the peer's 2.0
+
+    t.grad_reduce_hook = peer_average
+    t.train_step()
+    assert sizes == [sum(p.numel() for p in t.params)]  # every parameter, "b" included
+    assert torch.allclose(t.model["b"].weight, before_b - 1.0)  # the average reached the unused head
+
+
 def test_healing_state_makes_two_trainers_bit_identical_and_they_stay_so():
     donor, healer = _trainer(seed=1), _trainer(seed=2)
     for _ in range(3):

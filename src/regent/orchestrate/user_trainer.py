@@ -116,7 +116,14 @@ class ExternalTrainer:
 
     # -- one step ---------------------------------------------------------------------------------------
     def local_grads(self) -> list[torch.Tensor]:
-        return [_local(p.grad) for p in self.params if p.grad is not None]
+        """Every trainable parameter's gradient, in parameter order: one that got none this step (unused on
+        this replica's batch) becomes zeros, so every replica hands the cross-replica allreduce the same
+        tensors (leaving it out would make this replica's flattened gradient shorter than its peers': a
+        mismatched allreduce, which one side can finish and the other wait out), and it receives the average."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [_local(p.grad) for p in self.params]
 
     def train_step(self) -> dict[str, Any]:
         start = time.perf_counter()

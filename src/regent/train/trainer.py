@@ -192,8 +192,13 @@ class Trainer:
         return self.loss_fn(logits, labels)
 
     def local_grads(self) -> list[torch.Tensor]:
-        """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place."""
-        return [local_tensor(p.grad) for p in self.params if p.grad is not None]
+        """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place. A
+        parameter with no gradient this step gets zeros: every replica must hand the cross-replica allreduce
+        the same tensors (see `regent.orchestrate.user_trainer.ExternalTrainer.local_grads`)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [local_tensor(p.grad) for p in self.params]
 
     def _to_device(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, labels = self.dataloader.batch(index)
