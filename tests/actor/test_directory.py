@@ -7,6 +7,7 @@ from __future__ import annotations
 from regent.actor._directory import ActorDirectory
 from regent.actor._handlers import ProcHandlers
 from regent.actor._runtime import DEAD
+from tests.actor.fakes import FakeLoop
 
 
 class _Cell:
@@ -64,19 +65,11 @@ def test_messages_for_an_actor_not_spawned_yet_wait_for_it_in_order():
     assert d.hold("m/1", "again") is True  # a new wait after the last one ended
 
 
-class _FakeLoop:
-    def __init__(self):
-        self.timers = []
-
-    def call_later(self, delay, fn, *args):
-        self.timers.append((delay, fn, args))
-
-
 class _FakeRuntime:
     def __init__(self):
         self.proc_id = "p"
         self.actors = ActorDirectory()
-        self.loop = _FakeLoop()
+        self.loop = FakeLoop()
         self.replies = []
 
     def send_reply(self, reply, status, value):

@@ -8,21 +8,14 @@ from regent.actor._messages import ReplyBatch, ReplyMsg, decode
 from regent.actor._pickle import loads
 from regent.actor._runtime import DEAD, OK
 from regent.actor._tree import GAP_TIMEOUT_S, Batch, TreeState
-
-
-class _FakeLoop:
-    def __init__(self):
-        self.timers = []
-
-    def call_later(self, delay, fn, *args):
-        self.timers.append((delay, fn, args))
+from tests.actor.fakes import FakeLoop
 
 
 class _FakeRuntime:
     """What `TreeState` and `Batch` use of a runtime: the loop's timers, reply ports and sends, recorded."""
 
     def __init__(self):
-        self.loop = _FakeLoop()
+        self.loop = FakeLoop()
         self.proc_id = "agent"
         self.tree = TreeState(self)
         self.ports = {}

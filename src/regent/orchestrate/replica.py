@@ -412,9 +412,9 @@ class ReplicaActor(Actor):
             trainers.stop_at.broadcast(at_step)
 
     @endpoint
-    async def finish(self, timeout: float, stop: bool = True) -> dict[str, Any]:
-        """Wait for the trainers to reach the stop step, collect the final state hash, then stop them (with
-        `stop=False` they stay up, still serving their committed state, until `release()`)."""
+    async def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the trainers to reach the stop step and collect the final state hash. The trainers stay
+        up, still serving their committed state to replicas that are behind, until `release()`."""
         deadline = time.time() + timeout
         result: dict[str, Any] = {"replica": self.index, "step": None, "hash": None}
         last_error: Exception | None = None
@@ -438,8 +438,6 @@ class ReplicaActor(Actor):
             await asyncio.sleep(0.5)
         if result["hash"] is None and last_error is not None:
             logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
-        if stop:
-            await self.release()
         return result
 
     @endpoint

@@ -489,7 +489,7 @@ class OrchestrationManager:
             # stop step early keeps serving its committed state to one still healing towards it. (Stopping each
             # replica as soon as it was done left a replica that was mid-heal on a GPU with no live donor: it
             # restored an old backstop, trained alone to the stop step and ended different.)
-            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait, False)), timeout=wait + 60)
+            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:  # noqa: BLE001 - reported; the run's data is already on disk
             logger.warning("finishing replicas: %r", exc)
