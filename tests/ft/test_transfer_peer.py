@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from regent.contiguous import contiguous_empty_like
-from regent.ft.transfer import GroupTransport, RWLock, StreamTransport, flatten_state, unflatten_state
+from regent.ft.transfer import (
+    ANY_STEP,
+    GroupTransport,
+    RWLock,
+    StreamTransport,
+    flatten_state,
+    unflatten_state,
+)
 from tests.ft.ft_harness import gloo_groups
 
 
@@ -312,3 +319,86 @@ def test_group_transfer_refuses_bytes_corrupted_on_the_way():
             with pytest.raises(TransferIntegrityError, match="does not match the checksums"):
                 GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 3, 10, into=into)
             sent.result(timeout=30)
+
+
+def _live_donor(donor: StreamTransport, tensors: dict, stop: threading.Event, steps: list[int]) -> None:
+    """A per-step donor: every few ms it withdraws its state (cutting readers), writes the next step's values
+    into its tensors in place, and serves them again, lazily, as the per-step early heal does."""
+    step = 0
+    while not stop.is_set():
+        donor.send_checkpoint([], step, {"model": dict(tensors), "step": step}, 10, copy_to_host=False, lazy=True)
+        time.sleep(0.005)
+        donor.disallow_checkpoint(cut_readers=True)
+        step += 1
+        for t in tensors.values():
+            t.fill_(step)
+        steps.append(step)
+
+
+def test_a_live_donor_holds_its_state_until_the_healers_transfer_ends():
+    # Seen on an H200 (TorchTitan per-step, 33 ms steps, a 74 MB state): all 8 early pulls missed, the donor
+    # moved on between the description and the chunks ("stale step") or cut the transfer at its next step. A
+    # healer now asks for a hold: the donor's next withdrawal waits until the last chunk is sent.
+    tensors = {f"w{i}": torch.zeros(2_000_000) for i in range(4)}  # 32 MB: a transfer spans many donor steps
+    donor = StreamTransport(num_chunks=4, timeout=10)
+    healer = StreamTransport(num_chunks=4, timeout=10)
+    stop, steps = threading.Event(), []
+    thread = threading.Thread(target=_live_donor, args=(donor, tensors, stop, steps), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        for _ in range(3):
+            into = {"model": {k: torch.full_like(v, -1.0) for k, v in tensors.items()}, "step": 0}
+            for _attempt in range(50):  # the manager's retry: a donor inside its step serves nothing
+                try:
+                    got = healer.recv_checkpoint(0, donor.metadata(), ANY_STEP, 10, into=into)
+                    break
+                except RuntimeError as err:
+                    assert "not serving" in str(err) or "updating its weights" in str(err), err
+                    time.sleep(0.002)
+            else:
+                raise AssertionError("the donor never served its state")
+            values = {float(v.min()) for v in got["model"].values()} | {float(v.max()) for v in got["model"].values()}
+            assert values == {float(got["step"])}, "the state arrived torn across donor steps"
+        assert len(steps) > 3, "the donor did not keep stepping"
+        assert donor.held_s > 0, "the donor never had to hold its state: the case was not set up"
+    finally:
+        stop.set()
+        thread.join(5)
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_a_hold_whose_healer_went_away_expires(monkeypatch):
+    import regent.ft.transfer as transfer
+
+    monkeypatch.setattr(transfer, "HOLD_IDLE_S", 0.3)
+    donor = StreamTransport(timeout=10)
+    try:
+        donor.send_checkpoint([], 3, _state(1), 10, copy_to_host=False, lazy=True)
+        # a healer that takes the description with a hold and never asks for a chunk
+        sock = donor_healer_meta_with_hold(donor)
+        sock.close()
+        start = time.monotonic()
+        donor.disallow_checkpoint(cut_readers=True)
+        assert 0.2 < time.monotonic() - start < 3.0
+    finally:
+        donor.shutdown()
+
+
+def donor_healer_meta_with_hold(donor: StreamTransport) -> socket.socket:
+    import json
+
+    from regent.ft.transfer import _recv_frame, _send_frame
+
+    healer = StreamTransport(timeout=10)
+    try:
+        host, port = donor.metadata().removeprefix("tcp://").rsplit(":", 1)
+        sock = healer._open(host, int(port), donor.metadata(), 10)
+        _send_frame(sock, json.dumps({"what": "meta", "step": ANY_STEP, "hold": True}).encode())
+        answer = json.loads(_recv_frame(sock, 4096, "answer"))
+        assert type(answer.get("hold")) is int, answer
+        _recv_frame(sock, 1 << 20, "description")
+        return sock
+    finally:
+        healer.shutdown()

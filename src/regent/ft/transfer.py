@@ -38,6 +38,7 @@ import hashlib
 import itertools
 import json
 import logging
+import secrets
 import socket
 import struct
 import threading
@@ -816,6 +817,29 @@ def _decode_served(blob: bytes, max_bytes: int) -> StateMeta:
 
 
 ANY_STEP = -1  # a healer's request for whatever step the donor serves (the description request only)
+# A live donor (per-step early heal) moves on every step, faster than a state transfer travels: a healer that asks
+# for a hold keeps the described state served until its last chunk is sent. Bounded, so that a stopped healer
+# holds up the donor's optimizer step for a few seconds at most (the quorum heal stalls a donor as long).
+HOLD_IDLE_S = 2.0  # released this long after the healer's last request
+HOLD_MAX_S = 30.0  # and at the latest this long after the description was served
+MAX_HOLDS = 64  # holds at once; a description asked for beyond that is served without one
+
+
+@dataclass
+class _Hold:
+    """A healer's hold on the served state: from its description until every one of its chunks is sent."""
+
+    started: float
+    last: float
+    of: int = 0  # how many chunks the healer fetches (known from its first chunk request)
+    active: int = 0  # chunk requests being answered now
+    done: set[int] | None = None
+
+    def finished(self) -> bool:
+        return self.of > 0 and self.done is not None and len(self.done) >= self.of
+
+    def expires(self) -> float:
+        return min(self.last + HOLD_IDLE_S, self.started + HOLD_MAX_S)
 
 
 class StreamTransport:
@@ -843,6 +867,9 @@ class StreamTransport:
         # at every commit and is rarely asked), each tensor's checksum (index -> digest, filled as chunks are served)
         self._serving: list[Any] | None = None
         self._readers: set[socket.socket] = set()  # connections reading the served state now
+        self._holds: dict[int, _Hold] = {}  # healers' holds on the served state (see HOLD_IDLE_S)
+        self._holds_changed = threading.Condition(self._state_lock)
+        self.held_s = 0.0  # total time withdrawals waited for holds (a donor's cost of live early heals)
         self._sock = socket.create_server((host, port), backlog=128)
         self._host = host
         self._port = self._sock.getsockname()[1]
@@ -891,7 +918,8 @@ class StreamTransport:
         later). For state withdrawn at every step: a slow or stopped healer must not hold up the donor's
         optimizer step for the transfer timeout."""
         if cut_readers:
-            with self._state_lock:
+            with self._holds_changed:
+                self._wait_for_holds()
                 self._serving = None
                 readers = list(self._readers)
             for conn in readers:
@@ -899,6 +927,24 @@ class StreamTransport:
                     conn.shutdown(socket.SHUT_RDWR)
         with self._lock.write(timeout=self.timeout), self._state_lock:
             self._serving = None
+            self._holds.clear()  # they were for the state withdrawn now
+
+    def _wait_for_holds(self) -> None:
+        """(With `_state_lock` held.) Until every healer's hold on the served state is finished or expired: the
+        healer got its whole state, or stopped asking (then its transfer is cut like any other reader's)."""
+        start = time.monotonic()
+        while self._holds:
+            now = time.monotonic()
+            for key in [k for k, h in self._holds.items() if h.finished() or (h.active == 0 and h.expires() <= now)
+                        or now >= h.started + HOLD_MAX_S]:
+                del self._holds[key]
+            if self._holds:
+                self._holds_changed.wait(timeout=max(0.01, min(h.expires() for h in self._holds.values()) - now))
+        waited = time.monotonic() - start
+        if waited > 0.001:
+            self.held_s += waited
+            logger.info("kept serving step %s %.3f s longer for a healer's transfer",
+                        self._serving[0] if self._serving else "?", waited)
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -958,12 +1004,42 @@ class StreamTransport:
                 .encode(),
             )
             return
-        _send_frame(conn, json.dumps({"ok": True}).encode())
         if request["what"] == "meta":
+            answer: dict[str, Any] = {"ok": True}
+            if request.get("hold"):
+                with self._state_lock:
+                    # not withdrawn meanwhile: hold it for this healer's chunks (a bounded number of holds at once)
+                    if self._serving is serving and len(self._holds) < MAX_HOLDS:
+                        key = secrets.randbits(62)
+                        now = time.monotonic()
+                        self._holds[key] = _Hold(started=now, last=now, done=set())
+                        answer["hold"] = key
+            _send_frame(conn, json.dumps(answer).encode())
             if blob is None:
                 blob = serving[3] = _encode_served(meta)
             _send_frame(conn, blob)
             return
+        with self._holds_changed:
+            hold = self._holds.get(request["hold"]) if "hold" in request else None
+            if hold is not None:
+                hold.active += 1
+                hold.of, hold.last = request["of"], time.monotonic()
+        try:
+            _send_frame(conn, json.dumps({"ok": True}).encode())
+            self._send_chunk(conn, request, tensors, digests)
+            if hold is not None:
+                hold.done.add(request["chunk"])
+        finally:
+            if hold is not None:
+                with self._holds_changed:
+                    hold.active -= 1
+                    hold.last = time.monotonic()
+                    if hold.finished():
+                        self._holds = {k: h for k, h in self._holds.items() if h is not hold}
+                    self._holds_changed.notify_all()
+
+    def _send_chunk(self, conn: socket.socket, request: dict[str, Any], tensors: list[torch.Tensor],
+                    digests: dict[int, bytes]) -> None:
         chunk, of = request["chunk"], request["of"]
         sums = []
         for i in range(chunk, len(tensors), of):
@@ -1014,6 +1090,8 @@ class StreamTransport:
         host, port = _parse_tcp(metadata)
         deadline = time.monotonic() + timeout
 
+        answers: dict[str, Any] = {}
+
         def connect(request: dict[str, Any]) -> socket.socket:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -1027,13 +1105,17 @@ class StreamTransport:
                     raise WireFormatError(f"donor {metadata} answered {answer!r}")
                 if "error" in answer:
                     raise RuntimeError(f"donor {metadata} refused the transfer: {answer['error']}")
+                if request["what"] == "meta" and type(answer.get("hold")) is int:
+                    answers["hold"] = answer["hold"]
             except BaseException:
                 sock.close()
                 raise
             return sock
 
         try:
-            with connect({"what": "meta", "step": step}) as sock:
+            # a donor that moves on at every step (ANY_STEP) is asked to hold the state it describes until our
+            # last chunk is sent (see HOLD_IDLE_S); one that publishes per commit keeps it for a whole round
+            with connect({"what": "meta", "step": step, **({"hold": True} if step == ANY_STEP else {})}) as sock:
                 meta = _decode_served(_recv_frame(sock, self.max_header_bytes, "state description"),
                                       self.max_header_bytes)
             if step == ANY_STEP:
@@ -1048,7 +1130,10 @@ class StreamTransport:
             n = min(self.num_chunks, max(1, len(targets)))
 
             def fetch(chunk: int) -> None:
-                with connect({"what": "chunk", "step": step, "chunk": chunk, "of": n}) as sock:
+                request = {"what": "chunk", "step": step, "chunk": chunk, "of": n}
+                if "hold" in answers:
+                    request["hold"] = answers["hold"]
+                with connect(request) as sock:
                     mine = [i for i in range(chunk, len(host_bufs), n) if host_bufs[i].numel()]
                     got = []
                     for i in mine:
@@ -1091,6 +1176,10 @@ def _parse_request(frame: bytes) -> dict[str, Any]:
         chunk, of = request.get("chunk"), request.get("of")
         if type(chunk) is not int or type(of) is not int or not 0 <= chunk < of:
             raise WireFormatError(f"bad transfer request {request!r}")
+        if "hold" in request and (type(request["hold"]) is not int or not 0 <= request["hold"] < 2 ** 62):
+            raise WireFormatError(f"bad transfer request {request!r}")
+    elif "hold" in request and type(request["hold"]) is not bool:
+        raise WireFormatError(f"bad transfer request {request!r}")
     return request
 
 

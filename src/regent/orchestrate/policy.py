@@ -88,3 +88,16 @@ def allocation_checked(action: Action, allocation_problem: str | None) -> Action
     if action is Action.RESTART_IN_PLACE and allocation_problem:
         return Action.REALLOCATE
     return action
+
+
+def at_the_end(*, gave_up: bool, ended_failed: bool, restarting: bool, trainers_up: bool) -> str:
+    """What a replica does, once the run has asked it to finish, about its final state: "ask" its trainers,
+    "wait" (a restart is in flight), or "done" (it has none to give). A restart is waited for in every phase,
+    the reallocation and the respawn included, when the replica has no trainers at all: treating "no trainers"
+    as "nothing to give" first ended runs whose last fault was still being recovered (seen in CI: the replica
+    was left out of the final comparison and its restart cut short)."""
+    if gave_up or ended_failed:
+        return "done"
+    if restarting:
+        return "wait"
+    return "ask" if trainers_up else "done"

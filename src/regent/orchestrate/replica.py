@@ -28,7 +28,7 @@ from typing import Any
 
 from regent.actor import Actor, MeshFailure, Port, config, current_rank, endpoint, this_host
 from regent.orchestrate.events import make_event
-from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked
+from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked, at_the_end
 
 logger = logging.getLogger(__name__)
 
@@ -420,9 +420,11 @@ class ReplicaActor(Actor):
         last_error: Exception | None = None
         while time.time() < deadline:
             trainers = self.trainers
-            if trainers is None or self.policy.gave_up or self.ended_failed:
+            what = at_the_end(gave_up=self.policy.gave_up, ended_failed=self.ended_failed,
+                              restarting=self._restart_in_flight(), trainers_up=trainers is not None)
+            if what == "done":
                 break
-            if self.policy.restarting:
+            if what == "wait" or trainers is None:
                 await asyncio.sleep(0.5)
                 continue
             try:
@@ -440,12 +442,27 @@ class ReplicaActor(Actor):
             logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
         return result
 
+    def _restart_in_flight(self) -> bool:
+        """A restart has been decided and has not yet brought up its trainers (the policy's flag clears just
+        before the respawn, the task's end marks it done)."""
+        task = self._restart_task
+        return self.policy.restarting or (task is not None and not task.done())
+
     @endpoint
     async def release(self) -> None:
-        """The run is over: stop the trainers (gracefully) and the watchdog."""
+        """The run is over: stop the trainers (gracefully) and the watchdog, and cut short a restart that
+        `finish` gave up waiting for (it would otherwise spawn trainers after this)."""
         self.finished = True
         if self._watchdog:
             self._watchdog.cancel()
+        task = self._restart_task
+        if task is not None and not task.done():
+            logger.warning("replica %d: the run is over while it was still restarting; restart cancelled", self.index)
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception) as exc:  # noqa: BLE001 - reported just above; stopping anyway
+                logger.debug("replica %d: cancelled restart ended with %r", self.index, exc)
         await self._stop_trainers(graceful=True)
 
     async def __cleanup__(self, exc: Exception | None) -> None:
