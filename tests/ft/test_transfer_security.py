@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -166,7 +167,9 @@ def test_decoder_fuzz_raises_only_wire_errors():
     rng = random.Random(1234)
     meta, _ = flatten_state(_every_type(), 2)
     seeds = [transfer._encode_served(meta), wire.dumps(wire.encode_tree(meta.skeleton, _TENSOR)),
-             json.dumps({"what": "chunk", "step": 1, "chunk": 0, "of": 2}).encode()]
+             json.dumps({"what": "chunk", "step": 1, "chunk": 0, "of": 2}).encode(),
+             json.dumps({"what": "chunk", "step": 1, "chunk": 0, "of": 2, "hold": 12345}).encode(),
+             json.dumps({"what": "meta", "step": -1, "hold": True}).encode()]
     decoders = [lambda b: transfer._decode_served(b, 1 << 20),
                 lambda b: wire.decode_tree(wire.loads(b), _TENSOR),
                 transfer._parse_request,
@@ -193,6 +196,51 @@ def test_decoder_fuzz_raises_only_wire_errors():
                 decode(blob)
             except WireFormatError:
                 pass
+
+
+@pytest.mark.parametrize("request_", [
+    {"what": "meta", "step": -1, "hold": 1},  # a hold on a description is asked with true, nothing else
+    {"what": "meta", "step": -1, "hold": "yes"},
+    {"what": "chunk", "step": 1, "chunk": 0, "of": 2, "hold": -1},
+    {"what": "chunk", "step": 1, "chunk": 0, "of": 2, "hold": 1 << 62},
+    {"what": "chunk", "step": 1, "chunk": 0, "of": 2, "hold": True},
+    {"what": "chunk", "step": 1, "chunk": 0, "of": 2, "hold": 1.5},
+])
+def test_a_malformed_hold_is_refused(request_):
+    with pytest.raises(WireFormatError, match="bad transfer request"):
+        transfer._parse_request(json.dumps(request_).encode())
+
+
+def test_holds_are_bounded_per_donor(monkeypatch):
+    """A healer (authenticated, but buggy or hostile) that asks for holds and never fetches cannot hold up the
+    donor for more than MAX_HOLDS of them, each expiring HOLD_IDLE_S after it was asked."""
+    monkeypatch.setattr(transfer, "HOLD_IDLE_S", 0.2)
+    monkeypatch.setattr(transfer, "MAX_HOLDS", 3)
+    donor = StreamTransport(timeout=10, secret=b"s" * 32)
+    try:
+        donor.send_checkpoint([], 3, {"w": torch.zeros(4)}, 10, copy_to_host=False, lazy=True)
+        granted = []
+        for _ in range(5):
+            granted.append(_ask_hold(donor))
+        assert granted == [True, True, True, False, False]
+        start = time.monotonic()
+        donor.disallow_checkpoint(cut_readers=True)
+        assert time.monotonic() - start < 2.0
+    finally:
+        donor.shutdown()
+
+
+def _ask_hold(donor: StreamTransport) -> bool:
+    healer = StreamTransport(timeout=10, secret=b"s" * 32)
+    try:
+        host, port = transfer._parse_tcp(donor.metadata())
+        with healer._open(host, port, donor.metadata(), 10) as sock:
+            transfer._send_frame(sock, json.dumps({"what": "meta", "step": -1, "hold": True}).encode())
+            answer = json.loads(transfer._recv_frame(sock, 4096, "answer"))
+            transfer._recv_frame(sock, 1 << 20, "description")
+        return "hold" in answer
+    finally:
+        healer.shutdown()
 
 
 # ---- authentication -------------------------------------------------------------------------------------
