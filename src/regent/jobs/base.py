@@ -63,6 +63,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from regent.ports import free_port
+
 logger = logging.getLogger(__name__)
 
 SECRET_ENV = "REGENT_JOB_SECRET"
@@ -434,11 +436,9 @@ def detect_host_ip() -> str:
 
 
 def pick_free_port(host: str) -> int:
-    """A port the OS says is free on `host` right now (the worker binds it a moment later)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port free on `host` right now (the worker binds it a moment later), outside the OS's ephemeral range
+    (`regent.ports`)."""
+    return free_port(host)
 
 
 def decode_proc_net_address(field: str) -> tuple[str, int]:

@@ -29,6 +29,7 @@ from typing import Any
 from regent.actor import Actor, MeshFailure, Port, config, current_rank, endpoint, this_host
 from regent.orchestrate.events import make_event
 from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked, at_the_end
+from regent.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +41,6 @@ PRELOAD = ["torch", "torch._dynamo", "regent.train.trainer", "regent.ft.manager"
 # taken from the restarted trainer while it builds and heals (the vulnerability window). Faults on one replica
 # seconds apart then start cold, which `restart_done` phases show.
 SPARE_REFILL_DELAY_S = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ReplicaActor(Actor):

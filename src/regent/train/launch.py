@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,11 @@ from datetime import timedelta
 from pathlib import Path
 
 from regent import platform
+from regent.ports import free_port
 from regent.train.config import TrainConfig
 from regent.train.data import corpus_files
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def validate_launch(cfg: TrainConfig, procs: int, steps: int, run_dir: str) -> str:
