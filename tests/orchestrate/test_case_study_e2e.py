@@ -156,7 +156,7 @@ def test_run_level_properties(request, which):
 
 def test_checkpoint_restart_baseline(tmp_path):
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 0, "kill", 1)])
-    run = run_regent(tmp_path / "run", "--duration", "42s", "--recovery", "restart", "--checkpoint-every", "5",
+    run = run_regent(tmp_path / "run", "--duration", "34s", "--recovery", "restart", "--checkpoint-every", "5",
                      "--faults-file", sched)
     assert run.summary["full_restarts"] >= 1
     restarts = [e for e in run.events if e["kind"] == "restart_done"]
@@ -167,7 +167,7 @@ def test_checkpoint_restart_baseline(tmp_path):
 def test_fault_free_replicas_stay_in_phase(tmp_path):
     """Three replicas that start at different moments must end up syncing together, every round, and end
     bit-identical: a replica that drifts out of phase is waited for (join timeout) until it is back in."""
-    run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "60s",
+    run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "36s",
                      "--no-faults")
     quorums: dict[int, int] = {}
     for e in run.events:

@@ -66,7 +66,7 @@ def test_another_family_under_the_orchestrator_with_fsdp_and_a_fault(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, "-m", "regent.cli", "train", "--train.spec", SPEC, "--model", "tiny", "--replicas", "2",
-         "--procs-per-replica", "2", "--duration", "40s", "--faults-file", str(faults), "--no-live",
+         "--procs-per-replica", "2", "--duration", "34s", "--faults-file", str(faults), "--no-live",
          "--run-dir", str(run_dir), "--train.seq-len", "32", "--train.batch-size", "4", "--ft.sync-every", "5",
          "--faults.hang-timeout", "8"],
         env=env, capture_output=True, text=True, timeout=540, cwd=ROOT)
