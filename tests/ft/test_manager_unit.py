@@ -248,3 +248,47 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
         for m in (a, b):
             m.shutdown()
         lighthouse.shutdown()
+
+
+def test_a_peer_reported_dead_after_the_steps_allreduce_completed_does_not_undo_the_commit():
+    """Replica a commits a step and dies; the supervisor's notice reaches b after b's allreduce of that step
+    completed and before b's vote. b's results are valid and a committed the same step: b must commit it too,
+    or the run's newest committed step lives only in the dead replica (seen in a full test run, a lineage
+    reset). Its next operation on the aborted group fails, and the next quorum rebuilds the group."""
+    import threading
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
+    managers = {name: Manager(min_replica_size=1, use_async_quorum=False, lighthouse_addr=lighthouse.address(),
+                              replica_id=f"{name}:0", timeout=5, quorum_timeout=30, init_sync=False)
+                for name in ("a", "b")}
+    a, b = managers["a"], managers["b"]
+    try:
+        starts = [threading.Thread(target=m.start_quorum) for m in (a, b)]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(30)
+        assert a.num_participants() == b.num_participants() == 2
+        results = {}
+        threads = [threading.Thread(target=lambda n=n, m=m: results.__setitem__(n, m.allreduce(torch.ones(4)).wait()))
+                   for n, m in managers.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(torch.equal(r, torch.ones(4)) for r in results.values())
+        votes = {}
+        vote_a = threading.Thread(target=lambda: votes.__setitem__("a", a.should_commit()))
+        vote_a.start()
+        assert b.peer_failed("a:") is True  # a is "dead" now, after the allreduce and before b's vote
+        votes["b"] = b.should_commit()
+        vote_a.join(30)
+        assert votes == {"a": True, "b": True}
+        assert a.current_step() == b.current_step() == 1
+        start = time.monotonic()
+        b.allreduce(torch.ones(4)).wait()  # the next operation on the aborted build fails at once, reported
+        assert time.monotonic() - start < 2 and "reported failed" in str(b.errored())
+    finally:
+        for m in (a, b):
+            m.shutdown()
+        lighthouse.shutdown()

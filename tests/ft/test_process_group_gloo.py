@@ -234,3 +234,30 @@ def test_staged_collectives_copy_back_and_reuse_their_host_buffers():
         for g in groups:  # one buffer per shape and dtype, kept for the next step
             assert sorted((str(k[0]), k[1], len(v)) for k, v in g._staging.items()) == [
                 ("torch.float32", 2, 1), ("torch.float32", 15, 1), ("torch.float64", 4, 1)]
+
+
+def test_an_abort_after_every_operation_completed_leaves_their_results_valid():
+    # Seen in a full test run: replica 0 committed a DiLoCo sync and then died; the supervisor's notice aborted
+    # replica 1's group after its allreduce of that sync had completed, and replica 1 voted no on the strength of
+    # `errored()` alone: the run's newest committed step then lived only in the dead replica (a lineage reset).
+    with gloo_groups(timeout=10.0) as groups:
+        tensors = [torch.full((4,), float(r + 1)) for r in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda r: groups[r].allreduce([tensors[r]], dist.ReduceOp.SUM).wait(), range(2)))
+        assert all(torch.equal(t, torch.full((4,), 3.0)) for t in tensors)
+        groups[1].abort(RuntimeError("peer replica_0 reported failed"), wait=False, fail_pending=True)
+        assert groups[1].errored() is not None
+        assert not groups[1].error_hit_operations()  # the completed allreduce stands
+        with pytest.raises(RuntimeError, match="not configured|aborted"):
+            groups[1].allreduce([tensors[1]], dist.ReduceOp.SUM).wait()
+        assert groups[1].error_hit_operations()  # an operation tried after the abort: the step cannot commit
+
+
+def test_an_abort_with_an_operation_in_flight_reaches_it():
+    with gloo_groups(timeout=10.0) as groups:
+        work = groups[0].allreduce([torch.ones(4)], dist.ReduceOp.SUM)  # its peer never joins
+        time.sleep(0.1)
+        groups[0].abort(RuntimeError("peer replica_1 reported failed"), wait=False, fail_pending=True)
+        with pytest.raises(RuntimeError, match="reported failed"):
+            work.wait()
+        assert groups[0].error_hit_operations()

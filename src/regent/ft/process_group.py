@@ -208,6 +208,9 @@ class ReplicatedGroup:
         self._store: Any = None
         self._generation = 0
         self._error: Exception | None = None
+        # whether the error reached an operation (one failed, was in flight, or was tried after it): an abort
+        # that comes once every operation has completed leaves their results valid (see `error_hit_operations`)
+        self._error_hit_ops = False
         self._rank = -1
         self._world_size = 0
         self.replica_id = ""
@@ -276,6 +279,7 @@ class ReplicatedGroup:
             self._pg = pg
             self._store = made["store"]
             self._error = None
+            self._error_hit_ops = False
             self._rank = rank
             self._world_size = world_size
             self.replica_id = replica_id
@@ -344,6 +348,8 @@ class ReplicatedGroup:
             failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
+            if self._inflight:
+                self._error_hit_ops = True
             fail_now = fail_pending and reason is not None and self.backend != "nccl"
             pending = list(self._inflight.values()) if fail_now else []
         for fail in pending:
@@ -369,6 +375,14 @@ class ReplicatedGroup:
         """The first error since the last `configure`, or None."""
         return self._error
 
+    def error_hit_operations(self) -> bool:
+        """Whether the group's error (`errored()`) reached an operation: one failed or timed out, was in flight
+        when the group was aborted, or was tried on the aborted group. False for an abort that came after every
+        operation had completed (a peer reported dead right after a sync finished): those results are valid,
+        and a step that waited for them can still commit; the next operation on the group fails."""
+        with self._lock:
+            return self._error is not None and self._error_hit_ops
+
     def rank(self) -> int:
         return self._rank
 
@@ -385,6 +399,7 @@ class ReplicatedGroup:
     def _current(self) -> tuple[Any, int]:
         with self._lock:
             if self._pg is None:
+                self._error_hit_ops = True
                 raise RuntimeError(
                     "replicated group is not configured (or was aborted"
                     + (f" after: {self._error}" if self._error else "")
@@ -396,6 +411,7 @@ class ReplicatedGroup:
         with self._lock:
             if generation != self._generation:
                 return
+            self._error_hit_ops = True  # an operation of this generation failed
         logger.warning("replicated group error (rank %d): %s; aborting communicator", self._rank, err)
         self.abort(reason=err, wait=False)
 
@@ -574,6 +590,8 @@ class ReplicatedGroup:
                 _ABANDONED.add(inner, op_deadline)
 
         def fail_now(err: Exception) -> None:  # abort(fail_pending=True)
+            with self._lock:
+                self._error_hit_ops = True
             if claim():
                 _WATCHDOG.cancel(token)
                 abandon()
