@@ -285,6 +285,10 @@ def _start_together(outs: list[Path], start: Path) -> None:
     start.touch()
 
 
+# make test runs this scenario with the job secret (test_transfer_security.py::
+# test_early_heal_between_processes_with_the_job_secret, as `regent train` always does); the unauthenticated
+# library path runs here, under make test-long, to keep make test inside its budget.
+@pytest.mark.long
 def test_restarted_replica_heals_early_from_a_live_holder(lighthouse, tmp_path):
     """b starts while a is in the middle of a long local phase: b pulls a's committed state at once (not at
     a's next sync), sits out that round, and from the next sync on the two are bit-identical."""
