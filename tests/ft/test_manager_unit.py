@@ -200,7 +200,6 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
     """A `comm` fault: replica a's group is aborted but no process dies. Its Manager announces the failure
     ("group_failed", with the quorum id); passed to b's `peer_failed` (the orchestrator's part, wired here by
     hand), b's allreduce that waits for a fails with that reason instead of waiting out b's timeout."""
-    import threading
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
     events: list[tuple[str, dict]] = []
@@ -220,11 +219,7 @@ def test_a_replica_whose_group_fails_tells_its_peers_in_the_same_quorum():
                                  on_event=on_event)
     a, b = managers["a"], managers["b"]
     try:
-        starts = [threading.Thread(target=m.start_quorum) for m in (a, b)]
-        for t in starts:
-            t.start()
-        for t in starts:
-            t.join(30)
+        _in_threads(a.start_quorum, b.start_quorum)
         quorum_id, build = a._quorum_key[0], a._group
         assert b._group == build
         # a notice about another build of the group (an earlier one, reported late): ignored
@@ -263,19 +258,11 @@ def test_a_peer_reported_dead_after_the_steps_allreduce_completed_does_not_undo_
                 for name in ("a", "b")}
     a, b = managers["a"], managers["b"]
     try:
-        starts = [threading.Thread(target=m.start_quorum) for m in (a, b)]
-        for t in starts:
-            t.start()
-        for t in starts:
-            t.join(30)
+        _in_threads(a.start_quorum, b.start_quorum)
         assert a.num_participants() == b.num_participants() == 2
         results = {}
-        threads = [threading.Thread(target=lambda n=n, m=m: results.__setitem__(n, m.allreduce(torch.ones(4)).wait()))
-                   for n, m in managers.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        _in_threads(*[lambda n=n, m=m: results.__setitem__(n, m.allreduce(torch.ones(4)).wait())
+                       for n, m in managers.items()])
         assert all(torch.equal(r, torch.ones(4)) for r in results.values())
         votes = {}
         vote_a = threading.Thread(target=lambda: votes.__setitem__("a", a.should_commit()))
@@ -292,3 +279,14 @@ def test_a_peer_reported_dead_after_the_steps_allreduce_completed_does_not_undo_
         for m in (a, b):
             m.shutdown()
         lighthouse.shutdown()
+
+
+def _in_threads(*fns) -> None:
+    """Run `fns` at once (each on its own thread) and wait for all: the replicas' side of a collective step."""
+    import threading
+
+    threads = [threading.Thread(target=fn) for fn in fns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
