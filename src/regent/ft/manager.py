@@ -1193,11 +1193,12 @@ class Manager:
         # replica committed this very step and then died) leaves this replica's results valid: voting no
         # here left the run's newest committed step with the dead replica alone (seen in a full test run:
         # that step was lost and counted as a lineage reset).
-        if self._pg.errored() is not None and getattr(self._pg, "error_hit_operations", lambda: True)():
-            self.report_error(self._pg.errored())
-        elif self._pg.errored() is not None:
+        group_error = self._pg.errored()
+        if group_error is not None and getattr(self._pg, "error_hit_operations", lambda: True)():
+            self.report_error(group_error)
+        elif group_error is not None:
             logger.info("step %d: the replicated group was aborted after every operation of the step had "
-                        "completed (%s); the step may still commit", self._step, self._pg.errored())
+                        "completed (%s); the step may still commit", self._step, group_error)
         if self._healing and self._errored is None:
             try:
                 self._apply_pending_state()

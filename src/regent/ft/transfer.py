@@ -46,7 +46,7 @@ import time
 from array import array
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -833,13 +833,16 @@ class _Hold:
     last: float
     of: int = 0  # how many chunks the healer fetches (known from its first chunk request)
     active: int = 0  # chunk requests being answered now
-    done: set[int] | None = None
+    done: set[int] = field(default_factory=set)
 
     def finished(self) -> bool:
-        return self.of > 0 and self.done is not None and len(self.done) >= self.of
+        return self.of > 0 and len(self.done) >= self.of
 
-    def expires(self) -> float:
-        return min(self.last + HOLD_IDLE_S, self.started + HOLD_MAX_S)
+    def ends_at(self) -> float:
+        """When it is released at the latest: HOLD_MAX_S after it began, or HOLD_IDLE_S after the healer's last
+        request while no chunk of it is being sent."""
+        end = self.started + HOLD_MAX_S
+        return end if self.active else min(end, self.last + HOLD_IDLE_S)
 
 
 class StreamTransport:
@@ -935,11 +938,10 @@ class StreamTransport:
         start = time.monotonic()
         while self._holds:
             now = time.monotonic()
-            for key in [k for k, h in self._holds.items() if h.finished() or (h.active == 0 and h.expires() <= now)
-                        or now >= h.started + HOLD_MAX_S]:
+            for key in [k for k, h in self._holds.items() if h.finished() or h.ends_at() <= now]:
                 del self._holds[key]
             if self._holds:
-                self._holds_changed.wait(timeout=max(0.01, min(h.expires() for h in self._holds.values()) - now))
+                self._holds_changed.wait(timeout=min(h.ends_at() for h in self._holds.values()) - now)
         waited = time.monotonic() - start
         if waited > 0.001:
             self.held_s += waited
@@ -1012,7 +1014,7 @@ class StreamTransport:
                     if self._serving is serving and len(self._holds) < MAX_HOLDS:
                         key = secrets.randbits(62)
                         now = time.monotonic()
-                        self._holds[key] = _Hold(started=now, last=now, done=set())
+                        self._holds[key] = _Hold(started=now, last=now)
                         answer["hold"] = key
             _send_frame(conn, json.dumps(answer).encode())
             if blob is None:
@@ -1035,7 +1037,7 @@ class StreamTransport:
                     hold.active -= 1
                     hold.last = time.monotonic()
                     if hold.finished():
-                        self._holds = {k: h for k, h in self._holds.items() if h is not hold}
+                        self._holds.pop(request["hold"], None)
                     self._holds_changed.notify_all()
 
     def _send_chunk(self, conn: socket.socket, request: dict[str, Any], tensors: list[torch.Tensor],

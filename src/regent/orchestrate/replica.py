@@ -419,7 +419,7 @@ class ReplicaActor(Actor):
                               restarting=self._restart_in_flight(), trainers_up=trainers is not None)
             if what == "done":
                 break
-            if what == "wait" or trainers is None:
+            if what == "wait" or trainers is None:  # ("ask" only with trainers: this narrows the type)
                 await asyncio.sleep(0.5)
                 continue
             try:

@@ -44,6 +44,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from regent.train.optim import grads_for_allreduce
+from regent.train.optim import local_tensor as _local
+
 
 @dataclasses.dataclass
 class TrainerContext:
@@ -116,14 +119,8 @@ class ExternalTrainer:
 
     # -- one step ---------------------------------------------------------------------------------------
     def local_grads(self) -> list[torch.Tensor]:
-        """Every trainable parameter's gradient, in parameter order: one that got none this step (unused on
-        this replica's batch) becomes zeros, so every replica hands the cross-replica allreduce the same
-        tensors (leaving it out would make this replica's flattened gradient shorter than its peers': a
-        mismatched allreduce, which one side can finish and the other wait out), and it receives the average."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [_local(p.grad) for p in self.params]
+        """Every trainable parameter's gradient, zeros where it got none (see `grads_for_allreduce`)."""
+        return grads_for_allreduce(self.params)
 
     def train_step(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -257,10 +254,6 @@ def _unshared(optim_state: Mapping[str, Any], optimizer: torch.optim.Optimizer) 
     state = {k: {kk: fresh(vv, params[k] if isinstance(k, int) and k < len(params) else None)
                  for kk, vv in st.items()} for k, st in optim_state["state"].items()}
     return {**optim_state, "state": state}
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _number(value: Any) -> Any:

@@ -19,6 +19,17 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
+def grads_for_allreduce(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every trainable parameter's gradient (this rank's shard), in parameter order, writable in place. One that
+    got none this step (unused on this replica's batch) becomes zeros, so every replica hands the cross-replica
+    allreduce the same tensors (leaving it out made one replica's flattened gradient shorter than its peers': a
+    mismatched allreduce, which one side can finish and the other wait out) and it receives the average."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [local_tensor(p.grad) for p in params]
+
+
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float, contiguous: bool = False) -> torch.optim.AdamW:
     """AdamW whose per-parameter state exists before the first step.

@@ -36,7 +36,13 @@ from regent.train.checkpoint import Checkpointer, CheckpointError
 from regent.train.config import TrainConfig
 from regent.train.data import ShardedBatches, build_tokenizer, load_token_stream
 from regent.train.metrics import MetricsWriter, mfu
-from regent.train.optim import WarmupCosineSchedule, build_optimizer, clip_grad_norm, local_tensor
+from regent.train.optim import (
+    WarmupCosineSchedule,
+    build_optimizer,
+    clip_grad_norm,
+    grads_for_allreduce,
+    local_tensor,
+)
 from regent.train.spec import ParallelContext, get_spec
 
 log = logging.getLogger(__name__)
@@ -192,13 +198,8 @@ class Trainer:
         return self.loss_fn(logits, labels)
 
     def local_grads(self) -> list[torch.Tensor]:
-        """This rank's gradient tensors (local shards under FSDP), in parameter order; writable in place. A
-        parameter with no gradient this step gets zeros: every replica must hand the cross-replica allreduce
-        the same tensors (see `regent.orchestrate.user_trainer.ExternalTrainer.local_grads`)."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return [local_tensor(p.grad) for p in self.params]
+        """This rank's gradient tensors (see `grads_for_allreduce`)."""
+        return grads_for_allreduce(self.params)
 
     def _to_device(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, labels = self.dataloader.batch(index)
