@@ -144,6 +144,20 @@ def test_numpy_buffers_travel_out_of_band():
     assert np.array_equal(out["a"], arr) and list(out["small"]) == [0, 1, 2]
 
 
+def test_plain_results_take_the_fast_path_and_round_trip():
+    import enum
+
+    class Colour(enum.IntEnum):  # an int subclass is not a plain int: it goes the general way, by reference
+        RED = 1
+
+    big = "x" * (1 << 20)
+    for value in (0, -(1 << 80), 1.5, True, None, "", "__main__", big):
+        body, buffers = dumps(value)
+        assert buffers == [] and loads(body) == value and type(loads(body)) is type(value)
+    body, _ = dumps(Colour.RED)
+    assert loads(body) is Colour.RED
+
+
 def test_torch_tensors_travel_out_of_band():
     torch = pytest.importorskip("torch")
     t = torch.arange(1 << 20, dtype=torch.float32).reshape(1024, 1024)

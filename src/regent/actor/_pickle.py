@@ -138,8 +138,15 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+# Results of these exact types pickle the same with any pickler and carry no buffers: the C pickler alone, with
+# no buffer callback and no check for references into __main__ (most endpoints return one of these).
+_PLAIN_TYPES = frozenset({int, float, bool, str, type(None)})
+
+
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     """Pickle `obj`; returns the pickle stream and the out-of-band buffers (as flat byte memoryviews)."""
+    if type(obj) in _PLAIN_TYPES:
+        return pickle.dumps(obj, 5), []
     buffers: list[memoryview] = []
 
     def keep(buffer: pickle.PickleBuffer) -> bool:
@@ -170,7 +177,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
 
 
 def loads(data: bytes | bytearray | memoryview, buffers: list[Any] = ()) -> Any:
-    return pickle.loads(data, buffers=buffers)
+    return pickle.loads(data, buffers=buffers) if buffers else pickle.loads(data)
 
 
 def dumps_inband(obj: Any) -> bytes:
