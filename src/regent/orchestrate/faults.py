@@ -18,6 +18,20 @@ from typing import Any
 
 MULTI_REPLICA_KINDS = ("correlated",)
 NO_REPLICA_KINDS = ("lighthouse",)
+# Kinds after which the replica hit does not fail: it reconfigures its group (comm), runs slow (straggler), or
+# nothing of it is hit (lighthouse).
+NON_FAILING_KINDS = ("comm", "straggler", "lighthouse")
+
+
+def failure_expected_within(kind: str, hang_timeout_s: float) -> float | None:
+    """How long after its injection a fault of `kind` should have been reported as a failure of the replica it
+    hit, or None when the kind does not fail a replica. A hang is found by the liveness watchdog (up to the hang
+    timeout); every other kind ends or breaks a process, which its supervisor sees within a second or two."""
+    if kind in NON_FAILING_KINDS:
+        return None
+    if kind == "hang":
+        return hang_timeout_s + 10.0
+    return 10.0
 
 
 @dataclass(frozen=True)

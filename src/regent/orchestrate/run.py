@@ -31,7 +31,13 @@ from typing import Any
 from regent.actor import ActorError, Channel, this_host
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
-from regent.orchestrate.faults import PlannedFault, RandomFaultSchedule, ReplayFaultSchedule, fault_record
+from regent.orchestrate.faults import (
+    PlannedFault,
+    RandomFaultSchedule,
+    ReplayFaultSchedule,
+    failure_expected_within,
+    fault_record,
+)
 from regent.orchestrate.live import LiveDisplay, RunView
 from regent.orchestrate.summary import compute_summary, healthy_step_rate
 
@@ -66,6 +72,10 @@ class OrchestrationManager:
         self.max_step = 0
         self.t_start = time.time()
         self._replay_overrun_said = False
+        # replica -> (injected at, seconds its failure report may take): a fault delivered whose failure has not
+        # been reported yet. The run does not end in that gap (a replay's last fault, a pending full restart).
+        self._failure_awaited: dict[int, tuple[float, float]] = {}
+        self._failure_seen_at: dict[int, float] = {}  # replica -> when its last failure was reported
         self._undelivered_said: tuple[str, float] | None = None
         self.t_train: float | None = None  # the first step: the fault clock starts here, after start-up
         self.healthy_since: dict[int, float | None] = {r: None for r in range(cfg.replicas)}
@@ -99,6 +109,8 @@ class OrchestrationManager:
             self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
             self.healthy_since[r] = None
+            self._failure_awaited.pop(r, None)
+            self._failure_seen_at[r] = time.time()
         if e["kind"] == "state_lost" and e.get("fatal"):
             detail = e.get("reason") or "no live replica and no backstop holds the committed state"
             lost = e.get("lost_step", e.get("step"))
@@ -358,6 +370,8 @@ class OrchestrationManager:
 
     def _done(self, schedule: Any = None) -> bool:
         cfg = self.cfg
+        if self.full_restart_pending:
+            return False  # the checkpoint-restart baseline restarts everyone before the run may end
         if cfg.steps is not None:
             return self.max_step >= cfg.steps
         if time.time() - self.t_start < (cfg.duration or 0):
@@ -371,8 +385,14 @@ class OrchestrationManager:
         says what was left out."""
         if not isinstance(schedule, ReplayFaultSchedule) or self.t_train is None:
             return False
+        now = time.time()
+        for r, (at, within) in list(self._failure_awaited.items()):
+            if now - at > within:  # never reported: the replica may have finished its step first; not waited on
+                del self._failure_awaited[r]
+                logger.warning("no failure reported for replica %d %.0f s after its fault", r, now - at)
         unhealthy = [r for r, since in self.healthy_since.items()
                      if since is None and self.view.reps[r].status not in ("gave up", "ended failed")]
+        unhealthy += [r for r in self._failure_awaited if r not in unhealthy]  # hit, failure not reported yet
         if not schedule.pending and not unhealthy:
             return False
         over = time.time() - self.t_start - (self.cfg.duration or 0)
@@ -428,16 +448,27 @@ class OrchestrationManager:
         if fault.kind == "correlated":
             self._spawn(self._inject_correlated(replicas, fault))  # its kills are spread over a window
             return True
+        t_inject = time.time()
         try:
             delivered = await replicas.slice(replicas=fault.replica).inject_fault.call_one(fault.kind, fault.rank)
         except Exception as exc:  # noqa: BLE001 - reported; that replica is failing itself, its supervisor handles it
             logger.warning("injecting %s into replica %s: %r", fault.kind, fault.replica, exc)
             return False
         if delivered:
+            self._await_failure(fault.kind, [fault.replica], t_inject)
             extra = {"seconds": self.cfg.faults.straggler_s} if fault.kind == "straggler" else {}
             self.record_event(make_event("fault_injected", replica=fault.replica, replicas=[fault.replica],
                                          fault_kind=fault.kind, rank=fault.rank, step=self.max_step, **extra))
         return bool(delivered)
+
+    def _await_failure(self, kind: str, hit: list[int], injected_at: float) -> None:
+        """Replicas `hit` by a fault at `injected_at` count as recovering until their failure is reported."""
+        within = failure_expected_within(kind, self.cfg.faults.hang_timeout)
+        if within is None:
+            return
+        for r in hit:
+            if self._failure_seen_at.get(r, 0.0) < injected_at:  # not reported already, during the injection
+                self._failure_awaited[r] = (injected_at, within)
 
     async def _inject_correlated(self, replicas: Any, fault: PlannedFault) -> None:
         """Kill every replica of `fault.replicas`, each at its offset: one event, timed at the first kill."""
@@ -447,6 +478,7 @@ class OrchestrationManager:
         hit: list[int] = []
         at: list[float] = []
         first: float | None = None
+        t_inject = time.time()
         for r, offset in zip(fault.replicas, offsets):
             await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
             try:
@@ -460,6 +492,7 @@ class OrchestrationManager:
                 hit.append(r)
                 at.append(round(now - first, 3))
         if hit:
+            self._await_failure(fault.kind, hit, t_inject)
             self.record_event(make_event("fault_injected", replica=None, replicas=hit, fault_kind=fault.kind,
                                          rank=None, step=self.max_step, offsets=at, t=first,
                                          window_s=self.cfg.faults.correlated_window_s))
