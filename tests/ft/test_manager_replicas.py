@@ -50,8 +50,19 @@ def test_healthy_replicas_stay_bit_identical_and_initial_sync(lighthouse2, tmp_p
     assert heals[0]["step"] == 0  # initial sync, not a late join
 
 
-def test_crash_and_rejoin_heals_from_donor(lighthouse, tmp_path):
+@pytest.fixture
+def lighthouse_patient():
+    # The first quorum waits up to 10 s for a second member. With 2 s, a loaded box (the full suite, a slow VM)
+    # started `a` after b's first quorum had formed: b trained alone, so its committed steps died with it, and
+    # the run correctly declared them lost (a lineage reset) instead of the heal this test is about.
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=2000)
+    yield server
+    server.shutdown()
+
+
+def test_crash_and_rejoin_heals_from_donor(lighthouse_patient, tmp_path):
     """b crashes at step 4 (a's allreduce fails, no commit, a goes on alone); b restarts and heals from a."""
+    lighthouse = lighthouse_patient
     a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     common = ("--steps", "10", "--sleep", "0.1", "--timeout", "5", "--until-participants", "2")
     a = spawn(lighthouse.address(), "a", a_out, *common)
