@@ -398,6 +398,9 @@ class ReplicaActor(Actor):
         trainers = self.trainers
         if trainers is not None and not self.policy.restarting:
             trainers.peer_failed.broadcast(f"replica_{replica_index}:", group)
+        else:  # this replica is restarting: its next trainers join a new quorum, no collective to fail
+            logger.info("replica %d: notice of replica %d's failure (group %s) not passed on: restarting",
+                        self.index, replica_index, group)
 
     @endpoint
     async def request_stop(self, at_step: int) -> None:

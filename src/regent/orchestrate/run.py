@@ -164,7 +164,7 @@ class OrchestrationManager:
                 try:
                     await self._replicas.slice(replicas=q).peer_failed.call_one(failed, group)
                 except Exception as exc:  # noqa: BLE001 - that replica may be failing too; its own supervisor reports it
-                    logger.debug("telling replica %d about replica %d: %r", q, failed, exc)
+                    logger.warning("telling replica %d about replica %d (group %s) failed: %r", q, failed, group, exc)
 
     def record_metric(self, m: dict[str, Any]) -> None:
         self.metrics.write(m)
