@@ -26,7 +26,16 @@ import time
 import traceback
 from typing import Any
 
-from regent.actor import Actor, MeshFailure, Port, config, current_rank, endpoint, this_host
+from regent.actor import (
+    Actor,
+    MeshFailure,
+    Port,
+    concurrent_endpoint,
+    config,
+    current_rank,
+    endpoint,
+    this_host,
+)
 from regent.orchestrate.events import make_event
 from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked, at_the_end
 from regent.ports import free_port
@@ -409,7 +418,9 @@ class ReplicaActor(Actor):
         if trainers is not None:
             trainers.stop_at.broadcast(at_step)
 
-    @endpoint
+    # Concurrent: it waits (up to `timeout`) for the stop step, and the messages behind it must not wait with
+    # it: a peer's failure notice held there reached the trainers after their collective had timed out.
+    @concurrent_endpoint
     async def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for the trainers to reach the stop step and collect the final state hash. The trainers stay
         up, still serving their committed state to replicas that are behind, until `release()`."""
