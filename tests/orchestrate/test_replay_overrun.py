@@ -108,3 +108,10 @@ def test_failure_expected_within():
     assert failure_expected_within("hang", 8) == 18.0 and failure_expected_within("hang", 60) == 70.0
     for kind in ("kill", "exception", "segfault", "exit", "node", "correlated"):
         assert failure_expected_within(kind, 8) == 10.0
+
+
+def test_a_replay_whose_training_has_not_started_at_the_duration_waits_for_it():
+    m = _manager(duration=30, started_ago=31, healthy={0: None, 1: None})
+    m.t_train = None  # a slow start: no step yet when --duration is reached
+    assert not OrchestrationManager._done(m, ReplayFaultSchedule([PlannedFault(12, 0, "kill", 1)]))
+    assert OrchestrationManager._done(m, ReplayFaultSchedule([]))  # nothing to play: ends as before

@@ -383,8 +383,10 @@ class OrchestrationManager:
         been injected and every replica trains again (a slow start-up on a busy machine left the last faults
         of a reproduction out). Bounded: REPLAY_OVERRUN_S past the duration at most, then the run ends and
         says what was left out."""
-        if not isinstance(schedule, ReplayFaultSchedule) or self.t_train is None:
+        if not isinstance(schedule, ReplayFaultSchedule):
             return False
+        if self.t_train is None and not schedule.pending:
+            return False  # nothing left to play (a run whose training has not started is waited for below)
         now = time.time()
         for r, (at, within) in list(self._failure_awaited.items()):
             if now - at > within:  # never reported: the replica may have finished its step first; not waited on
