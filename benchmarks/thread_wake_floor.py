@@ -34,6 +34,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _ARGS = pickle.dumps(((7,), {}), 5)
@@ -47,6 +48,21 @@ def unit_work(i: int, units: int) -> None:
         args, _kwargs = pickle.loads(_ARGS)
         _TABLE.get("endpoint3")
         pickle.dumps(args[0] + i, 5)
+
+
+def _woken_thread(tokens: queue.SimpleQueue, i: int, units: int, lock: threading.Lock, done: list[int], n: int,
+                  reply: Callable[[], None]) -> None:
+    """One actor's thread: per token, its work; the last of the round's T threads sends the reply."""
+    while True:
+        if tokens.get() is None:
+            return
+        unit_work(i, units)
+        with lock:
+            done.append(i + 1)
+            last = len(done) == n
+        if last:
+            done.clear()
+            reply()
 
 
 def child(sock: socket.socket, threads: int, mode: str, units: int) -> None:
@@ -63,16 +79,7 @@ def child(sock: socket.socket, threads: int, mode: str, units: int) -> None:
         sock.sendall(b"r")
 
     def run(tokens: queue.SimpleQueue, i: int) -> None:
-        while True:
-            if tokens.get() is None:
-                return
-            unit_work(i, units)
-            with lock:
-                done.append(i + 1)
-                last = len(done) == n
-            if last:
-                done.clear()
-                reply()
+        _woken_thread(tokens, i, units, lock, done, n, reply)
 
     queues = []
     if not inline:
@@ -119,16 +126,7 @@ def _loop_child(sock: socket.socket, n: int, units: int) -> None:
         sock.send(b"r")
 
     def run(tokens: queue.SimpleQueue, i: int) -> None:
-        while True:
-            if tokens.get() is None:
-                return
-            unit_work(i, units)
-            with lock:
-                done.append(i + 1)
-                last = len(done) == n
-            if last:
-                done.clear()
-                loop.call_soon_threadsafe(write_reply)
+        _woken_thread(tokens, i, units, lock, done, n, lambda: loop.call_soon_threadsafe(write_reply))
 
     for i in range(n):
         q: queue.SimpleQueue = queue.SimpleQueue()
