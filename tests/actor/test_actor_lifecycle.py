@@ -333,3 +333,45 @@ def test_stop_with_timeout_kills_busy_procs_quickly():
     pm.stop(timeout=0.5).get(timeout=TIMEOUT)
     assert time.monotonic() - t0 < 8
     assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10)
+
+
+class SockDir(Actor):
+    @endpoint
+    def where(self) -> tuple:
+        return os.getpid(), get_runtime().sock_dir
+
+
+def test_socket_directories_are_removed_however_a_proc_ends():
+    """Each process's private unix-socket directory goes with it: a SIGKILLed proc's is removed by its spawner,
+    a stopped proc's by itself (they used to pile up in /tmp, one per process ever started)."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = procs.spawn("sockdir", SockDir)
+    (pid0, dir0), (pid1, dir1) = mesh.where.call().get(timeout=TIMEOUT).values()
+    assert os.path.isdir(dir0) and os.path.isdir(dir1) and dir0 != dir1
+    os.kill(pid0, signal.SIGKILL)
+    assert wait_for(lambda: not os.path.exists(dir0)), dir0
+    procs.stop().get(timeout=TIMEOUT)
+    assert wait_for(lambda: not os.path.exists(dir1)), dir1
+
+
+def test_controller_removes_its_socket_directory_at_exit(tmp_path):
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent("""
+        import json, os
+        from regent.actor import Actor, endpoint, this_host
+        from regent.actor._runtime import get_runtime
+
+        class SockDir(Actor):
+            @endpoint
+            def where(self):
+                return get_runtime().sock_dir
+
+        mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("s", SockDir)
+        print(json.dumps([get_runtime().sock_dir, mesh.where.call_one().get(timeout=120)]), flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr
+    dirs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(d.startswith(os.path.join(os.path.realpath(os.path.dirname(d)), "regent-")) for d in dirs)
+    assert not [d for d in dirs if os.path.exists(d)]

@@ -32,7 +32,7 @@ def main() -> None:
     from regent.actor._runtime import Runtime, new_event_loop, set_runtime
 
     rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
-                 advertise_host=boot.get("advertise_host"))
+                 advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
     set_runtime(rt)
     parent = boot["parent"]
     rt.owner_proc_id = parent["id"]

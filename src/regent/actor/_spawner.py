@@ -24,7 +24,7 @@ from regent.actor._config import config
 from regent.actor._errors import ActorError
 from regent.actor._messages import Configure, encode
 from regent.actor._pickle import loads
-from regent.actor._runtime import ERROR, OK, Runtime, new_id
+from regent.actor._runtime import ERROR, OK, Runtime, new_id, new_sock_dir, remove_sock_dir
 
 logger = logging.getLogger("regent.actor")
 
@@ -75,6 +75,7 @@ class Child:
         self.on_output: Callable[[str, str, str], None] | None = None
         self.exit_reason: str | None = None
         self.graceful = False
+        self.sock_dir: str | None = None  # made here, removed by `_watch` once the process is gone
 
 
 class LocalSpawner:
@@ -102,8 +103,10 @@ class LocalSpawner:
                      on_exit: Callable | None, on_output: Callable | None,
                      sys_path: list[str] | None = None, command: dict | None = None) -> Child:
         rt = self.rt
+        sock_dir = new_sock_dir()
         boot = {
             "id": pid,
+            "sock_dir": sock_dir,
             "parent": rt.info,
             "sys_path": list(dict.fromkeys(list(sys_path or []) + [p for p in sys.path if p])),
             "cwd": os.getcwd(),
@@ -132,9 +135,11 @@ class LocalSpawner:
         except OSError as exc:
             rt.hello_waiters.pop(pid, None)
             rt.held.discard(pid)
+            remove_sock_dir(sock_dir)
             raise RuntimeError(f"cannot start proc {pid} with bootstrap command {cmd['program']!r} "
                                f"{cmd.get('args', [])}: {exc}") from exc
         child = Child(pid, process, label, spare)
+        child.sock_dir = sock_dir
         child.on_exit = on_exit
         child.on_output = on_output
         self.children[pid] = child
@@ -168,6 +173,8 @@ class LocalSpawner:
         rc = await child.process.wait()
         reason = f"Killed(sig={-rc})" if rc < 0 else f"Exited({rc})"
         child.exit_reason = reason
+        if child.sock_dir is not None:
+            remove_sock_dir(child.sock_dir)
         self.children.pop(child.pid, None)
         if child in self.spares:
             self.spares.remove(child)
@@ -289,9 +296,13 @@ class LocalSpawner:
                 child.process.send_signal(signal.SIGKILL)
 
     def kill_all(self) -> None:
+        """SIGKILL every child, and remove their socket directories now: this process may leave (`os._exit`)
+        before `_watch` sees them go."""
         self.warm_target = 0
-        for pid in list(self.children):
+        for pid, child in list(self.children.items()):
             self.kill(pid)
+            if child.sock_dir is not None:
+                remove_sock_dir(child.sock_dir)
 
     def os_pid(self, pid: str) -> int | None:
         child = self.children.get(pid)

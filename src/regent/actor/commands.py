@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from regent.actor._runtime import Runtime, new_event_loop, new_id, set_runtime
+from regent.actor._runtime import Runtime, new_event_loop, new_id, remove_sock_dir, set_runtime
 from regent.actor._transport import parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
 
@@ -92,6 +92,7 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     def terminate(*_: object) -> None:
         if rt.spawner is not None:
             rt.spawner.kill_all()
+        remove_sock_dir(rt.sock_dir)
         os._exit(0)  # like Python's own SIGTERM death: no atexit handlers (a graceful end is `host.shutdown()`)
 
     signal.signal(signal.SIGTERM, terminate)
