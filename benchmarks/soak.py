@@ -83,6 +83,13 @@ def main() -> int:
     base = json.loads((baseline / "summary.json").read_text())
     vw = summary.get("vulnerability_window_seconds") or {}
     causes = Counter(c.get("cause") for c in summary.get("full_restart_causes") or [])
+    def num(value: object, digits: int = 2) -> object:
+        """A figure for the table: floats rounded (the JSON keeps them whole), a missing one as `-`."""
+        if value is None:
+            return "-"
+        return f"{value:.{digits}f}" if isinstance(value, float) else value
+
+    rec = summary.get("recovery_seconds") or {}
     rows = [
         ("mode / config", f"{args.mode}, {args.replicas} x {args.procs_per_replica} debug, --chaos every "
                           f"{args.fault_every}, seed {args.seed}"),
@@ -96,13 +103,13 @@ def main() -> int:
         ("give-ups", summary.get("gave_up")),
         ("max stall of the committed step", f"{summary.get('max_stall_seconds'):.1f} s"
          if summary.get("max_stall_seconds") is not None else None),
-        ("time below N replicas", f"{summary.get('time_below_n_seconds')} s"),
-        ("vulnerability window p50 / max", f"{vw.get('p50')} / {vw.get('max')} s (n={vw.get('n')})"),
-        ("recovery p50 / max", f"{summary['recovery_seconds']['p50']} / {summary['recovery_seconds']['max']} s"),
+        ("time below N replicas", f"{num(summary.get('time_below_n_seconds'), 1)} s"),
+        ("vulnerability window p50 / max", f"{num(vw.get('p50'))} / {num(vw.get('max'))} s (n={vw.get('n')})"),
+        ("recovery p50 / max", f"{num(rec.get('p50'))} / {num(rec.get('max'))} s"),
         ("steps committed (soak / baseline)", f"{summary.get('steps_committed')} / {base.get('steps_committed')}"),
-        ("goodput vs fault-free", f"{summary.get('goodput')} ({summary.get('goodput_basis')})"),
-        ("loss initial -> final (baseline final)", f"{summary.get('initial_loss')} -> {summary.get('final_loss')} "
-                                                   f"({base.get('final_loss')})"),
+        ("goodput vs fault-free", f"{num(summary.get('goodput'), 3)} ({summary.get('goodput_basis')})"),
+        ("loss initial -> final (baseline final)", f"{num(summary.get('initial_loss'), 3)} -> "
+                                                   f"{num(summary.get('final_loss'), 3)} ({num(base.get('final_loss'), 3)})"),
         ("replicas bit-identical at the end", summary.get("replicas_consistent")),
         ("invariant violations", len(violations)),
     ]
