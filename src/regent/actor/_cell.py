@@ -173,10 +173,10 @@ class Cell:
                 self._cleanup_sync(self.failure_exc)
                 return
 
-    def _handle_sync(self, item: tuple) -> None:
-        _, method, body, buffers, reply, msg_rank = item
-        set_current(self.ctx, msg_rank)
-        self.current_reply = reply
+    def _decode(self, item: tuple) -> tuple | None:
+        """A message's endpoint and arguments, or None once a missing endpoint or undecodable arguments went
+        back to the caller as its error."""
+        _, method, body, buffers, reply, _ = item
         ep = self.endpoints.get(method) or self._plain_endpoint(method)
         try:
             if ep is None:
@@ -184,7 +184,17 @@ class Cell:
             args, kwargs = loads_call(body, buffers)
         except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
             self._endpoint_raised(exc, reply, method)
+            return None
+        return ep, args, kwargs
+
+    def _handle_sync(self, item: tuple) -> None:
+        _, method, _, _, reply, msg_rank = item
+        set_current(self.ctx, msg_rank)
+        self.current_reply = reply
+        call = self._decode(item)
+        if call is None:
             return
+        ep, args, kwargs = call
         if ep.explicit_response_port:
             port = self._port_for(reply)
             try:
@@ -312,16 +322,12 @@ class Cell:
                 return
 
     async def _handle_async(self, item: tuple) -> None:
-        _, method, body, buffers, reply, msg_rank = item
+        _, method, _, _, reply, msg_rank = item
         set_current(self.ctx, msg_rank)
-        ep = self.endpoints.get(method) or self._plain_endpoint(method)
-        try:
-            if ep is None:
-                raise AttributeError(f"{self.cls.__qualname__} has no endpoint {method!r}")
-            args, kwargs = loads_call(body, buffers)
-        except Exception as exc:  # noqa: BLE001 - reported: an argument error goes back to the caller
-            self._endpoint_raised(exc, reply, method)
+        call = self._decode(item)
+        if call is None:
             return
+        ep, args, kwargs = call
         if ep.concurrent:
             task = self.rt.loop.create_task(self._invoke_async(ep, args, kwargs, reply, method))
             self.tasks.add(task)
