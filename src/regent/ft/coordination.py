@@ -9,12 +9,20 @@ rank 0; `ManagerClient` talks to one from any process.
 from __future__ import annotations
 
 import datetime
+import random
+import time
 from typing import Any
 
 import grpc
 
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.lighthouse_client import LighthouseClient
+from regent.ft.lighthouse_client import (
+    BACKOFF_JITTER_S,
+    BACKOFF_START_S,
+    CHANNEL_OPTIONS,
+    LighthouseClient,
+    next_backoff,
+)
 from regent.ft.manager import ManagerServer, _result_from_proto, _rpc_error
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.recovery import QuorumResult
@@ -35,23 +43,30 @@ class ManagerClient:
         https = addr.strip().startswith("https://")
         self._addr = addr.removeprefix("http://").removeprefix("https://")
         self._connect_timeout = to_seconds(connect_timeout)
-        self._channel = Security.resolve(secret, tls).channel(self._addr, force_tls=https)
+        self._channel = Security.resolve(secret, tls).channel(self._addr, options=CHANNEL_OPTIONS, force_tls=https)
         self._stub = torchft_pb2_grpc.ManagerServiceStub(self._channel)
 
     def _call(self, what: str, method: Any, request: Any, timeout: datetime.timedelta | float) -> Any:
-        ready = grpc.channel_ready_future(self._channel)
-        try:
-            ready.result(timeout=self._connect_timeout)
-            return method(request, timeout=to_seconds(timeout))
-        except grpc.FutureTimeoutError:
-            raise TimeoutError(f"{what}: ManagerServer {self._addr} not reachable within "
-                               f"{self._connect_timeout:.3g} s") from None
-        except grpc.RpcError as err:
-            raise _rpc_error(what, self._addr, err) from None
-        finally:
-            # a future that timed out stays subscribed: grpc's polling thread would then raise "Channel closed!"
-            # once this client is closed (an unhandled exception in a thread); cancelling unsubscribes it
-            ready.cancel()
+        """One call; while the server is unreachable (not up yet, or restarting) it is retried with a short
+        backoff for up to `connect_timeout`. No `channel_ready_future`: its polling thread outlives a cancel by
+        up to 0.2 s and raised "Channel closed!" in that thread when the client was closed soon after a call."""
+        timeout_s = to_seconds(timeout)
+        first_unavailable: float | None = None
+        backoff = BACKOFF_START_S
+        while True:
+            try:
+                return method(request, timeout=timeout_s)
+            except grpc.RpcError as err:
+                if (err.code() if hasattr(err, "code") else None) != grpc.StatusCode.UNAVAILABLE:
+                    raise _rpc_error(what, self._addr, err) from None
+                now = time.monotonic()
+                first_unavailable = now if first_unavailable is None else first_unavailable
+                left = first_unavailable + self._connect_timeout - now
+                if left <= 0:
+                    raise TimeoutError(f"{what}: ManagerServer {self._addr} not reachable within "
+                                       f"{self._connect_timeout:.3g} s") from None
+                time.sleep(min(left, backoff + random.uniform(0, BACKOFF_JITTER_S)))
+                backoff = next_backoff(backoff)
 
     def _quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
                 timeout: datetime.timedelta | float, init_sync: bool = True, commit_failures: int = 0) -> QuorumResult:
