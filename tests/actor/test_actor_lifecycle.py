@@ -159,6 +159,8 @@ def test_process_job_with_two_hosts(monkeypatch):
     try:
         hosts = job.host_mesh()
         assert hosts.extent.labels == ["hosts"] and len(hosts) == 2
+        # the workers read the job secret at start: its file is not left on disk
+        assert job._secret_file and not os.path.exists(job._secret_file)
         assert job.host_mesh() is hosts and job.state().hosts is not hosts  # state() attaches anew (Monarch)
         pm = hosts.spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", Where)
@@ -375,3 +377,43 @@ def test_controller_removes_its_socket_directory_at_exit(tmp_path):
     dirs = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(d.startswith(os.path.join(os.path.realpath(os.path.dirname(d)), "regent-")) for d in dirs)
     assert not [d for d in dirs if os.path.exists(d)]
+
+
+def test_stale_socket_directories_are_swept_and_live_ones_kept(tmp_path):
+    """What a SIGKILLed process leaves (a socket nobody listens on) is removed by the next controller; a socket
+    in use, a fresh directory, and anything that is not a socket directory stay."""
+    import socket as _socket
+
+    from regent.actor._runtime import STALE_SOCK_DIR_AGE_S, sweep_stale_sock_dirs
+
+    old = time.time() - STALE_SOCK_DIR_AGE_S - 10
+
+    def sock_dir(name: str, listen: bool) -> tuple:
+        d = tmp_path / name
+        d.mkdir(mode=0o700)
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.bind(str(d / "rt.sock"))
+        if listen:
+            s.listen()
+        else:
+            s.close()  # the file stays, nobody listens: what a killed process leaves
+        return d, s
+
+    dead, _ = sock_dir("regent-dead", listen=False)
+    live, server = sock_dir("regent-live", listen=True)
+    fresh, _ = sock_dir("regent-fresh", listen=False)
+    empty = tmp_path / "regent-empty"
+    empty.mkdir()
+    other = tmp_path / "regent-other"
+    other.mkdir()
+    (other / "data.txt").write_text("not ours")
+    secret = tmp_path / "regent-secret-x"
+    secret.write_text("00")
+    for p in (dead, live, empty, other, secret):
+        os.utime(p, (old, old))
+    try:
+        assert sweep_stale_sock_dirs(str(tmp_path)) == 2
+        assert not dead.exists() and not empty.exists()
+        assert live.exists() and fresh.exists() and other.exists() and secret.exists()
+    finally:
+        server.close()

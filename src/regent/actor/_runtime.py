@@ -40,6 +40,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -253,6 +254,7 @@ class Runtime:
             raise errors[0]
         atexit.register(self._atexit)
         self._install_sigint()
+        threading.Thread(target=sweep_stale_sock_dirs, name="regent-sweep", daemon=True).start()
 
     def _install_sigint(self) -> None:
         """On the main thread, wrap SIGINT so an unhandled fault can make the client exit with code 1."""
@@ -764,6 +766,49 @@ def new_sock_dir() -> str:
 def remove_sock_dir(path: str) -> None:
     """Remove a process's socket directory; best effort (already gone, or not ours to remove: nothing to do)."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+STALE_SOCK_DIR_AGE_S = 60.0
+
+
+def sweep_stale_sock_dirs(parent: str | None = None, limit: int = 10_000) -> int:
+    """Remove socket directories that processes killed outright (SIGKILL, OOM) left behind; returns how many.
+
+    A directory goes only if all of this holds: named `regent-*`, owned by this user, older than a minute, and
+    holding an `rt.sock` that refuses connections (nobody listens on it: its process is gone). A live process
+    always listens on its socket, so this never takes one in use. Run by a controller at start, off its path."""
+    parent = parent or tempfile.gettempdir()
+    removed = 0
+    try:
+        entries = os.scandir(parent)
+    except OSError:
+        return 0
+    with entries:
+        for n, entry in enumerate(entries):
+            if n >= limit:
+                break
+            if not entry.name.startswith("regent-") or entry.name.startswith("regent-secret-"):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+                    continue
+                if time.time() - st.st_mtime < STALE_SOCK_DIR_AGE_S:
+                    continue
+                sock_path = os.path.join(entry.path, "rt.sock")
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.settimeout(1.0)
+                    probe.connect(sock_path)
+            except (ConnectionRefusedError, FileNotFoundError) as exc:
+                if isinstance(exc, FileNotFoundError) and not os.path.isdir(entry.path):
+                    continue  # removed meanwhile
+                if isinstance(exc, FileNotFoundError) and os.listdir(entry.path):
+                    continue  # not a socket directory of ours (something else named regent-*)
+                remove_sock_dir(entry.path)
+                removed += 1
+            except OSError:  # a directory we cannot judge (timeout, permissions) is left alone
+                continue
+    return removed
 
 
 class ForeignJobError(RuntimeError):

@@ -90,6 +90,11 @@ class ProcessJob:
         except BaseException:
             self.kill()
             raise
+        finally:
+            # every worker read it before it printed its address: the secret need not stay on disk (and is not
+            # left behind in /tmp if this process is killed later)
+            if self._secret_file and os.path.exists(self._secret_file):
+                os.unlink(self._secret_file)
         self._state = JobState(meshes)
 
     def _read_address(self, proc: subprocess.Popen) -> str:
