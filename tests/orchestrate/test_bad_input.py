@@ -237,8 +237,34 @@ def test_lighthouse_port_in_use(tmp_path, listening):
                    "127.0.0.1:0 picks a free one")
 
 
-def test_lighthouse_dashboard_port_in_use(listening):
-    port = listening.getsockname()[1]
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_lighthouse_dashboard_port_in_use():
+    # a listener on port P+1 whose P is free (an ephemeral port's neighbour may be taken by another socket)
+    for _ in range(50):
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        if _free(port - 1):
+            break
+        listening.close()
+    else:
+        pytest.fail("no listener port with a free neighbour in 50 tries")
+    try:
+        _check_dashboard_port_in_use(port)
+    finally:
+        listening.close()
+
+
+def _check_dashboard_port_in_use(port: int) -> None:
     with pytest.raises(ConfigError, match=rf"port {port}, the dashboard's port \(gRPC port \+ 1\), is already"):
         check_bind_free(f"127.0.0.1:{port - 1}")
     check_bind_free("127.0.0.1:0")  # any free port: nothing to check
