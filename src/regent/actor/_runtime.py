@@ -177,7 +177,7 @@ class Runtime:
         self._loop_thread: threading.Thread | None = None  # controller mode: the loop's daemon thread
         # the private directory of this process's unix socket. A proc's is made by its spawner, which removes
         # it when the proc is gone however it ended (a SIGKILL runs no handler); each process also removes its
-        # own at exit. Before, every process left a /tmp/regent-* behind: 9,000 after a day of tests here.
+        # own at exit, and a controller sweeps what killed processes left (`sweep_stale_sock_dirs`).
         self.sock_dir = sock_dir or new_sock_dir()
         atexit.register(remove_sock_dir, self.sock_dir)
         self.info: dict[str, Any] = {"id": proc_id, "machine": machine_id(), "unix": None, "tcp": None,
@@ -775,8 +775,9 @@ def sweep_stale_sock_dirs(parent: str | None = None, limit: int = 10_000) -> int
     """Remove socket directories that processes killed outright (SIGKILL, OOM) left behind; returns how many.
 
     A directory goes only if all of this holds: named `regent-*`, owned by this user, older than a minute, and
-    holding an `rt.sock` that refuses connections (nobody listens on it: its process is gone). A live process
-    always listens on its socket, so this never takes one in use. Run by a controller at start, off its path."""
+    holding an `rt.sock` that refuses connections (nobody listens on it: its process is gone), or holding
+    nothing at all. A live process always listens on its socket, so this never takes one in use. Run by a
+    controller at start, off its path."""
     parent = parent or tempfile.gettempdir()
     removed = 0
     try:
@@ -787,28 +788,33 @@ def sweep_stale_sock_dirs(parent: str | None = None, limit: int = 10_000) -> int
         for n, entry in enumerate(entries):
             if n >= limit:
                 break
-            if not entry.name.startswith("regent-") or entry.name.startswith("regent-secret-"):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
-                    continue
-                if time.time() - st.st_mtime < STALE_SOCK_DIR_AGE_S:
-                    continue
-                sock_path = os.path.join(entry.path, "rt.sock")
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                    probe.settimeout(1.0)
-                    probe.connect(sock_path)
-            except (ConnectionRefusedError, FileNotFoundError) as exc:
-                if isinstance(exc, FileNotFoundError) and not os.path.isdir(entry.path):
-                    continue  # removed meanwhile
-                if isinstance(exc, FileNotFoundError) and os.listdir(entry.path):
-                    continue  # not a socket directory of ours (something else named regent-*)
+            if entry.name.startswith("regent-") and not entry.name.startswith("regent-secret-") \
+                    and _is_stale_sock_dir(entry):
                 remove_sock_dir(entry.path)
                 removed += 1
-            except OSError:  # a directory we cannot judge (timeout, permissions) is left alone
-                continue
     return removed
+
+
+def _is_stale_sock_dir(entry: os.DirEntry) -> bool:
+    try:
+        st = entry.stat(follow_symlinks=False)
+        if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.getuid():
+            return False
+        if time.time() - st.st_mtime < STALE_SOCK_DIR_AGE_S:
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            probe.connect(os.path.join(entry.path, "rt.sock"))
+    except ConnectionRefusedError:
+        return True
+    except FileNotFoundError:  # no socket: stale only if empty (else something else named regent-*)
+        try:
+            return not os.listdir(entry.path)
+        except OSError:  # removed meanwhile
+            return False
+    except OSError:  # a directory we cannot judge (timeout, permissions) is left alone
+        return False
+    return False  # someone listens: in use
 
 
 class ForeignJobError(RuntimeError):

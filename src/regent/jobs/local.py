@@ -144,8 +144,6 @@ class ProcessJob:
                 p.wait()
         self._workers.clear()
         self._state = None
-        if self._secret_file and os.path.exists(self._secret_file):
-            os.unlink(self._secret_file)
 
     # -- the `regent.jobs.base.Job` contract, so `--job local` reallocation works like the other backends --
     def start(self) -> None:
