@@ -343,15 +343,20 @@ class SockDir(Actor):
         return os.getpid(), get_runtime().sock_dir
 
 
-def test_socket_directories_are_removed_however_a_proc_ends():
+def test_socket_directories_are_removed_however_a_proc_ends(monkeypatch):
     """Each process's private unix-socket directory goes with it: a SIGKILLed proc's is removed by its spawner,
     a stopped proc's by itself (they used to pile up in /tmp, one per process ever started)."""
+    import regent.actor
+
+    faults: list = []  # the SIGKILL is a real fault; unhandled, it would end this client (CI saw exactly that)
+    monkeypatch.setattr(regent.actor, "unhandled_fault_hook", faults.append)
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn("sockdir", SockDir)
     (pid0, dir0), (pid1, dir1) = mesh.where.call().get(timeout=TIMEOUT).values()
     assert os.path.isdir(dir0) and os.path.isdir(dir1) and dir0 != dir1
     os.kill(pid0, signal.SIGKILL)
     assert wait_for(lambda: not os.path.exists(dir0)), dir0
+    assert wait_for(lambda: len(faults) == 1), faults  # reported, before the stop that would mute it
     procs.stop().get(timeout=TIMEOUT)
     assert wait_for(lambda: not os.path.exists(dir1)), dir1
 
