@@ -52,10 +52,13 @@ def test_healthy_replicas_stay_bit_identical_and_initial_sync(lighthouse2, tmp_p
 
 @pytest.fixture
 def lighthouse_patient():
-    # The first quorum waits up to 10 s for a second member. With 2 s, a loaded box (the full suite, a slow VM)
-    # started `a` after b's first quorum had formed: b trained alone, so its committed steps died with it, and
-    # the run correctly declared them lost (a lineage reset) instead of the heal this test is about.
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=2000)
+    # The first quorum waits for both groups, as `regent train`'s Lighthouse does. A join timeout alone does not
+    # do it: it only waits for replicas that already heartbeat, and on a loaded box (the full suite) `a` was
+    # still importing torch when b joined, so b formed its first quorum alone, trained alone, and its committed
+    # steps died with it: the run correctly declared them lost (a lineage reset by a) instead of the heal this
+    # test is about.
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000, heartbeat_timeout_ms=2000,
+                              expect_groups=["a", "b"])
     yield server
     server.shutdown()
 
