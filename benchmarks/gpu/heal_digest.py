@@ -23,8 +23,14 @@ def digest(run: Path) -> str:
     picked = {k: summary.get(k) for k in keys if k in summary}
     heal = [{k: h.get(k) for k in ("replica", "donor", "step", "bytes", "seconds", "transport") if k in h}
             for h in heals]
+    # early pulls of the live committed state (per-step: the donor holds it until the transfer ends) and the
+    # attempts that missed (the donor inside its optimizer step, or moved on)
+    early = [{k: e.get(k) for k in ("replica", "donor", "manager_step", "bytes", "seconds") if k in e}
+             for e in events if e["kind"] == "early_heal_done"]
+    missed = [e.get("errors") for e in events if e["kind"] == "recover_failed"]
     return (f"{run.name}: {json.dumps(picked)} faults={kinds.get('fault_injected', 0)} "
-            f"failures={kinds.get('failure_detected', 0)} heals={json.dumps(heal)}")
+            f"failures={kinds.get('failure_detected', 0)} heals={json.dumps(heal)} early={json.dumps(early)} "
+            f"early_missed={len(missed)} {json.dumps(missed[:3])}")
 
 
 if __name__ == "__main__":
