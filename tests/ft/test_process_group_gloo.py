@@ -261,3 +261,24 @@ def test_an_abort_with_an_operation_in_flight_reaches_it():
         with pytest.raises(RuntimeError, match="reported failed"):
             work.wait()
         assert groups[0].error_hit_operations()
+
+
+def test_an_abort_reaches_a_point_to_point_wait_that_asked_for_it():
+    """Gloo cannot cancel a posted receive; an abortable one is still released by an abort with fail_pending
+    (a peer reported dead) instead of waiting out the timeout. A completed abortable transfer is unchanged."""
+    with gloo_groups(timeout=10.0) as groups:
+        x, y = torch.arange(6.0), torch.zeros(6)
+        with ThreadPoolExecutor(2) as pool:
+            sent = pool.submit(groups[0].send, [x], 1, 3, True)
+            groups[1].recv([y], 0, tag=3, abortable=True)
+            sent.result(timeout=10)
+        assert torch.equal(x, y) and groups[1].errored() is None
+
+        header = torch.zeros(16, dtype=torch.uint8)
+        threading.Timer(0.3, lambda: groups[1].abort(RuntimeError("peer replica_2 reported failed"), wait=False,
+                                                     fail_pending=True)).start()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="reported failed"):
+            groups[1].recv([header], 0, tag=4, abortable=True)  # nobody sends it
+        assert time.monotonic() - start < 5  # not the 10 s timeout
+        assert groups[1].error_hit_operations()  # the abort reached an operation: that step cannot commit

@@ -166,9 +166,9 @@ def _heal(groups, src, into, donor=None, **transport) -> tuple[dict, list[int], 
     sent: list[int] = []
     real_send_many = groups[0].send_many
 
-    def counting_send_many(tensors, dst, first_tag=0):
+    def counting_send_many(tensors, dst, first_tag=0, **kwargs):
         sent.extend(t.numel() for t in tensors)
-        real_send_many(tensors, dst, first_tag)
+        real_send_many(tensors, dst, first_tag, **kwargs)
 
     groups[0].send_many = counting_send_many
     with ThreadPoolExecutor(2) as pool:
@@ -306,11 +306,11 @@ def test_group_transfer_refuses_bytes_corrupted_on_the_way():
         state = {"w": torch.randn(4096), "b": torch.randn(8)}
         send_many = groups[0].send_many
 
-        def corrupting(messages, dst, first_tag=0):
+        def corrupting(messages, dst, first_tag=0, **kwargs):
             big = max(messages[:-1], key=lambda m: m.numel())
             bad = big.clone()
             bad[100] ^= 0xFF
-            return send_many([bad if m is big else m for m in messages], dst, first_tag=first_tag)
+            return send_many([bad if m is big else m for m in messages], dst, first_tag=first_tag, **kwargs)
 
         groups[0].send_many = corrupting
         into = {"w": torch.zeros(4096), "b": torch.zeros(8)}
@@ -319,6 +319,20 @@ def test_group_transfer_refuses_bytes_corrupted_on_the_way():
             with pytest.raises(TransferIntegrityError, match="does not match the checksums"):
                 GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 3, 10, into=into)
             sent.result(timeout=30)
+
+
+def test_a_healer_whose_group_is_aborted_stops_waiting_for_the_header():
+    # Seen in a soak: the donor was told its group failed before it sent anything, and the healer waited the
+    # whole timeout for the header while the other replicas waited for it at the Lighthouse (a 15 s stall).
+    with gloo_groups(timeout=10.0) as groups:
+        into = _state(2)
+        threading.Timer(0.3, lambda: groups[1].abort(RuntimeError("peer replica_0 reported failed"), wait=False,
+                                                     fail_pending=True)).start()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="reported failed"):
+            GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 3, 10, into=into)
+        assert time.monotonic() - start < 5
+        assert torch.equal(into["model"]["w"], _state(2)["model"]["w"])  # nothing was written into its state
 
 
 def _live_donor(donor: StreamTransport, tensors: dict, stop: threading.Event, steps: list[int]) -> None:

@@ -641,24 +641,31 @@ class ReplicatedGroup:
         inner.add_done_callback(on_done)
         return out
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> None:
-        """Blocking point-to-point send; raises (and marks the group errored) after `timeout`."""
-        self._p2p("send", tensors, dst, tag)
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0, abortable: bool = False) -> None:
+        """Blocking point-to-point send; raises (and marks the group errored) after `timeout`.
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> None:
-        """Blocking point-to-point receive into `tensors` (in place); raises after `timeout`."""
-        self._p2p("recv", tensors, src, tag)
+        `abortable` (Gloo): an abort with `fail_pending` (a peer reported dead) fails the wait at once
+        instead of after `timeout`, as it does collectives. Gloo cannot cancel the operation itself: it
+        goes on in the background on the abandoned communicator, reading `tensors` until it ends, so ask
+        for it only where a late read or write is harmless (`_wait_abortable`)."""
+        self._p2p_batch("send", [tensors], dst, tag, abortable)
 
-    def send_many(self, tensors: list[torch.Tensor], dst: int, first_tag: int = 0) -> None:
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0, abortable: bool = False) -> None:
+        """Blocking point-to-point receive into `tensors` (in place); raises after `timeout`. `abortable`:
+        as for `send`; the abandoned receive may still write into `tensors` later, so only for buffers
+        nobody reads after a failure."""
+        self._p2p_batch("recv", [tensors], src, tag, abortable)
+
+    def send_many(self, tensors: list[torch.Tensor], dst: int, first_tag: int = 0, abortable: bool = False) -> None:
         """Send each tensor as its own message (tags first_tag, first_tag+1, ...), all issued before any is
         waited for; raises after `timeout` for the whole batch. On NCCL a host round-trip per message costs
         about a millisecond, more than moving a small tensor, so a state of hundreds of tensors goes as one
         batch (the receiver posts `recv_many` with the same tensors' shapes in the same order)."""
-        self._p2p_batch("send", [[t] for t in tensors], dst, first_tag)
+        self._p2p_batch("send", [[t] for t in tensors], dst, first_tag, abortable)
 
-    def recv_many(self, tensors: list[torch.Tensor], src: int, first_tag: int = 0) -> None:
+    def recv_many(self, tensors: list[torch.Tensor], src: int, first_tag: int = 0, abortable: bool = False) -> None:
         """Receive into each tensor in place, in order (the counterpart of `send_many`)."""
-        self._p2p_batch("recv", [[t] for t in tensors], src, first_tag)
+        self._p2p_batch("recv", [[t] for t in tensors], src, first_tag, abortable)
 
     def _coalesced(self, pg: Any, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> list:
         """Issue the batch in windows of one NCCL group each (ncclGroupStart/End, as `batch_isend_irecv`
@@ -682,10 +689,8 @@ class ReplicatedGroup:
             works.append(work)
         return works
 
-    def _p2p(self, what: str, tensors: list[torch.Tensor], peer: int, tag: int) -> None:
-        self._p2p_batch(what, [tensors], peer, tag)
-
-    def _p2p_batch(self, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int) -> None:
+    def _p2p_batch(self, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int,
+                   abortable: bool = False) -> None:
         pg, generation = self._current()
         deadline = time.monotonic() + self.timeout
         try:
@@ -693,14 +698,58 @@ class ReplicatedGroup:
                 works = self._coalesced(pg, what, batch, peer, first_tag)
             else:
                 works = [getattr(pg, what)(tensors, peer, first_tag + i) for i, tensors in enumerate(batch)]
-            for work in works:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
-                    raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+            if abortable and self.backend != "nccl":
+                self._wait_abortable(works, generation, deadline, what, peer)
+            else:
+                _wait_works(works, deadline, what, peer, self.timeout)
             if self.backend == "nccl":
                 self._wait_stream_done(torch.cuda.current_stream(), deadline, what, peer)
         except Exception as err:  # noqa: BLE001 - reported: _p2p_failed() fails the group and re-raises
             self._p2p_failed(generation, err, what, peer)
+
+    def _wait_abortable(self, works: list, generation: int, deadline: float, what: str, peer: int) -> None:
+        """Wait for `works` unless the group is aborted with `fail_pending` first: then raise its reason now.
+
+        Gloo has no way to cancel a posted send or receive, no future for them, and a wait that times out
+        closes the connection, so a helper thread waits on the works (holding them, and through them their
+        tensors, until they end: by completion, error, or the deadline) while the caller waits for whichever
+        comes first. Without this a healer whose donor was told to abort before sending waited out the whole
+        timeout for a header that never came, while the other replicas waited for it at the Lighthouse (a
+        15 s stall of the committed step in the session-17 soak)."""
+        done = threading.Event()
+        outcome: dict[str, BaseException | None] = {}  # "first": None (the works ended well) or the error; first wins
+
+        def wait_works() -> None:
+            try:
+                _wait_works(works, deadline, what, peer, self.timeout)
+                outcome.setdefault("first", None)
+            except Exception as err:  # noqa: BLE001 - not dropped: the caller raises it (unless aborted first)
+                outcome.setdefault("first", err)
+            finally:
+                done.set()
+
+        def fail_now(reason: Exception) -> None:  # abort(fail_pending=True)
+            outcome.setdefault("first", reason)
+            done.set()
+
+        with self._lock:
+            op, self._next_op = self._next_op, self._next_op + 1
+            aborted_meanwhile = generation != self._generation
+            if not aborted_meanwhile:
+                self._inflight[op] = fail_now
+            reason = self._error
+        threading.Thread(target=wait_works, name=f"regent-ft-{what}-wait", daemon=True).start()
+        if aborted_meanwhile and reason is not None:  # the abort came between `_current()` and here
+            fail_now(reason)
+        try:
+            done.wait(max(0.0, deadline - time.monotonic()) + 5.0)  # the helper ends by the deadline
+        finally:
+            with self._lock:
+                self._inflight.pop(op, None)
+        if "first" not in outcome:
+            raise TimeoutError(f"{what} with replica rank {peer} timed out after {self.timeout:.3g} s")
+        if outcome["first"] is not None:
+            raise outcome["first"]
 
     def _wait_stream_done(self, stream: Any, deadline: float, what: str, peer: int) -> None:
         """Host-wait for everything queued on `stream` so far, never past `deadline`."""
@@ -717,6 +766,13 @@ class ReplicatedGroup:
         if "Timed out" in str(err):
             raise TimeoutError(f"{what} with replica rank {peer} timed out: {err}") from err
         raise err
+
+
+def _wait_works(works: list, deadline: float, what: str, peer: int, timeout: float) -> None:
+    for work in works:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not work.wait(datetime.timedelta(seconds=remaining)):
+            raise TimeoutError(f"{what} with replica rank {peer} timed out after {timeout:.3g} s")
 
 
 class _EventWaiter:

@@ -625,9 +625,11 @@ class GroupTransport:
         packs: list[torch.Tensor] = []
         digests: torch.Tensor | None = None
         for dst in dst_ranks:
-            self._group.send([header], dst, tag=1)
+            # Abortable (`ReplicatedGroup.send`): a donor told that its group failed leaves at once. What it
+            # abandons may still be read from the state after it moves on; the healer's digest check refuses that.
+            self._group.send([header], dst, tag=1, abortable=True)
             if rest is not None:
-                self._group.send([rest], dst, tag=2)
+                self._group.send([rest], dst, tag=2, abortable=True)
             # Packed after the first healer has the metadata: it sets up its receive meanwhile.
             packs = packs or [_pack(indices, tensors, device) for indices in layout.packs]
             messages = packs + [_span(tensors, run, layout.tensors) if len(run) > 1
@@ -635,7 +637,7 @@ class GroupTransport:
             self.last_messages = len(messages)
             # the messages' checksums travel last: the healer compares before it returns anything
             digests = _digests(messages, device) if digests is None else digests
-            self._group.send_many([*messages, digests], dst, first_tag=3)
+            self._group.send_many([*messages, digests], dst, first_tag=3, abortable=True)
         self.last_timing = {"describe": described - start, "send": time.perf_counter() - described}
 
     def _layout(self, metas: list[TensorMeta], tensors: list[torch.Tensor],
@@ -668,7 +670,10 @@ class GroupTransport:
         own_targets = _own_targets(own_meta.tensors, own, device, self.packed_below) if own_meta else []
         own_addresses = _addresses(own_targets, device)
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=device)
-        self._group.recv([header], src_rank, tag=1)
+        # Abortable: a fresh buffer, read by nobody after a failure. A healer whose donor was told to abort before
+        # sending must not wait out the timeout for it. The state itself (below) is received into this replica's
+        # own tensors: that receive is never abandoned, since a late write would land in them.
+        self._group.recv([header], src_rank, tag=1, abortable=True)
         head = header.cpu().numpy().tobytes()
         donor_step, state_len, metas_len, digest = _FRAME.unpack_from(head)
         if not (0 <= state_len <= self.max_header_bytes and 0 <= metas_len <= self.max_header_bytes - state_len):
@@ -679,7 +684,7 @@ class GroupTransport:
         blob = head[_FRAME.size:_FRAME.size + state_len + metas_len]
         if _FRAME.size + state_len + metas_len > HEADER_BYTES:  # too large for one header: the rest follows
             rest = torch.empty(_FRAME.size + state_len + metas_len - HEADER_BYTES, dtype=torch.uint8, device=device)
-            self._group.recv([rest], src_rank, tag=2)
+            self._group.recv([rest], src_rank, tag=2, abortable=True)
             blob += rest.cpu().numpy().tobytes()
         if donor_step != step:
             raise RuntimeError(
