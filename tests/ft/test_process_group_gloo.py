@@ -282,3 +282,27 @@ def test_an_abort_reaches_a_point_to_point_wait_that_asked_for_it():
             groups[1].recv([header], 0, tag=4, abortable=True)  # nobody sends it
         assert time.monotonic() - start < 5  # not the 10 s timeout
         assert groups[1].error_hit_operations()  # the abort reached an operation: that step cannot commit
+
+
+def test_an_abort_decided_about_one_build_does_not_hit_the_next():
+    """A supervisor's notice about a dead peer is decided against the build of the group it saw. If the group
+    was rebuilt meanwhile (without that peer), the abort must not give up the new build (a soak: a notice about
+    quorum 36 cancelled quorum 37's rendezvous, and its other member waited 20 s in its first allreduce)."""
+    with gloo_groups(timeout=10.0) as groups:
+        seen = groups[1].generation()
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=30))
+        addr = f"127.0.0.1:{store.port}/regent/2/0"
+        with ThreadPoolExecutor(2) as pool:  # the next build
+            list(pool.map(lambda r: groups[r].configure(addr, f"r{r}", r, 2), range(2)))
+        assert groups[1].abort(RuntimeError("peer replica_2 reported failed"), wait=False, fail_pending=True,
+                               only_generation=seen) is False
+        assert groups[1].errored() is None
+        xs = [torch.full((3,), float(r + 1)) for r in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda r: groups[r].allreduce([xs[r]], dist.ReduceOp.SUM).wait(), range(2)))
+        assert torch.equal(xs[1], torch.full((3,), 3.0))
+        # a notice about the current build still aborts it
+        assert groups[1].abort(RuntimeError("peer replica_0 reported failed"), wait=False, fail_pending=True,
+                               only_generation=groups[1].generation()) is True
+        assert "reported failed" in str(groups[1].errored())

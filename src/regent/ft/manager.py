@@ -876,18 +876,38 @@ class Manager:
         process gets a new uuid). `group`: only that build of the group is affected (the `group` of a peer's
         "group_failed" event: reported late, it must not abort the next build). Returns whether it aborted.
         """
-        key = self._configuring_key or self._quorum_key
-        build = self._configuring_group if self._configuring_key else self._group
+        generation_of = getattr(self._pg, "generation", None)
+        for _ in range(3):
+            # Read the build's generation, then which build it is, then the generation again: the training
+            # thread may start the next build meanwhile (it sets `_configuring_key`, then configures).
+            generation = generation_of() if generation_of is not None else None
+            configuring = self._configuring_key
+            key = configuring or self._quorum_key
+            build = self._configuring_group if configuring else self._group
+            if generation_of is None or generation_of() == generation:
+                break
         if key is None or (group is not None and build != group):
             return False
         peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
         if not peers:
             return False
-        logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
-        self._emit("peer_abort", peer=peers[0], quorum_id=key[0])
         # Our collectives in flight fail now, on Gloo too (see `ReplicatedGroup.abort`: a process that uses
-        # this should leave with os._exit, as Regent's actor processes do).
-        self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False, fail_pending=True)
+        # this should leave with os._exit, as Regent's actor processes do). A decision about an established
+        # build aborts that build only: the next one may have begun its rendezvous since, without the dead peer
+        # (a soak saw a notice about quorum 36 give up the rendezvous of quorum 37, whose other member then
+        # waited 20 s in its first allreduce). A rendezvous under way is aborted whatever its generation.
+        only = None if configuring else generation
+        if only is not None and generation_of() != only:
+            logger.info("peer %s %s: quorum %d's group was already replaced; nothing to abort", peers[0], reason,
+                        key[0])
+            return False
+        logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
+        self._emit("peer_abort", peer=peers[0], quorum_id=key[0])  # before the abort, whose effects report
+        error = RuntimeError(f"peer replica {peers[0]} {reason}")
+        if only is not None:
+            self._pg.abort(error, wait=False, fail_pending=True, only_generation=only)
+        else:
+            self._pg.abort(error, wait=False, fail_pending=True)
         return True
 
     def report_error(self, err: Exception) -> None:

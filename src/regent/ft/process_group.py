@@ -327,7 +327,14 @@ class ReplicatedGroup:
             raise box["error"]
         return box["pg"]
 
-    def abort(self, reason: Exception | None = None, wait: bool = True, fail_pending: bool = False) -> None:
+    def generation(self) -> int:
+        """Counts builds and aborts: a decision taken about one build of the group can name it (`abort`'s
+        `only_generation`), so that it cannot hit the next build."""
+        with self._lock:
+            return self._generation
+
+    def abort(self, reason: Exception | None = None, wait: bool = True, fail_pending: bool = False,
+              only_generation: int | None = None) -> bool:
         """Tear the communicator down (interrupts a hung collective, or a rendezvous in progress);
         `errored()` reports `reason`.
 
@@ -340,8 +347,13 @@ class ReplicatedGroup:
         operation then finishes (by timing out) in the background, on the leaked communicator: a process that
         exits through the interpreter's normal shutdown within that time can crash in it, so this is for
         processes that leave with `os._exit`, as Regent's actor processes do.
+
+        `only_generation` (from `generation()`): abort only if the group is still that build. Returns
+        whether it aborted.
         """
         with self._lock:
+            if only_generation is not None and only_generation != self._generation:
+                return False  # that build is gone already (aborted, or replaced by a newer one): nothing to do
             pg, self._pg = self._pg, None
             self._store = None
             self._generation += 1
@@ -355,7 +367,7 @@ class ReplicatedGroup:
         for fail in pending:
             fail(reason)
         if pg is None:
-            return
+            return True
         if failed:
             # Never destroy a communicator that failed. If its last reference died with an in-flight work
             # object on one of its own worker threads, its destructor would join that very thread; and
@@ -367,6 +379,7 @@ class ReplicatedGroup:
             _abort_communicator(pg)
         else:
             threading.Thread(target=_abort_communicator, args=(pg,), name="regent-ft-abort", daemon=True).start()
+        return True
 
     def shutdown(self) -> None:
         self.abort(reason=None)
