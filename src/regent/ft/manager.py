@@ -903,11 +903,9 @@ class Manager:
             return False
         logger.warning("peer %s %s; aborting the replicated group of quorum %d", peers[0], reason, key[0])
         self._emit("peer_abort", peer=peers[0], quorum_id=key[0])  # before the abort, whose effects report
-        error = RuntimeError(f"peer replica {peers[0]} {reason}")
-        if only is not None:
-            self._pg.abort(error, wait=False, fail_pending=True, only_generation=only)
-        else:
-            self._pg.abort(error, wait=False, fail_pending=True)
+        this_build = {} if only is None else {"only_generation": only}  # a group without generations: no kwarg
+        self._pg.abort(RuntimeError(f"peer replica {peers[0]} {reason}"), wait=False, fail_pending=True,
+                       **this_build)
         return True
 
     def report_error(self, err: Exception) -> None:
