@@ -110,6 +110,17 @@ def lighthouse():
     server.shutdown()
 
 
+@pytest.fixture
+def lighthouse_both_styles():
+    # The first quorum waits for both style workers. A join timeout alone does not: it only waits for replicas
+    # that already heartbeat, and on a loaded box (the suite run on two pytest-xdist workers) replica 1 trained all 60 syncs
+    # alone before replica 0 had imported torch, so the spare joined a finished run.
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=1500,
+                              expect_groups=["torchft_style_0", "torchft_style_1"])
+    yield server
+    server.shutdown()
+
+
 def _start(cmd: list[str], log: Path, lighthouse: LighthouseServer) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "REGENT_FT_LIGHTHOUSE": lighthouse.address(),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -195,7 +206,7 @@ def test_torchft_style_local_sgd_and_diloco_recover_from_a_kill(lighthouse, tmp_
     assert any(s["participants"] == 2 for s in syncs)
 
 
-def test_fixed_with_spares_trains_min_replica_size_and_keeps_the_spare_in_step(lighthouse, tmp_path):
+def test_fixed_with_spares_trains_min_replica_size_and_keeps_the_spare_in_step(lighthouse_both_styles, tmp_path):
     """WorldSizeMode.FIXED_WITH_SPARES, min_replica_size=1: one replica trains, the other is a spare that
     contributes nothing but applies every update, so both stay bit-identical."""
     def cmd(r: int) -> list[str]:
@@ -203,7 +214,7 @@ def test_fixed_with_spares_trains_min_replica_size_and_keeps_the_spare_in_step(l
                 "--step-time", "0.01"]
 
     logs = [tmp_path / "r0.log", tmp_path / "r1.log"]
-    procs = [_start(cmd(r), logs[r], lighthouse) for r in range(2)]
+    procs = [_start(cmd(r), logs[r], lighthouse_both_styles) for r in range(2)]
     codes = [p.wait(240) for p in procs]
     text = [log.read_text() for log in logs]
     assert codes == [0, 0], "\n---\n".join(text)

@@ -575,6 +575,17 @@ class ReplicatedGroup:
         self._waiter.put(event, fut)
         return fut
 
+    def _register_inflight(self, op: int, generation: int, fail_now: Callable[[Exception], None]) -> Exception | None:
+        """Let `abort(fail_pending=True)` fail operation `op` of build `generation` at once. Returns the
+        group's error instead if that build was already aborted: the abort came between `_current()` and
+        here, could not see the operation, and the caller must fail it now, or it would wait out the full
+        timeout for a peer that is gone (a 20 s survivor stall in the session-7 soak)."""
+        with self._lock:
+            if generation == self._generation:
+                self._inflight[op] = fail_now
+                return None
+            return self._error
+
     def _guard(self, inner: torch.futures.Future, generation: int, what: str, value: Any,
                after: Callable[[], None] | None = None) -> Work:
         # NCCL completes its work future as soon as the collective is *enqueued*: the result is ready only on
@@ -621,15 +632,8 @@ class ReplicatedGroup:
                 out.set_exception(err)
 
         token = _WATCHDOG.schedule(self.timeout, on_timeout)
-        with self._lock:
-            aborted_meanwhile = generation != self._generation
-            if not aborted_meanwhile:
-                self._inflight[op] = fail_now
-            reason = self._error
-        if aborted_meanwhile and reason is not None and self.backend != "nccl":
-            # The group failed while this operation was being issued (a peer reported dead between
-            # `_current()` and here): `abort(fail_pending=True)` could not see it, and it would wait out the
-            # full timeout for a peer that is gone (a 20 s survivor stall in the session-7 soak).
+        reason = self._register_inflight(op, generation, fail_now)
+        if reason is not None and self.backend != "nccl":
             fail_now(reason)
 
         def on_done(fut: torch.futures.Future) -> None:
@@ -747,12 +751,9 @@ class ReplicatedGroup:
 
         with self._lock:
             op, self._next_op = self._next_op, self._next_op + 1
-            aborted_meanwhile = generation != self._generation
-            if not aborted_meanwhile:
-                self._inflight[op] = fail_now
-            reason = self._error
+        reason = self._register_inflight(op, generation, fail_now)
         threading.Thread(target=wait_works, name=f"regent-ft-{what}-wait", daemon=True).start()
-        if aborted_meanwhile and reason is not None:  # the abort came between `_current()` and here
+        if reason is not None:
             fail_now(reason)
         try:
             done.wait(max(0.0, deadline - time.monotonic()) + 5.0)  # the helper ends by the deadline
