@@ -103,22 +103,24 @@ def test_process_group_gloo_speaks_torchft_calls():
         assert r == [[3.0] * 3, [1.5, 1.5], [10.0, 10.0], [0.0, 1.0], 2, True], r
 
 
-@pytest.fixture
-def lighthouse():
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=1500)
+def _lighthouse(**extra):
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=1500,
+                              **extra)
     yield server
     server.shutdown()
+
+
+@pytest.fixture
+def lighthouse():
+    yield from _lighthouse()
 
 
 @pytest.fixture
 def lighthouse_both_styles():
     # The first quorum waits for both style workers. A join timeout alone does not: it only waits for replicas
-    # that already heartbeat, and on a loaded box (the suite run on two pytest-xdist workers) replica 1 trained all 60 syncs
-    # alone before replica 0 had imported torch, so the spare joined a finished run.
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=1500,
-                              expect_groups=["torchft_style_0", "torchft_style_1"])
-    yield server
-    server.shutdown()
+    # that already heartbeat, and on a loaded box (the suite run on two pytest-xdist workers) replica 1 trained
+    # all 60 syncs alone before replica 0 had imported torch, so the spare joined a finished run.
+    yield from _lighthouse(expect_groups=["torchft_style_0", "torchft_style_1"])
 
 
 def _start(cmd: list[str], log: Path, lighthouse: LighthouseServer) -> subprocess.Popen:
