@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from regent.actor._child_process import ChildProcess, start_child
 from regent.actor._config import config
 from regent.actor._errors import ActorError
 from regent.actor._messages import Configure, encode
@@ -65,7 +66,7 @@ def default_bootstrap_cmd(python: str | None = None) -> BootstrapCommand:
 class Child:
     """A process this runtime started (a proc or a warm spare)."""
 
-    def __init__(self, pid: str, process: asyncio.subprocess.Process, label: str, spare: bool) -> None:
+    def __init__(self, pid: str, process: ChildProcess, label: str, spare: bool) -> None:
         self.pid = pid
         self.process = process
         self.label = label
@@ -127,11 +128,8 @@ class LocalSpawner:
         rt.hello_waiters[pid] = waiter
         rt.held.add(pid)
         try:
-            process = await asyncio.create_subprocess_exec(
-                cmd.get("arg0") or cmd["program"], *cmd.get("args", []), executable=cmd["program"],
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=full_env,
-            )
+            process = await start_child(cmd["program"], [cmd.get("arg0") or cmd["program"], *cmd.get("args", [])],
+                                        full_env)
         except OSError as exc:
             rt.hello_waiters.pop(pid, None)
             rt.held.discard(pid)
