@@ -19,15 +19,71 @@ Prints a table and writes benchmarks/results/soak_<mode>.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def proc_pids(root_pid: int) -> list[int]:
+    """The Regent procs (`regent.actor._proc_main`) among the descendants of `root_pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended while we looked
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root_pid]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                if b"regent.actor._proc_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                continue
+    return found
+
+
+def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> None:
+    """While the run goes: when no replica has committed for `after_s` seconds (after the first commit), send
+    SIGUSR1 to every proc once per stall, so each prints its threads' stacks into the run's log."""
+    events = run_dir / "events.jsonl"
+    last_commit, dumped_for, offset = None, None, 0
+    while proc.poll() is None:
+        time.sleep(1.0)
+        try:
+            with open(events) as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:  # not written yet
+            continue
+        complete = chunk[:chunk.rfind("\n") + 1]
+        offset += len(complete.encode())
+        for line in complete.splitlines():
+            if '"kind":"commit"' in line.replace(" ", ""):
+                last_commit = time.time()
+        if last_commit is None or time.time() - last_commit < after_s or dumped_for == last_commit:
+            continue
+        dumped_for = last_commit
+        pids = proc_pids(proc.pid)
+        log.write(f"[soak] no commit for {time.time() - last_commit:.0f} s: stacks of procs {pids} follow\n")
+        log.flush()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(pid, signal.SIGUSR1)
 
 
 def regent_train(run_dir: Path, args: argparse.Namespace, duration: str, faults: bool,
@@ -41,7 +97,11 @@ def regent_train(run_dir: Path, args: argparse.Namespace, duration: str, faults:
     cmd += args.extra
     print("$", " ".join(cmd), flush=True)
     with open(run_dir.with_suffix(".log"), "w") as log:
-        return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        if args.stack_dump_after > 0:
+            threading.Thread(target=watch_stalls, args=(proc, run_dir, args.stack_dump_after, log),
+                             daemon=True).start()
+        return proc.wait()
 
 
 def fault_counts(run_dir: Path) -> dict[str, int]:
@@ -64,6 +124,8 @@ def main() -> int:
     ap.add_argument("--baseline-duration", default="10m")
     ap.add_argument("--baseline", help="a recorded fault-free run of the same config (skips step 1)")
     ap.add_argument("--out", default="runs/soak")
+    ap.add_argument("--stack-dump-after", type=float, default=10.0,
+                    help="seconds without a commit after which every proc prints its stacks to the log (0: never)")
     ap.add_argument("extra", nargs="*", help="more `regent train` flags (after --)")
     args = ap.parse_args()
     out = ROOT / args.out

@@ -1,4 +1,5 @@
-"""Procs are started without running Python in the child before exec (no fork-with-threads deadlock)."""
+"""Procs' processes: started without running Python in the child before exec (no fork-with-threads
+deadlock), reaped without leaking fds, and able to print their stacks on SIGUSR1."""
 
 from __future__ import annotations
 
@@ -93,3 +94,59 @@ def test_a_program_that_cannot_start_raises_in_the_caller() -> None:
             loop.run_until_complete(start_child("/nonexistent/regent-python", ["x"], dict(os.environ)))
     finally:
         loop.close()
+
+
+def test_exited_children_leave_no_open_pipes() -> None:
+    """Each child's stdout and stderr pipes are closed once read to the end, not when the collector runs."""
+    import gc
+
+    async def main() -> tuple[int, int]:
+        gc.collect()
+        gc.disable()  # the leak this guards against was only ever cleaned up by the collector
+        try:
+            await _run_child([sys.executable, "-c", "pass"])  # one-time fds (a cached /dev/null) are opened first
+            before = len(os.listdir("/proc/self/fd"))
+            for _ in range(10):
+                rc, _, _ = await _run_child([sys.executable, "-c", "print('x')"])
+                assert rc == 0
+            await asyncio.sleep(0.1)  # transports close on the loop's next turns
+            return before, len(os.listdir("/proc/self/fd"))
+        finally:
+            gc.enable()
+
+    loop = new_event_loop()
+    try:
+        before, after = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert after <= before, f"{after - before} fds left open by 10 children that exited"
+
+
+def test_sigusr1_makes_a_proc_print_its_stacks_and_keep_serving() -> None:
+    """How a stuck trainer is looked into where py-spy is not installed: its stacks reach the owner's stderr."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from regent.actor import Actor, endpoint, this_host
+        class Sleeper(Actor):
+            @endpoint
+            def pid(self) -> int:
+                return os.getpid()
+            @endpoint
+            def nap_in_a_named_function(self) -> None:
+                time.sleep(3)
+        procs = this_host().spawn_procs(per_host={"procs": 1})
+        mesh = procs.spawn("s", Sleeper)
+        pid = mesh.pid.call_one().get()
+        napping = mesh.nap_in_a_named_function.call_one()
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGUSR1)
+        napping.get(timeout=30)
+        assert mesh.pid.call_one().get() == pid  # the same process still serves
+        procs.stop().get()
+        print("ok", flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+    assert "in nap_in_a_named_function" in done.stderr, done.stderr[-3000:]

@@ -29,6 +29,16 @@ logger = logging.getLogger("regent.actor")
 _LINE_LIMIT = 2**16
 
 
+class _PipeReader(asyncio.StreamReaderProtocol):
+    """Lets the pipe's transport close at EOF. StreamReaderProtocol asks to keep a transport open after EOF (a
+    socket may still write); uvloop honours that, so each exited child's two pipe fds stayed open until the
+    garbage collector found them (22 fds after 80 procs had come and gone)."""
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
+
+
 class ChildProcess:
     """A started child: its pid, stdout/stderr as `asyncio.StreamReader`s, `wait()`, `send_signal()`."""
 
@@ -62,7 +72,7 @@ class ChildProcess:
                 continue
             reader = asyncio.StreamReader(limit=_LINE_LIMIT, loop=self._loop)
             await self._loop.connect_read_pipe(
-                functools.partial(asyncio.StreamReaderProtocol, reader, loop=self._loop), pipe)
+                functools.partial(_PipeReader, reader, loop=self._loop), pipe)
             setattr(self, name, reader)
 
     def _watch_exit(self) -> None:

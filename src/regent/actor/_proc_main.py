@@ -8,6 +8,7 @@ parent (which then sends "configure": identity, env, rank, bootstrap), and serve
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import importlib
 import json
 import logging
@@ -19,6 +20,9 @@ import sys
 def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
     signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it for children
+    # `kill -USR1 <pid>` prints every thread's Python stack to this proc's stderr, which its owner routes with
+    # the proc's prefix: how a stuck trainer is looked into on a cluster without py-spy or gdb
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`Runtime.orphan_watch`)
     boot = json.loads(os.environ.pop("REGENT_BOOT"))
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
