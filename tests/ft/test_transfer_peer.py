@@ -335,6 +335,31 @@ def test_a_healer_whose_group_is_aborted_stops_waiting_for_the_header():
         assert torch.equal(into["model"]["w"], _state(2)["model"]["w"])  # nothing was written into its state
 
 
+def test_a_donor_aborted_after_the_header_still_posts_the_state_its_healer_waits_for():
+    # Caught with stacks in a session-19 soak: a third replica died while a donor sent; the donor's group was
+    # aborted after the header went out, so the state never followed it, and the healer, whose receive into its
+    # own tensors cannot be given up, waited out the whole timeout (15 s) while the others waited at the
+    # Lighthouse. Now the donor posts everything on the build it started with, and fails at once itself.
+    with gloo_groups(timeout=20.0) as groups:
+        src, into = _state(1), _state(2)
+        real_send_many = groups[0].send_many
+
+        def abort_then_send_many(*args, **kwargs):
+            groups[0].abort(RuntimeError("peer replica_2 reported failed"), wait=False, fail_pending=True)
+            real_send_many(*args, **kwargs)
+
+        groups[0].send_many = abort_then_send_many
+        with ThreadPoolExecutor(2) as pool:
+            start = time.monotonic()
+            sent = pool.submit(GroupTransport(groups[0]).send_checkpoint, [1], 4, src, 20)
+            got = GroupTransport(groups[1]).recv_checkpoint(0, "<group>", 4, 20, into=into)
+            healed_in = time.monotonic() - start
+            with pytest.raises(RuntimeError, match="replica_2 reported failed"):
+                sent.result(timeout=30)  # the donor still learns that its group failed
+        assert healed_in < 10, f"the healer waited {healed_in:.1f} s for a state that was never sent"
+        _assert_same(got, src)
+
+
 def _live_donor(donor: StreamTransport, tensors: dict, stop: threading.Event, steps: list[int]) -> None:
     """A per-step donor: every few ms it withdraws its state (cutting readers), writes the next step's values
     into its tensors in place, and serves them again, lazily, as the per-step early heal does."""

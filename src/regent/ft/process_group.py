@@ -658,14 +658,23 @@ class ReplicatedGroup:
         inner.add_done_callback(on_done)
         return out
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0, abortable: bool = False) -> None:
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0, abortable: bool = False,
+             pinned: tuple[Any, int] | None = None) -> None:
         """Blocking point-to-point send; raises (and marks the group errored) after `timeout`.
 
         `abortable` (Gloo): an abort with `fail_pending` (a peer reported dead) fails the wait at once
         instead of after `timeout`, as it does collectives. Gloo cannot cancel the operation itself: it
         goes on in the background on the abandoned communicator, reading `tensors` until it ends, so ask
-        for it only where a late read or write is harmless (`_wait_abortable`)."""
-        self._p2p_batch("send", [tensors], dst, tag, abortable)
+        for it only where a late read or write is harmless (`_wait_abortable`).
+
+        `pinned` (from `pin()`): post on that build of the communicator even if the group was aborted since
+        (the wait then fails at once, and Gloo delivers the message in the background)."""
+        self._p2p_batch("send", [tensors], dst, tag, abortable, pinned)
+
+    def pin(self) -> tuple[Any, int]:
+        """The communicator now and its build, for a sender whose messages must all be posted once the first
+        is: a healer that got a state description waits, without a way out, for the state it announced."""
+        return self._current()
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0, abortable: bool = False) -> None:
         """Blocking point-to-point receive into `tensors` (in place); raises after `timeout`. `abortable`:
@@ -673,12 +682,13 @@ class ReplicatedGroup:
         nobody reads after a failure."""
         self._p2p_batch("recv", [tensors], src, tag, abortable)
 
-    def send_many(self, tensors: list[torch.Tensor], dst: int, first_tag: int = 0, abortable: bool = False) -> None:
+    def send_many(self, tensors: list[torch.Tensor], dst: int, first_tag: int = 0, abortable: bool = False,
+                  pinned: tuple[Any, int] | None = None) -> None:
         """Send each tensor as its own message (tags first_tag, first_tag+1, ...), all issued before any is
         waited for; raises after `timeout` for the whole batch. On NCCL a host round-trip per message costs
         about a millisecond, more than moving a small tensor, so a state of hundreds of tensors goes as one
         batch (the receiver posts `recv_many` with the same tensors' shapes in the same order)."""
-        self._p2p_batch("send", [[t] for t in tensors], dst, first_tag, abortable)
+        self._p2p_batch("send", [[t] for t in tensors], dst, first_tag, abortable, pinned)
 
     def recv_many(self, tensors: list[torch.Tensor], src: int, first_tag: int = 0, abortable: bool = False) -> None:
         """Receive into each tensor in place, in order (the counterpart of `send_many`)."""
@@ -707,8 +717,8 @@ class ReplicatedGroup:
         return works
 
     def _p2p_batch(self, what: str, batch: list[list[torch.Tensor]], peer: int, first_tag: int,
-                   abortable: bool = False) -> None:
-        pg, generation = self._current()
+                   abortable: bool = False, pinned: tuple[Any, int] | None = None) -> None:
+        pg, generation = pinned if pinned is not None else self._current()
         deadline = time.monotonic() + self.timeout
         try:
             if self.coalesce_p2p and len(batch) > 1 and getattr(pg, "supports_coalescing", False):

@@ -44,7 +44,7 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -624,12 +624,31 @@ class GroupTransport:
         described = time.perf_counter()
         packs: list[torch.Tensor] = []
         digests: torch.Tensor | None = None
+        # Every message to a healer goes on one build of the communicator, posted even if the group is aborted
+        # midway: a healer that got the header receives the state into its own tensors and cannot give that
+        # receive up (a late write would land in them), so the state must follow the header. Without this, a
+        # donor aborted between the two (a third replica died) left its healer waiting out the whole timeout
+        # while the others waited for it at the Lighthouse (15 s stalls, caught with stacks in a session-19 soak).
+        pin = getattr(self._group, "pin", None)
+        pinned = {"pinned": pin()} if pin is not None else {}
+        failed: Exception | None = None
+
+        def post(send: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+            # Abortable (`ReplicatedGroup.send`): a donor told that its group failed leaves at once, after posting
+            # to every healer. What it abandons may still be read from the state after it moves on; the healer's
+            # digest check refuses that.
+            nonlocal failed
+            if failed is not None and not pinned:
+                return  # no pinned build to post on: the aborted group refuses the rest anyway
+            try:
+                send(*args, abortable=True, **kwargs, **pinned)
+            except Exception as err:  # noqa: BLE001 - raised below, once everything is posted
+                failed = failed or err
+
         for dst in dst_ranks:
-            # Abortable (`ReplicatedGroup.send`): a donor told that its group failed leaves at once. What it
-            # abandons may still be read from the state after it moves on; the healer's digest check refuses that.
-            self._group.send([header], dst, tag=1, abortable=True)
+            post(self._group.send, [header], dst, tag=1)
             if rest is not None:
-                self._group.send([rest], dst, tag=2, abortable=True)
+                post(self._group.send, [rest], dst, tag=2)
             # Packed after the first healer has the metadata: it sets up its receive meanwhile.
             packs = packs or [_pack(indices, tensors, device) for indices in layout.packs]
             messages = packs + [_span(tensors, run, layout.tensors) if len(run) > 1
@@ -637,7 +656,9 @@ class GroupTransport:
             self.last_messages = len(messages)
             # the messages' checksums travel last: the healer compares before it returns anything
             digests = _digests(messages, device) if digests is None else digests
-            self._group.send_many([*messages, digests], dst, first_tag=3, abortable=True)
+            post(self._group.send_many, [*messages, digests], dst, first_tag=3)
+        if failed is not None:
+            raise failed
         self.last_timing = {"describe": described - start, "send": time.perf_counter() - described}
 
     def _layout(self, metas: list[TensorMeta], tensors: list[torch.Tensor],
