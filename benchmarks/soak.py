@@ -58,10 +58,13 @@ def proc_pids(root_pid: int) -> list[int]:
 
 
 def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> None:
-    """While the run goes: when no replica has committed for `after_s` seconds (after the first commit), send
-    SIGUSR1 to every proc once per stall, so each prints its threads' stacks into the run's log."""
+    """While the run goes: when no replica has committed for `after_s` seconds, or for 3x the run's median
+    interval between commits if that is longer (DiLoCo commits once per sync), send SIGUSR1 to every proc once
+    per stall, so each prints its threads' stacks into the run's log."""
     events = run_dir / "events.jsonl"
-    last_commit, dumped_for, offset = None, None, 0
+    last_commit: float | None = None
+    intervals: list[float] = []
+    dumped_for, offset = None, 0
     while proc.poll() is None:
         time.sleep(1.0)
         try:
@@ -74,16 +77,34 @@ def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> 
         offset += len(complete.encode())
         for line in complete.splitlines():
             if '"kind":"commit"' in line.replace(" ", ""):
-                last_commit = time.time()
-        if last_commit is None or time.time() - last_commit < after_s or dumped_for == last_commit:
+                now = time.time()
+                if last_commit is not None and now - last_commit > 0.05:  # one commit of several replicas
+                    intervals.append(now - last_commit)
+                last_commit = now
+        if last_commit is None or dumped_for == last_commit:
+            continue
+        limit = max(after_s, 3 * sorted(intervals)[len(intervals) // 2]) if intervals else after_s
+        if time.time() - last_commit < limit:
             continue
         dumped_for = last_commit
         pids = proc_pids(proc.pid)
         log.write(f"[soak] no commit for {time.time() - last_commit:.0f} s: stacks of procs {pids} follow\n")
         log.flush()
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                os.kill(pid, signal.SIGUSR1)
+            if catches(pid, signal.SIGUSR1):  # a proc still starting has no handler yet: the signal would end it
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, signal.SIGUSR1)
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` now (the SigCgt mask in /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError):  # it ended meanwhile
+        pass
+    return False
 
 
 def regent_train(run_dir: Path, args: argparse.Namespace, duration: str, faults: bool,
@@ -125,7 +146,8 @@ def main() -> int:
     ap.add_argument("--baseline", help="a recorded fault-free run of the same config (skips step 1)")
     ap.add_argument("--out", default="runs/soak")
     ap.add_argument("--stack-dump-after", type=float, default=10.0,
-                    help="seconds without a commit after which every proc prints its stacks to the log (0: never)")
+                    help="seconds without a commit (at least 3x the median interval between commits) after which "
+                         "every proc prints its stacks to the log (0: never)")
     ap.add_argument("extra", nargs="*", help="more `regent train` flags (after --)")
     args = ap.parse_args()
     out = ROOT / args.out

@@ -245,6 +245,28 @@ def test_warm_spare_is_claimed_by_spawn_procs():
     assert wait_for(lambda: not rt.spawner.spares)
 
 
+def test_a_spare_that_dies_while_starting_is_replaced(tmp_path, monkeypatch):
+    # Seen in a soak: a spare killed while it started (it was still importing) was never replaced, and every
+    # later restart of that replica was a cold start. Here the first spare's preload exits; the next one works.
+    marker = tmp_path / "first-start-happened"
+    (tmp_path / "regent_flaky_preload.py").write_text(textwrap.dedent(f"""
+        import os
+        if not os.path.exists({str(marker)!r}):
+            open({str(marker)!r}, "w").close()
+            os._exit(3)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spares inherit this process's sys.path
+    rt = get_runtime()
+    this_host().keep_warm(1, preload=["regent_flaky_preload"]).get(timeout=TIMEOUT)
+    try:
+        assert wait_for(lambda: rt.spawner is not None and len(rt.spawner.spares) == 1, timeout=TIMEOUT)
+        assert marker.exists()  # the first start did fail
+        assert rt.spawner.spare_retry_s == 0.0  # and the success reset the back-off
+    finally:
+        this_host().keep_warm(0).get(timeout=TIMEOUT)
+    assert wait_for(lambda: not rt.spawner.spares and not rt.spawner.starting_spares, timeout=TIMEOUT)
+
+
 def test_claimed_spare_is_refilled_after_the_delay():
     # The replacement's imports would compete with the claimed proc's start: it begins `refill_delay_s` later.
     rt = get_runtime()

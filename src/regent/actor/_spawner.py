@@ -31,6 +31,9 @@ logger = logging.getLogger("regent.actor")
 
 
 PROC_MAIN = "regent.actor._proc_main"
+# After a warm spare fails to start, the next try comes this long later, doubling while starts keep failing.
+SPARE_RETRY_MIN_S = 2.0
+SPARE_RETRY_MAX_S = 300.0
 # A proc writes this line (plus a token) to its stdout and stderr when told to change its logging options;
 # the owner's log router swallows it and so knows every line before it was printed under the old options.
 LOG_SYNC_MARK = "\x1eregent-log-sync "
@@ -90,6 +93,7 @@ class LocalSpawner:
         self.warm_target = 0
         self.preload: list[str] = []
         self.refill_delay_s = 0.0
+        self.spare_retry_s = 0.0  # the wait before the next try after a spare failed to start (0: none failed)
 
     def is_child(self, pid: str) -> bool:
         return pid in self.children
@@ -277,10 +281,17 @@ class LocalSpawner:
         try:
             child = await self._start(pid, {}, f"spare {pid}", True, self.preload, None, _write_output)
         except Exception as exc:  # noqa: BLE001 - reported; a spare is an optimisation, spawning goes on without it
-            logger.warning("could not start a warm spare: %s", exc)
+            # Try again later, backing off while starts keep failing (a broken preload fails every time). Before
+            # this, one spare that died while starting left the pool one short for the rest of the run: seen in
+            # a soak, where every later restart of that replica was a cold start (5-12 s instead of 0.5 s).
+            retry = min(SPARE_RETRY_MAX_S, max(SPARE_RETRY_MIN_S, 2 * self.spare_retry_s))
+            self.spare_retry_s = retry
+            logger.warning("could not start a warm spare: %s; trying again in %.0f s", exc, retry)
+            self.rt.loop.call_later(retry, self._replenish)
             return
         finally:
             self.starting_spares -= 1
+        self.spare_retry_s = 0.0
         self.rt.held.discard(pid)
         if len(self.spares) >= self.warm_target:  # keep_warm lowered the target while this one started
             self.kill(child.pid)
