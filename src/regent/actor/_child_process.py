@@ -46,8 +46,8 @@ class ChildProcess:
         self._popen = popen
         self._loop = loop
         self.pid = popen.pid
-        self.stdout: asyncio.StreamReader | None = None
-        self.stderr: asyncio.StreamReader | None = None
+        self.stdout = asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop)
+        self.stderr = asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop)
         self._exited: asyncio.Future[int] = loop.create_future()
 
     @property
@@ -60,20 +60,14 @@ class ChildProcess:
 
     def send_signal(self, sig: int) -> None:
         """Signal the child if it has not been reaped yet (its pid cannot have been reused before that)."""
-        if self._exited.done() or self._popen.returncode is not None:
+        if self._popen.returncode is not None:  # set by `wait()` in the reaper thread, before `_exited`
             return
         os.kill(self.pid, sig)
 
     # ---------------------------------------------------------------- set-up, on the loop thread
     async def _attach_pipes(self) -> None:
-        for name in ("stdout", "stderr"):
-            pipe = getattr(self._popen, name)
-            if pipe is None:
-                continue
-            reader = asyncio.StreamReader(limit=_LINE_LIMIT, loop=self._loop)
-            await self._loop.connect_read_pipe(
-                functools.partial(_PipeReader, reader, loop=self._loop), pipe)
-            setattr(self, name, reader)
+        for reader, pipe in ((self.stdout, self._popen.stdout), (self.stderr, self._popen.stderr)):
+            await self._loop.connect_read_pipe(functools.partial(_PipeReader, reader, loop=self._loop), pipe)
 
     def _watch_exit(self) -> None:
         """Reap the child from a thread blocked in `wait()`, one per child, as asyncio's ThreadedChildWatcher does.
@@ -104,11 +98,10 @@ async def start_child(program: str, argv: Sequence[str], env: Mapping[str, str])
     popen = subprocess.Popen(list(argv), executable=program, env=dict(env), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
     child = ChildProcess(popen, loop)
+    child._watch_exit()
     try:
         await child._attach_pipes()
     except BaseException:
-        popen.kill()
-        child._watch_exit()
+        popen.kill()  # reaped by the watcher
         raise
-    child._watch_exit()
     return child

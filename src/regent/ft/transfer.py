@@ -629,8 +629,7 @@ class GroupTransport:
         # receive up (a late write would land in them), so the state must follow the header. Without this, a
         # donor aborted between the two (a third replica died) left its healer waiting out the whole timeout
         # while the others waited for it at the Lighthouse (15 s stalls, caught with stacks in a session-19 soak).
-        pin = getattr(self._group, "pin", None)
-        pinned = {"pinned": pin()} if pin is not None else {}
+        pinned = self._group.pin()
         failed: Exception | None = None
 
         def post(send: Callable[..., None], *args: Any, **kwargs: Any) -> None:
@@ -638,10 +637,8 @@ class GroupTransport:
             # to every healer. What it abandons may still be read from the state after it moves on; the healer's
             # digest check refuses that.
             nonlocal failed
-            if failed is not None and not pinned:
-                return  # no pinned build to post on: the aborted group refuses the rest anyway
             try:
-                send(*args, abortable=True, **kwargs, **pinned)
+                send(*args, abortable=True, pinned=pinned, **kwargs)
             except Exception as err:  # noqa: BLE001 - raised below, once everything is posted
                 failed = failed or err
 
