@@ -762,9 +762,9 @@ class ReplicatedGroup:
         with self._lock:
             op, self._next_op = self._next_op, self._next_op + 1
         reason = self._register_inflight(op, generation, fail_now)
-        threading.Thread(target=wait_works, name=f"regent-ft-{what}-wait", daemon=True).start()
-        if reason is not None:
+        if reason is not None:  # before the helper starts: works that end at once must not win over the abort
             fail_now(reason)
+        threading.Thread(target=wait_works, name=f"regent-ft-{what}-wait", daemon=True).start()
         try:
             done.wait(max(0.0, deadline - time.monotonic()) + 5.0)  # the helper ends by the deadline
         finally:
