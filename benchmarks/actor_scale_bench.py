@@ -1,7 +1,7 @@
 """Actor meshes at scale: `call()` latency from 8 to 1,024 actors over simulated hosts, tree fan-out against
 flat sends, spawn time over 1, 4 and 16 hosts, and memory (issue 17, "Actor meshes").
 
-    .venv/bin/python benchmarks/actor_scale_bench.py [--hosts 8 --procs 16 --actors 8] [--rounds 40]
+    .venv/bin/python benchmarks/actor_scale_bench.py [--hosts 8 --procs 16 --actors 8] [--rounds 40] [--async-actors | --shared-sync]
         [--spawn-hosts 1,4,16] [--skip-calls] [--skip-spawn] [--monarch /work/benchvenv/bin/python]
 
 Hosts are local `regent worker` processes (`ProcessJob`), each the parent of its procs, as on a real cluster.
@@ -122,12 +122,15 @@ def time_calls(mesh: Any, rounds: int, warmup: int = 5) -> list[float]:
     return out
 
 
-def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool = False) -> dict[str, Any]:
-    """call() latency by mesh size and send mode, on one job of `hosts` x `procs` x `actors`."""
+def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool = False,
+                shared_sync: bool = False) -> dict[str, Any]:
+    """call() latency by mesh size and send mode, on one job of `hosts` x `procs` x `actors`. `shared_sync`:
+    the sync actors of a proc share one thread (`config.shared_asyncio_runtime`, Monarch's knob)."""
     import regent.actor as api
     from regent.actor._runtime import get_runtime
     from regent.jobs.local import ProcessJob
 
+    api.config.configure(shared_asyncio_runtime=shared_sync)  # the procs started below inherit it
     rt = get_runtime()
     t0 = time.perf_counter()
     job = ProcessJob(hosts=hosts)
@@ -170,7 +173,8 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool
                     f"{msgs:.0f} msgs sent/call, {replies:.0f} gathered replies/call")
         rt.cast_mode = "tree"
         pm.stop().get(timeout=120)
-        return {"hosts": hosts, "procs": procs, "actors": actors, "async": is_async, "setup_s": t_procs,
+        return {"hosts": hosts, "procs": procs, "actors": actors, "async": is_async, "shared_sync": shared_sync,
+                "setup_s": t_procs,
                 "memory": memory, "rows": rows}
     finally:
         rt.cast_mode = "tree"
@@ -289,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spawn-procs", default="1,4", help="procs per host in the spawn measure (list)")
     parser.add_argument("--skip-calls", action="store_true")
     parser.add_argument("--async-actors", action="store_true", help="async endpoints (no thread per actor)")
+    parser.add_argument("--shared-sync", action="store_true",
+                        help="sync actors of a proc share one thread (config.shared_asyncio_runtime)")
     parser.add_argument("--skip-spawn", action="store_true")
     parser.add_argument("--monarch", default=None, help="python of a venv with torchmonarch")
     parser.add_argument("--monarch-sizes", default="8,32,64")
@@ -298,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "cpus": os.cpu_count(), "argv": sys.argv}
     if not args.skip_calls:
-        result["calls"] = bench_calls(args.hosts, args.procs, args.actors, args.rounds, args.async_actors)
+        result["calls"] = bench_calls(args.hosts, args.procs, args.actors, args.rounds, args.async_actors,
+                                      args.shared_sync)
     if not args.skip_spawn:
         counts = [int(h) for h in args.spawn_hosts.split(",") if h]
         result["spawn"] = []
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
 def print_tables(result: dict[str, Any]) -> None:
     calls = result.get("calls")
     if calls:
-        kind = "async" if calls.get("async") else "sync"
+        kind = "async" if calls.get("async") else ("sync (shared thread)" if calls.get("shared_sync") else "sync")
         print(f"\ncall() latency, {calls['hosts']} hosts x {calls['procs']} procs x {calls['actors']} {kind} actors/proc "
               "(median / p90 ms; messages sent by the caller per call)")
         print("| actors | tree | proc (flat per process) | actor (flat per actor, old) |")

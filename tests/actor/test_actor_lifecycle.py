@@ -234,6 +234,8 @@ def test_warm_spare_is_claimed_by_spawn_procs():
         rank, pid, ppid, warm_env, preloaded = pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
         assert pid == spare_os_pid and ppid == os.getpid()
         assert warm_env == "claimed" and preloaded
+        pm.initialized.get(timeout=TIMEOUT)
+        assert pm.spares_claimed == 1  # what a restart reports as warm comes from here
         assert rank == "{'gpus': 0/1}"
         assert time.monotonic() - started_before < TIMEOUT
         # a replacement spare is started in the background
@@ -272,11 +274,13 @@ def test_claimed_spare_is_refilled_after_the_delay():
     rt = get_runtime()
     this_host().keep_warm(1, preload=["xml.dom.minidom"], refill_delay_s=2.0).get(timeout=TIMEOUT)
     assert wait_for(lambda: rt.spawner is not None and len(rt.spawner.spares) == 1, timeout=TIMEOUT)
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    pm = this_host().spawn_procs(per_host={"gpus": 2})  # one spare for two procs: one warm, one cold
     try:
-        pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
+        pm.spawn("w", Where).where.call().get(timeout=TIMEOUT)
         claimed = time.monotonic()
         assert not rt.spawner.spares and rt.spawner.starting_spares == 0  # nothing started yet
+        pm.initialized.get(timeout=TIMEOUT)
+        assert pm.spares_claimed == 1
         assert wait_for(lambda: rt.spawner.starting_spares + len(rt.spawner.spares) == 1, timeout=TIMEOUT)
         assert time.monotonic() - claimed > 1.0
     finally:
@@ -325,6 +329,8 @@ def test_worker_host_keeps_warm_spares_and_shuts_down():
             pm = hosts.spawn_procs(per_host={"gpus": 1}, env={"WARM_ENV": "remote"})
             _, pid, ppid, warm_env, preloaded = pm.spawn("w", Where).where.call_one().get(timeout=TIMEOUT)
             assert ppid == worker and warm_env == "remote"
+            pm.initialized.get(timeout=TIMEOUT)
+            assert pm.spares_claimed == (1 if preloaded else 0)  # a cold start is not reported as warm
             if preloaded:
                 claimed = pid
             pm.stop().get(timeout=TIMEOUT)

@@ -79,7 +79,10 @@ are cached. `get()` on the runtime's own loop (inside an async endpoint) raises 
 use `await` there. Sync actors run on a thread of their own, so `get()` inside them is fine. An async
 actor's `__init__` also runs on a thread of its own (a blocking `__init__` cannot stall the process's
 loop; calls to the actor wait in its mailbox until `__init__` returns), so inside it there is no running
-event loop: start tasks from an endpoint.
+event loop: start tasks from an endpoint. `config.configure(shared_asyncio_runtime=True)` (Monarch's knob; env
+REGENT_SHARED_ASYNCIO_RUNTIME or HYPERACTOR_SHARED_ASYNCIO_RUNTIME), set before `spawn_procs`, runs all sync
+actors of a proc on one shared thread instead: a call to many of them wakes one thread per proc, but they take
+turns, so one that blocks holds up its siblings, and one that waits on a sibling never returns.
 
 Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `attach`, `hosts_from_config`,
 `ProcId`/`Uid`, the tracing helpers and `sync_workspace` (README: "Where regent.actor differs from Monarch").

@@ -38,16 +38,22 @@ class Mailbox:
     queue wakes a thread for about a quarter less. deque appends and pops are atomic, so the items need no lock.
     """
 
-    def __init__(self, is_async: bool) -> None:
+    def __init__(self, is_async: bool, shared: SharedSyncThread | None = None, owner: Any = None) -> None:
         self.items: collections.deque = collections.deque()
         self.is_async = is_async
-        self.tokens: queue.SimpleQueue | None = None if is_async else queue.SimpleQueue()
+        # a thread of its own sleeps on its own tokens; actors on the shared thread post their cell to its queue
+        self.tokens: queue.SimpleQueue | None = None
+        self.token: Any = None
+        if shared is not None:
+            self.tokens, self.token = shared.tokens, owner
+        elif not is_async:
+            self.tokens = queue.SimpleQueue()
         self.waiter: asyncio.Future | None = None
 
     def put(self, item: Any, front: bool = False) -> None:
         (self.items.appendleft if front else self.items.append)(item)
         if self.tokens is not None:
-            self.tokens.put(None)
+            self.tokens.put(self.token)
             return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -78,6 +84,57 @@ class Mailbox:
                 return items
 
 
+class SharedSyncThread:
+    """One thread that runs every sync actor of this process (`config.shared_asyncio_runtime`, Monarch's knob).
+
+    Its queue holds one token per message put: the cell whose mailbox has it (the message itself stays in the
+    cell's mailbox, where supervision can jump ahead of it), or ("init", cell) to construct a new actor here,
+    so that thread-local state set in `__init__` is seen by every endpoint, as with a thread per actor."""
+
+    def __init__(self) -> None:
+        self.tokens: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="actors-shared", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            token = self.tokens.get()
+            if type(token) is tuple:
+                self._serve(token[1], None)
+                continue
+            cell = token
+            try:
+                item = cell.mailbox.items.popleft()
+            except IndexError:  # its item was taken by drain()
+                continue
+            if cell.finished:  # failed or stopped: what is still addressed to it gets its death
+                cell._answer_dead(item)
+                continue
+            self._serve(cell, item)
+
+    @staticmethod
+    def _serve(cell: Cell, item: tuple | None) -> None:
+        """Construct `cell` (item None) or handle one of its items; mark it finished once it has ended."""
+        try:
+            alive = cell._init_sync() if item is None else cell._step_sync(item)
+        except BaseException as exc:  # reported, and the actor fails (supervision)
+            # Endpoint errors are handled inside; this is one escaping `__cleanup__` or the runtime itself. A
+            # thread of its own would end with its actor; this one serves the others, so: report, end the actor.
+            logger.exception("the shared actor thread stops %s after an error", cell.display)
+            if cell.alive:
+                cell.fail(exc)
+            alive = False
+        if not alive:
+            cell.finished = True
+
+
+def shared_sync_thread(rt: Runtime) -> SharedSyncThread:
+    """This process's shared thread for sync actors, started on first use."""
+    runner = getattr(rt, "shared_sync_thread", None)
+    if runner is None:
+        runner = rt.shared_sync_thread = SharedSyncThread()
+    return runner
+
+
 class Cell:
     def __init__(self, rt: Runtime, key: str, mesh_id: str, rank: int, point: tuple, name: str,
                  owner: tuple[str, str], cls: type, args: tuple, kwargs: dict, is_async: bool,
@@ -96,7 +153,11 @@ class Cell:
         self.init_reply = init_reply
         self.status = "init"
         self.endpoints = endpoints_of(cls)
-        self.mailbox = Mailbox(is_async)
+        from regent.actor._config import config
+
+        self.shared = None if is_async or not config.shared_asyncio_runtime else shared_sync_thread(rt)
+        self.finished = False  # (shared thread) this actor has ended: its later messages get its death
+        self.mailbox = Mailbox(is_async, self.shared, self)
         self.instance: Any = None
         self.owned: list[Any] = []
         self.tasks: set[asyncio.Task] = set()
@@ -119,6 +180,8 @@ class Cell:
             task = self.rt.loop.create_task(self._run_async())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        elif self.shared is not None:
+            self.shared.tokens.put(("init", self))
         else:
             threading.Thread(target=self._run_sync, name=f"actor-{self.name}-{self.rank}", daemon=True).start()
 
@@ -146,32 +209,43 @@ class Cell:
 
     # ---------------------------------------------------------------- sync actors
     def _run_sync(self) -> None:
+        """A thread of its own: construct, then handle messages until the actor ends."""
+        if not self._init_sync():
+            return
+        while self._step_sync(self.mailbox.get_sync()):
+            pass
+
+    def _init_sync(self) -> bool:
+        """Run `__init__` on this (the actor's) thread; False if it failed (reported, cleaned up)."""
         set_current(self.ctx, self.point)
         try:
             self._construct()
         except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
             self.fail(exc, during_init=True)
             self._cleanup_sync(exc)
-            return
+            return False
         self.status = "running"
         if self.init_reply is not None:
             self.rt.send_reply(self.init_reply, OK, None)
-        while True:
-            item = self.mailbox.get_sync()
-            kind = item[0]
-            if kind == "m":
-                self._handle_sync(item)
-            elif kind == "sup":
-                self._supervise_sync(item[1])
-            elif kind == "stop":
-                self._stop_sync(item[1], item[2])
-                return
-            elif kind == "exit":
-                self._cleanup_sync(self.failure_exc)
-                return
-            if not self.alive:
-                self._cleanup_sync(self.failure_exc)
-                return
+        return True
+
+    def _step_sync(self, item: tuple) -> bool:
+        """Handle one mailbox item on the actor's thread; False once the actor has ended."""
+        kind = item[0]
+        if kind == "m":
+            self._handle_sync(item)
+        elif kind == "sup":
+            self._supervise_sync(item[1])
+        elif kind == "stop":
+            self._stop_sync(item[1], item[2])
+            return False
+        elif kind == "exit":
+            self._cleanup_sync(self.failure_exc)
+            return False
+        if not self.alive:
+            self._cleanup_sync(self.failure_exc)
+            return False
+        return True
 
     def _decode(self, item: tuple) -> tuple | None:
         """A message's endpoint and arguments, or None once a missing endpoint or undecodable arguments went

@@ -32,6 +32,16 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def _env_bool(name: str, raw: str | None, default: bool) -> bool:
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
+
+
 @dataclass
 class RuntimeConfig:
     """Knobs of the actor runtime (seconds unless noted). `None` disables a timeout."""
@@ -50,6 +60,12 @@ class RuntimeConfig:
     prefix_output: bool = True
     # Prefix log records emitted inside actors with `[actor=...]`.
     prefix_python_logs_with_actor: bool = True
+    # Monarch's `shared_asyncio_runtime`: all sync actors of a process run on one shared thread instead of a
+    # thread each (env REGENT_SHARED_ASYNCIO_RUNTIME, or Monarch's HYPERACTOR_SHARED_ASYNCIO_RUNTIME). A call to
+    # many sync actors then wakes one thread per process, not one per actor; the price is Monarch's too: the
+    # process's sync actors no longer run concurrently, so one that blocks holds up the others (and one that
+    # waits on a sync actor of its own process waits forever). Async actors always share the event loop.
+    shared_asyncio_runtime: bool = False
 
     @staticmethod
     def from_env() -> RuntimeConfig:
@@ -60,6 +76,8 @@ class RuntimeConfig:
         cfg.stop_timeout = _env_float("REGENT_STOP_TIMEOUT", cfg.stop_timeout) or cfg.stop_timeout
         cfg.spawn_timeout = _env_float("REGENT_SPAWN_TIMEOUT", cfg.spawn_timeout) or cfg.spawn_timeout
         cfg.prefix_output = os.environ.get("REGENT_PREFIX_OUTPUT", "1") not in ("0", "false", "no")
+        shared = os.environ.get("REGENT_SHARED_ASYNCIO_RUNTIME") or os.environ.get("HYPERACTOR_SHARED_ASYNCIO_RUNTIME")
+        cfg.shared_asyncio_runtime = _env_bool("REGENT_SHARED_ASYNCIO_RUNTIME", shared, cfg.shared_asyncio_runtime)
         return cfg
 
     def configure(self, **kwargs: object) -> None:
@@ -78,6 +96,7 @@ class RuntimeConfig:
             "REGENT_STOP_TIMEOUT": repr(self.stop_timeout),
             "REGENT_SPAWN_TIMEOUT": repr(self.spawn_timeout),
             "REGENT_PREFIX_OUTPUT": "1" if self.prefix_output else "0",
+            "REGENT_SHARED_ASYNCIO_RUNTIME": "1" if self.shared_asyncio_runtime else "0",
         }
 
 

@@ -246,9 +246,10 @@ class HostMesh(MeshTrait):
             if self._state.kind == "local":
                 spawner = spawner_of(rt)
                 specs = [s for _, host_specs in specs_by_host for s in host_specs]
-                await spawner.spawn(specs, bootstrap, rt.supervision.proc_exited, state.logs, release=True)
+                infos = await spawner.spawn(specs, bootstrap, rt.supervision.proc_exited, state.logs, release=True)
+                state.from_spare = {info["id"]: info["from_spare"] for info in infos}
             else:
-                await asyncio.gather(*(self._spawn_remote(rt, host_rank, specs, bootstrap, state.logs)
+                await asyncio.gather(*(self._spawn_remote(rt, state, host_rank, specs, bootstrap)
                                        for host_rank, specs in specs_by_host))
         except BaseException as exc:  # noqa: BLE001 - reported through `initialized`, not supervision
             state.stopping = True
@@ -281,10 +282,10 @@ class HostMesh(MeshTrait):
         self._state.agent_pids[host_rank] = pid
         return pid
 
-    async def _spawn_remote(self, rt: Runtime, host_rank: int, specs: list[dict], bootstrap: bytes,
-                            output: Callable[[str, str, str], None]) -> None:
+    async def _spawn_remote(self, rt: Runtime, state: ProcMeshState, host_rank: int, specs: list[dict],
+                            bootstrap: bytes) -> None:
         agent = await self._agent(rt, host_rank)
-        events = HostEvents(rt, output)
+        events = HostEvents(rt, state.logs)
         fut = rt.loop.create_future()
         port = rt.new_port(_OneShot(fut))
         try:
@@ -299,6 +300,7 @@ class HostMesh(MeshTrait):
                 raise ActorError(*value)
             raise RuntimeError(str(value))
         for spec, info in zip(specs, value):
+            state.from_spare[spec["pid"]] = bool(info.pop("from_spare", False))
             rt.release_remote(spec["pid"], info)
             self._state.agent_pids.setdefault(host_rank, agent)
             rt.remote_procs[spec["pid"]] = agent
@@ -494,6 +496,7 @@ class ProcMeshState:
         self.task: asyncio.Task | None = None
         self.logs: LogRouter | None = None
         self.base: ProcMeshState | None = None  # the mesh a `colocated` view was made from
+        self.from_spare: dict[str, bool] = {}  # proc id -> it was a claimed warm spare (filled as procs start)
 
 
 class ProcMesh(MeshTrait):
@@ -509,6 +512,16 @@ class ProcMesh(MeshTrait):
     @property
     def initialized(self) -> Future:
         return self._state.initialized
+
+    @property
+    def spares_claimed(self) -> int | None:
+        """How many procs of the mesh `spawn_procs` made (all of it, for slices and views) were warm spares
+        claimed from `keep_warm` (Regent extension); None until `initialized` resolved. A restart that asked for
+        warm procs can so say whether it really got them."""
+        state = self._state.base or self._state
+        if not state.initialized.done() or state.initialized.exception() is not None:
+            return None
+        return sum(state.from_spare.get(pid, False) for pid in state.proc_ids)
 
     @property
     def host_mesh(self) -> HostMesh:

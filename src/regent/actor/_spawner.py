@@ -219,14 +219,16 @@ class LocalSpawner:
 
     async def spawn(self, specs: list[dict], bootstrap: bytes, on_exit: Callable, on_output: Callable,
                     release: bool) -> list[dict]:
-        """Start (or claim) one process per spec, configure them, and return their address infos."""
+        """Start (or claim) one process per spec, configure them, and return their address infos, each with
+        `from_spare`: whether that process was a claimed warm spare (so a restart can say it was warm)."""
 
         async def one(spec: dict) -> dict:
             env = dict(spec.get("env") or {})
             if spec.get("gpu_index") is not None:
                 env.update(visibility_env(spec["gpu_index"]))
             command = spec.get("command")
-            if self.spares and command is None:  # spares run Regent's default command: only it may claim them
+            claimed = bool(self.spares) and command is None
+            if claimed:  # spares run Regent's default command: only it may claim them
                 child = self.spares.popleft()
                 child.label = spec["label"]
                 if self.refill_delay_s > 0:
@@ -251,7 +253,8 @@ class LocalSpawner:
                 self.rt.release(child.pid, child.conn)
             else:
                 self.rt.held.discard(child.pid)
-            return info
+            # a copy: the directory's entry stays an address; whether a spare was claimed goes to the owner
+            return dict(info or {}, from_spare=claimed)
 
         return list(await asyncio.gather(*(one(s) for s in specs)))
 

@@ -240,9 +240,24 @@ class ReplicaActor(Actor):
             self.last_restart_seconds = time.time() - t0
             # where the restart's time went: stopping the failed mesh, spawning the new one, building the models
             phases = {"stop": t_stopped - t0, "spawn": t_spawned - t_spawn, "build": time.time() - t_spawned}
+            # warm_spare: every new proc really was a claimed spare (the pool may have been empty or still
+            # starting); not whether spares were configured, which would read true for a cold restart
+            claimed = await self._spares_claimed()
             self.emit("restart_done", generation=gen, seconds=self.last_restart_seconds,
-                      warm_spare=bool(self.cfg.warm_spares), action=action.value,
-                      phases={k: round(v, 3) for k, v in phases.items()})
+                      warm_spare=claimed is not None and claimed == self.cfg.procs_per_replica,
+                      spares_claimed=claimed, warm_spares_enabled=bool(self.cfg.warm_spares),
+                      action=action.value, phases={k: round(v, 3) for k, v in phases.items()})
+
+    async def _spares_claimed(self) -> int | None:
+        """How many of the new trainer procs were claimed warm spares; None when that is not known."""
+        procs = self.procs
+        if procs is None:
+            return None
+        try:
+            await asyncio.wait_for(_as_awaitable(procs.initialized), timeout=10)
+        except Exception:  # noqa: BLE001 - a mesh that failed to start is supervision's to report; here: unknown
+            return None
+        return procs.spares_claimed
 
     async def _wait_ready(self, gen: int, timeout: float = 300.0) -> None:
         """Until every new trainer has its model built (processes started, torch imported, CUDA up), so that
