@@ -64,7 +64,8 @@ class RuntimeConfig:
     # thread each (env REGENT_SHARED_ASYNCIO_RUNTIME, or Monarch's HYPERACTOR_SHARED_ASYNCIO_RUNTIME). A call to
     # many sync actors then wakes one thread per process, not one per actor; the price is Monarch's too: the
     # process's sync actors no longer run concurrently, so one that blocks holds up the others (and one that
-    # waits on a sync actor of its own process waits forever). Async actors always share the event loop.
+    # waits on a sync actor of its own process, a call or the stop of a mesh it owns there, waits forever or
+    # until that wait's timeout). Async actors always share the event loop.
     shared_asyncio_runtime: bool = False
 
     @staticmethod
