@@ -511,7 +511,10 @@ class OrchestrationManager:
         """Stop at a common sync boundary so the replicas can be compared bit for bit."""
         cfg = self.cfg
         h = cfg.ft.sync_every if cfg.ft.mode == "diloco" else 1
-        target = cfg.steps if cfg.steps is not None else self.max_step + 1
+        # Two steps past the last one reported, not one: a replica may have committed max_step + 1 and started
+        # the step after it before its report (or this stop) arrived, and a replica that overshoots the stop step
+        # waits for a quorum the others never join (soak of session 20: the last step took 60 s, a join timeout).
+        target = cfg.steps if cfg.steps is not None else self.max_step + 2
         target = int(math.ceil(max(target, 1) / h) * h)
         self.stop_requested_at = target
         # long enough for the slowest replica to reach the boundary at the pace seen so far
