@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from regent.actor._actor import endpoints_of
+from regent.actor._config import config
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
 from regent.actor._messages import RankFailed
@@ -129,10 +130,9 @@ class SharedSyncThread:
 
 def shared_sync_thread(rt: Runtime) -> SharedSyncThread:
     """This process's shared thread for sync actors, started on first use."""
-    runner = getattr(rt, "shared_sync_thread", None)
-    if runner is None:
-        runner = rt.shared_sync_thread = SharedSyncThread()
-    return runner
+    if rt.shared_sync_thread is None:
+        rt.shared_sync_thread = SharedSyncThread()
+    return rt.shared_sync_thread
 
 
 class Cell:
@@ -153,8 +153,6 @@ class Cell:
         self.init_reply = init_reply
         self.status = "init"
         self.endpoints = endpoints_of(cls)
-        from regent.actor._config import config
-
         self.shared = None if is_async or not config.shared_asyncio_runtime else shared_sync_thread(rt)
         self.finished = False  # (shared thread) this actor has ended: its later messages get its death
         self.mailbox = Mailbox(is_async, self.shared, self)
@@ -317,8 +315,6 @@ class Cell:
         self.owned.clear()
 
     def rt_stop_timeout(self) -> float:
-        from regent.actor._config import config
-
         return config.stop_timeout + 5
 
     def _cleanup_sync(self, exc: BaseException | None) -> None:
@@ -474,8 +470,6 @@ class Cell:
         cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
         if cleanup is None:
             return
-        from regent.actor._config import config
-
         try:
             result = cleanup(exc)
             if inspect.isawaitable(result):

@@ -32,8 +32,9 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def _env_bool(name: str, raw: str | None, default: bool) -> bool:
-    if raw is None or raw == "":
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if not raw:
         return default
     if raw.lower() in ("1", "true", "yes", "on"):
         return True
@@ -77,8 +78,8 @@ class RuntimeConfig:
         cfg.stop_timeout = _env_float("REGENT_STOP_TIMEOUT", cfg.stop_timeout) or cfg.stop_timeout
         cfg.spawn_timeout = _env_float("REGENT_SPAWN_TIMEOUT", cfg.spawn_timeout) or cfg.spawn_timeout
         cfg.prefix_output = os.environ.get("REGENT_PREFIX_OUTPUT", "1") not in ("0", "false", "no")
-        shared = os.environ.get("REGENT_SHARED_ASYNCIO_RUNTIME") or os.environ.get("HYPERACTOR_SHARED_ASYNCIO_RUNTIME")
-        cfg.shared_asyncio_runtime = _env_bool("REGENT_SHARED_ASYNCIO_RUNTIME", shared, cfg.shared_asyncio_runtime)
+        monarch = _env_bool("HYPERACTOR_SHARED_ASYNCIO_RUNTIME", cfg.shared_asyncio_runtime)
+        cfg.shared_asyncio_runtime = _env_bool("REGENT_SHARED_ASYNCIO_RUNTIME", monarch)  # Regent's name wins
         return cfg
 
     def configure(self, **kwargs: object) -> None:

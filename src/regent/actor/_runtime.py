@@ -200,6 +200,7 @@ class Runtime:
         self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
         self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
+        self.shared_sync_thread: Any = None  # regent.actor._cell.SharedSyncThread, with shared_asyncio_runtime
         self.handlers: dict[str, Callable] = {}
         self._inbox: collections.deque = collections.deque()
         self._inbox_lock = threading.Lock()
