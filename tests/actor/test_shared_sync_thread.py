@@ -165,3 +165,27 @@ def test_the_knob_is_read_from_regent_or_monarch_environment(monkeypatch):
     cfg = RuntimeConfig()
     cfg.configure(shared_asyncio_runtime=True)
     assert cfg.child_env()["REGENT_SHARED_ASYNCIO_RUNTIME"] == "1"
+
+
+class Asker(Tls):
+    @endpoint
+    def ask(self, other) -> float:
+        return other.now.call_one().get(timeout=TIMEOUT)
+
+
+def test_waiting_on_a_sibling_of_the_shared_thread_is_refused_not_hung(shared_mode):
+    # Invariant: no wait is unbounded. The sibling cannot run until this endpoint returns, so get() raises.
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    other = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = pm.colocated("actors", 2).spawn("ask", Asker)
+        elsewhere = other.spawn("far", Tls)
+        started = time.monotonic()
+        with pytest.raises(ActorError, match="would never return"):
+            mesh.slice(actors=0).ask.call_one(mesh.slice(actors=1)).get(timeout=TIMEOUT)
+        assert time.monotonic() - started < TIMEOUT / 2
+        # an actor in another process is fine to wait for
+        assert mesh.slice(actors=0).ask.call_one(elsewhere).get(timeout=TIMEOUT) > 0
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+        other.stop().get(timeout=TIMEOUT)

@@ -82,7 +82,8 @@ loop; calls to the actor wait in its mailbox until `__init__` returns), so insid
 event loop: start tasks from an endpoint. `config.configure(shared_asyncio_runtime=True)` (Monarch's knob; env
 REGENT_SHARED_ASYNCIO_RUNTIME or HYPERACTOR_SHARED_ASYNCIO_RUNTIME), set before `spawn_procs`, runs all sync
 actors of a proc on one shared thread instead: a call to many of them wakes one thread per proc, but they take
-turns, so one that blocks holds up its siblings, and one that waits on a sibling never returns.
+turns, so one that blocks holds up its siblings, and `get()` on a call to a sibling raises RuntimeError (it could
+never return).
 
 Not provided: the tensor engine (`rref`, `activate`), RDMA buffers, TLS, `attach`, `hosts_from_config`,
 `ProcId`/`Uid`, the tracing helpers and `sync_workspace` (README: "Where regent.actor differs from Monarch").

@@ -94,7 +94,8 @@ class SharedSyncThread:
 
     def __init__(self) -> None:
         self.tokens: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="actors-shared", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="actors-shared", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
         while True:

@@ -64,9 +64,9 @@ class RuntimeConfig:
     # Monarch's `shared_asyncio_runtime`: all sync actors of a process run on one shared thread instead of a
     # thread each (env REGENT_SHARED_ASYNCIO_RUNTIME, or Monarch's HYPERACTOR_SHARED_ASYNCIO_RUNTIME). A call to
     # many sync actors then wakes one thread per process, not one per actor; the price is Monarch's too: the
-    # process's sync actors no longer run concurrently, so one that blocks holds up the others (and one that
-    # waits on a sync actor of its own process, a call or the stop of a mesh it owns there, waits forever or
-    # until that wait's timeout). Async actors always share the event loop.
+    # process's sync actors no longer run concurrently, so one that blocks holds up the others; one that calls a
+    # sync actor of its own process gets a RuntimeError from `get()` instead of waiting forever (stopping a mesh
+    # it owns there waits out the stop timeout). Async actors always share the event loop.
     shared_asyncio_runtime: bool = False
 
     @staticmethod

@@ -20,7 +20,7 @@ _loop_thread_checker: list[Callable[[], bool]] = []  # set by the runtime: "am I
 class Future(Generic[R]):
     """The result of an actor call or runtime operation. Cannot be constructed directly."""
 
-    __slots__ = ("_lock", "_event", "_state", "_value", "_callbacks")
+    __slots__ = ("_lock", "_event", "_state", "_value", "_callbacks", "_no_block_thread")
 
     def __init__(self, *, _token: object = None) -> None:
         if _token is not _TOKEN:
@@ -30,6 +30,7 @@ class Future(Generic[R]):
         self._state = 0  # 0 pending, 1 result, 2 exception
         self._value: Any = None
         self._callbacks: list[Callable[[Future], None]] = []
+        self._no_block_thread: int | None = None  # a thread that would deadlock blocking on this (see _mesh)
 
     @classmethod
     def _new(cls) -> Future:
@@ -93,6 +94,12 @@ class Future(Generic[R]):
     # ---- waiting ----
     def get(self, timeout: float | None = None) -> R:
         if not self._state:
+            if self._no_block_thread == threading.get_ident():
+                raise RuntimeError(
+                    "Future.get() here would never return: this sync actor runs on its process's shared actor "
+                    "thread (shared_asyncio_runtime), and so does an actor it waits for, which cannot run until "
+                    "this endpoint returns; make one of them async, or turn shared_asyncio_runtime off"
+                )
             if _loop_thread_checker and _loop_thread_checker[0]():
                 raise RuntimeError(
                     "Future.get() was called on the actor runtime's event loop, where it would deadlock; "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections import deque
 from typing import Any, Generic, TypeVar
 
@@ -435,6 +436,11 @@ class Endpoint(Generic[R]):
         targets = [(ref.mesh_id, r, ref.rank_procs[r]) for r in ranks]
         gather = Gather(rt, fut, shape, targets, self._label, single)
         self._send(ranks, body, buffers, gather.port_id, pending=gather)
+        shared = rt.shared_sync_thread
+        if shared is not None and threading.current_thread() is shared.thread and any(
+                pid == rt.proc_id and getattr(rt.actors.get(f"{mesh_id}/{r}"), "shared", None) is not None
+                for mesh_id, r, pid in targets):
+            fut._no_block_thread = threading.get_ident()  # its get() would wait on this very thread: refuse it
         return fut
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
