@@ -315,7 +315,10 @@ def test_restarted_replica_heals_early_from_a_live_holder(lighthouse, tmp_path):
 def test_failed_sync_is_retried_with_the_survivors(tmp_path):
     """c dies inside the sync at step 2: a and b re-form the quorum and commit that sync without c, instead
     of rolling back to the last global parameters and losing the round."""
-    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=1500)
+    # the first quorum waits for all three (the join timeout only waits for groups that already heartbeat: on a
+    # loaded box c's first heartbeat came after a and b had formed quorum 1, so c never died in "its" sync)
+    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=1500,
+                          expect_groups=["a", "b", "c"])
     outs = [tmp_path / f"{n}.jsonl" for n in "abc"]
     start = tmp_path / "start"
     common = ("--sync-every", "4", "--syncs", "5", "--sync-retries", "2", "--start-file", str(start))
