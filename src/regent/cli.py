@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "lighthouse": "regent.ft.commands",
     "train": "regent.orchestrate.commands",
     "report": "regent.orchestrate.commands",
+    "check": "regent.orchestrate.commands",
     "k8s": "regent.jobs.k8s_manifest",
 }
 

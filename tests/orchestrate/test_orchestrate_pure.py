@@ -217,7 +217,7 @@ def test_recovery_breakdown_and_summary():
     s = compute_summary(ev, metrics, replicas=3, replicas_consistent=True)
     assert s["faults_injected"] == 1 and s["failures_detected"] == 1 and s["recoveries"] == 1
     assert s["max_quorum_id"] == 3 and s["full_restarts"] == 0
-    assert s["recovery_seconds"] == {"p50": pytest.approx(4.0), "max": pytest.approx(4.0)}
+    assert s["recovery_seconds"] == {"p50": pytest.approx(4.0), "max": pytest.approx(4.0), "open": 0}
     assert s["initial_loss"] > s["final_loss"]
     assert 0 < s["goodput"] <= 1
     assert percentile([1, 2, 3, 4], 0.5) == 2.5

@@ -76,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--baseline", help="a fault-free run directory to draw for comparison")
     r.set_defaults(func=run_report)
 
+    c = sub.add_parser("check", help="check a run directory: exit 1 with one line per violation, 0 if it holds",
+                       description="The run checker (README: Checking a run): no committed progress lost without a "
+                                   "counted reset, every live replica compared at one step on its whole state, "
+                                   "figures measured to the end of training.")
+    c.add_argument("run_dir")
+    c.set_defaults(func=run_check)
+
 
 def _one_line_error(message: str) -> NoReturn:
     """argparse's errors for `regent train` as one line, like every other refused input (no usage block)."""
@@ -227,6 +234,12 @@ def run_report(args: argparse.Namespace) -> int:
     path = write_report(args.run_dir, baseline=args.baseline)
     print(f"report written to {path}")
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from regent.orchestrate.invariants import main
+
+    return main([args.run_dir])
 
 
 def parse_train_argv(argv: list[str]) -> Any:

@@ -20,9 +20,10 @@ from typing import Any
 
 # Single-replica kinds hit one trainer (`node`: every process of one replica); `straggler` pauses one trainer for
 # `straggler_s`; `correlated` kills several whole replicas within a short window (a rack); `lighthouse` kills
-# the Lighthouse and starts it again on the same address. `regent train --chaos` turns every kind on.
+# the Lighthouse and starts it again on the same address; `bitflip` flips one bit of one replica's parameters or
+# optimizer state in place (silent corruption, found by the state vote). `regent train --chaos` turns every kind on.
 FAULT_KINDS = ("exception", "segfault", "kill", "exit", "comm", "hang", "node", "straggler", "correlated",
-               "lighthouse")
+               "lighthouse", "bitflip")
 DEFAULT_FAULT_KINDS = ("kill", "exception", "comm", "hang")
 
 
@@ -419,6 +420,10 @@ def _validate_fault_knobs(cfg: RunConfig) -> None:
     if size != "all" and not (size.isdigit() and int(size) >= 2):
         raise ConfigError(f"--faults.correlated-size must be a number of replicas (2 or more) or all, "
                           f"not {f.correlated_size!r}")
+    if f.enabled and "bitflip" in f.kinds and not f.file and cfg.ft is not None and not cfg.no_ft \
+            and cfg.ft.vote_interval() == 0:
+        raise ConfigError("the bitflip fault is found only by state votes, which --ft.vote-every 0 turns off; "
+                          "drop bitflip from --fault-kinds or vote (--ft.vote-every 10)")
     if cfg.lighthouse.address and f.enabled and "lighthouse" in f.kinds and not f.file:
         raise ConfigError("the lighthouse fault kills the Lighthouse this run started; with --lighthouse.address "
                           "(an external one) drop it from --fault-kinds")

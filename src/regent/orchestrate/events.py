@@ -36,6 +36,11 @@ EVENT_KINDS = (
     "replay_cut",  # a replayed fault file did not play to its end within the overrun past --duration
     "run_failed",
     "lighthouse_restarted",
+    "state_digest",  # one rank's digest of its agreed state (regent.ft.digest): a ballot, not written to the log
+    "state_vote",  # the controller compared the replicas' digests of one committed step (orchestrate/vote.py)
+    "state_diverged",  # replicas whose state differed from the majority: stopped and healed (or the backstop)
+    "bitflip_applied",  # the `bitflip` fault flipped one bit of a replica's state: where, and at which commit
+    "training_stopped",  # every replica reached the stop step (or the run was cut): the end of training
     "run_finished",
 )
 

@@ -18,9 +18,9 @@ from typing import Any
 
 MULTI_REPLICA_KINDS = ("correlated",)
 NO_REPLICA_KINDS = ("lighthouse",)
-# Kinds after which the replica hit does not fail: it reconfigures its group (comm), runs slow (straggler), or
-# nothing of it is hit (lighthouse).
-NON_FAILING_KINDS = ("comm", "straggler", "lighthouse")
+# Kinds after which the replica hit does not fail: it reconfigures its group (comm), runs slow (straggler), nothing
+# of it is hit (lighthouse), or it trains on with a flipped bit until a state vote stops it (bitflip).
+NON_FAILING_KINDS = ("comm", "straggler", "lighthouse", "bitflip")
 
 
 def failure_expected_within(kind: str, hang_timeout_s: float) -> float | None:

@@ -1,8 +1,17 @@
-"""Invariants a finished run directory must satisfy; `python -m regent.orchestrate.invariants RUN_DIR`.
+"""The run checker: what a finished run directory must satisfy. `regent check RUN_DIR` (or
+`python -m regent.orchestrate.invariants RUN_DIR`).
 
-A run can finish, print a goodput and still be wrong: training silently thrown away, replicas that disagree,
-processes left behind, memory that only grows. These checks read only the run directory, so they apply to
+A run can finish, print a goodput and still be wrong: committed training silently thrown away, replicas that
+disagree, progress that stopped while the clock ran on, processes left behind, memory that only grows. These
+checks read only the run directory (events.jsonl, metrics.jsonl, summary.json, config.json), so they apply to
 any run, old or new, and to runs on machines we cannot log into.
+
+They are strict on purpose, because every claim about a run rests on them:
+- progress is checked per replica and generation, not on the maximum over replicas (two replicas going back
+  while a third stays at the top is a loss), with zero tolerance on the committed step;
+- a drop is excused only by a `state_lost` at that moment whose counted amount covers all of it;
+- every replica that did not give up is compared at the end, all at one step, on their whole state;
+- figures are measured to the end of training, not to the last metric record.
 """
 
 from __future__ import annotations
@@ -16,59 +25,144 @@ from typing import Any
 
 from regent.orchestrate.events import read_jsonl
 from regent.orchestrate.summary import (
-    RESET_MATCH_S,
     checkpoint_restarts,
-    progress_drops,
     progress_key,
+    run_mode,
     state_lost_groups,
-    sync_round,
+    training_end,
 )
 
 RSS_GROWTH_FACTOR = 2.0
 RSS_GROWTH_MB = 200.0
+# A state_lost is matched to a drop it falls inside of (between the replica's last record before the drop and its
+# first after), with this much slack: events and metrics are stamped by different processes.
+MATCH_SLACK_S = 2.0
+# Committed progress that stood still for this long before the end of training (or 5x the run's median time
+# between two raises of progress, whichever is longer) is a stall at the end: the run went on without training.
+END_STALL_FLOOR_S = 60.0
+END_STALL_FACTOR = 5.0
+# A goodput measured against a fault-free run may not exceed 1 by more than rounding.
+GOODPUT_EPS = 1e-9
 
 
-def check_run(run_dir: str | Path) -> list[str]:
-    """Every violation found in `run_dir` (events.jsonl, metrics.jsonl, summary.json); empty when fine."""
+def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any],
+                                           dict[str, Any]]:
+    """(events, metrics, summary, config) of a run directory; summary and config are {} when absent.
+    ValueError when summary.json is not JSON."""
     run = Path(run_dir)
     events = list(read_jsonl(run / "events.jsonl"))
     metrics = list(read_jsonl(run / "metrics.jsonl"))
     summary: dict[str, Any] = {}
+    config: dict[str, Any] = {}
     if (run / "summary.json").exists():
         try:
             summary = json.loads((run / "summary.json").read_text())
         except json.JSONDecodeError as exc:
-            return [f"summary.json is not valid JSON: {exc}"]
-    return (check_progress(events, metrics) + check_reset_counts(events, summary)
-            + check_final_states(summary) + check_processes(summary) + check_memory(metrics))
+            raise ValueError(f"summary.json is not valid JSON: {exc}") from exc
+    if (run / "config.json").exists():
+        try:
+            config = json.loads((run / "config.json").read_text())
+        except json.JSONDecodeError:
+            config = {}  # an old or torn config: the checks that need it fall back to what events say
+    return events, metrics, summary, config
 
 
-def check_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[str]:
-    """The global committed progress never goes backwards unless a state_lost (or a checkpoint-restart
-    baseline's full restart) says so: otherwise training was thrown away without anyone counting it.
+def check_run(run_dir: str | Path) -> list[str]:
+    """Every violation found in `run_dir`; empty when the run holds."""
+    try:
+        events, metrics, summary, config = load_run(run_dir)
+    except ValueError as exc:
+        return [str(exc)]
+    return check_records(events, metrics, summary, config)
 
-    Only the maximum over replicas matters (one replica restarting from 0 and healing is fine), and the
-    progress is the committed sync count when metrics carry it (DiLoCo's trainer step keeps counting through
-    a failed sync). Commit events are checked too, in case metrics were not written."""
-    explained = [g["time"] for g in state_lost_groups(events)] + [c["time"] for c in checkpoint_restarts(events)]
+
+def check_records(events: list[dict[str, Any]], metrics: list[dict[str, Any]], summary: dict[str, Any],
+                  config: dict[str, Any] | None = None) -> list[str]:
+    config = config or {}
+    return (check_progress(events, metrics, config) + check_reset_counts(events, summary)
+            + check_final_states(summary, events, config) + check_end_stall(events, metrics)
+            + check_figures(summary) + check_state_votes(events, config)
+            + check_processes(summary) + check_memory(metrics))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Committed progress, per replica
+# ---------------------------------------------------------------------------------------------------------
+
+def replica_drops(records: list[dict[str, Any]], key: str, *, strict: bool) -> list[dict[str, Any]]:
+    """Every time one replica's committed progress went back (or, with `strict`, repeated a committed step
+    within one generation): per replica, in time order, against the highest value that replica had reached.
+
+    After a drop the replica's new level is the reference (a counted reset starts a new lineage)."""
+    by_rep: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for m in records:
+        if m.get(key) is not None and m.get("time") is not None and m.get("committed", True):
+            by_rep[m.get("replica")].append(m)
+    out: list[dict[str, Any]] = []
+    for r, recs in sorted(by_rep.items(), key=lambda kv: str(kv[0])):
+        recs.sort(key=lambda m: m["time"])
+        level, last = recs[0][key], recs[0]
+        for m in recs[1:]:
+            v = m[key]
+            same_gen = m.get("generation") == last.get("generation")
+            if v < level or (strict and v == level and same_gen):
+                out.append({"replica": r, "from": level, "to": v, "t_before": last["time"], "t_after": m["time"],
+                            "generation_before": last.get("generation"), "generation_after": m.get("generation"),
+                            "repeat": v == level, "key": key})
+                level = v
+            else:
+                level = max(level, v)
+            last = m
+    return out
+
+
+def explain_drop(d: dict[str, Any], groups: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> str | None:
+    """None when a counted reset covers all of drop `d`; else why not (one phrase)."""
+    lo, hi = d["t_before"] - MATCH_SLACK_S, d["t_after"] + MATCH_SLACK_S
+    if any(lo <= c["time"] <= hi for c in restarts):
+        return None  # the checkpoint-restart baseline: a full restart, counted from metrics by the summary
+    near = [g for g in groups if lo <= g["time"] <= hi and not g["fatal"]]
+    if not near:
+        return "no state_lost between its last record before and its first after"
+    if d["key"] != "manager_step":
+        return None  # an old run without manager steps: sizes cannot be compared with lost_step
+    for g in near:
+        lost, restored = g.get("lost_step"), g.get("restored_step")
+        if lost is None or restored is None:
+            return None  # an old state_lost without sizes: the time is all there is to match
+        if d["from"] <= lost and d["to"] >= restored:
+            return None
+    sizes = ", ".join(f"{g.get('lost_step')} -> {g.get('restored_step')}" for g in near)
+    return f"the state_lost there counts only {sizes}"
+
+
+def check_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]],
+                   config: dict[str, Any] | None = None) -> list[str]:
+    """No replica's committed progress goes back, or (per-step mode) commits one step twice, unless a counted
+    reset covers exactly that. Checked on metrics and, independently, on commit events."""
+    groups = state_lost_groups(events)
+    restarts = checkpoint_restarts(events)
     key = progress_key(metrics)
-    tol = 1 if key == "manager_step" else sync_round(events)
-    drops = [(d, "metrics") for d in progress_drops(metrics, key=key, tolerance=tol)]
-    # commit events: manager_step after each committed sync
-    commits = [{"time": e["time"], "replica": e.get("replica"), "committed": True, "manager_step": e["manager_step"]}
+    mode = run_mode(events, config or {})
+    t0 = min((m["time"] for m in metrics), default=min((e["time"] for e in events), default=0.0))
+    commits = [{"time": e["time"], "replica": e.get("replica"), "generation": e.get("generation"),
+                "committed": True, "manager_step": e["manager_step"]}
                for e in events if e["kind"] == "commit" and e.get("committed", True)
                and e.get("manager_step") is not None]
-    for d in progress_drops(commits, key="manager_step", tolerance=1):
-        if not any(abs(d["time"] - o["time"]) <= RESET_MATCH_S for o, _ in drops):
-            drops.append((d, "commit events"))
-    t0 = min((m["time"] for m in metrics), default=min((e["time"] for e in events), default=0.0))
-    return [
-        f"lineage reset not counted: global committed {d['key']} went back from {d['from']} to {d['to']} "
-        f"{d['time'] - t0:.1f}s after the first step ({source}), with no state_lost event within "
-        f"{RESET_MATCH_S:.0f}s"
-        for d, source in drops
-        if not any(abs(d["time"] - t) <= RESET_MATCH_S for t in explained)
-    ]
+    out = []
+    seen: set[tuple[Any, Any, Any]] = set()
+    for source, recs, k, strict in (("metrics", metrics, key, key == "manager_step" and mode == "ddp"),
+                                    ("commit events", commits, "manager_step", True)):
+        for d in replica_drops(recs, k, strict=strict):
+            why = explain_drop(d, groups, restarts)
+            if why is None or (d["replica"], d["from"], d["to"]) in seen:
+                continue
+            seen.add((d["replica"], d["from"], d["to"]))
+            what = (f"committed {d['key']} {d['to']} again" if d["repeat"] else
+                    f"committed {d['key']} went back from {d['from']} to {d['to']}")
+            out.append(f"replica {d['replica']} (generation {d['generation_before']} -> {d['generation_after']}): "
+                       f"{what} {d['t_after'] - t0:.1f}s after the first step ({source}); {why}")
+    return out
 
 
 def check_reset_counts(events: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
@@ -85,18 +179,149 @@ def check_reset_counts(events: list[dict[str, Any]], summary: dict[str, Any]) ->
     return out
 
 
-def check_final_states(summary: dict[str, Any]) -> list[str]:
-    """Replicas that finished at the same step must hold bit-identical parameters."""
-    by_step: dict[Any, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
-    for s in summary.get("final_states") or []:
-        if isinstance(s, dict) and s.get("hash") and s.get("step") is not None:
-            by_step[s["step"]][s["hash"]].append(s.get("replica"))
-    return [
-        f"replicas at final step {step} differ: " + "; ".join(f"{h[:12]} on replicas {reps}" for h, reps in hashes.items())
-        for step, hashes in sorted(by_step.items(), key=lambda kv: str(kv[0]))
-        if len(hashes) > 1
-    ]
+# ---------------------------------------------------------------------------------------------------------
+# The final comparison
+# ---------------------------------------------------------------------------------------------------------
 
+def expected_finishers(events: list[dict[str, Any]], replicas: int) -> list[int]:
+    """Replicas that must be compared at the end: all but those that gave up or failed after the stop."""
+    out_of_it = {e.get("replica") for e in events if e["kind"] in ("gave_up", "ended_failed")}
+    return [r for r in range(replicas) if r not in out_of_it]
+
+
+def final_identity(state: dict[str, Any]) -> str | None:
+    """What a replica's final state is compared by: its full-state digest over every rank, else (runs before
+    the digest) rank 0's parameter hash."""
+    return state.get("digest") or state.get("hash")
+
+
+def check_final_states(summary: dict[str, Any], events: list[dict[str, Any]] | None = None,
+                       config: dict[str, Any] | None = None) -> list[str]:
+    """Every replica that did not give up ends at one common step with the same whole state."""
+    events = events or []
+    finals = [s for s in summary.get("final_states") or [] if isinstance(s, dict)]
+    if summary.get("run_failed") or any(e["kind"] == "run_failed" for e in events):
+        return []  # the run already failed, with its reason; there is no end state to compare
+    replicas = summary.get("replicas") or (config or {}).get("replicas")
+    by_rep = {s.get("replica"): s for s in finals}
+    out = []
+    if replicas and summary:
+        missing = [r for r in expected_finishers(events, int(replicas))
+                   if by_rep.get(r) is None or final_identity(by_rep[r]) is None or by_rep[r].get("step") is None]
+        if missing:
+            out.append(f"no final state of replica(s) {missing}: they did not give up, yet were left out of the "
+                       "final comparison")
+    have = {r: s for r, s in by_rep.items() if final_identity(s) is not None and s.get("step") is not None}
+    steps = {s["step"] for s in have.values()}
+    if len(steps) > 1:
+        out.append("replicas ended at different steps: " + ", ".join(
+            f"replica {r} at {s['step']}" for r, s in sorted(have.items(), key=lambda kv: str(kv[0]))))
+    idents: dict[str, list[Any]] = defaultdict(list)
+    for r, s in sorted(have.items(), key=lambda kv: str(kv[0])):
+        idents[final_identity(s) or ""].append(r)
+    if len(idents) > 1:
+        out.append("replicas ended with different states: " + "; ".join(
+            f"{h[:12]} on replicas {reps}" for h, reps in idents.items()))
+    if "replicas_compared" in summary and have and summary["replicas_compared"] != len(have):
+        out.append(f"summary.json says {summary['replicas_compared']} replicas were compared; final_states holds "
+                   f"{len(have)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------------------------------------
+
+def progress_raises(metrics: list[dict[str, Any]], key: str) -> list[float]:
+    """Times at which the highest committed value over every replica went up."""
+    high: float | None = None
+    out = []
+    for m in sorted((m for m in metrics if m.get("committed", True) and m.get(key) is not None
+                     and m.get("time") is not None), key=lambda m: m["time"]):
+        if high is None or m[key] > high:
+            high = m[key]
+            out.append(m["time"])
+    return out
+
+
+def check_end_stall(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[str]:
+    """Committed progress must not stand still at the end of a run while the run goes on."""
+    key = progress_key(metrics)
+    raises = progress_raises(metrics, key)
+    end = training_end(events, metrics)
+    if len(raises) < 2 or end is None:
+        return []
+    gaps = [b - a for a, b in zip(raises, raises[1:])]
+    bound = max(END_STALL_FLOOR_S, END_STALL_FACTOR * statistics.median(gaps))
+    stall = end - raises[-1]
+    if stall <= bound:
+        return []
+    return [f"committed progress stopped {stall:.0f}s before the end of training (last raise "
+            f"{raises[-1] - raises[0]:.0f}s after the first step; allowed {bound:.0f}s): the run went on without "
+            "training"]
+
+
+def check_figures(summary: dict[str, Any]) -> list[str]:
+    """Goodput is never above 1, and an estimate is never reported as a measurement."""
+    out = []
+    g = summary.get("goodput")
+    if g is not None and g > 1.0 + GOODPUT_EPS:
+        out.append(f"goodput {g:.4f} is above 1: the fault-free pace it was measured against is not this run's "
+                   "(another config or machine load)")
+    if g is not None and summary.get("goodput_is_estimate"):
+        out.append("goodput is reported as a measurement but was estimated from this run's own pace "
+                   "(goodput_is_estimate); report it as goodput_estimate or pass --baseline")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# State votes and bitflips
+# ---------------------------------------------------------------------------------------------------------
+
+def vote_every(events: list[dict[str, Any]], config: dict[str, Any]) -> int | None:
+    started = [e for e in events if e["kind"] == "run_started"]
+    if started and started[-1].get("vote_every") is not None:
+        return int(started[-1]["vote_every"]) or None
+    k = ((config.get("ft") or {}) if isinstance(config.get("ft"), dict) else {}).get("vote_every")
+    return int(k) if k else None
+
+
+def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> list[str]:
+    """Every injected bitflip is found by a vote within K commits (or its state thrown away by a failure of that
+    replica first), and no divergence is found that no bitflip explains."""
+    config = config or {}
+    k = vote_every(events, config)
+    evs = sorted(events, key=lambda e: e["time"])
+    flips = [e for e in evs if e["kind"] == "bitflip_applied"]
+    diverged = [e for e in evs if e["kind"] == "state_diverged"]
+    out = []
+    used: set[int] = set()
+    for f in flips:
+        r, at = f.get("replica"), f.get("manager_step")
+        found = next((i for i, d in enumerate(diverged) if i not in used and r in (d.get("replicas") or [])
+                      and d["time"] >= f["time"]), None)
+        discarded = next((e for e in evs if e["time"] >= f["time"] and e.get("replica") == r
+                          and e["kind"] in ("failure_detected", "gave_up", "ended_failed")), None)
+        if found is not None and (discarded is None or diverged[found]["time"] <= discarded["time"]):
+            used.add(found)
+            d = diverged[found]
+            if k and at is not None and d.get("manager_step") is not None and d["manager_step"] - at > k:
+                out.append(f"bitflip in replica {r} at committed step {at} was found only at step "
+                           f"{d['manager_step']}, more than {k} commits later")
+        elif discarded is None and not any(e["kind"] == "run_failed" for e in evs):
+            out.append(f"bitflip in replica {r} at committed step {at} ({f.get('tensor')}) was never found by a "
+                       "state vote")
+    for i, d in enumerate(diverged):
+        if i not in used:
+            out.append(f"replica(s) {d.get('replicas')} diverged from the majority at committed step "
+                       f"{d.get('manager_step')} with no injected bitflip: a bug or a faulty device changed "
+                       "their state (it was healed)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Processes and memory
+# ---------------------------------------------------------------------------------------------------------
 
 def check_processes(summary: dict[str, Any]) -> list[str]:
     """No process of the run outlives it."""
@@ -131,11 +356,18 @@ def check_memory(metrics: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def verdict_line(run: str | Path, violations: list[str]) -> str:
+    """The one-line verdict `regent check` and `regent train` end with."""
+    if not violations:
+        return f"{run}: holds"
+    return f"{run}: {len(violations)} violation(s); first: {violations[0]}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the violations of a run directory; exit status 1 when there are any (for CI)."""
+    """Print one line per violation and exit 1, or one line "holds" and exit 0; 2 for a bad argument."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m regent.orchestrate.invariants RUN_DIR", file=sys.stderr)
+        print("usage: regent check RUN_DIR", file=sys.stderr)
         return 2
     run = Path(args[0])
     if not (run / "events.jsonl").exists():
@@ -145,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in violations:
         print(f"VIOLATION: {v}")
     if not violations:
-        print(f"{run}: all invariants hold")
+        print(verdict_line(run, violations))
     return 1 if violations else 0
 
 

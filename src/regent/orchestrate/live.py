@@ -41,6 +41,8 @@ class RunView:
     lineage_resets: int = 0
     steps_lost: int = 0
     max_stall: float = 0.0
+    votes: int = 0  # state votes decided (orchestrate/vote.py)
+    divergences: int = 0  # replicas found diverged by them
     _resets_seen: list = field(default_factory=list)  # [lost_step, time of its latest state_lost]
     _top: dict = field(default_factory=dict)  # replica -> highest step since its last reset
     _reset_pending: dict = field(default_factory=dict)  # replica -> its top when its state was lost
@@ -171,6 +173,15 @@ class RunView:
             if rv:
                 rv.status = "gave up"
             line = f"replica {r} gave up after {e.get('attempts')} attempts"
+        elif kind == "state_vote":
+            self.votes += 1
+        elif kind == "state_diverged":
+            self.divergences += len(e.get("replicas") or [])
+            line = (f"STATE DIVERGED at committed step {e.get('manager_step')}: replica(s) {e.get('replicas')} "
+                    + ("stopped, healing from the majority" if e.get("action") == "heal"
+                       else "and no majority: restoring the backstop"))
+        elif kind == "bitflip_applied":
+            line = f"bitflip in replica {r}: bit {e.get('bit')} of {e.get('tensor')}[{e.get('index')}]"
         return line
 
     def render(self) -> Group:
@@ -192,7 +203,8 @@ class RunView:
             f"quorum [bold]{self.quorum_id}[/] with {len(self.participants)} replicas   "
             f"elapsed {time.time() - self.started:5.0f}s   dashboard {self.dashboard}\n"
             f"lineage resets {f'[bold red]{self.lineage_resets}[/]' if self.lineage_resets else 0}   "
-            f"steps lost {self.steps_lost}   max stall {self.stall_now():.0f}s"
+            f"steps lost {self.steps_lost}   max stall {self.stall_now():.0f}s   state votes {self.votes}   "
+            f"divergences {f'[bold red]{self.divergences}[/]' if self.divergences else 0}"
         )
         feed = "\n".join(self.feed) or "(no events yet)"
         return Group(Panel(head, title="Regent"), t, Panel(feed, title="events"))
@@ -232,5 +244,6 @@ class LiveDisplay:
                      for r, rv in sorted(self.view.reps.items())]
             v = self.view
             print(f"[regent] quorum {v.quorum_id} | " + " | ".join(parts)
-                  + f" | resets {v.lineage_resets}, steps lost {v.steps_lost}, max stall {v.stall_now():.0f}s",
+                  + f" | resets {v.lineage_resets}, steps lost {v.steps_lost}, max stall {v.stall_now():.0f}s, "
+                  f"votes {v.votes}, divergences {v.divergences}",
                   flush=True)

@@ -39,11 +39,47 @@ def preflight(cfg: RunConfig, *, connect_timeout_s: float = LIGHTHOUSE_CONNECT_T
             check_data(cfg)
     if cfg.no_ft:
         return
+    if cfg.baseline:
+        check_baseline(cfg)
     lc = cfg.lighthouse
     if lc.address:
         check_lighthouse_reachable(lc.address, connect_timeout_s, rpc_env=cfg.ft.rpc_env())
     else:
         check_bind_free(lc.bind)
+
+
+# What a baseline run must share with the run it is the fault-free pace of (config.json keys, dotted).
+BASELINE_KEYS = ("replicas", "procs_per_replica", "train.model", "ft.mode", "train.batch_size", "train.seq_len",
+                 "ft.sync_every")
+
+
+def baseline_mismatches(run: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """The BASELINE_KEYS on which two config.json dicts differ, as "key: run vs baseline"."""
+    def get(d: dict[str, Any], key: str) -> Any:
+        for part in key.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return d
+
+    return [f"{k}: {get(run, k)!r} here, {get(base, k)!r} in the baseline" for k in BASELINE_KEYS
+            if get(run, k) != get(base, k)]
+
+
+def check_baseline(cfg: RunConfig) -> None:
+    """A goodput against a baseline means something only when the baseline trained the same thing the same way."""
+    import dataclasses
+    import json
+
+    path = os.path.join(cfg.baseline, "config.json")
+    try:
+        with open(path) as f:
+            base = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--baseline {cfg.baseline}: cannot read its config.json ({exc}); pass the run directory "
+                          "of a finished fault-free run") from exc
+    diff = baseline_mismatches(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), base)
+    if diff:
+        raise ConfigError(f"--baseline {cfg.baseline} is not a run of this config ({'; '.join(diff)}); its pace "
+                          "would make goodput meaningless")
 
 
 def visible_gpus(environ: dict[str, str] | None = None) -> tuple[int, str]:

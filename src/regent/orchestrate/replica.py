@@ -427,6 +427,16 @@ class ReplicaActor(Actor):
                         self.index, replica_index, group)
 
     @endpoint
+    async def stop_diverged(self, generation: int, reason: str) -> bool:
+        """The state vote found this replica's state different from the majority's: stop its trainers now and
+        restart them in place, which heals them from a live majority member (a failure like any other, reported
+        as `failure_detected` with the reason). False when that generation is no longer the live one."""
+        if generation != self.policy.generation or self.trainers is None or self.policy.restarting:
+            return False
+        self._on_failure(generation, f"state diverged: {reason}", "", rank=None)
+        return True
+
+    @endpoint
     async def request_stop(self, at_step: int) -> None:
         self.stop_target = at_step
         trainers = self.trainers
@@ -440,7 +450,7 @@ class ReplicaActor(Actor):
         """Wait for the trainers to reach the stop step and collect the final state hash. The trainers stay
         up, still serving their committed state to replicas that are behind, until `release()`."""
         deadline = time.time() + timeout
-        result: dict[str, Any] = {"replica": self.index, "step": None, "hash": None}
+        result: dict[str, Any] = {"replica": self.index, "step": None, "digest": None}
         last_error: Exception | None = None
         while time.time() < deadline:
             trainers = self.trainers
@@ -459,10 +469,10 @@ class ReplicaActor(Actor):
                 continue
             states = [v for _, v in vm.items()]
             if all(s is not None for s in states):
-                result.update(states[0])
+                result.update(final_of_ranks(states))
                 break
             await asyncio.sleep(0.5)
-        if result["hash"] is None and last_error is not None:
+        if result["digest"] is None and last_error is not None:
             logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
         return result
 
@@ -496,6 +506,19 @@ class ReplicaActor(Actor):
             except Exception as err:  # noqa: BLE001 - reported; the actor is stopping either way
                 logger.error("replica %d: releasing %s failed, the allocation may leak: %r",
                              self.index, self.job.describe(), err)
+
+
+def final_of_ranks(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """A replica's final state from its ranks' (in rank order): one digest over every rank's, the common step
+    (None, with `steps`, when the ranks disagree on it)."""
+    from regent.ft.digest import combine_rank_digests
+
+    states = sorted(states, key=lambda s: s.get("rank", 0))
+    steps = sorted({s.get("step") for s in states}, key=str)
+    digests = [s.get("digest") for s in states]
+    return {"step": steps[0] if len(steps) == 1 else None, "steps": steps,
+            "manager_step": states[0].get("manager_step"), "ranks": len(states),
+            "digest": combine_rank_digests(digests) if all(digests) else None, "rank_digests": digests}
 
 
 async def _as_awaitable(x: Any) -> Any:

@@ -46,8 +46,11 @@ logger = logging.getLogger(__name__)
 # Set in the controller's environment before anything is spawned: every process of this run inherits it, which
 # is how processes left behind are found at the end (`leaked_processes`).
 RUN_MARKER_ENV = "REGENT_RUN_MARKER"
-# A fatal `state_lost` ends the run with this exit code (2 is a configuration error, 130 an interrupt).
+# Exit codes of `regent train` (README "Exit codes"): a fatal `state_lost` or another reason the run could not go
+# on; 2 is a configuration error (before launch); the run finished but its checker found a violation (an
+# uncounted loss, replicas left out of or failing the final comparison, ...); 130 an interrupt.
 EXIT_RUN_FAILED = 1
+EXIT_CHECK_FAILED = 3
 
 
 class OrchestrationManager:
@@ -83,6 +86,10 @@ class OrchestrationManager:
         self.stop_requested_at: int | None = None
         self.final_states: list[dict[str, Any]] = []
         self.finished_replicas: set[int] = set()
+        from regent.orchestrate.vote import StateVotes
+
+        self.votes = StateVotes(cfg.replicas)
+        self.violations: list[str] = []
         self._replicas: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._told_group_failed: set[tuple[int, str | None]] = set()
@@ -101,6 +108,9 @@ class OrchestrationManager:
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
+        if e["kind"] == "state_digest":  # one rank's ballot, not a line of events.jsonl: state_vote records the vote
+            self._ballot(e)
+            return
         self.events.write(e)
         line = self.view.on_event(e)
         self.display.feed_line(line)
@@ -132,6 +142,46 @@ class OrchestrationManager:
             if key not in self._told_group_failed:
                 self._told_group_failed.add(key)
                 self._spawn(self._tell_peers(r, e.get("group")))
+
+    # -- state votes (orchestrate/vote.py) ------------------------------------------------------------------
+    def _ballot(self, e: dict[str, Any]) -> None:
+        late = self.votes.add(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
+                              int(e.get("ranks") or 1), str(e["digest"]), e.get("generation"))
+        if late is not None:
+            self._act_on_verdict(late)
+
+    def _decide_votes(self) -> None:
+        live = {r for r, since in self.healthy_since.items() if since is not None}
+        for verdict in self.votes.due(live):
+            self._act_on_verdict(verdict)
+
+    def _act_on_verdict(self, v: Any) -> None:
+        from regent.orchestrate.vote import verdict_event
+
+        self.record_event(_event("state_vote", **verdict_event(v)))
+        if v.agreed:
+            return
+        why = (f"its state at committed step {v.manager_step} differs from the majority of replicas {v.voters}"
+               if v.action == "heal" else
+               f"replicas {v.voters} hold different states at committed step {v.manager_step} and no majority "
+               "agrees: none can be trusted, the backstop is restored")
+        self.record_event(_event("state_diverged", replicas=v.diverged, manager_step=v.manager_step,
+                                 action=v.action, voters=v.voters, majority=(v.majority or "")[:16], reason=why))
+        print(f"[regent] STATE DIVERGED: replica(s) {v.diverged}: {why}; stopping them", flush=True)
+        if self._replicas is None:
+            return
+        for r in v.diverged:
+            self._spawn(self._stop_diverged(r, v.generations.get(r), why))
+
+    async def _stop_diverged(self, replica: int, generation: int | None, why: str) -> None:
+        try:
+            if generation is None:
+                return
+            stopped = await self._replicas.slice(replicas=replica).stop_diverged.call_one(generation, why)
+            if not stopped:
+                logger.info("replica %d: diverged generation %s had already been replaced", replica, generation)
+        except Exception as exc:  # noqa: BLE001 - reported; that replica is failing already, its supervisor restarts it
+            logger.warning("stopping diverged replica %d: %r", replica, exc)
 
     def fail_run(self, reason: str) -> None:
         """The run cannot go on (its committed state is gone, or the Lighthouse cannot be restarted): say why,
@@ -195,7 +245,7 @@ class OrchestrationManager:
         port, receiver = Channel.open()
         drain = asyncio.get_running_loop().create_task(self.drain(receiver))
         self.record_event(make_event("run_started", replicas=cfg.replicas, procs_per_replica=cfg.procs_per_replica,
-                                     mode=cfg.ft.mode, recovery=cfg.recovery))
+                                     mode=cfg.ft.mode, recovery=cfg.recovery, vote_every=cfg.ft.vote_interval()))
         import regent.actor as actor_api
 
         previous_hook = actor_api.unhandled_fault_hook
@@ -262,6 +312,13 @@ class OrchestrationManager:
             self.record_event(make_event("run_finished"))
             self.sinks.close()
             self.write_summary()
+        if code == 0 and self.violations:
+            code = EXIT_CHECK_FAILED
+        if code == EXIT_CHECK_FAILED:
+            print(f"[regent] the run checker found {len(self.violations)} violation(s) (exit {code}); first: "
+                  f"{self.violations[0]}", flush=True)
+        elif code == EXIT_RUN_FAILED:
+            print(f"[regent] the run failed (exit {code}): {self.failed_reason}", flush=True)
         return code
 
     async def _unless_failed(self, coro: Any) -> None:
@@ -417,6 +474,7 @@ class OrchestrationManager:
         while not self._done(schedule) and self.failed_reason is None:
             await asyncio.sleep(0.25)
             self.display.refresh()
+            self._decide_votes()
             # before the first step too: replicas that all give up in a crash loop before training end the run
             if all(v.status == "gave up" for v in self.view.reps.values()):
                 print("[regent] every replica gave up; stopping", flush=True)
@@ -529,8 +587,10 @@ class OrchestrationManager:
             # restored an old backstop, trained alone to the stop step and ended different.)
             vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
-        except Exception as exc:  # noqa: BLE001 - reported; the run's data is already on disk
+        except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
+        # the end of training: every figure runs to here (summary.training_end), not to the last metric record
+        self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:
             await asyncio.wait_for(_aw(replicas.release.call()), timeout=90)
         except Exception as exc:  # noqa: BLE001 - reported; run.py's teardown stops the meshes next either way
@@ -539,19 +599,20 @@ class OrchestrationManager:
     def write_summary(self) -> dict[str, Any]:
         events = list(read_jsonl(self.run_dir / "events.jsonl"))
         metrics = list(read_jsonl(self.run_dir / "metrics.jsonl"))
-        finals = [s for s in self.final_states if s and s.get("hash")]
-        consistent = None
-        if finals:
-            top = max(s["step"] for s in finals)
-            hashes = {s["hash"] for s in finals if s["step"] == top}
-            consistent = len(hashes) == 1
+        from regent.orchestrate.invariants import check_final_states
+
+        finals = [s for s in self.final_states if s and s.get("digest")]
+        # consistent: every replica that did not give up was compared, at one step, and all hold one state
+        consistent = (not check_final_states({"final_states": self.final_states, "replicas": self.cfg.replicas},
+                                             events)) if finals else None
         baseline_rate = None
         if self.cfg.baseline:
             b = Path(self.cfg.baseline)
             baseline_rate = healthy_step_rate(list(read_jsonl(b / "metrics.jsonl")), list(read_jsonl(b / "events.jsonl")))
         summary = compute_summary(events, metrics, replicas=self.cfg.replicas, replicas_consistent=consistent,
                                   baseline_rate=baseline_rate, recovery_mode=self.cfg.recovery,
-                                  baseline_dir=self.cfg.baseline)
+                                  baseline_dir=self.cfg.baseline, hang_bound_s=self.cfg.faults.hang_timeout,
+                                  final_states=self.final_states)
         summary["final_states"] = self.final_states
         summary["baseline"] = self.cfg.baseline
         summary["run_failed"] = self.failed_reason
@@ -561,7 +622,8 @@ class OrchestrationManager:
 
         # The invariants (no uncounted lineage reset, no committed step going backwards unexplained, equal
         # replicas equal, no leaked processes, bounded memory), checked on what was written, every run.
-        summary["invariant_violations"] = violations = check_run(self.run_dir)
+        summary["invariant_violations"] = self.violations = violations = check_run(self.run_dir)
+        summary["check"] = {"holds": not violations, "violations": violations}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         for v in violations:
             print(f"[regent] INVARIANT VIOLATED: {v}", flush=True)
@@ -575,7 +637,9 @@ class OrchestrationManager:
         print(
             f"[regent] done: {s['steps_committed']} steps, faults {s['faults_injected']}, recoveries "
             f"{s['recoveries']}, max quorum id {s['max_quorum_id']}, loss {s['initial_loss']} -> {s['final_loss']}, "
-            f"consistent={s['replicas_consistent']}, goodput={s['goodput']}",
+            f"replicas compared {s['replicas_compared']}/{self.cfg.replicas} at step {s['final_step']}, "
+            f"consistent={s['replicas_consistent']}, {goodput_text(s)}, state votes {s['state_votes']} "
+            f"(divergences {s['divergences']}, healed {s['divergences_healed']})",
             flush=True,
         )
         print(
@@ -588,6 +652,15 @@ class OrchestrationManager:
         )
         print(f"[regent] report: {self.run_dir / 'report.html'}", flush=True)
         return summary
+
+
+def goodput_text(s: dict[str, Any]) -> str:
+    """goodput for the done line: measured against a baseline, or plainly marked as an estimate."""
+    if s.get("goodput") is not None:
+        return f"goodput {s['goodput']:.3f} (vs baseline)"
+    if s.get("goodput_estimate") is not None:
+        return f"goodput ESTIMATE {s['goodput_estimate']:.3f} (this run's own pre-fault pace; pass --baseline)"
+    return "goodput n/a (no fault-free pace)"
 
 
 REPLAY_OVERRUN_S = 180.0  # how far a replayed schedule may run past --duration to play its last faults

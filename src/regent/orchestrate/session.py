@@ -167,6 +167,9 @@ class TrainingSession:
             self.manager.accept_loss(f"checkpoint restart from {resume_from}")
         self.stop_at: int | None = None
         self.inject_exception = False
+        self.inject_bitflip = False
+        self.vote_every = ft.vote_interval()
+        self._voted_step: int | None = None
         self.build_marks.append(("wrap", time.time()))
         if on_ready is not None:
             on_ready(self)  # built and ready; what follows is waiting for the other replicas
@@ -254,6 +257,9 @@ class TrainingSession:
         if self.inject_exception:
             self.inject_exception = False
             raise InjectedFault(f"injected exception in replica {self.replica_index} rank {self.rank}")
+        if self.inject_bitflip:  # between two steps, on the training thread: nothing else writes the state now
+            self.inject_bitflip = False
+            self._flip_a_bit()
         if self.mode == "ddp":
             self.manager.start_quorum()
         t0 = time.time()
@@ -269,11 +275,75 @@ class TrainingSession:
             rss_mb=_rss_mb(),
         )
         self._after_commit(record.get("committed", True))
+        self._maybe_vote(record.get("committed", True))
         if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
             every = self.cfg.checkpoint_every
             if every and self.trainer.step % every == 0 and self.trainer.step > 0:
                 self._checkpoint()
         return record
+
+    # -- state votes (regent.ft.digest) -----------------------------------------------------------------
+    def agreed_state(self) -> dict[str, Any]:
+        """What every replica that committed the same steps holds bit for bit, on this rank: in per-step mode the
+        whole training state (model, optimizer, schedule, data position, step) and the Manager's counters; in
+        DiLoCo the committed global state (global parameters, outer optimizer, and schedule, data position and
+        step at the sync). DiLoCo's inner optimizer state is each replica's own and is left out."""
+        if self.diloco is not None:
+            committed = self.diloco._committed_state()
+            committed["extra"] = {k: v for k, v in committed["extra"].items() if k != "mid_step"}
+            return {"committed": committed, "regent": self.manager.state_dict()}
+        sd = self.trainer.state_dict()
+        return {"trainer": sd, "regent": self.manager.state_dict()}
+
+    def state_digest(self) -> str:
+        from regent.ft.digest import state_digest
+
+        return state_digest(self.agreed_state())
+
+    def _maybe_vote(self, committed: bool) -> None:
+        """Every `vote_every` commits, at a sync boundary: report this rank's digest; the controller compares
+        the replicas' (OrchestrationManager._vote)."""
+        step = self.manager.current_step()
+        if (not committed or not self.vote_every or step % self.vote_every or step == self._voted_step
+                or not self.at_boundary()):
+            return
+        self._voted_step = step
+        t0 = time.perf_counter()
+        digest = self.state_digest()
+        self.on_event("state_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
+                                       "seconds": round(time.perf_counter() - t0, 6)})
+
+    def _flip_a_bit(self) -> None:
+        """The `bitflip` fault: one bit of one element of one tensor the replicas agree on, in place on its device
+        (a parameter or an optimizer moment; in DiLoCo a global parameter or the outer momentum)."""
+        import random
+
+        from regent.ft.digest import FLIP_BITS, flip_bit
+
+        tensors: list[tuple[str, torch.Tensor]] = []
+
+        def walk(tree: Any, path: str) -> None:
+            if isinstance(tree, torch.Tensor):
+                t = tree.to_local() if callable(getattr(tree, "to_local", None)) else tree
+                if t.is_floating_point() and t.numel() > 0 and t.is_contiguous() and t.element_size() in FLIP_BITS:
+                    tensors.append((path, tree))
+            elif isinstance(tree, dict):
+                for k, v in tree.items():
+                    walk(v, f"{path}/{k}")
+
+        state = self.agreed_state()
+        walk(state.get("committed", state.get("trainer")), "")
+        if not tensors:
+            logger.warning("replica %d rank %d: bitflip: no tensor to flip", self.replica_index, self.rank)
+            return
+        rng = random.Random()
+        name, t = rng.choice(tensors)
+        local = t.to_local() if callable(getattr(t, "to_local", None)) else t
+        index = rng.randrange(local.numel())
+        bit = rng.choice(list(FLIP_BITS[local.element_size()]))
+        flip_bit(t, index, bit)
+        self.on_event("bitflip_applied", {"manager_step": self.manager.current_step(), "tensor": name,
+                                          "index": index, "bit": bit})
 
     # -- the durable backstop -------------------------------------------------------------------------
     def _after_commit(self, committed: bool) -> None:

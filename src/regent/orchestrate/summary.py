@@ -7,12 +7,14 @@ from collections import defaultdict
 from typing import Any
 
 
-def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def recovery_breakdowns(events: list[dict[str, Any]], open_out: list[dict[str, Any]] | None = None
+                        ) -> list[dict[str, Any]]:
     """One record per recovered failure: fault -> detect -> respawn -> quorum -> transfer -> first commit.
 
     A recovery starts at a `failure_detected` of replica r (backdated to the matching `fault_injected` when
     there is one) and ends at r's first `commit` from a newer generation. Stages that did not happen (no
-    transfer when the replica was already current, say) are 0.
+    transfer when the replica was already current, say) are 0. Recoveries that never finished (the replica
+    gave up, or the run ended first) are appended to `open_out` with their fault and detection times.
     """
     events = sorted(events, key=lambda e: e["time"])
     out: list[dict[str, Any]] = []
@@ -50,15 +52,22 @@ def recovery_breakdowns(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 rec["warm_spare"] = e.get("warm_spare")
             elif kind == "quorum" and newer and "t_quorum" not in rec:
                 rec["t_quorum"] = e["time"]
+            elif kind == "early_heal_done" and newer and "t_held" not in rec:
+                rec["t_held"] = e["time"]
             elif kind == "heal_done" and newer and "t_heal" not in rec:
                 rec["t_heal"] = e["time"]
+                rec.setdefault("t_held", e["time"])
                 rec["donor"] = e.get("donor")
                 rec["bytes"] = e.get("bytes")
             elif kind == "commit" and newer and e.get("committed", True):
                 out.append(_close(rec, e["time"]))
                 del open_rec[r]
             elif kind in ("gave_up", "ended_failed"):
+                if open_out is not None:
+                    open_out.append({**rec, "ended": kind, "t_end": e["time"]})
                 del open_rec[r]
+    if open_out is not None:
+        open_out.extend({**rec, "ended": None} for rec in open_rec.values())
     return out
 
 
@@ -80,6 +89,8 @@ def _close(rec: dict[str, Any], t_commit: float) -> dict[str, Any]:
         "first_commit": max(0.0, t_commit - t_heal),
         "total": max(0.0, t_commit - rec["t_fault"]),
         "t_fault": rec["t_fault"],
+        # when it held the committed state again by a pull (DiLoCo's global state holds until the next sync)
+        "held": max(0.0, min(rec.get("t_held", t_commit), t_commit) - rec["t_fault"]),
     }
 
 
@@ -120,18 +131,23 @@ def compute_summary(
     baseline_rate: float | None = None,
     recovery_mode: str = "peer",
     baseline_dir: str | None = None,
+    hang_bound_s: float = 15.0,
+    final_states: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """summary.json: the run's figures; `how` says in one sentence how each accounting figure was made."""
-    recs = recovery_breakdowns(events)
-    totals = [r["total"] for r in recs]
+    """summary.json: the run's figures; `how` says in one sentence how each accounting figure was made.
+
+    Every figure runs to the end of training (`training_end`), not to the last metric record: a run whose
+    progress stopped while its clock ran on must show it."""
+    open_recs: list[dict[str, Any]] = []
+    recs = recovery_breakdowns(events, open_recs)
     committed = [m for m in metrics if m.get("committed", True)]
     losses = [m for m in sorted(metrics, key=lambda m: m["time"]) if m.get("loss") is not None]
     quorum_ids = [e["quorum_id"] for e in events if e.get("quorum_id") is not None]
     starts = [e["time"] for e in events if e["kind"] == "run_started"]
-    ends = [e["time"] for e in events if e["kind"] == "run_finished"]
-    # the training time: first to last step (start-up and the final stop are not training time)
+    # the training time: first step to the end of training (start-up is not training time)
     t0 = min(m["time"] for m in metrics) if metrics else (starts[0] if starts else 0.0)
-    t1 = max(m["time"] for m in metrics) if metrics else (ends[-1] if ends else t0)
+    t1 = training_end(events, metrics)
+    t1 = t0 if t1 is None else max(t0, t1)
     if baseline_rate:
         rate: float | None = baseline_rate
         basis = f"baseline run {baseline_dir}: {baseline_rate:.4g} steps/s" if baseline_dir else \
@@ -141,8 +157,19 @@ def compute_summary(
         basis = (f"ESTIMATE from this run's pace before its first fault (all of it if none): {rate:.4g} steps/s "
                  "(pass --baseline DIR for a measured fault-free pace)") if rate else \
             "no fault-free pace: too few steps before the first fault and no --baseline run"
-    acct = accounting(events, metrics, replicas=replicas, rate=rate, rate_basis=basis, t0=t0, t1=t1)
+    acct = accounting(events, metrics, replicas=replicas, rate=rate, rate_basis=basis, t0=t0, t1=t1,
+                      hang_bound_s=hang_bound_s)
+    if not baseline_rate:  # an estimate is never reported as a measurement
+        acct["goodput_estimate"] = acct.pop("goodput")
+        acct["goodput"] = None
     final_losses = _final_losses(losses)
+    # unfinished recoveries count too: their time so far (to the end of training) is a lower bound
+    open_totals = [max(0.0, (o.get("t_end") or t1) - o["t_fault"]) for o in open_recs]
+    totals = [r["total"] for r in recs]
+    compared = [s for s in (final_states or []) if isinstance(s, dict)
+                and (s.get("digest") or s.get("hash")) and s.get("step") is not None]
+    votes = [e for e in events if e["kind"] == "state_vote"]
+    diverged = [e for e in events if e["kind"] == "state_diverged"]
     return {
         "replicas": replicas,
         "recovery_mode": recovery_mode,
@@ -151,6 +178,7 @@ def compute_summary(
         "faults_injected": sum(e["kind"] == "fault_injected" for e in events),
         "failures_detected": sum(e["kind"] == "failure_detected" for e in events),
         "recoveries": len(recs),
+        "recoveries_open": len(open_recs),
         "heals": sum(e["kind"] == "heal_done" for e in events),
         "gave_up": sum(e["kind"] == "gave_up" for e in events),
         "ended_failed": sorted({e["replica"] for e in events if e["kind"] == "ended_failed"}),
@@ -158,13 +186,40 @@ def compute_summary(
         "initial_loss": losses[0]["loss"] if losses else None,
         "final_loss": (sum(final_losses) / len(final_losses)) if final_losses else None,
         "replicas_consistent": replicas_consistent,
+        "replicas_compared": len(compared),
+        "final_step": compared[0]["step"] if compared and len({s["step"] for s in compared}) == 1 else None,
+        "state_votes": len(votes),
+        "state_votes_disagreeing": sum(not e.get("agreed", True) for e in votes),
+        "divergences": sum(len(e.get("replicas") or []) for e in diverged),
+        "divergences_healed": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "heal"),
+        "bitflips_injected": sum(e["kind"] == "bitflip_applied" for e in events),
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
         "goodput_is_estimate": not baseline_rate,
         **acct,
-        "recovery_seconds": {"p50": percentile(totals, 0.5), "max": max(totals) if totals else None},
+        "recovery_seconds": {"p50": percentile(totals, 0.5), "max": max(totals + open_totals, default=None),
+                             "open": len(open_totals)},
         "recovery_breakdown": recs,
     }
+
+
+def run_mode(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> str | None:
+    """The run's ft mode ("ddp" per-step, "diloco"), from run_started or config.json; None if unknown."""
+    modes = [e.get("mode") for e in events if e["kind"] == "run_started" and e.get("mode")]
+    if modes:
+        return modes[-1]
+    ft = (config or {}).get("ft")
+    return ft.get("mode") if isinstance(ft, dict) else None
+
+
+def training_end(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> float | None:
+    """When training ended: the controller's `training_stopped` (every replica reached the stop step or the
+    run was cut), else `run_finished`, else (a run killed without either) its last metric record."""
+    for kind in ("training_stopped", "run_finished"):
+        times = [e["time"] for e in events if e["kind"] == kind]
+        if times:
+            return max(times)
+    return max((m["time"] for m in metrics), default=None)
 
 
 def _final_losses(losses: list[dict[str, Any]], window: int = 5) -> list[float]:
@@ -318,19 +373,33 @@ def failed_sync_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def committing_replicas_series(
-    events: list[dict[str, Any]], metrics: list[dict[str, Any]]
+    events: list[dict[str, Any]], metrics: list[dict[str, Any]], hang_bound_s: float | None = None,
+    t_end: float | None = None,
 ) -> list[tuple[float, int]]:
     """(time, replicas committing) at each change: a replica is active from a committed step until its next
-    failure_detected, gave_up or restart_started event."""
-    marks = [(m["time"], 1, m.get("replica")) for m in _committed(metrics)]
+    failure_detected, gave_up or restart_started event. With `hang_bound_s`, a replica that writes no record
+    for longer than that counts as down for the whole silence (to `t_end` after its last record)."""
+    recs = _committed(metrics)
+    marks = [(m["time"], 1, m.get("replica")) for m in recs]
     marks += [(e["time"], 0, e.get("replica")) for e in events
               if e["kind"] in DOWN_KINDS and e.get("replica") is not None]
+    if hang_bound_s is not None:
+        last: dict[Any, float] = {}
+        for m in recs:
+            r = m.get("replica")
+            if r in last and m["time"] - last[r] > hang_bound_s:
+                marks.append((last[r], 0, r))
+            last[r] = m["time"]
+        if t_end is not None:
+            marks += [(t, 0, r) for r, t in last.items() if t_end - t > hang_bound_s]
     active: set[Any] = set()
     series: list[tuple[float, int]] = []
-    for t, up, r in sorted(marks, key=lambda x: (x[0], x[1])):
+    for t, up, r in sorted(marks, key=lambda x: (x[0], -x[1])):
         (active.add if up else active.discard)(r)
         if not series or series[-1][1] != len(active):
             series.append((t, len(active)))
+        elif series[-1][0] == t:
+            series[-1] = (t, len(active))
     return series
 
 
@@ -349,38 +418,27 @@ def time_below(series: list[tuple[float, int]], n: int, t0: float, t1: float) ->
     return total
 
 
-def vulnerability_windows(events: list[dict[str, Any]]) -> list[float]:
-    """Per restart: seconds from restart_started until the replica holds the committed state again (its first
-    early_heal_done or heal_done of the new generation or later, else its first committed commit)."""
-    by_rep: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for e in sorted(events, key=lambda e: e["time"]):
-        if e.get("replica") is not None:
-            by_rep[e["replica"]].append(e)
-    out = []
-    for evs in by_rep.values():
-        started: int | None = None  # index of the open restart_started
-        for i, e in enumerate(evs):
-            if e["kind"] == "restart_started":
-                started = i
-            if e["kind"] != "restart_done":
-                continue
-            g = e.get("generation") or 0
-            # the new incarnation may hold the state before its restart_done is recorded (an early heal
-            # that lands while the supervisor still waits for the other ranks): look from restart_started on
-            first = started if started is not None else i
-            t_start = evs[started]["time"] if started is not None else e["time"] - float(e.get("seconds") or 0.0)
-            later = [x for x in evs[first + 1:] if (x.get("generation") or 0) >= g]
-            held = next((x["time"] for x in later if x["kind"] in ("early_heal_done", "heal_done")), None)
-            if held is None:
-                held = next((x["time"] for x in later if x["kind"] == "commit" and x.get("committed", True)), None)
-            if held is not None:
-                out.append(max(0.0, held - t_start))
-            started = None
-    return out
+def vulnerability_windows(events: list[dict[str, Any]], t_end: float, diloco: bool) -> tuple[list[float], int]:
+    """(closed windows, open windows): per failure, seconds from the fault (its detection at the latest) until
+    the replica holds the current committed state again; a window still open at `t_end` counts to it.
+
+    Per-step mode ends a window at the replica's first commit of a newer generation: an early pull may already
+    be a step stale when it lands. DiLoCo ends it at the first pull (early heal or heal) of the committed
+    global state, which holds until the next sync, or at the first commit if that comes first."""
+    open_recs: list[dict[str, Any]] = []
+    recs = recovery_breakdowns(events, open_recs)
+    closed = [r["held"] if diloco else r["total"] for r in recs]
+    # a DiLoCo replica that pulled the global state and failed again (or the run ended) before it committed
+    closed += [o["t_held"] - o["t_fault"] for o in open_recs if diloco and o.get("t_held") is not None]
+    open_w = [max(0.0, (o.get("t_end") or t_end) - o["t_fault"]) for o in open_recs
+              if o.get("ended") != "gave_up" and not (diloco and o.get("t_held") is not None)]
+    return closed + open_w, len(open_w)
 
 
-def max_stall(metrics: list[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
-    """(longest time the global committed progress stayed at or below a level it had reached, its start)."""
+def max_stall(metrics: list[dict[str, Any]], key: str, t_end: float | None = None
+              ) -> tuple[float | None, float | None]:
+    """(longest time the global committed progress stayed at or below a level it had reached, its start),
+    counting the time from the last raise to `t_end` too."""
     recs = _committed(metrics, key)
     if not recs:
         return None, None
@@ -391,8 +449,9 @@ def max_stall(metrics: list[dict[str, Any]], key: str) -> tuple[float | None, fl
             if m["time"] - since > best:
                 best, at = m["time"] - since, since
             high, since = m[key], m["time"]
-    if recs[-1]["time"] - since > best:
-        best, at = recs[-1]["time"] - since, since
+    end = max(recs[-1]["time"], t_end if t_end is not None else recs[-1]["time"])
+    if end - since > best:
+        best, at = end - since, since
     return best, at
 
 
@@ -405,6 +464,7 @@ def accounting(
     rate_basis: str,
     t0: float,
     t1: float,
+    hang_bound_s: float | None = None,
 ) -> dict[str, Any]:
     """The honest-accounting figures of summary.json, each with a one-sentence `how`."""
     key = progress_key(metrics)
@@ -448,9 +508,9 @@ def accounting(
     final_step = max((m["step"] for m in committed if m["time"] > last_rb), default=0)
     useful = max(0, min(len(committed) - window_lost - reset_lost, final_step * replicas))
     expected = rate * replicas * max(t1 - t0, 1e-9) if rate else None
-    stall, stall_at = max_stall(metrics, key)
-    series = committing_replicas_series(events, metrics)
-    vw = vulnerability_windows(events)
+    stall, stall_at = max_stall(metrics, key, t_end=t1)
+    series = committing_replicas_series(events, metrics, hang_bound_s, t_end=t1)
+    vw, vw_open = vulnerability_windows(events, t1, diloco)
     n_ckpt = len(ckpts)
     return {
         "steps_lost": uncommitted + reset_lost,
@@ -470,10 +530,10 @@ def accounting(
         "max_stall_at": None if stall_at is None else stall_at - t0,
         "time_below_n_seconds": time_below(series, replicas, t0, t1) if metrics else None,
         "vulnerability_window_seconds": {"p50": percentile(vw, 0.5), "max": max(vw) if vw else None,
-                                         "n": len(vw)},
+                                         "n": len(vw), "open": vw_open},
         "early_heals": sum(e["kind"] == "early_heal_done" for e in events),
         "backstop_saves": sum(e["kind"] == "backstop_saved" for e in events),
-        "goodput": min(1.0, max(0.0, useful / expected)) if expected else None,
+        "goodput": max(0.0, useful / expected) if expected else None,
         "goodput_basis": rate_basis,
         "how": {
             "steps_lost": "steps_lost_uncommitted + steps_lost_reset: replica-steps trained and then thrown away.",
@@ -503,14 +563,17 @@ def accounting(
                 "global_committed_step x replicas."),
             "max_stall_seconds": (
                 f"Longest time between two records that raised the global committed {key} above its highest "
-                "value so far (after a reset the stall lasts until the lost progress is made up); "
+                "value so far, or from the last one to the end of training (after a reset the stall lasts "
+                "until the lost progress is made up); "
                 "max_stall_at is when it began, seconds since the first step."),
             "time_below_n_seconds": (
-                f"Time between the first and last step with fewer than {replicas} replicas committing (a replica "
-                "counts from a committed step until its next failure_detected, gave_up or restart_started)."),
+                f"Time between the first step and the end of training with fewer than {replicas} replicas "
+                "committing (a replica counts from a committed step until its next failure_detected, gave_up or "
+                "restart_started, and as down through any silence longer than the hang bound)."),
             "vulnerability_window_seconds": (
-                "Per restart, restart_started to the replica's first early_heal_done/heal_done of that "
-                "generation or later (else its first committed commit): how long it did not hold the committed state."),
+                "Per failure, from the fault (its detection at the latest) until the replica holds the current "
+                "committed state: its first commit of a newer generation in per-step mode, its first pull of the "
+                "global state (or commit) in DiLoCo; windows still open at the end count to the end (open)."),
             "max_stall_at": "When the longest stall began, seconds since the first step.",
             "lineage_resets_fatal": "Lineage resets with fatal set: no backstop checkpoint, the run stopped.",
             "rollbacks": "Every rollback of all replicas with its time, cause and the replica-steps it threw away.",
@@ -519,6 +582,7 @@ def accounting(
             "backstop_saves": "Count of backstop_saved events: durable checkpoints that finished.",
             "goodput": (
                 "replica_steps_useful / (fault-free steps/s per replica x replicas x seconds from the first "
-                f"to the last step), clamped to [0, 1]; pace: {rate_basis}."),
+                "to the end of training), not clamped (above 1 means the pace is not this run's); without a "
+                f"--baseline run it is goodput_estimate and goodput is null; pace: {rate_basis}."),
         },
     }

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 # kind the FT layer emits is one or the other, so that none is dropped silently.
 FORWARDED_KINDS = frozenset({
     "quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
-    "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt"})
+    "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt", "state_digest", "bitflip_applied"})
 NOT_FORWARDED_KINDS = frozenset({"error"})
 
 
@@ -114,8 +114,8 @@ class TrainerActor(Actor):
                 record = self.session.step()
                 if self.rank == 0:
                     self.report.send(("metric", record))
-            h = self.session.param_hash()
-            self.final = {"step": self.session.trainer.step, "hash": h,
+            # this rank's whole agreed state (regent.ft.digest); the replica combines its ranks' in rank order
+            self.final = {"step": self.session.trainer.step, "digest": self.session.state_digest(),
                           "manager_step": self.session.manager.current_step(), "rank": self.rank}
             self.supervisor.training_finished.broadcast(self.generation, self.rank)
         except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, then re-raised (the `finally`)
@@ -191,6 +191,9 @@ class TrainerActor(Actor):
         if kind == "exception":
             if self.session is not None:
                 self.session.inject_exception = True
+        elif kind == "bitflip":
+            if self.session is not None:  # applied by the training thread before its next step (bitflip_applied)
+                self.session.inject_bitflip = True
         elif kind == "segfault":
             ctypes.string_at(0)
         elif kind == "kill":

@@ -1,0 +1,117 @@
+"""State votes: replicas that committed the same step must hold the same state; the majority decides who is wrong.
+
+Every K commits each rank of each replica reports the digest of its agreed state (`TrainingSession._maybe_vote`).
+The controller gathers them here per committed step; once every replica that trains has reported (or the vote
+has waited long enough for the rest), it decides:
+- one digest: the replicas agree;
+- a strict majority: the others diverged; each is stopped and healed from a majority member;
+- no majority (two replicas that differ, or every replica different): nobody's state can be trusted; every voter
+  is stopped, and with no live holder left the run restores its backstop (a counted lineage reset).
+A digest that arrives after its step was decided is compared with the decided majority.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from regent.ft.digest import combine_rank_digests
+
+
+@dataclass
+class Verdict:
+    """What a decided vote says: `diverged` replicas and what to do with them ("heal" or "backstop")."""
+
+    manager_step: int
+    voters: list[int]
+    majority: str | None
+    diverged: list[int]
+    action: str | None  # "heal", "backstop", or None when they agree (or there was no one to compare with)
+    late: bool = False
+    generations: dict[int, int | None] = field(default_factory=dict)  # the voters' trainer generations
+
+    @property
+    def agreed(self) -> bool:
+        return not self.diverged
+
+
+def decide(step: int, digests: dict[int, str]) -> Verdict:
+    """The verdict on one step's replica digests (replica -> digest)."""
+    voters = sorted(digests)
+    counts = Counter(digests.values())
+    top, n = counts.most_common(1)[0] if counts else (None, 0)
+    if len(counts) <= 1:
+        return Verdict(step, voters, top, [], None)
+    if n * 2 > len(voters):
+        return Verdict(step, voters, top, sorted(r for r in voters if digests[r] != top), "heal")
+    return Verdict(step, voters, None, voters, "backstop")
+
+
+@dataclass
+class _Ballot:
+    first: float
+    ranks: dict[int, dict[int, str]] = field(default_factory=dict)  # replica -> rank -> digest
+    world: dict[int, int] = field(default_factory=dict)  # replica -> ranks it has
+    generation: dict[int, int | None] = field(default_factory=dict)
+
+
+class StateVotes:
+    """Digests per committed step, and the verdicts on them."""
+
+    def __init__(self, replicas: int, wait_s: float = 30.0) -> None:
+        self.replicas = replicas
+        self.wait_s = wait_s
+        self._open: dict[int, _Ballot] = {}
+        self._decided: dict[int, Verdict] = {}
+        self._late: dict[int, _Ballot] = {}  # digests of steps decided already
+
+    def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
+            now: float | None = None) -> Verdict | None:
+        """Record one rank's digest; a verdict for a late replica when its step was decided already."""
+        now = time.time() if now is None else now
+        decided = self._decided.get(step)
+        ballots = self._open if decided is None else self._late
+        ballot = ballots.setdefault(step, _Ballot(first=now))
+        ballot.ranks.setdefault(replica, {})[rank] = digest
+        ballot.world[replica] = ranks
+        ballot.generation[replica] = generation
+        if decided is not None and len(ballot.ranks[replica]) == ranks:
+            mine = _replica_digest(ballot.ranks[replica])
+            if decided.majority is None or mine == decided.majority:
+                return None
+            return Verdict(step, [replica], decided.majority, [replica], "heal", late=True,
+                           generations={replica: generation})
+        return None
+
+    def due(self, live: set[int], now: float | None = None) -> list[Verdict]:
+        """Verdicts on every open step that every replica in `live` has fully reported, or that has waited
+        `wait_s` since its first digest (decided with whoever reported)."""
+        now = time.time() if now is None else now
+        out = []
+        for step in sorted(self._open):
+            ballot = self._open[step]
+            complete = {r for r, ranks in ballot.ranks.items() if len(ranks) == ballot.world[r]}
+            if not (live <= complete or now - ballot.first >= self.wait_s):
+                continue
+            del self._open[step]
+            digests = {r: _replica_digest(ballot.ranks[r]) for r in complete}
+            verdict = decide(step, digests)
+            verdict.generations = {r: ballot.generation.get(r) for r in complete}
+            self._decided[step] = verdict
+            out.append(verdict)
+        for old in [s for s in self._decided if s < max(self._decided, default=0) - 1000]:
+            del self._decided[old]  # late digests come within a few steps; keep memory bounded
+            self._late.pop(old, None)
+        return out
+
+
+def _replica_digest(ranks: dict[int, str]) -> str:
+    return combine_rank_digests([ranks[k] for k in sorted(ranks)])
+
+
+def verdict_event(v: Verdict) -> dict[str, Any]:
+    """The fields of a `state_vote` event."""
+    return {"manager_step": v.manager_step, "voters": v.voters, "agreed": v.agreed, "diverged": v.diverged,
+            "majority": (v.majority or "")[:16], "late": v.late}

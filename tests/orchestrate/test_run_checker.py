@@ -1,0 +1,231 @@
+"""`regent check`: the seven run directories that each hide a loss or a disagreement (issue 32), the holes found
+in the code beside them, and clean runs that must pass. Each case fails on the checker before issue 32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regent.cli import main as cli_main
+from regent.orchestrate.invariants import check_run
+from regent.orchestrate.summary import compute_summary
+from regent.orchestrate.vote import decide
+
+
+def ev(kind: str, t: float, replica: int | None = None, generation: int | None = 0, **kw: Any) -> dict[str, Any]:
+    return {"time": float(t), "kind": kind, "replica": replica, "generation": generation, "quorum_id": 1,
+            "step": kw.pop("step", None), **kw}
+
+
+class Run:
+    """A synthetic run in today's format: per-step records every second for each replica, a commit event per
+    committed step (ddp) or per sync (DiLoCo, every `h` steps), stopped and finished at the end."""
+
+    def __init__(self, mode: str = "ddp", replicas: int = 3, h: int = 1) -> None:
+        self.mode, self.replicas, self.h = mode, replicas, h
+        self.events: list[dict[str, Any]] = [ev("run_started", 0.0, generation=None, mode=mode, replicas=replicas)]
+        self.metrics: list[dict[str, Any]] = []
+        self.finals: list[dict[str, Any]] | None = None
+
+    def train(self, replica: int, t0: float, t1: float, step0: int, gen: int = 0, ms0: int | None = None) -> int:
+        """Replica trains one step a second from time t0 (at trainer step step0 + 1) until t1; returns the last
+        trainer step. The manager step is the trainer step (ddp) or the number of syncs (DiLoCo)."""
+        step = step0
+        ms = (step0 // self.h) if ms0 is None else ms0
+        t = t0
+        while t < t1:
+            step += 1
+            if step % self.h == 0:
+                ms += 1
+                self.events.append(ev("commit", t - 0.01, replica, gen, committed=True, manager_step=ms, step=step))
+            self.metrics.append({"time": t, "replica": replica, "generation": gen, "step": step, "manager_step": ms,
+                                 "committed": True, "loss": 5.0 - 0.001 * step, "rank": 0})
+            t += 1.0
+        return step
+
+    def finish(self, t: float, finals: dict[int, tuple[int, str]] | None = None) -> None:
+        self.events.append(ev("training_stopped", t, generation=None))
+        self.events.append(ev("run_finished", t + 5, generation=None))
+        if finals is None:
+            top = max(m["step"] for m in self.metrics)
+            finals = {r: (top, "d" * 64) for r in range(self.replicas)}
+        self.finals = [{"replica": r, "step": s, "digest": d, "ranks": 1} for r, (s, d) in finals.items()]
+
+    def write(self, path: Path, **summary_overrides: Any) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        for name, rows in (("events.jsonl", self.events), ("metrics.jsonl", self.metrics)):
+            (path / name).write_text("".join(json.dumps(x) + "\n" for x in sorted(rows, key=lambda r: r["time"])))
+        s = compute_summary(self.events, self.metrics, replicas=self.replicas, replicas_consistent=True,
+                            final_states=self.finals)
+        s["final_states"] = self.finals
+        s.update(summary_overrides)
+        (path / "summary.json").write_text(json.dumps(s))
+        return path
+
+
+def clean(mode: str = "ddp", h: int = 1) -> Run:
+    run = Run(mode, h=h)
+    for r in range(3):
+        run.train(r, 1.0, 301.0, 0)
+    run.finish(301.5)
+    return run
+
+
+@pytest.mark.parametrize("mode,h", [("ddp", 1), ("diloco", 5)])
+def test_clean_runs_hold(tmp_path, mode, h, capsys):
+    run = clean(mode, h).write(tmp_path / "r")
+    assert check_run(run) == []
+    assert cli_main(["check", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == f"{run}: holds"
+
+
+def test_1_two_replicas_silently_go_back_while_the_third_stays_at_the_top(tmp_path, capsys):
+    run = Run()
+    run.train(0, 1.0, 801.0, 0)
+    for r in (1, 2):
+        last = run.train(r, 1.0, 601.0, 0)
+        # a new generation that resumes 500 committed steps back, with no state_lost
+        run.train(r, 601.0, 801.0, last - 500, gen=1)
+    run.finish(801.5, {r: (800, "d" * 64) for r in range(3)})
+    v = check_run(run.write(tmp_path / "r"))
+    assert sum("went back from 600 to 101" in x for x in v) == 2, v
+    assert all("no state_lost" in x for x in v if "went back" in x)
+    assert cli_main(["check", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().out.count("VIOLATION") >= 2
+
+
+def test_2_a_counted_small_reset_does_not_excuse_a_large_drop_after_it(tmp_path):
+    run = Run()
+    for r in range(3):
+        run.train(r, 1.0, 100.0, 0)  # to step 99
+    # every replica dies; the backstop holds step 79: a counted 20-step reset
+    run.events += [ev("state_lost", 101.0 + r * 0.1, r, 1, lost_step=99, restored_step=79, fatal=False,
+                      source="backstop/step-79") for r in range(3)]
+    for r in range(3):
+        run.train(r, 102.0, 140.0, 79, gen=1)  # 80..117
+    # 40 s later: a silent 300-step drop (to a state nobody counted)
+    for r in range(3):
+        run.train(r, 141.0, 200.0, 0, gen=2, ms0=0)
+    run.finish(200.5)
+    v = check_run(run.write(tmp_path / "r"))
+    assert len([x for x in v if "went back from 117 to 1 " in x]) == 3, v
+    assert not any("went back from 99 to 80" in x for x in v)  # the counted reset is fine
+
+
+def test_2b_a_counted_reset_must_cover_the_whole_drop(tmp_path):
+    run = Run()
+    for r in range(3):
+        run.train(r, 1.0, 400.0, 0)  # to step 399
+    # state_lost says 20 steps were lost, but the replicas come back 320 steps lower
+    run.events += [ev("state_lost", 401.0, r, 1, lost_step=99, restored_step=79, fatal=False) for r in range(3)]
+    for r in range(3):
+        run.train(r, 402.0, 450.0, 79, gen=1)
+    run.finish(450.5)
+    v = check_run(run.write(tmp_path / "r"))
+    assert len([x for x in v if "went back from 399 to 80" in x and "counts only 99 -> 79" in x]) == 3, v
+
+
+def test_3_every_replica_repeating_one_committed_step(tmp_path):
+    run = Run()
+    for r in range(3):
+        last = run.train(r, 1.0, 101.0, 0)
+        run.train(r, 101.0, 201.0, last - 1)  # goes back by exactly one: step 100 is committed twice
+    run.finish(201.5)
+    v = check_run(run.write(tmp_path / "r"))
+    assert len([x for x in v if "went back from 100 to 100" in x or "committed manager_step 100 again" in x]) >= 3, v
+
+
+def test_4_diloco_one_sync_round_rolled_back(tmp_path):
+    run = Run("diloco", h=5)
+    for r in range(3):
+        last = run.train(r, 1.0, 101.0, 0)  # 20 syncs
+        run.train(r, 101.0, 201.0, last - 5)  # one whole round rolled back: manager step 20 -> 19
+    run.finish(201.5)
+    v = check_run(run.write(tmp_path / "r"))
+    assert len([x for x in v if "from 20 to 19" in x]) == 3, v
+
+
+def test_5_a_replica_that_trained_to_the_end_without_a_final_state(tmp_path):
+    run = clean()
+    run.finish(301.5, {0: (300, "d" * 64), 1: (300, "d" * 64)})
+    v = check_run(run.write(tmp_path / "r"))
+    assert any("no final state of replica(s) [2]" in x for x in v), v
+    # ...but one that gave up is not expected
+    run.events.append(ev("gave_up", 200.0, 2, reason="crash loop"))
+    assert not any("final state" in x for x in check_run(run.write(tmp_path / "r2")))
+
+
+def test_6_a_replica_that_ended_one_step_behind_with_other_weights(tmp_path):
+    run = clean()
+    run.finish(301.5, {0: (300, "d" * 64), 1: (300, "d" * 64), 2: (299, "e" * 64)})
+    v = check_run(run.write(tmp_path / "r"))
+    assert any("ended at different steps" in x and "replica 2 at 299" in x for x in v), v
+    assert any("ended with different states" in x for x in v), v
+
+
+def test_7_progress_stops_and_the_run_goes_on(tmp_path):
+    run = Run()
+    for r in range(3):
+        run.train(r, 1.0, 61.0, 0)
+    run.finish(400.0)
+    (tmp_path / "r").mkdir()
+    v = check_run(run.write(tmp_path / "r"))
+    assert any("committed progress stopped 34" in x for x in v), v
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["max_stall_seconds"] == pytest.approx(340.0)
+    assert s["time_below_n_seconds"] > 300  # silent replicas are down
+    assert s["wall_seconds"] == pytest.approx(399.0)
+
+
+def test_goodput_above_one_or_an_estimate_reported_as_measured(tmp_path):
+    run = clean()
+    assert any("above 1" in x for x in check_run(run.write(tmp_path / "a", goodput=1.2, goodput_is_estimate=False)))
+    assert any("estimated" in x for x in check_run(run.write(tmp_path / "b", goodput=0.9, goodput_is_estimate=True)))
+    s = compute_summary(run.events, run.metrics, replicas=3, replicas_consistent=True)
+    assert s["goodput"] is None and s["goodput_estimate"] is not None  # an estimate never poses as goodput
+    fast = compute_summary(run.events, run.metrics, replicas=3, replicas_consistent=True, baseline_rate=0.5)
+    assert fast["goodput"] > 1.5  # not clamped: a baseline slower than the run shows
+
+
+def test_open_recoveries_and_vulnerability_windows_are_counted(tmp_path):
+    run = Run()
+    for r in (0, 1):
+        run.train(r, 1.0, 301.0, 0)
+    run.train(2, 1.0, 101.0, 0)
+    run.events += [ev("fault_injected", 100.5, 2, fault_kind="hang"), ev("failure_detected", 105.3, 2),
+                   ev("restart_started", 105.4, 2)]  # never came back
+    run.finish(301.5, {0: (300, "d" * 64), 1: (300, "d" * 64)})
+    s = compute_summary(run.events, run.metrics, replicas=3, replicas_consistent=True)
+    assert s["recoveries"] == 0 and s["recoveries_open"] == 1
+    assert s["recovery_seconds"]["max"] == pytest.approx(301.5 - 100.5)
+    vw = s["vulnerability_window_seconds"]
+    assert vw["open"] == 1 and vw["max"] == pytest.approx(301.5 - 100.5)  # from the fault, not the restart
+
+
+def test_bitflips_must_be_found_and_divergences_explained(tmp_path):
+    run = clean()
+    run.events[0]["vote_every"] = 10
+    run.events.append(ev("bitflip_applied", 50.0, 1, manager_step=49, tensor="/model/w", bit=20))
+    v = check_run(run.write(tmp_path / "a"))
+    assert any("never found" in x for x in v), v
+    run.events.append(ev("state_diverged", 52.0, None, replicas=[1], manager_step=50, action="heal"))
+    assert check_run(run.write(tmp_path / "b")) == []
+    run.events.append(ev("state_diverged", 90.0, None, replicas=[0], manager_step=90, action="heal"))
+    assert any("no injected bitflip" in x for x in check_run(run.write(tmp_path / "c")))
+    late = clean()
+    late.events[0]["vote_every"] = 10
+    late.events += [ev("bitflip_applied", 50.0, 1, manager_step=49),
+                    ev("state_diverged", 80.0, None, replicas=[1], manager_step=80, action="heal")]
+    assert any("more than 10 commits later" in x for x in check_run(late.write(tmp_path / "d")))
+
+
+def test_vote_decisions():
+    assert decide(10, {0: "a", 1: "a", 2: "a"}).agreed
+    heal = decide(10, {0: "a", 1: "b", 2: "a"})
+    assert (heal.diverged, heal.action, heal.majority) == ([1], "heal", "a")
+    two = decide(10, {0: "a", 1: "b"})
+    assert (two.diverged, two.action) == ([0, 1], "backstop")
+    assert decide(10, {0: "a", 1: "b", 2: "c"}).action == "backstop"
