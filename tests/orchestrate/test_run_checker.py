@@ -229,3 +229,33 @@ def test_vote_decisions():
     two = decide(10, {0: "a", 1: "b"})
     assert (two.diverged, two.action) == ([0, 1], "backstop")
     assert decide(10, {0: "a", 1: "b", 2: "c"}).action == "backstop"
+
+
+def test_votes_wait_for_a_majority_of_the_run():
+    from regent.orchestrate.vote import StateVotes
+
+    votes = StateVotes(3, wait_s=30)
+    votes.add(4, 0, 0, 1, "a", 0, now=0.0)
+    votes.add(4, 2, 0, 1, "b", 0, now=0.1)
+    # replica 1 is restarting: two that differ are no majority; wait for it
+    assert votes.due(live={0, 2}, expected={0, 1, 2}, now=1.0) == []
+    votes.add(4, 1, 0, 1, "a", 1, now=2.0)
+    (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=2.0)
+    assert (v.diverged, v.action, v.generations[2]) == ([2], "heal", 0)
+    # a late digest of a decided step is compared with its majority
+    late = votes.add(4, 2, 0, 1, "c", 3, now=3.0)
+    assert late is not None and late.late and late.diverged == [2]
+    # a tie that nobody can break in time is left undecided, not turned into a backstop restore
+    votes.add(8, 0, 0, 1, "a", 0, now=10.0)
+    votes.add(8, 2, 0, 1, "b", 0, now=10.0)
+    (u,) = votes.due(live={0, 2}, expected={0, 1, 2}, now=41.0)
+    assert u.undecided and not u.agreed and u.diverged == []
+    # with only two replicas in the run, a tie is a backstop restore
+    two = StateVotes(2)
+    two.add(5, 0, 0, 2, "a0", 0, now=0.0)
+    two.add(5, 0, 1, 2, "a1", 0, now=0.0)
+    two.add(5, 1, 0, 2, "a0", 0, now=0.0)
+    assert two.due(live={0, 1}, expected={0, 1}, now=0.0) == []  # replica 1's rank 1 not in yet
+    two.add(5, 1, 1, 2, "x1", 0, now=0.1)
+    (b,) = two.due(live={0, 1}, expected={0, 1}, now=0.2)
+    assert b.action == "backstop" and b.diverged == [0, 1]

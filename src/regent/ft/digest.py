@@ -130,3 +130,14 @@ def flip_bit(t: torch.Tensor, index: int, bit: int) -> None:
     flat = local.view(-1)
     words = flat.view(_INT_VIEW[flat.element_size()])
     words[index : index + 1].bitwise_xor_(1 << bit)
+
+
+def part_digests(tree: Any, depth: int = 2, prefix: str = "") -> dict[str, str]:
+    """Short digests of `tree`'s parts down to `depth` levels of dicts ("committed/extra": ...): when two
+    replicas differ, these say where (model, optimizer, schedule, data position, step)."""
+    if depth <= 0 or not isinstance(tree, dict):
+        return {prefix or "/": state_digest(tree)[:16]}
+    out: dict[str, str] = {}
+    for k in sorted(tree, key=str):
+        out.update(part_digests(tree[k], depth - 1, f"{prefix}/{k}"))
+    return out

@@ -473,7 +473,8 @@ class ReplicaActor(Actor):
                 break
             await asyncio.sleep(0.5)
         if result["digest"] is None and last_error is not None:
-            logger.warning("replica %d: no final state within %.0fs; last error: %r", self.index, timeout, last_error)
+            logger.warning("replica %d: no final state (waited up to %.0fs); last error: %r", self.index, timeout,
+                           last_error)
         return result
 
     def _restart_in_flight(self) -> bool:
@@ -518,7 +519,8 @@ def final_of_ranks(states: list[dict[str, Any]]) -> dict[str, Any]:
     digests = [s.get("digest") for s in states]
     return {"step": steps[0] if len(steps) == 1 else None, "steps": steps,
             "manager_step": states[0].get("manager_step"), "ranks": len(states),
-            "digest": combine_rank_digests(digests) if all(digests) else None, "rank_digests": digests}
+            "digest": combine_rank_digests(digests) if all(digests) else None, "rank_digests": digests,
+            "rank_parts": [s.get("parts") for s in states]}
 
 
 async def _as_awaitable(x: Any) -> Any:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import bisect
 import html
 import json
+import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from regent.orchestrate.events import read_jsonl
+from regent.orchestrate.invariants import check_run
 from regent.orchestrate.summary import (
     DOWN_KINDS,
     committing_replicas_series,
@@ -154,6 +157,25 @@ def _mark_faults(ax: Any, events: list[dict[str, Any]], *, step_of: Any = None, 
         line(x({"time": g["time"]}), "state lost (lineage reset)", color="black", lw=1.8)
 
 
+def _mark_state_votes(ax: Any, events: list[dict[str, Any]], *, t0: float) -> None:
+    """State votes as small ticks along the bottom (one legend entry, "state vote") and divergences as thick
+    magenta lines (one legend entry, "state diverged") labelled with who diverged and what was done: a vote
+    that found replicas apart is the moment the run's state was wrong, so it must stand out among the faults."""
+    votes = sorted(e["time"] - t0 for e in events if e["kind"] == "state_vote" and e.get("time") is not None)
+    if votes:
+        ax.plot(votes, [0.0] * len(votes), transform=ax.get_xaxis_transform(), marker="|", ms=7, mew=0.8,
+                ls="", color="tab:gray", alpha=0.7, label="state vote")
+    diverged = sorted((e for e in events if e["kind"] == "state_diverged" and e.get("time") is not None),
+                      key=lambda e: e["time"])
+    for i, e in enumerate(diverged):
+        x = e["time"] - t0
+        ax.axvline(x, color="magenta", lw=2.2, alpha=0.85, label=None if i else "state diverged")
+        who = ", ".join(str(r) for r in e.get("replicas") or []) or "?"
+        ax.annotate(f"diverged r{who} ({e.get('action') or '?'})", (x, 0.97), xycoords=("data", "axes fraction"),
+                    xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7, va="top", ha="left",
+                    color="magenta")
+
+
 def plot_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]], out: Path,
                   summary: dict[str, Any] | None = None) -> None:
     """Global committed step over time: what the run really kept, with faults and lineage resets marked."""
@@ -175,6 +197,7 @@ def plot_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]], o
         y = next((y for x, y in zip(xs, ys) if x >= t and y == y), 0)
         ax.plot([t - t0], [y], marker="x", color="red", ms=10, ls="", label=None if i else "UNDETECTED reset")
     _mark_faults(ax, events, t0=t0)
+    _mark_state_votes(ax, events, t0=t0)
     for g in state_lost_groups(events):
         text = f"state lost {g['lost_step']}->{g['restored_step']}" + (" (fatal)" if g["fatal"] else "")
         ax.annotate(text, (g["time"] - t0, 0.5), xycoords=("data", "axes fraction"), xytext=(3, 0),
@@ -275,17 +298,26 @@ def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> Pat
     plot_loss(metrics, events, run / "loss.png", base_metrics)
     plot_quorum_ids(events, run / "quorum_ids.png")
     plot_recovery(recs, run / "recovery.png")
+    try:
+        violations = check_run(run)
+    except Exception as exc:  # noqa: BLE001 - shown on the page: a report must still come out of a broken run
+        violations = [f"the run checker itself failed: {exc!r}"]
     how = summary.get("how") or {}
     accounting = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{_cell(summary.get(k))}</td><td>{html.escape(str(text))}</td></tr>"
+        f"<tr><th>{html.escape(k)}</th><td>{_figure_html(k, summary)}</td><td>{html.escape(str(text))}</td></tr>"
         for k, text in how.items()
     )
     if "goodput_basis" in summary:
-        accounting += f"<tr><th>goodput_basis</th><td colspan=2>{_cell(summary['goodput_basis'])}</td></tr>"
+        accounting += f"<tr><th>goodput_basis</th><td colspan=2>{_figure_html('goodput_basis', summary)}</td></tr>"
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>"
-        for k, v in summary.items()
+        f"<tr><th>{html.escape(str(k))}</th><td>{_figure_html(k, summary)}</td></tr>"
+        for k in summary
         if k not in ("recovery_breakdown", "how", "goodput_basis") and k not in how
+    )
+    cards = "".join(
+        f'<div class="card"><div class="label">{html.escape(label)}</div><div class="value">{html.escape(value)}'
+        "</div></div>"
+        for label, value in key_figures(summary)
     )
     feed = "".join(
         f"<tr><td>{e['time'] - events[0]['time']:.1f}</td><td>{html.escape(e['kind'])}</td>"
@@ -297,10 +329,19 @@ def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> Pat
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Regent run {html.escape(run.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}}img{{max-width:100%}}
-td pre{{white-space:pre-wrap;margin:0;max-height:8em;overflow:auto}}</style></head><body>
+td pre{{white-space:pre-wrap;margin:0;max-height:8em;overflow:auto}}
+.verdict{{margin:12px 0;padding:10px 14px;border-radius:6px;color:#fff;font-size:15px}}
+.verdict.holds{{background:#2e7d32}}.verdict.violated{{background:#c62828}}
+.verdict ul{{margin:6px 0 0 0;padding-left:20px;font-size:13px}}.verdict li{{margin:2px 0}}
+.cards{{display:grid;grid-template-columns:repeat(auto-fill,minmax(230px,1fr));gap:8px}}
+.card{{border:1px solid #ccc;border-radius:6px;padding:6px 10px}}
+.card .label{{font-size:11px;color:#555}}.card .value{{font-size:15px;font-weight:bold}}
+table.inner td,table.inner th{{font-size:11px;padding:1px 4px}}</style></head><body>
+{verdict_html(violations)}
 <h1>Regent run: {html.escape(run.name)}</h1>
-<h2>Accounting</h2><table><tr><th>figure</th><th>value</th><th>how it was made</th></tr>{accounting}</table>
+<h2>Key figures</h2><div class="cards" id="key-figures">{cards}</div>
 <h2>Progress</h2><img src="progress.png">
+<h2>Accounting</h2><table><tr><th>figure</th><th>value</th><th>how it was made</th></tr>{accounting}</table>
 <h2>Summary</h2><table>{rows}</table>
 <h2>Active replicas</h2><img src="active_replicas.png">
 <h2>Loss</h2><img src="loss.png">
@@ -313,13 +354,208 @@ td pre{{white-space:pre-wrap;margin:0;max-height:8em;overflow:auto}}</style></he
     return out
 
 
-def _cell(v: Any) -> str:
-    return html.escape(v if isinstance(v, str) else json.dumps(v, default=str))
+def verdict_html(violations: list[str]) -> str:
+    """The run checker's verdict, first on the page: every other figure means something only if the run holds."""
+    if not violations:
+        return '<div class="verdict holds" id="verdict"><strong>Run checker: holds</strong></div>'
+    items = "".join(f"<li>{html.escape(v)}</li>" for v in violations)
+    return (f'<div class="verdict violated" id="verdict"><strong>Run checker: {len(violations)} '
+            f"violation{'s' if len(violations) != 1 else ''}</strong><ul>{items}</ul></div>")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Figures as a reader wants them: rounded, with units, nested values as short text or small tables. summary.json
+# keeps the raw values; this is only how the page shows them. A key an older run lacks shows "n/a".
+# ---------------------------------------------------------------------------------------------------------
+
+NA = "n/a"
+ESTIMATE_NOTE = "(ESTIMATE: this run's own pace, no --baseline)"
+COUNT_KEYS = ("n", "open", "count", "ranks", "replica", "replicas", "step", "steps", "manager_step")
+HEX = re.compile(r"[0-9a-fA-F]{32,}")
+
+
+def key_figures(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) of the figures a reader looks for first; any a summary.json lacks is "n/a"."""
+    def n(key: str, unit: str = "") -> str:
+        v = s.get(key)
+        return NA if v is None else f"{_fmt(key, v)}{' ' + unit if unit else ''}"
+
+    recoveries = n("recoveries")
+    if s.get("recoveries") is not None:
+        recoveries = f"{recoveries} finished, {n('recoveries_open')} still open"
+    compared = n("replicas_compared")
+    if s.get("replicas_compared") is not None:
+        compared = f"{compared} of {n('replicas')}"
+        if s.get("final_step") is not None:
+            compared += f", at step {s['final_step']}"
+        elif s["replicas_compared"]:
+            compared += ", not at one common step"
+    votes = n("state_votes")
+    if s.get("state_votes_disagreeing"):
+        votes += f" ({s['state_votes_disagreeing']} disagreeing)"
+    divergences = n("divergences")
+    if s.get("divergences") is not None:
+        divergences = f"{divergences} found, {n('divergences_healed')} healed"
+    resets = n("lineage_resets")
+    extra = [f"{s[k]} {word}" for k, word in (("lineage_resets_undetected", "UNDETECTED"),
+                                                ("lineage_resets_fatal", "fatal")) if s.get(k)]
+    if s.get("lineage_resets") is not None and extra:
+        resets += f" ({', '.join(extra)})"
+    stall = n("max_stall_seconds")
+    if s.get("max_stall_seconds") is not None and s.get("max_stall_at") is not None:
+        stall += f", from {_seconds(s['max_stall_at'])} after the first step"
+    return [
+        ("steps committed", n("steps_committed", "steps")),
+        ("faults injected", n("faults_injected")),
+        ("failures detected", n("failures_detected")),
+        ("recoveries", recoveries),
+        ("replicas compared at the end", compared),
+        ("state votes", votes),
+        ("divergences", divergences),
+        ("bitflips injected", n("bitflips_injected")),
+        ("lineage resets", resets),
+        ("steps lost", n("steps_lost", "replica-steps")),
+        ("max stall of the committed step", stall),
+        (f"time below {s.get('replicas') or 'N'} replicas", n("time_below_n_seconds")),
+        ("vulnerability window", n("vulnerability_window_seconds")),
+        ("goodput", goodput_text(s)),
+        ("training time", n("wall_seconds")),
+    ]
+
+
+def goodput_text(s: dict[str, Any]) -> str:
+    """Goodput to two places; an estimate from the run's own pace is marked as one, never passed off as measured."""
+    g, est = s.get("goodput"), s.get("goodput_estimate")
+    if isinstance(g, (int, float)) and not isinstance(g, bool):
+        return f"{g:.2f}" + (f" {ESTIMATE_NOTE}" if s.get("goodput_is_estimate") else "")
+    if isinstance(est, (int, float)) and not isinstance(est, bool):
+        return f"{est:.2f} {ESTIMATE_NOTE}"
+    return NA
+
+
+def _figure_html(key: str, s: dict[str, Any]) -> str:
+    """One summary figure as HTML: goodput with its estimate, lists of records as a small table, text lines."""
+    if key == "goodput":
+        return html.escape(goodput_text(s))
+    return _value_html(key, s.get(key))
+
+
+def _value_html(key: str, v: Any) -> str:
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, dict) for x in v):
+        return _table_html(key, list(v))
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v):
+        return "<br>".join(html.escape(_fmt(key, x)) for x in v)
+    if key == "check" and isinstance(v, dict):
+        bad = v.get("violations") or []
+        return "holds" if v.get("holds") and not bad else html.escape(f"{len(bad)} violation(s), listed at the top")
+    return html.escape(_fmt(key, v))
+
+
+def _table_html(key: str, rows: list[dict[str, Any]], limit: int = 50) -> str:
+    """A list of records (rollbacks, final states) as a small table, one column per field."""
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    if "at" in cols and "time" in cols:
+        cols.remove("time")  # "at" is the same moment as seconds since the first step; "time" is the epoch
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c, r.get(c)) if c in r else '')}</td>" for c in cols)
+                   + "</tr>" for r in rows[:limit])
+    more = f"<tr><td colspan={len(cols)}>... {len(rows) - limit} more</td></tr>" if len(rows) > limit else ""
+    return f'<table class="inner"><tr>{head}</tr>{body}{more}</table>'
+
+
+def _is_seconds(key: str) -> bool:
+    return key in ("seconds", "time", "at", "t") or key.endswith(("_seconds", "_at", "_s"))
+
+
+def _fmt(key: str, v: Any) -> str:
+    """`v` as short text, its unit from the name of its figure `key` (seconds for *_seconds, *_at, time)."""
+    if v is None:
+        return NA
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v} s" if _is_seconds(key) else str(v)
+    if isinstance(v, float):
+        if _is_seconds(key):
+            return _seconds(v)
+        if key.endswith("per_second"):
+            return f"{_num(v)} steps/s"
+        if key.startswith("goodput"):
+            return f"{v:.2f}"
+        return _num(v)
+    if isinstance(v, str):
+        return v[:12] + "..." if HEX.fullmatch(v) else v
+    if isinstance(v, dict):
+        return _dict_text(key, v)
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "none"
+        sep = "; " if any(isinstance(x, (dict, list, tuple)) for x in v) else ", "
+        return sep.join(_fmt(key, x) for x in v)
+    return str(v)
+
+
+def _dict_text(key: str, d: dict[str, Any]) -> str:
+    """A nested figure as one line: a window of seconds reads "p50 3.08 s, max 5.51 s (8 windows, 0 open)"."""
+    if _is_seconds(key) and set(d) <= {"p50", "max", "min", "mean", "n", "open"}:
+        stats = ", ".join(f"{k} {_seconds(d[k])}" for k in ("p50", "mean", "min", "max")
+                          if isinstance(d.get(k), (int, float)))
+        noun = "windows" if "window" in key else "in all"
+        counts = ([f"{d['n']} {noun}"] if d.get("n") is not None else []) + \
+            ([f"{d['open']} open"] if d.get("open") is not None else [])
+        return (stats or "none") + (f" ({', '.join(counts)})" if counts else "")
+    if not d:
+        return "none"
+    seconds = _is_seconds(key)
+    return ", ".join(f"{k} {_fmt('seconds' if seconds and k not in COUNT_KEYS else str(k), v)}"
+                     for k, v in d.items())
+
+
+def _seconds(v: float) -> str:
+    """Seconds to two places under 100 s, fewer above; minutes or hours alongside long spans."""
+    if not math.isfinite(v):
+        return f"{v} s"
+    a = abs(v)
+    text = f"{v:.2f} s" if a < 100 else f"{v:.1f} s" if a < 1000 else f"{v:.0f} s"
+    if a >= 7200:
+        text += f" ({v / 3600:.1f} h)"
+    elif a >= 120:
+        text += f" ({v / 60:.1f} min)"
+    return text
+
+
+def _num(v: float) -> str:
+    """A plain number with three significant digits (never a long tail of decimals)."""
+    if not math.isfinite(v):
+        return str(v)
+    a = abs(v)
+    if v == int(v) and a < 1e15:
+        return str(int(v))
+    if a >= 1000:
+        return f"{v:.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 0.01:
+        return f"{v:.3g}"
+    return f"{v:.2e}"
+
+
+def _round_floats(x: Any) -> Any:
+    """Floats in an event's fields to three decimals (four under 1), so the event feed stays readable."""
+    if isinstance(x, float):
+        return (round(x, 3) if abs(x) >= 1 else round(x, 4)) if math.isfinite(x) else x
+    if isinstance(x, dict):
+        return {k: _round_floats(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round_floats(v) for v in x]
+    return x
 
 
 def _details(e: dict[str, Any]) -> str:
     skip = {"time", "kind", "replica", "generation", "quorum_id", "step"}
-    d = {k: v for k, v in e.items() if k not in skip}
+    d = {k: _round_floats(v) for k, v in e.items() if k not in skip}
     tb = d.pop("traceback", None)
     s = json.dumps(d, default=str)
     if tb:

@@ -152,14 +152,18 @@ class OrchestrationManager:
 
     def _decide_votes(self) -> None:
         live = {r for r, since in self.healthy_since.items() if since is not None}
-        for verdict in self.votes.due(live):
+        expected = {r for r, v in self.view.reps.items() if v.status not in ("gave up", "ended failed")}
+        for verdict in self.votes.due(live, expected):
             self._act_on_verdict(verdict)
 
     def _act_on_verdict(self, v: Any) -> None:
         from regent.orchestrate.vote import verdict_event
 
         self.record_event(_event("state_vote", **verdict_event(v)))
-        if v.agreed:
+        if v.undecided:
+            logger.warning("state vote at committed step %d: replicas %s disagree with no majority and not every "
+                           "replica voted; left to the next vote", v.manager_step, v.voters)
+        if not v.diverged:
             return
         why = (f"its state at committed step {v.manager_step} differs from the majority of replicas {v.voters}"
                if v.action == "heal" else

@@ -30,11 +30,12 @@ class Verdict:
     diverged: list[int]
     action: str | None  # "heal", "backstop", or None when they agree (or there was no one to compare with)
     late: bool = False
+    undecided: bool = False  # replicas disagreed with no majority, and not everyone voted: left to the next vote
     generations: dict[int, int | None] = field(default_factory=dict)  # the voters' trainer generations
 
     @property
     def agreed(self) -> bool:
-        return not self.diverged
+        return not self.diverged and not self.undecided
 
 
 def decide(step: int, digests: dict[int, str]) -> Verdict:
@@ -85,19 +86,32 @@ class StateVotes:
                            generations={replica: generation})
         return None
 
-    def due(self, live: set[int], now: float | None = None) -> list[Verdict]:
-        """Verdicts on every open step that every replica in `live` has fully reported, or that has waited
-        `wait_s` since its first digest (decided with whoever reported)."""
+    def due(self, live: set[int], expected: set[int] | None = None, now: float | None = None) -> list[Verdict]:
+        """Verdicts on the open steps that are ready.
+
+        `expected`: the replicas still in the run (not given up); `live`: those training now. A step is decided
+        once every expected replica has reported; or once every live one has and the verdict needs nobody else
+        (they agree, or a strict majority of the whole run agrees); or `wait_s` after its first digest, with
+        whoever reported. A tie among fewer voters than the run has is left undecided (action None): a
+        replica that was restarting may break it at the next vote, and stopping both would throw away the state
+        of the one that is right."""
         now = time.time() if now is None else now
+        expected = set(range(self.replicas)) if expected is None else expected
         out = []
         for step in sorted(self._open):
             ballot = self._open[step]
             complete = {r for r, ranks in ballot.ranks.items() if len(ranks) == ballot.world[r]}
-            if not (live <= complete or now - ballot.first >= self.wait_s):
-                continue
-            del self._open[step]
             digests = {r: _replica_digest(ballot.ranks[r]) for r in complete}
             verdict = decide(step, digests)
+            everyone = expected <= complete
+            sure = live <= complete and (verdict.agreed or (verdict.action == "heal"
+                                                            and 2 * (len(complete) - len(verdict.diverged))
+                                                            > len(expected)))
+            if not (everyone or sure or now - ballot.first >= self.wait_s):
+                continue
+            if verdict.action == "backstop" and not everyone:
+                verdict = Verdict(step, verdict.voters, None, [], None, undecided=True)
+            del self._open[step]
             verdict.generations = {r: ballot.generation.get(r) for r in complete}
             self._decided[step] = verdict
             out.append(verdict)
@@ -114,4 +128,4 @@ def _replica_digest(ranks: dict[int, str]) -> str:
 def verdict_event(v: Verdict) -> dict[str, Any]:
     """The fields of a `state_vote` event."""
     return {"manager_step": v.manager_step, "voters": v.voters, "agreed": v.agreed, "diverged": v.diverged,
-            "majority": (v.majority or "")[:16], "late": v.late}
+            "majority": (v.majority or "")[:16], "late": v.late, "undecided": v.undecided}
