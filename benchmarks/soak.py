@@ -10,7 +10,7 @@ Method:
    (the anchor of goodput: useful committed progress of the soak / the baseline's progress in the same time).
    `--baseline DIR` reuses a recorded one.
 2. The soak: `regent train ... --chaos --fault-every F` (every fault kind: exception, segfault, kill, exit,
-   comm, hang, node, straggler, correlated, lighthouse), seeded.
+   comm, hang, node, straggler, correlated, lighthouse, bitflip), seeded.
 3. The figures come from the soak's own summary.json (`regent.orchestrate.summary`) and the invariant checker
    (`regent.orchestrate.invariants`), which reads events.jsonl and metrics.jsonl.
 Prints a table and writes benchmarks/results/soak_<mode>.json.
@@ -180,6 +180,8 @@ def main() -> int:
         ("wall time", f"{wall / 60:.1f} min (exit code {code})"),
         ("faults by kind", ", ".join(f"{k} {v}" for k, v in fault_counts(soak).items())),
         ("faults injected", summary.get("faults_injected")),
+        ("failures detected", summary.get("failures_detected")),
+        ("recoveries finished / still open", f"{summary.get('recoveries')} / {summary.get('recoveries_open')}"),
         ("full restarts (cause)", f"{summary.get('full_restarts')} ({dict(causes) or 'none'})"),
         ("lineage resets (undetected)", f"{summary.get('lineage_resets')} ({summary.get('lineage_resets_undetected')})"),
         ("steps lost (uncommitted / resets)", f"{summary.get('steps_lost')} ({summary.get('steps_lost_uncommitted')}"
@@ -188,14 +190,23 @@ def main() -> int:
         ("max stall of the committed step", f"{summary.get('max_stall_seconds'):.1f} s"
          if summary.get("max_stall_seconds") is not None else None),
         ("time below N replicas", f"{num(summary.get('time_below_n_seconds'), 1)} s"),
-        ("vulnerability window p50 / max", f"{num(vw.get('p50'))} / {num(vw.get('max'))} s (n={vw.get('n')})"),
-        ("recovery p50 / max", f"{num(rec.get('p50'))} / {num(rec.get('max'))} s"),
+        ("vulnerability window p50 / max", f"{num(vw.get('p50'))} / {num(vw.get('max'))} s (n={vw.get('n')}, "
+                                           f"open {vw.get('open')})"),
+        ("recovery p50 / max", f"{num(rec.get('p50'))} / {num(rec.get('max'))} s (open {rec.get('open')})"),
         ("steps committed (soak / baseline)", f"{summary.get('steps_committed')} / {base.get('steps_committed')}"),
-        ("goodput vs fault-free", f"{num(summary.get('goodput'), 3)} ({summary.get('goodput_basis')})"),
+        ("goodput vs fault-free", f"{num(summary.get('goodput'), 3)} ({summary.get('goodput_basis')})"
+         if summary.get("goodput") is not None else
+         f"ESTIMATE {num(summary.get('goodput_estimate'), 3)} ({summary.get('goodput_basis')})"),
         ("loss initial -> final (baseline final)", f"{num(summary.get('initial_loss'), 3)} -> "
                                                    f"{num(summary.get('final_loss'), 3)} ({num(base.get('final_loss'), 3)})"),
-        ("replicas bit-identical at the end", summary.get("replicas_consistent")),
-        ("invariant violations", len(violations)),
+        ("replicas compared at the end (of N) / at step", f"{summary.get('replicas_compared')} "
+                                                          f"({args.replicas}) / {summary.get('final_step')}"),
+        ("replicas identical at the end (whole state)", summary.get("replicas_consistent")),
+        ("state votes (disagreeing)", f"{summary.get('state_votes')} ({summary.get('state_votes_disagreeing')})"),
+        ("bitflips injected / divergences found / healed", f"{summary.get('bitflips_injected')} / "
+                                                            f"{summary.get('divergences')} / "
+                                                            f"{summary.get('divergences_healed')}"),
+        ("checker verdict (regent check)", "holds" if not violations else f"{len(violations)} violation(s)"),
     ]
     try:
         from rich.console import Console

@@ -128,6 +128,8 @@ def flip_bit(t: torch.Tensor, index: int, bit: int) -> None:
     if not local.is_contiguous():
         raise ValueError("flip_bit needs a contiguous tensor")
     flat = local.view(-1)
+    if not 0 <= index < flat.numel():
+        raise IndexError(f"flip_bit: element {index} of a tensor of {flat.numel()}")
     words = flat.view(_INT_VIEW[flat.element_size()])
     words[index : index + 1].bitwise_xor_(1 << bit)
 

@@ -163,17 +163,17 @@ def _mark_state_votes(ax: Any, events: list[dict[str, Any]], *, t0: float) -> No
     that found replicas apart is the moment the run's state was wrong, so it must stand out among the faults."""
     votes = sorted(e["time"] - t0 for e in events if e["kind"] == "state_vote" and e.get("time") is not None)
     if votes:
-        ax.plot(votes, [0.0] * len(votes), transform=ax.get_xaxis_transform(), marker="|", ms=7, mew=0.8,
-                ls="", color="tab:gray", alpha=0.7, label="state vote")
+        ax.plot(votes, [0.02] * len(votes), transform=ax.get_xaxis_transform(), marker="|", ms=8, mew=1.0,
+                ls="", color="dimgray", label="state vote")
     diverged = sorted((e for e in events if e["kind"] == "state_diverged" and e.get("time") is not None),
                       key=lambda e: e["time"])
     for i, e in enumerate(diverged):
         x = e["time"] - t0
         ax.axvline(x, color="magenta", lw=2.2, alpha=0.85, label=None if i else "state diverged")
         who = ", ".join(str(r) for r in e.get("replicas") or []) or "?"
-        ax.annotate(f"diverged r{who} ({e.get('action') or '?'})", (x, 0.97), xycoords=("data", "axes fraction"),
-                    xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7, va="top", ha="left",
-                    color="magenta")
+        ax.annotate(f"diverged r{who} ({e.get('action') or '?'})", (x, 0.3), xycoords=("data", "axes fraction"),
+                    xytext=(3, 0), textcoords="offset points", rotation=90, fontsize=7, va="bottom", ha="left",
+                    color="darkmagenta")
 
 
 def plot_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]], out: Path,

@@ -212,10 +212,12 @@ class TrainingSession:
         self.trainer.advance(delta)
 
     def _align_step(self, step: int) -> None:
-        """A replica that sat out a round takes the contributors' step count (and schedule position)."""
+        """A replica that sat out a round takes the contributors' step count, schedule position and data
+        position: the batches of its shard for that round are skipped, as every contributor's were consumed."""
         delta = step - int(self._in_step) - self.trainer.step
         if delta > 0:
             self.trainer.advance(delta)
+            self.trainer.skip_batches(delta)
 
     def _load_peer_state(self, sd: dict[str, Any]) -> None:
         sd = dict(sd)

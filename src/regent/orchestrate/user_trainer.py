@@ -182,6 +182,11 @@ class ExternalTrainer:
         if extra.get("user") is not None and hasattr(self.user, "load_extra_state"):
             self.user.load_extra_state(extra["user"])
 
+    def skip_batches(self, n: int) -> None:
+        """Move the data position `n` batches on (see `Trainer.skip_batches`)."""
+        if n > 0:
+            self.batches_consumed += n
+
     def advance(self, delta: int) -> None:
         """Move the step count and the schedule by `delta` steps (a healed replica lines up with its donor)."""
         self.step += delta

@@ -304,6 +304,13 @@ class Trainer:
         sched["step_count"] += delta
         self.lr_scheduler.load_state_dict(sched)
 
+    def skip_batches(self, n: int) -> None:
+        """Move the data position `n` batches on without training on them: a DiLoCo replica that sat out a
+        round takes the contributors' step count, and its data position must follow, or it reads its shard
+        behind every other replica for the rest of the run (the state vote saw three different positions)."""
+        if n > 0:
+            self.dataloader.batches_consumed += n  # a prefetched batch of the old position is dropped by index
+
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, data and step. Tensors are views of this rank's live storage (local
         shards under FSDP), so a peer of the same rank can receive into them in place."""
