@@ -259,3 +259,31 @@ def test_votes_wait_for_a_majority_of_the_run():
     two.add(5, 1, 1, 2, "x1", 0, now=0.1)
     (b,) = two.due(live={0, 1}, expected={0, 1}, now=0.2)
     assert b.action == "backstop" and b.diverged == [0, 1]
+
+
+def test_a_baseline_of_another_config_is_refused_before_launch(tmp_path):
+    import dataclasses
+
+    from regent.orchestrate.commands import parse_train_argv
+    from regent.orchestrate.config import ConfigError
+    from regent.orchestrate.preflight import baseline_mismatches, check_baseline
+
+    base = parse_train_argv(["--replicas", "3", "--procs-per-replica", "1", "--ft.mode", "ddp",
+                             "--run-dir", str(tmp_path / "base")])
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "metrics.jsonl").write_text("")
+    (tmp_path / "base" / "config.json").write_text(json.dumps(dataclasses.asdict(base), default=str))
+    same = parse_train_argv(["--replicas", "3", "--procs-per-replica", "1", "--ft.mode", "ddp",
+                             "--baseline", str(tmp_path / "base"), "--run-dir", str(tmp_path / "r")])
+    check_baseline(same)  # same model, replicas, mode and batch: accepted
+    other = parse_train_argv(["--replicas", "3", "--procs-per-replica", "1", "--ft.mode", "diloco",
+                              "--train.batch-size", "8", "--baseline", str(tmp_path / "base"),
+                              "--run-dir", str(tmp_path / "r2")])
+    with pytest.raises(ConfigError, match="ft.mode: 'diloco' here, 'ddp' in the baseline"):
+        check_baseline(other)
+    assert len(baseline_mismatches(dataclasses.asdict(other), dataclasses.asdict(base))) == 2
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "metrics.jsonl").write_text("")  # a run directory without its config.json
+    missing = parse_train_argv(["--baseline", str(tmp_path / "old"), "--run-dir", str(tmp_path / "r3")])
+    with pytest.raises(ConfigError, match="cannot read its config.json"):
+        check_baseline(missing)
