@@ -53,10 +53,15 @@ def test_swapped_elements_and_chunks_differ(monkeypatch):
     y = x.clone()
     y[[2, 7]] = y[[7, 2]]
     assert not torch.equal(tensor_sums(x), tensor_sums(y))
-    monkeypatch.setattr(digest, "CHUNK", 4)
+    monkeypatch.setattr(digest, "PERIOD", 4)
     digest._weights.clear()
-    z = torch.cat([x[4:8], x[0:4], x[8:]])
+    z = torch.cat([x[4:8], x[0:4], x[8:]])  # the same weights in each block: only the block factors tell
     assert not torch.equal(tensor_sums(x), tensor_sums(z))
+    # how many blocks are reduced at once (per device type) does not change the digest
+    monkeypatch.setitem(digest.CHUNK_BLOCKS, "cpu", 1)
+    one = tensor_sums(x)
+    monkeypatch.setitem(digest.CHUNK_BLOCKS, "cpu", 3)
+    assert torch.equal(one, tensor_sums(x))
     digest._weights.clear()
 
 

@@ -227,7 +227,9 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     """One bit of one replica's state flipped in place: the next state vote finds it, the replica is stopped and
     healed from the majority, and all three end compared and identical (their whole state, every rank)."""
     sched = write_schedule(tmp_path / "faults.jsonl", [(8, 1, "bitflip", 1), (22, 2, "bitflip", 0)])
-    extra = ["--ft.mode", "ddp", "--ft.bucket-mb", "0.05"] if mode == "ddp" else []
+    # a vote every 5 commits (ddp) or 2 syncs (DiLoCo, a sync every 5 steps): both flips found within the run
+    extra = ["--ft.mode", "ddp", "--ft.bucket-mb", "0.05", "--ft.vote-every", "5"] if mode == "ddp" else \
+        ["--ft.vote-every", "2"]
     run = run_regent(tmp_path / "run", "--replicas", "3", "--duration", "45s", "--faults-file", sched, *extra)
     flips = [e for e in run.events if e["kind"] == "bitflip_applied"]
     diverged = [e for e in run.events if e["kind"] == "state_diverged"]

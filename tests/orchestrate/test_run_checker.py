@@ -287,3 +287,32 @@ def test_a_baseline_of_another_config_is_refused_before_launch(tmp_path):
     missing = parse_train_argv(["--baseline", str(tmp_path / "old"), "--run-dir", str(tmp_path / "r3")])
     with pytest.raises(ConfigError, match="cannot read its config.json"):
         check_baseline(missing)
+
+
+def test_votes_say_which_parts_differ_and_forget_a_reset_lineage():
+    from regent.orchestrate.vote import StateVotes
+
+    votes = StateVotes(3)
+    ok = {"/trainer/model": "m", "/trainer/data": "d"}
+    for r in range(3):
+        votes.add(10, r, 0, 1, "a" if r != 1 else "b", 0, now=0.0,
+                  parts=ok if r != 1 else {**ok, "/trainer/data": "x"})
+    (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=0.0)
+    assert v.diverged == [1] and v.differs == {1: ["rank 0 /trainer/data"]}
+    # the run went back to committed step 5 (a backstop restore): step 10 is committed again by a new history
+    votes.forget_after(5)
+    assert votes.add(10, 2, 0, 1, "c", 1, now=1.0) is None  # not judged by the old lineage's majority
+    for r in (0, 1):
+        votes.add(10, r, 0, 1, "c", 1, now=1.0)
+    (again,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=1.0)
+    assert again.agreed
+
+
+def test_default_vote_interval_is_thirty_steps_rounded_to_commits():
+    from regent.ft.config import FTConfig
+
+    assert FTConfig(mode="ddp").vote_interval() == 30
+    assert FTConfig(mode="diloco", sync_every=20).vote_interval() == 2
+    assert FTConfig(mode="diloco", sync_every=5).vote_interval() == 6
+    assert FTConfig(mode="diloco", sync_every=20, fragments=4).vote_interval() == 6
+    assert FTConfig(mode="ddp", vote_every=0).vote_interval() == 0

@@ -225,3 +225,36 @@ def test_compile_also_compiles_the_loss_and_eager_keeps_the_specs():
     assert compiled.loss_fn is not compiled.spec.loss
     assert getattr(compiled.loss_fn, "_torchdynamo_orig_callable", None) is compiled.spec.loss
     compiled.close()
+
+
+def test_data_position_a_donor_serves_does_not_depend_on_when_in_its_step_it_is_read(tmp_path):
+    """A donor's state read in the middle of its step (its next batch already taken) gives the position of the
+    last step boundary; a healer that loads it in the middle of its own step counts its own batch. Both end the
+    step at the same position (the state votes found healed replicas one batch apart before)."""
+    donor = Trainer(small_cfg(), run_dir=str(tmp_path / "d"))
+    for _ in range(3):
+        donor.train_step()
+    between = donor.state_dict()["data"]["batches_consumed"]
+    seen = {}
+
+    def read_mid_step() -> bool:
+        seen["sd"] = {k: v for k, v in donor.state_dict().items() if k in ("data", "step")}
+        return True
+
+    donor.commit_hook = read_mid_step
+    donor.train_step()
+    assert seen["sd"]["data"]["batches_consumed"] == between == 3
+    healer = Trainer(small_cfg(), run_dir=str(tmp_path / "h"))
+
+    def heal_mid_step() -> bool:
+        sd = healer.state_dict()
+        sd["data"], sd["step"] = dict(seen["sd"]["data"]), seen["sd"]["step"]
+        healer.load_state_dict(sd)
+        return True
+
+    healer.commit_hook = heal_mid_step
+    healer.train_step()
+    assert healer.dataloader.batches_consumed == donor.dataloader.batches_consumed == 4
+    assert healer.step == donor.step == 4
+    donor.close()
+    healer.close()

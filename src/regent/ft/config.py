@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+VOTE_STEPS = 30  # the default vote interval, in training steps (FTConfig.vote_every)
+
 
 @dataclass
 class FTConfig:
@@ -46,8 +48,9 @@ class FTConfig:
     # instead of rolling every replica back to the last global parameters.
     sync_retries: int = 2
     # Replicas vote on their state (regent.ft.digest) every this many commits: a replica whose digest differs
-    # from the majority's is stopped and healed from a majority member. None: 10 in ddp mode (a digest costs
-    # well under 1% of ten steps, benchmarks/RESULTS.md), 1 in DiLoCo (one vote per sync, on the global state).
+    # from the majority's is stopped and healed from a majority member. None: every VOTE_STEPS training steps,
+    # rounded to commits (30 in ddp mode, 2 DiLoCo syncs of 20 steps): a digest of `1b`'s whole 18 GB state
+    # costs 0.28 of a step on an H200, so a vote every 30 steps costs under 1% (benchmarks/RESULTS.md).
     # 0 turns voting off.
     vote_every: int | None = None
     # Who may call the control plane (regent.ft.rpc_security). rpc_auth: every gRPC call to the Lighthouse and
@@ -66,7 +69,8 @@ class FTConfig:
         """Commits between two state votes (0: no votes)."""
         if self.vote_every is not None:
             return int(self.vote_every)
-        return 10 if self.mode == "ddp" else 1
+        steps_per_commit = 1 if self.mode == "ddp" else max(1, self.sync_every // max(1, self.fragments))
+        return max(1, -(-VOTE_STEPS // steps_per_commit))
 
     def rpc_env(self) -> dict[str, str]:
         """The environment that carries `rpc_auth` and the TLS files to the processes `regent train` starts

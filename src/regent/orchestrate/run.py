@@ -121,6 +121,8 @@ class OrchestrationManager:
             self.healthy_since[r] = None
             self._failure_awaited.pop(r, None)
             self._failure_seen_at[r] = time.time()
+        if e["kind"] == "state_lost" and e.get("restored_step") is not None:
+            self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
             detail = e.get("reason") or "no live replica and no backstop holds the committed state"
             lost = e.get("lost_step", e.get("step"))
@@ -146,7 +148,7 @@ class OrchestrationManager:
     # -- state votes (orchestrate/vote.py) ------------------------------------------------------------------
     def _ballot(self, e: dict[str, Any]) -> None:
         late = self.votes.add(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
-                              int(e.get("ranks") or 1), str(e["digest"]), e.get("generation"))
+                              int(e.get("ranks") or 1), str(e["digest"]), e.get("generation"), parts=e.get("parts"))
         if late is not None:
             self._act_on_verdict(late)
 
@@ -170,7 +172,8 @@ class OrchestrationManager:
                f"replicas {v.voters} hold different states at committed step {v.manager_step} and no majority "
                "agrees: none can be trusted, the backstop is restored")
         self.record_event(_event("state_diverged", replicas=v.diverged, manager_step=v.manager_step,
-                                 action=v.action, voters=v.voters, majority=(v.majority or "")[:16], reason=why))
+                                 action=v.action, voters=v.voters, majority=(v.majority or "")[:16], reason=why,
+                                 differs={str(r): parts for r, parts in v.differs.items()}))
         print(f"[regent] STATE DIVERGED: replica(s) {v.diverged}: {why}; stopping them", flush=True)
         if self._replicas is None:
             return

@@ -210,6 +210,7 @@ class TrainingSession:
         delta = int(bool(extra.get("mid_step", False))) - int(self._in_step)
         self.trainer.load_extra_state(extra)
         self.trainer.advance(delta)
+        self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
 
     def _align_step(self, step: int) -> None:
         """A replica that sat out a round takes the contributors' step count, schedule position and data
@@ -226,6 +227,7 @@ class TrainingSession:
         delta = int(bool(sd.pop("mid_step", False))) - int(self._in_step)
         self.trainer.load_state_dict(sd)
         self.trainer.advance(delta)
+        self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
@@ -297,10 +299,11 @@ class TrainingSession:
         sd = self.trainer.state_dict()
         return {"trainer": sd, "regent": self.manager.state_dict()}
 
-    def state_digest(self) -> str:
-        from regent.ft.digest import state_digest
+    def state_digest(self) -> tuple[str, dict[str, str]]:
+        """(digest of this rank's agreed state, digests of its parts: where two replicas differ)."""
+        from regent.ft.digest import digest_with_parts
 
-        return state_digest(self.agreed_state())
+        return digest_with_parts(self.agreed_state(), depth=3)
 
     def _maybe_vote(self, committed: bool) -> None:
         """Every `vote_every` commits, at a sync boundary: report this rank's digest; the controller compares
@@ -311,9 +314,9 @@ class TrainingSession:
             return
         self._voted_step = step
         t0 = time.perf_counter()
-        digest = self.state_digest()
-        self.on_event("state_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
-                                       "seconds": round(time.perf_counter() - t0, 6)})
+        digest, parts = self.state_digest()
+        self.on_event("state_digest", {"manager_step": step, "digest": digest, "parts": parts,
+                                       "ranks": self.world_size, "seconds": round(time.perf_counter() - t0, 6)})
 
     def _flip_a_bit(self) -> None:
         """The `bitflip` fault: one bit of one element of one tensor the replicas agree on, in place on its device

@@ -115,12 +115,10 @@ class TrainerActor(Actor):
                 if self.rank == 0:
                     self.report.send(("metric", record))
             # this rank's whole agreed state (regent.ft.digest); the replica combines its ranks' in rank order
-            from regent.ft.digest import part_digests
-
-            agreed = self.session.agreed_state()
-            self.final = {"step": self.session.trainer.step, "digest": self.session.state_digest(),
+            digest, parts = self.session.state_digest()
+            self.final = {"step": self.session.trainer.step, "digest": digest,
                           "manager_step": self.session.manager.current_step(), "rank": self.rank,
-                          "parts": part_digests(agreed, depth=3)}
+                          "parts": parts}
             self.supervisor.training_finished.broadcast(self.generation, self.rank)
         except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, then re-raised (the `finally`)
             tb = traceback.format_exc()

@@ -109,6 +109,7 @@ class ExternalTrainer:
         self.sharded = any(hasattr(p, "placements") for p in self.params)  # FSDP2: reduce after backward
         self.step = 0
         self.batches_consumed = 0
+        self._batch_in_flight = False  # a batch is taken for the step in progress (see Trainer._data_state)
         self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
         self.commit_hook: Callable[[], bool] | None = None
         self.world_size = ctx.world_size
@@ -127,6 +128,7 @@ class ExternalTrainer:
         self.model.train()
         out = self.user.forward_backward(self.batches_consumed)
         self.batches_consumed += 1  # consumed even if the step is dropped, the same on every replica
+        self._batch_in_flight = True
         metrics = dict(out) if isinstance(out, Mapping) else {"loss": out}
         if "loss" not in metrics:
             raise ValueError("forward_backward must return the loss tensor, or a dict with 'loss'")
@@ -145,6 +147,7 @@ class ExternalTrainer:
                 self.lr_scheduler.step()
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
+        self._batch_in_flight = False
         record = {k: _number(v) for k, v in metrics.items()}
         record.update(step=self.step, committed=committed, lr=_number(lr), grad_norm=grad_norm,
                       step_time_s=time.perf_counter() - start)
@@ -171,21 +174,20 @@ class ExternalTrainer:
         """Schedule, data position, step and the trainer's own extras: what the committed-state copy holds
         besides model and optimizer (see TrainingSession)."""
         return {"lr_scheduler": copy.deepcopy(self.lr_scheduler.state_dict()) if self.lr_scheduler else None,
-                "data": {"batches_consumed": self.batches_consumed}, "step": self.step,
+                "data": {"batches_consumed": self.batches_consumed - int(self._batch_in_flight)}, "step": self.step,
                 "user": copy.deepcopy(self.user.extra_state()) if hasattr(self.user, "extra_state") else None}
 
     def load_extra_state(self, extra: Mapping[str, Any]) -> None:
         if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        self.batches_consumed = int(extra["data"]["batches_consumed"])
+        self.batches_consumed = int(extra["data"]["batches_consumed"]) + int(self._batch_in_flight)
         self.step = int(extra["step"])
         if extra.get("user") is not None and hasattr(self.user, "load_extra_state"):
             self.user.load_extra_state(extra["user"])
 
     def skip_batches(self, n: int) -> None:
-        """Move the data position `n` batches on (see `Trainer.skip_batches`)."""
-        if n > 0:
-            self.batches_consumed += n
+        """Move the data position by `n` batches (see `Trainer.skip_batches`)."""
+        self.batches_consumed += n
 
     def advance(self, delta: int) -> None:
         """Move the step count and the schedule by `delta` steps (a healed replica lines up with its donor)."""

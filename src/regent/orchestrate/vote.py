@@ -32,6 +32,15 @@ class Verdict:
     late: bool = False
     undecided: bool = False  # replicas disagreed with no majority, and not everyone voted: left to the next vote
     generations: dict[int, int | None] = field(default_factory=dict)  # the voters' trainer generations
+    differs: dict[int, list[str]] = field(default_factory=dict)  # diverged replica -> parts unlike the majority's
+
+    reference: dict[int, dict[str, str]] = field(default_factory=dict)  # a majority member's part digests per rank
+
+    def differs_from(self, ballot: _Ballot, replica: int) -> list[str]:
+        """The parts ("rank 1 /trainer/optimizer") where `replica` differs from the majority member."""
+        mine = ballot.parts.get(replica, {})
+        return [f"rank {rank} {part}" for rank in sorted(mine) for part, d in sorted(mine[rank].items())
+                if part in self.reference.get(rank, {}) and self.reference[rank][part] != d]
 
     @property
     def agreed(self) -> bool:
@@ -55,6 +64,7 @@ class _Ballot:
     first: float
     ranks: dict[int, dict[int, str]] = field(default_factory=dict)  # replica -> rank -> digest
     world: dict[int, int] = field(default_factory=dict)  # replica -> ranks it has
+    parts: dict[int, dict[int, dict[str, str]]] = field(default_factory=dict)  # replica -> rank -> part digests
     generation: dict[int, int | None] = field(default_factory=dict)
 
 
@@ -69,13 +79,14 @@ class StateVotes:
         self._late: dict[int, _Ballot] = {}  # digests of steps decided already
 
     def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
-            now: float | None = None) -> Verdict | None:
+            now: float | None = None, parts: dict[str, str] | None = None) -> Verdict | None:
         """Record one rank's digest; a verdict for a late replica when its step was decided already."""
         now = time.time() if now is None else now
         decided = self._decided.get(step)
         ballots = self._open if decided is None else self._late
         ballot = ballots.setdefault(step, _Ballot(first=now))
         ballot.ranks.setdefault(replica, {})[rank] = digest
+        ballot.parts.setdefault(replica, {})[rank] = parts or {}
         ballot.world[replica] = ranks
         ballot.generation[replica] = generation
         if decided is not None and len(ballot.ranks[replica]) == ranks:
@@ -83,7 +94,7 @@ class StateVotes:
             if decided.majority is None or mine == decided.majority:
                 return None
             return Verdict(step, [replica], decided.majority, [replica], "heal", late=True,
-                           generations={replica: generation})
+                           generations={replica: generation}, differs=decided.differs_from(ballot, replica))
         return None
 
     def due(self, live: set[int], expected: set[int] | None = None, now: float | None = None) -> list[Verdict]:
@@ -113,12 +124,25 @@ class StateVotes:
                 verdict = Verdict(step, verdict.voters, None, [], None, undecided=True)
             del self._open[step]
             verdict.generations = {r: ballot.generation.get(r) for r in complete}
+            majority = [r for r in complete if r not in verdict.diverged]
+            if majority:
+                verdict.reference = ballot.parts.get(majority[0], {})
+            verdict.differs = {r: verdict.differs_from(ballot, r) for r in verdict.diverged}
             self._decided[step] = verdict
             out.append(verdict)
         for old in [s for s in self._decided if s < max(self._decided, default=0) - 1000]:
             del self._decided[old]  # late digests come within a few steps; keep memory bounded
             self._late.pop(old, None)
         return out
+
+
+    def forget_after(self, step: int) -> None:
+        """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
+        another history; their old ballots and verdicts must not judge the new ones (after a backstop restore
+        a soak had every replica "diverge" from the old lineage's majority at every step it retook)."""
+        for book in (self._open, self._decided, self._late):
+            for s in [s for s in book if s > step]:
+                del book[s]
 
 
 def _replica_digest(ranks: dict[int, str]) -> str:
@@ -128,4 +152,5 @@ def _replica_digest(ranks: dict[int, str]) -> str:
 def verdict_event(v: Verdict) -> dict[str, Any]:
     """The fields of a `state_vote` event."""
     return {"manager_step": v.manager_step, "voters": v.voters, "agreed": v.agreed, "diverged": v.diverged,
-            "majority": (v.majority or "")[:16], "late": v.late, "undecided": v.undecided}
+            "majority": (v.majority or "")[:16], "late": v.late, "undecided": v.undecided,
+            "differs": {str(r): parts for r, parts in v.differs.items()}}

@@ -135,6 +135,8 @@ class Trainer:
         self.commit_hook: Callable[[], bool] | None = None
         # (batch index, inputs, labels) already on the device: the next batch, made while the device works
         self._prefetched: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        # a batch has been taken for the step in progress (see `_data_state`)
+        self._batch_in_flight = False
 
         async_group = None
         if cfg.async_checkpoint and self.sharded:
@@ -228,6 +230,7 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         inputs, labels = self._next_batch()
+        self._batch_in_flight = True
         loss = self._loss(inputs, labels)
         loss.backward()
         self._prefetch_next_batch()
@@ -245,6 +248,7 @@ class Trainer:
             self.lr_scheduler.step()
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
+        self._batch_in_flight = False
 
         loss_value = float(self._replica_mean(loss.detach()))
         grad_norm = float(grad_norm_t)
@@ -287,13 +291,27 @@ class Trainer:
     # ---------------------------------------------------------------- state (peer healing)
     def extra_state(self) -> dict[str, Any]:
         """Everything but model and optimizer: schedule, data position, step (copied, not views)."""
-        return {"lr_scheduler": copy.deepcopy(self.lr_scheduler.state_dict()), "data": dict(self.dataloader.state_dict()),
+        return {"lr_scheduler": copy.deepcopy(self.lr_scheduler.state_dict()), "data": self._data_state(),
                 "step": self.step}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        self.dataloader.load_state_dict(extra["data"])
+        self._load_data_state(extra["data"])
         self.step = int(extra["step"])
+
+    def _data_state(self) -> dict[str, Any]:
+        """The data position as of the last step boundary: a batch already taken for the step in progress is
+        not counted. A donor's state is read at any moment of its step; counting the batch it had just taken
+        or not, depending on when the read landed, left healed replicas one batch apart from their donors
+        (found by the state votes in a per-step soak)."""
+        state = dict(self.dataloader.state_dict())
+        state["batches_consumed"] -= int(self._batch_in_flight)
+        return state
+
+    def _load_data_state(self, state: dict[str, Any]) -> None:
+        """A position at a step boundary; this trainer's own step in progress has taken its batch already."""
+        self.dataloader.load_state_dict(state)
+        self.dataloader.batches_consumed += int(self._batch_in_flight)
 
     def advance(self, delta: int) -> None:
         """Move the step count and the schedule by `delta` steps (a healed replica lines up with its donor)."""
@@ -305,11 +323,11 @@ class Trainer:
         self.lr_scheduler.load_state_dict(sched)
 
     def skip_batches(self, n: int) -> None:
-        """Move the data position `n` batches on without training on them: a DiLoCo replica that sat out a
-        round takes the contributors' step count, and its data position must follow, or it reads its shard
-        behind every other replica for the rest of the run (the state vote saw three different positions)."""
-        if n > 0:
-            self.dataloader.batches_consumed += n  # a prefetched batch of the old position is dropped by index
+        """Move the data position by `n` batches (either way) without training on them, with the step count:
+        a DiLoCo replica that sat out a round takes the contributors' step count, and a healer lines up with a
+        donor that was inside optimizer.step. Otherwise it reads its shard a few batches away from every other
+        replica for the rest of the run (the state vote saw three different positions)."""
+        self.dataloader.batches_consumed += n  # a prefetched batch of the old position is dropped by index
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, data and step. Tensors are views of this rank's live storage (local
@@ -325,7 +343,7 @@ class Trainer:
             "model": model,
             "optimizer": {"state": optim_state, "param_groups": groups},
             "lr_scheduler": self.lr_scheduler.state_dict(),
-            "data": self.dataloader.state_dict(),
+            "data": self._data_state(),
             "step": self.step,
         }
 
@@ -342,7 +360,7 @@ class Trainer:
             # hyperparameters only: implementation flags (fused/foreach) belong to this process's device
             group.update({k: v for k, v in incoming.items() if k in ("lr", "betas", "eps", "weight_decay")})
         self.lr_scheduler.load_state_dict(sd["lr_scheduler"])
-        self.dataloader.load_state_dict(sd["data"])
+        self._load_data_state(sd["data"])
         self.step = int(sd["step"])
 
     def param_hash(self) -> str:
