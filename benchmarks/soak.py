@@ -203,9 +203,10 @@ def main() -> int:
                                                           f"({args.replicas}) / {summary.get('final_step')}"),
         ("replicas identical at the end (whole state)", summary.get("replicas_consistent")),
         ("state votes (disagreeing)", f"{summary.get('state_votes')} ({summary.get('state_votes_disagreeing')})"),
-        ("bitflips injected / divergences found / healed", f"{summary.get('bitflips_injected')} / "
-                                                            f"{summary.get('divergences')} / "
-                                                            f"{summary.get('divergences_healed')}"),
+        ("bitflips injected / divergences found / healed (backstop)", f"{summary.get('bitflips_injected')} / "
+                                                                       f"{summary.get('divergences')} / "
+                                                                       f"{summary.get('divergences_healed')} "
+                                                                       f"({summary.get('divergences_restored')})"),
         ("checker verdict (regent check)", "holds" if not violations else f"{len(violations)} violation(s)"),
     ]
     try:

@@ -246,3 +246,18 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     assert s["divergences"] == 2 and s["divergences_healed"] == 2 and s["bitflips_injected"] == 2
     assert s["replicas_compared"] == 3 and s["replicas_consistent"] is True
     assert all(st["ranks"] == 2 for st in s["final_states"])
+
+
+def test_two_replicas_that_disagree_restore_the_backstop_and_count_it(tmp_path):
+    """With two replicas a disagreement has no majority: neither state can be trusted, both are stopped, the
+    backstop is restored (a counted state_lost), and the run holds: the drop is exactly the one counted."""
+    sched = write_schedule(tmp_path / "faults.jsonl", [(8, 1, "bitflip", 0)])
+    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.vote-every", "5",
+                     "--duration", "40s", "--faults-file", sched)
+    (diverged,) = [e for e in run.events if e["kind"] == "state_diverged"]
+    assert diverged["action"] == "backstop" and diverged["replicas"] == [0, 1]
+    lost = [e for e in run.events if e["kind"] == "state_lost"]
+    assert lost and lost[0]["time"] > diverged["time"] and lost[0]["restored_step"] < diverged["manager_step"]
+    s = run.summary
+    assert s["lineage_resets"] == 1 and s["divergences_restored"] == 2 and s["steps_lost_reset"] > 0
+    assert s["replicas_compared"] == 2 and s["replicas_consistent"] is True

@@ -192,6 +192,8 @@ def compute_summary(
         "state_votes_disagreeing": sum(not e.get("agreed", True) for e in votes),
         "divergences": sum(len(e.get("replicas") or []) for e in diverged),
         "divergences_healed": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "heal"),
+        # no majority (two replicas that differ): every voter stopped, the backstop restored (a counted state_lost)
+        "divergences_restored": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "backstop"),
         "bitflips_injected": sum(e["kind"] == "bitflip_applied" for e in events),
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
