@@ -57,18 +57,18 @@ def test_a_trainer_missing_the_protocol_is_refused():
         ExternalTrainer(Half(), _ctx())
 
 
-def test_step_commits_only_on_the_vote_and_consumes_the_batch_either_way():
+def test_step_commits_only_on_the_vote_and_gives_the_batch_back_when_it_does_not():
     t = _trainer()
     before = t.param_hash()
     t.commit_hook = lambda: False
     record = t.train_step()
-    assert record["committed"] is False and t.step == 0 and t.batches_consumed == 1
+    assert record["committed"] is False and t.step == 0 and t.batches_consumed == 0  # retried next step
     assert t.param_hash() == before and all(p.grad is None for p in t.params)
     reduced = []
     t.grad_reduce_hook = lambda grads: reduced.append(len(grads))
     t.commit_hook = lambda: True
     record = t.train_step()
-    assert record["committed"] and t.step == 1 and t.batches_consumed == 2 and reduced == [len(t.params)]
+    assert record["committed"] and t.step == 1 and t.batches_consumed == 1 and reduced == [len(t.params)]
     assert t.param_hash() != before and {"loss", "accuracy", "lr", "step_time_s"} <= set(record)
 
 

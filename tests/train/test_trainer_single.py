@@ -42,6 +42,7 @@ def test_commit_false_changes_nothing_and_hooks_see_grads():
     trainer.train_step()
     before_hash, before_step = trainer.param_hash(), trainer.step
     before_lr = trainer.optimizer.param_groups[0]["lr"]
+    before_data = trainer.state_dict()["data"]["batches_consumed"]
     seen = []
 
     def reduce(grads):
@@ -55,6 +56,8 @@ def test_commit_false_changes_nothing_and_hooks_see_grads():
     assert record["committed"] is False and record["step"] == before_step == trainer.step
     assert trainer.param_hash() == before_hash
     assert trainer.optimizer.param_groups[0]["lr"] == before_lr
+    # the batch goes back: the next step trains on it (a failed step skips no data, on every replica alike)
+    assert trainer.state_dict()["data"]["batches_consumed"] == before_data
     assert all(p.grad is None for p in trainer.params)
     assert seen == [len(trainer.params)]
     trainer.commit_hook = lambda: True

@@ -127,7 +127,7 @@ class ExternalTrainer:
         start = time.perf_counter()
         self.model.train()
         out = self.user.forward_backward(self.batches_consumed)
-        self.batches_consumed += 1  # consumed even if the step is dropped, the same on every replica
+        self.batches_consumed += 1  # given back below if the step does not commit (see Trainer.train_step)
         self._batch_in_flight = True
         metrics = dict(out) if isinstance(out, Mapping) else {"loss": out}
         if "loss" not in metrics:
@@ -146,6 +146,8 @@ class ExternalTrainer:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             self.step += 1
+        else:
+            self.batches_consumed -= 1
         self.optimizer.zero_grad(set_to_none=True)
         self._batch_in_flight = False
         record = {k: _number(v) for k, v in metrics.items()}
@@ -180,10 +182,26 @@ class ExternalTrainer:
     def load_extra_state(self, extra: Mapping[str, Any]) -> None:
         if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            self._lr_from_schedule()
         self.batches_consumed = int(extra["data"]["batches_consumed"]) + int(self._batch_in_flight)
         self.step = int(extra["step"])
         if extra.get("user") is not None and hasattr(self.user, "load_extra_state"):
             self.user.load_extra_state(extra["user"])
+
+    def _lr_from_schedule(self) -> None:
+        """Set the optimizer's learning rates to the loaded schedule's. A scheduler's state does not hold them,
+        and chainable schedules (CosineAnnealingLR) compute the next rate from the optimizer's current one: a
+        DiLoCo replica healed with the committed schedule but its own inner optimizer went on from its own
+        stale rate, and its schedule drifted from its peers' (found by the state votes)."""
+        get_last_lr = getattr(self.lr_scheduler, "get_last_lr", None)
+        if not callable(get_last_lr):
+            return
+        try:
+            rates = list(get_last_lr())
+        except (AttributeError, RuntimeError):  # a schedule that has not stepped yet has no last rate
+            return
+        for group, lr in zip(self.optimizer.param_groups, rates):
+            group["lr"] = lr
 
     def skip_batches(self, n: int) -> None:
         """Move the data position by `n` batches (see `Trainer.skip_batches`)."""

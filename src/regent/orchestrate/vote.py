@@ -125,8 +125,8 @@ class StateVotes:
             del self._open[step]
             verdict.generations = {r: ballot.generation.get(r) for r in complete}
             majority = [r for r in complete if r not in verdict.diverged]
-            if majority:
-                verdict.reference = ballot.parts.get(majority[0], {})
+            # no majority (a tie): what differs is told against the lowest voter, which then lists nothing
+            verdict.reference = ballot.parts.get(majority[0] if majority else min(complete, default=-1), {})
             verdict.differs = {r: verdict.differs_from(ballot, r) for r in verdict.diverged}
             self._decided[step] = verdict
             out.append(verdict)

@@ -247,6 +247,12 @@ class Trainer:
             self.optimizer.step()
             self.lr_scheduler.step()
             self.step += 1
+        else:
+            # The step did not commit: its batch is given back and the next step trains on it. Counted as
+            # consumed, a replica that copied its state from a peer during that step (before the batch was
+            # taken, as far as the peer's served state says) ended one batch apart from it for the rest of the
+            # run (found by the state votes in a per-step soak); and no committed step skips a batch.
+            self.dataloader.batches_consumed -= 1
         self.optimizer.zero_grad(set_to_none=True)
         self._batch_in_flight = False
 
