@@ -316,3 +316,24 @@ def test_default_vote_interval_is_thirty_steps_rounded_to_commits():
     assert FTConfig(mode="diloco", sync_every=5).vote_interval() == 6
     assert FTConfig(mode="diloco", sync_every=20, fragments=4).vote_interval() == 6
     assert FTConfig(mode="ddp", vote_every=0).vote_interval() == 0
+
+
+def test_a_copy_is_no_witness():
+    """Replica 0 flipped a bit, replica 1 healed from it before the vote: 0 and 1 agree, 2 differs. Counted as
+    two witnesses they would heal the correct replica away; as one (a copy and its origin) it is a tie."""
+    from regent.orchestrate.vote import StateVotes, decide, origins
+
+    assert decide(30, {0: "x", 1: "x", 2: "y"}).diverged == [2]  # no heals known: 2 is the odd one
+    tie = decide(30, {0: "x", 1: "x", 2: "y"}, copied_from={1: 0})
+    assert tie.action == "backstop"
+    # the copy was taken before its origin flipped: they differ, so each is a witness again
+    heal = decide(30, {0: "x", 1: "y", 2: "y"}, copied_from={1: 0})
+    assert (heal.action, heal.diverged) == ("heal", [0])
+    assert origins([0, 1, 2], {2: 1, 1: 0}) == {0: 0, 1: 0, 2: 0}
+    votes = StateVotes(3)
+    votes.note_heal(1, 0, 25)  # between the votes of steps 0 and 30
+    votes.note_heal(2, 0, 31)  # after the vote of step 30: no copy for it
+    for r, d in ((0, "x"), (1, "x"), (2, "y")):
+        votes.add(30, r, 0, 1, d, 0, now=0.0)
+    (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=0.0)
+    assert v.action == "backstop" and v.diverged == [0, 1, 2]

@@ -121,6 +121,10 @@ class OrchestrationManager:
             self.healthy_since[r] = None
             self._failure_awaited.pop(r, None)
             self._failure_seen_at[r] = time.time()
+        if e["kind"] in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
+            donor = donor_replica(e.get("donor"))
+            if donor is not None:  # a copy is no witness in the next state vote (vote.decide)
+                self.votes.note_heal(r, donor, int(e["manager_step"]))
         if e["kind"] == "state_lost" and e.get("restored_step") is not None:
             self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
@@ -659,6 +663,12 @@ class OrchestrationManager:
         )
         print(f"[regent] report: {self.run_dir / 'report.html'}", flush=True)
         return summary
+
+
+def donor_replica(donor: Any) -> int | None:
+    """The replica index in a donor's replica id ("replica_2:uuid" -> 2); None when it is not one of ours."""
+    head = str(donor or "").partition(":")[0]
+    return int(head[8:]) if head.startswith("replica_") and head[8:].isdigit() else None
 
 
 def goodput_text(s: dict[str, Any]) -> str:

@@ -47,14 +47,43 @@ class Verdict:
         return not self.diverged and not self.undecided
 
 
-def decide(step: int, digests: dict[int, str]) -> Verdict:
-    """The verdict on one step's replica digests (replica -> digest)."""
+def origins(voters: list[int], copied_from: dict[int, int]) -> dict[int, int]:
+    """Each voter's origin: the replica whose state it holds a copy of (following heals since the last vote),
+    else itself."""
+    out = {}
+    for r in voters:
+        o, seen = r, {r}
+        while o in copied_from and copied_from[o] not in seen:
+            o = copied_from[o]
+            seen.add(o)
+        out[r] = o
+    return out
+
+
+def decide(step: int, digests: dict[int, str], copied_from: dict[int, int] | None = None) -> Verdict:
+    """The verdict on one step's replica digests (replica -> digest).
+
+    `copied_from`: replicas that healed since the previous vote, and from whom. A copy is no witness: a
+    replica that copied a flipped donor before the vote agrees with it, and the two outvoted the one correct
+    replica in a soak (the flip spread, and the correct state was "healed" away). So the replicas that hold
+    copies of one origin cast one ballot when they agree; when they differ (the origin or a copy changed after
+    the copy), each casts its own. A strict majority of ballots heals the others; no majority is a tie."""
     voters = sorted(digests)
     counts = Counter(digests.values())
-    top, n = counts.most_common(1)[0] if counts else (None, 0)
     if len(counts) <= 1:
-        return Verdict(step, voters, top, [], None)
-    if n * 2 > len(voters):
+        return Verdict(step, voters, next(iter(counts), None), [], None)
+    groups: dict[int, list[int]] = {}
+    for r, o in origins(voters, copied_from or {}).items():
+        groups.setdefault(o, []).append(r)
+    ballots: Counter[str] = Counter()
+    for members in groups.values():
+        held = {digests[r] for r in members}
+        if len(held) == 1:
+            ballots[held.pop()] += 1
+        else:
+            ballots.update(digests[r] for r in members)
+    top, n = ballots.most_common(1)[0]
+    if n * 2 > sum(ballots.values()):
         return Verdict(step, voters, top, sorted(r for r in voters if digests[r] != top), "heal")
     return Verdict(step, voters, None, voters, "backstop")
 
@@ -77,6 +106,7 @@ class StateVotes:
         self._open: dict[int, _Ballot] = {}
         self._decided: dict[int, Verdict] = {}
         self._late: dict[int, _Ballot] = {}  # digests of steps decided already
+        self._heals: list[tuple[int, int, int]] = []  # (replica, donor replica, committed step it healed to)
 
     def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
             now: float | None = None, parts: dict[str, str] | None = None) -> Verdict | None:
@@ -113,11 +143,10 @@ class StateVotes:
             ballot = self._open[step]
             complete = {r for r, ranks in ballot.ranks.items() if len(ranks) == ballot.world[r]}
             digests = {r: _replica_digest(ballot.ranks[r]) for r in complete}
-            verdict = decide(step, digests)
+            verdict = decide(step, digests, self.copies(step))
             everyone = expected <= complete
-            sure = live <= complete and (verdict.agreed or (verdict.action == "heal"
-                                                            and 2 * (len(complete) - len(verdict.diverged))
-                                                            > len(expected)))
+            # a heal verdict waits for everyone (or the wait): a missing replica's ballot could tie it
+            sure = live <= complete and verdict.agreed
             if not (everyone or sure or now - ballot.first >= self.wait_s):
                 continue
             if verdict.action == "backstop" and not everyone:
@@ -135,6 +164,17 @@ class StateVotes:
             self._late.pop(old, None)
         return out
 
+
+    def note_heal(self, replica: int, donor: int, step: int) -> None:
+        """`replica` copied `donor`'s state, committed step `step` (heal_done / early_heal_done)."""
+        self._heals.append((replica, donor, step))
+        if len(self._heals) > 4096:
+            del self._heals[:2048]
+
+    def copies(self, step: int) -> dict[int, int]:
+        """replica -> donor for heals since the previous decided vote, up to committed step `step`."""
+        before = max((s for s in self._decided if s < step), default=-1)
+        return {r: d for r, d, s in self._heals if before < s <= step and r != d}
 
     def forget_after(self, step: int) -> None:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
