@@ -189,7 +189,11 @@ class TrainingSession:
             # A commit boundary like any other, and at the start of a run the first one: the initial weight
             # sync. Without a backstop of it, a soak lost the run when the only replica that had committed it
             # (the others still starting) died before its first sync round ended.
-            self._after_commit(self.diloco.join_now())
+            joined = self.diloco.join_now()
+            self._after_commit(joined)
+            # the sync it joined is a commit like any other: it votes there too (without this, every replica
+            # rejoining at a vote's sync left it, and a flip was found a vote late in a run with many restarts)
+            self._maybe_vote(joined)
 
     # -- the state a healer receives ------------------------------------------------------------------
     def _set_in_step(self, value: bool) -> None:
