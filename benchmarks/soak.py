@@ -206,7 +206,9 @@ def main() -> int:
         ("bitflips injected / divergences found / healed (backstop)", f"{summary.get('bitflips_injected')} / "
                                                                        f"{summary.get('divergences')} / "
                                                                        f"{summary.get('divergences_healed')} "
-                                                                       f"({summary.get('divergences_restored')})"),
+                                                                       f"({summary.get('divergences_restored')}; "
+                                                                       f"ended at the end "
+                                                                       f"{summary.get('divergences_ended')})"),
         ("checker verdict (regent check)", "holds" if not violations else f"{len(violations)} violation(s)"),
     ]
     try:

@@ -178,8 +178,9 @@ class RunView:
         elif kind == "state_diverged":
             self.divergences += len(e.get("replicas") or [])
             line = (f"STATE DIVERGED at committed step {e.get('manager_step')}: replica(s) {e.get('replicas')} "
-                    + ("stopped, healing from the majority" if e.get("action") == "heal"
-                       else "and no majority: restoring the backstop"))
+                    + {"heal": "stopped, healing from the majority",
+                       "ended": "differ from the majority at the end: they end as failed"}.get(
+                           e.get("action"), "and no majority: restoring the backstop"))
         elif kind == "bitflip_applied":
             line = f"bitflip in replica {r}: bit {e.get('bit')} of {e.get('tensor')}[{e.get('index')}]"
         return line

@@ -437,6 +437,16 @@ class ReplicaActor(Actor):
         return True
 
     @endpoint
+    async def end_diverged(self, reason: str) -> None:
+        """The final comparison found this replica's state different from the majority's after training ended
+        (a flip after the last vote): it ends here as failed, like a failure while the run stops, and its state
+        is left out; the majority holds the committed state."""
+        self.ended_failed = True
+        self.last_error = reason
+        self.emit("failure_detected", error=f"state diverged: {reason}", traceback="", rank=None)
+        self.emit("ended_failed", error=f"state diverged: {reason}", stop_step=self.stop_target)
+
+    @endpoint
     async def request_stop(self, at_step: int) -> None:
         self.stop_target = at_step
         trainers = self.trainers

@@ -89,6 +89,7 @@ class OrchestrationManager:
         from regent.orchestrate.vote import StateVotes
 
         self.votes = StateVotes(cfg.replicas)
+        self.final_diverged: list[dict[str, Any]] = []  # final states left out by the last vote (_final_vote)
         self.violations: list[str] = []
         self._replicas: Any = None
         self._tasks: set[asyncio.Task] = set()
@@ -183,6 +184,35 @@ class OrchestrationManager:
             return
         for r in v.diverged:
             self._spawn(self._stop_diverged(r, v.generations.get(r), why))
+
+    async def _final_vote(self, replicas: Any) -> None:
+        """The final states are a last vote: a flip after the last vote of the run leaves one replica different at
+        the end. A strict majority keeps the committed state; each replica that differs from it ends as failed
+        (`state_diverged` action "ended", then `ended_failed`) and its state is left out of the comparison.
+        No majority is left to the checker (the run fails its final comparison)."""
+        from regent.orchestrate.vote import decide
+
+        states = {s["replica"]: s for s in self.final_states if s and s.get("digest") and s.get("step") is not None}
+        steps = {s["step"] for s in states.values()}
+        if len(states) < 2 or len(steps) != 1:
+            return
+        manager_step = max(int(s.get("manager_step") or 0) for s in states.values())
+        v = decide(manager_step, {r: s["digest"] for r, s in states.items()}, self.votes.copies(manager_step))
+        if v.agreed or v.action != "heal":
+            return
+        why = f"its final state at committed step {manager_step} differs from the majority of replicas {v.voters}"
+        self.record_event(_event("state_vote", manager_step=manager_step, voters=v.voters, agreed=False,
+                                 diverged=v.diverged, majority=(v.majority or "")[:16], final=True))
+        self.record_event(_event("state_diverged", replicas=v.diverged, manager_step=manager_step, action="ended",
+                                 voters=v.voters, majority=(v.majority or "")[:16], reason=why))
+        print(f"[regent] STATE DIVERGED at the end: replica(s) {v.diverged}: {why}; they end as failed", flush=True)
+        for r in v.diverged:
+            try:
+                await replicas.slice(replicas=r).end_diverged.call_one(why)
+            except Exception as exc:  # noqa: BLE001 - reported; it is left out of the comparison either way
+                logger.warning("ending diverged replica %d: %r", r, exc)
+        self.final_diverged = [s for s in self.final_states if s and s.get("replica") in v.diverged]
+        self.final_states = [s for s in self.final_states if not (s and s.get("replica") in v.diverged)]
 
     async def _stop_diverged(self, replica: int, generation: int | None, why: str) -> None:
         try:
@@ -600,6 +630,7 @@ class OrchestrationManager:
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
+        await self._final_vote(replicas)
         # the end of training: every figure runs to here (summary.training_end), not to the last metric record
         self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:
@@ -625,6 +656,7 @@ class OrchestrationManager:
                                   baseline_dir=self.cfg.baseline, hang_bound_s=self.cfg.faults.hang_timeout,
                                   final_states=self.final_states)
         summary["final_states"] = self.final_states
+        summary["final_states_diverged"] = self.final_diverged
         summary["baseline"] = self.cfg.baseline
         summary["run_failed"] = self.failed_reason
         summary["leaked_pids"] = self.leaked_pids

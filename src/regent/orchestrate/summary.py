@@ -194,6 +194,8 @@ def compute_summary(
         "divergences_healed": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "heal"),
         # no majority (two replicas that differ): every voter stopped, the backstop restored (a counted state_lost)
         "divergences_restored": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "backstop"),
+        # found by the final comparison (a flip after the last vote): those replicas ended as failed, left out
+        "divergences_ended": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "ended"),
         "bitflips_injected": sum(e["kind"] == "bitflip_applied" for e in events),
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
