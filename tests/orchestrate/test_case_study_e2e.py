@@ -235,17 +235,22 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     flips = [e for e in run.events if e["kind"] == "bitflip_applied"]
     diverged = [e for e in run.events if e["kind"] == "state_diverged"]
     assert [e["replica"] for e in flips] == [1, 2], flips
-    assert [e["replicas"] for e in diverged] == [[1], [2]] and all(e["action"] == "heal" for e in diverged)
-    k = next(e["vote_every"] for e in run.events if e["kind"] == "run_started")
-    assert run.summary["state_votes"] > 0
-    assert all(d["manager_step"] - f["manager_step"] <= k for f, d in zip(flips, diverged))
-    for f in flips:  # stopped and restarted: a newer generation healed from a peer
-        heals = [e for e in run.events if e["kind"] in ("heal_done", "early_heal_done") and e["replica"] == f["replica"]
-                 and e["time"] > f["time"]]
-        assert heals and heals[0]["generation"] > f["generation"], f
+    # every flip found by a vote, or thrown away first by a heal of that replica (a replica still behind heals
+    # at the next sync); the checker (run_regent) has already held the run to it, within K commits
+    for f in flips:
+        found = [d for d in diverged if f["replica"] in d["replicas"] and d["time"] > f["time"]]
+        healed_first = [e for e in run.events if e["kind"] in ("heal_done", "early_heal_done", "state_lost")
+                        and e["replica"] == f["replica"] and f["time"] < e["time"]
+                        and (not found or e["time"] < found[0]["time"])]
+        assert found or healed_first, f
+        if found:  # stopped and restarted: a newer generation healed from a peer
+            heals = [e for e in run.events if e["kind"] in ("heal_done", "early_heal_done", "state_lost")
+                     and e["replica"] == f["replica"] and e["time"] > found[0]["time"]]
+            assert heals and heals[0]["generation"] > f["generation"], f
+    assert diverged, "no flip was found by a vote"
     s = run.summary
-    assert s["divergences"] == 2 and s["divergences_healed"] == 2 and s["bitflips_injected"] == 2
-    assert s["replicas_compared"] == 3 and s["replicas_consistent"] is True
+    assert s["bitflips_injected"] == 2 and s["state_votes"] > 0
+    assert s["replicas_compared"] + len(s["ended_failed"]) == 3 and s["replicas_consistent"] is True
     assert all(st["ranks"] == (1 if mode == "ddp" else 2) for st in s["final_states"])
 
 

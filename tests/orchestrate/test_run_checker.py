@@ -211,6 +211,10 @@ def test_bitflips_must_be_found_and_divergences_explained(tmp_path):
     run.events.append(ev("bitflip_applied", 50.0, 1, manager_step=49, tensor="/model/w", bit=20))
     v = check_run(run.write(tmp_path / "a"))
     assert any("never found" in x for x in v), v
+    healed = Run()
+    healed.events, healed.metrics, healed.finals = list(run.events), run.metrics, run.finals
+    healed.events.append(ev("heal_done", 51.0, 1, donor="replica_0:x", manager_step=50))
+    assert check_run(healed.write(tmp_path / "a2")) == []  # a heal overwrote the flipped state first
     run.events.append(ev("state_diverged", 52.0, None, replicas=[1], manager_step=50, action="heal"))
     assert check_run(run.write(tmp_path / "b")) == []
     run.events.append(ev("state_diverged", 90.0, None, replicas=[0], manager_step=90, action="heal"))

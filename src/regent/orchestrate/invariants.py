@@ -287,8 +287,9 @@ def vote_every(events: list[dict[str, Any]], config: dict[str, Any]) -> int | No
 
 
 def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> list[str]:
-    """Every injected bitflip is found by a vote within K commits (or its state thrown away by a failure of that
-    replica first), and no divergence is found that no bitflip explains."""
+    """Every injected bitflip is found by a vote within K commits (or its state thrown away first: a failure of
+    that replica, or a heal or restore that overwrote its state), and no divergence is found that no bitflip
+    explains."""
     config = config or {}
     k = vote_every(events, config)
     evs = sorted(events, key=lambda e: e["time"])
@@ -300,8 +301,10 @@ def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | Non
         r, at = f.get("replica"), f.get("manager_step")
         found = next((i for i, d in enumerate(diverged) if i not in used and r in (d.get("replicas") or [])
                       and d["time"] >= f["time"]), None)
+        # a failure of that replica, or a heal that overwrote its state from a peer, threw the flip away
         discarded = next((e for e in evs if e["time"] >= f["time"] and e.get("replica") == r
-                          and e["kind"] in ("failure_detected", "gave_up", "ended_failed")), None)
+                          and e["kind"] in ("failure_detected", "gave_up", "ended_failed", "heal_done",
+                                            "early_heal_done", "state_lost")), None)
         if found is not None and (discarded is None or diverged[found]["time"] <= discarded["time"]):
             used.add(found)
             d = diverged[found]
