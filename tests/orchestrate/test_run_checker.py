@@ -333,7 +333,12 @@ def test_a_copy_is_no_witness():
     # the copy was taken before its origin flipped: they differ, so each is a witness again
     heal = decide(30, {0: "x", 1: "y", 2: "y"}, copied_from={1: 0})
     assert (heal.action, heal.diverged) == ("heal", [0])
-    assert origins([0, 1, 2], {2: 1, 1: 0}) == {0: 0, 1: 0, 2: 0}
+    assert origins([0, 1, 2], [(1, 0), (2, 1)]) == {0: 0, 1: 0, 2: 0}  # 2 copied 1 after 1 copied 0
+    # 2 copied 0, and only then 0 copied 1: 2 holds 0's old state (soak: the chain made all three one witness)
+    assert origins([0, 1, 2], [(2, 0), (0, 1)]) == {0: 1, 1: 1, 2: 0}
+    assert decide(90, {0: "x", 1: "x", 2: "y"}, [(2, 0), (0, 1)]).action == "backstop"
+    # copies both ways within one window (DiLoCo soak): one witness, not two
+    assert origins([0, 1, 2], [(1, 0), (0, 1)]) == {0: 0, 1: 0, 2: 2}
     votes = StateVotes(3)
     votes.note_heal(1, 0, 25)  # between the votes of steps 0 and 30
     votes.note_heal(2, 0, 31)  # after the vote of step 30: no copy for it

@@ -47,23 +47,23 @@ class Verdict:
         return not self.diverged and not self.undecided
 
 
-def origins(voters: list[int], copied_from: dict[int, int]) -> dict[int, int]:
-    """Each voter's origin: the replica whose state it holds a copy of (following heals since the last vote),
-    else itself."""
-    out = {}
-    for r in voters:
-        o, seen = r, {r}
-        while o in copied_from and copied_from[o] not in seen:
-            o = copied_from[o]
-            seen.add(o)
-        out[r] = o
-    return out
+def origins(voters: list[int], heals: list[tuple[int, int]] | dict[int, int]) -> dict[int, int]:
+    """Each voter's origin: whose state it holds, following the heals since the last vote in the order they
+    happened. A heal gives the healer its donor's origin *at that moment*: a replica that copied 0 before 0
+    copied 1 holds 0's old state, not 1's (following the chain instead let a flipped replica and its copy
+    outvote the correct one in a soak)."""
+    origin = {r: r for r in voters}
+    for r, d in (heals.items() if isinstance(heals, dict) else heals):
+        origin[r] = origin.get(d, d)
+    return {r: origin[r] for r in voters}
 
 
-def decide(step: int, digests: dict[int, str], copied_from: dict[int, int] | None = None) -> Verdict:
+def decide(step: int, digests: dict[int, str],
+           copied_from: list[tuple[int, int]] | dict[int, int] | None = None) -> Verdict:
     """The verdict on one step's replica digests (replica -> digest).
 
-    `copied_from`: replicas that healed since the previous vote, and from whom. A copy is no witness: a
+    `copied_from`: the heals since the previous vote, (healer, donor) in the order they happened (or a dict of
+    healer -> donor). A copy is no witness: a
     replica that copied a flipped donor before the vote agrees with it, and the two outvoted the one correct
     replica in a soak (the flip spread, and the correct state was "healed" away). So the replicas that hold
     copies of one origin cast one ballot when they agree; when they differ (the origin or a copy changed after
@@ -106,7 +106,7 @@ class StateVotes:
         self._open: dict[int, _Ballot] = {}
         self._decided: dict[int, Verdict] = {}
         self._late: dict[int, _Ballot] = {}  # digests of steps decided already
-        self._heals: list[tuple[int, int, int]] = []  # (replica, donor replica, committed step it healed to)
+        self._heals: list[tuple[int, int, int]] = []  # (replica, donor, committed step it healed to), in order
 
     def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
             now: float | None = None, parts: dict[str, str] | None = None) -> Verdict | None:
@@ -171,10 +171,11 @@ class StateVotes:
         if len(self._heals) > 4096:
             del self._heals[:2048]
 
-    def copies(self, step: int) -> dict[int, int]:
-        """replica -> donor for heals since the previous decided vote, up to committed step `step`."""
+    def copies(self, step: int) -> list[tuple[int, int]]:
+        """(replica, donor) of the heals since the previous decided vote, up to committed step `step`, in the
+        order they were reported."""
         before = max((s for s in self._decided if s < step), default=-1)
-        return {r: d for r, d, s in self._heals if before < s <= step and r != d}
+        return [(r, d) for r, d, s in self._heals if before < s <= step and r != d]
 
     def forget_after(self, step: int) -> None:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
