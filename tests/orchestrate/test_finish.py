@@ -47,13 +47,13 @@ def test_finish_waits_for_a_restart_without_trainers_and_collects_its_final_stat
         async def restart() -> None:
             await asyncio.sleep(1.0)
             policy.restarting = False
-            replica.trainers = _Trainers({"step": 40, "hash": "abc"})
+            replica.trainers = _Trainers({"step": 40, "digest": "abc", "rank": 0})
 
         replica._restart_task = asyncio.get_running_loop().create_task(restart())
         return await replica.finish(timeout=10)
 
     result = asyncio.run(go())
-    assert result["hash"] == "abc" and result["step"] == 40
+    assert result["rank_digests"] == ["abc"] and result["digest"] and result["step"] == 40
 
 
 def test_release_cuts_short_a_restart_the_run_stopped_waiting_for():
@@ -73,7 +73,7 @@ def test_release_cuts_short_a_restart_the_run_stopped_waiting_for():
         return spawned.is_set() or not replica._restart_task.cancelled(), result
 
     leaked, result = asyncio.run(go())
-    assert result["hash"] is None
+    assert result["digest"] is None
     assert not leaked
 
 
