@@ -38,6 +38,8 @@ import sys
 import time
 from typing import Any
 
+from regent.ft.config import VOTE_STEPS
+
 ROWS = ("Regent on-device digest", "anchor host sha256 params-only", "anchor host sha256 full state")
 K_VALUES = (1, 10, 100)
 
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(rows, args.budget))
     print()
     print(f"vote every K commits at <= {100 * args.budget:g}% of step time: K >= {rows[0]['min_k']} "
-          f"(default ft.vote_every: 10 in ddp mode, 1 per DiLoCo sync)")
+          f"(default ft.vote_every: every {VOTE_STEPS} training steps, rounded to commits)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -402,8 +402,6 @@ def committing_replicas_series(
         (active.add if up else active.discard)(r)
         if not series or series[-1][1] != len(active):
             series.append((t, len(active)))
-        elif series[-1][0] == t:
-            series[-1] = (t, len(active))
     return series
 
 
