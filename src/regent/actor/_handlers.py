@@ -223,6 +223,10 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
     sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
     rt.owner_proc_id = cfg["owner"]
     rt.root_info = cfg.get("root")
+    if cfg.get("detach_grace") is not None:
+        rt.detach_grace = float(cfg["detach_grace"])
+        if cfg.get("detach_log_dir"):
+            rt.detach_log = os.path.join(cfg["detach_log_dir"], f"detached-{new_pid}.log")
     if rt.root_info is not None:
         rt.directory.setdefault(rt.root_info["id"], rt.root_info)
     rank = (cfg["labels"], cfg["sizes"], cfg["rank"])

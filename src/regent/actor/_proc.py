@@ -155,8 +155,15 @@ class HostMesh(MeshTrait):
         proc_bind: list[dict] | None = None,
         bootstrap_command: Any = None,
         env: dict[str, str] | None = None,
+        detach_grace: float | None = None,
+        detach_log_dir: str | None = None,
     ) -> ProcMesh:
         """Start `prod(per_host)` procs on every host of this mesh; returns at once (`initialized` waits).
+
+        `detach_grace` (Regent extension): when this process (their owner) is lost, the procs go on for that
+        many seconds instead of exiting at once, waiting to be adopted by a new owner (`adopt_proc_mesh`); their
+        output goes to `detach_log_dir/detached-<proc id>.log` then. After the grace they stop gracefully. Procs
+        they spawn themselves keep the default rule (they end with their own owner).
 
         `env` (Regent extension) is set in every proc before anything is imported. `bootstrap` runs in
         every proc before any actor (use `current_rank()` in it for per-rank settings). Procs come from
@@ -210,7 +217,8 @@ class HostMesh(MeshTrait):
                     "command": commands[r],
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
                             "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
-                            "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None},
+                            "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None,
+                            "detach_grace": detach_grace, "detach_log_dir": detach_log_dir},
                 })
             specs_by_host.append((host_rank, specs))
 

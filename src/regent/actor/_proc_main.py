@@ -20,6 +20,9 @@ import sys
 def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
     signal.signal(signal.SIGINT, lambda *_: None)  # a handler, not SIG_IGN: exec resets it for children
+    # A closed terminal hangs up the whole process group. Procs end with their parent anyway (or, spawned with
+    # a detach grace, outlive it on purpose), so the hangup itself must not kill them.
+    signal.signal(signal.SIGHUP, lambda *_: None)
     # `kill -USR1 <pid>` prints every thread's Python stack to this proc's stderr, which its owner routes with
     # the proc's prefix: how a stuck trainer is looked into on a cluster without py-spy or gdb
     faulthandler.register(signal.SIGUSR1, all_threads=True)

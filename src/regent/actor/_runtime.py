@@ -198,6 +198,13 @@ class Runtime:
         self.actors = ActorDirectory()  # the actors living in this process (`_directory`)
         self.owned_proc_meshes: dict[str, Any] = {}
         self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
+        # Procs spawned with a detach grace (`HostMesh.spawn_procs(detach_grace=...)`) outlive a lost owner for
+        # that many seconds instead of exiting at once, so a new owner can adopt them (`adopt_proc_mesh`).
+        self.detach_grace: float | None = None
+        self.detach_log: str | None = None  # where stdout/stderr go once the owner (which read them) is gone
+        self.detached_since: float | None = None  # wall time the owner was lost; None while it is there
+        self.on_detach: list[Callable[[str], None]] = []  # called with the reason when the owner is lost
+        self.on_attach: list[Callable[[], None]] = []  # called when a (new) owner is connected again
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
         self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
         self.shared_sync_thread: Any = None  # regent.actor._cell.SharedSyncThread, with shared_asyncio_runtime
@@ -694,17 +701,38 @@ class Runtime:
         """Procs only: exit when the owner process has been unreachable for `orphan_timeout` seconds, or at
         once when `parent_os_pid` (the process that started this one) is gone: a killed `regent train` then
         takes its replicas and their trainers with it within a second or two, instead of leaving them to
-        train on until the orphan timeout."""
-        timeout = config.orphan_timeout
-        if timeout is None and parent_os_pid is None:
-            return
+        train on until the orphan timeout.
+
+        With a detach grace (set by the spawner's configure, so read at every tick) a lost owner detaches
+        this proc instead: it goes on for up to `detach_grace` seconds (its actors keep working, what it owns
+        stays up), is attached again when an owner connects (`Adopt`), and after the grace stops gracefully:
+        the actors' `__cleanup__` and the atexit handlers run (allocations are released)."""
         last_seen = self.loop.time()
         while True:
+            timeout = config.orphan_timeout
             await asyncio.sleep(min(1.0, timeout / 4) if timeout is not None else 1.0)
             now = self.loop.time()
+            if self.detached_since is not None:
+                if self.owner_connected():
+                    self._leave_detached()
+                    last_seen = now
+                elif self.detach_grace is not None and time.time() - self.detached_since >= self.detach_grace:
+                    await self._orphan_exit_gracefully()
+                continue
             orphaned = parent_os_pid is not None and os.getppid() != parent_os_pid
-            if not orphaned and (timeout is None or self.owner_connected()):
+            if not orphaned and self.owner_connected():
                 last_seen = now
+                continue
+            if self.detach_grace is not None:
+                # the parent gone is certain; a dropped connection alone gets the detach delay (a restart of
+                # the owner's loop or a transient network failure must not detach a healthy proc)
+                if orphaned or now - last_seen >= min(DETACH_AFTER_S, timeout if timeout is not None else
+                                                      DETACH_AFTER_S):
+                    self._enter_detached("its parent process is gone" if orphaned else
+                                         f"owner {self.owner_proc_id} unreachable for {now - last_seen:.1f} s")
+                    parent_os_pid = None  # from here on, only an owner's connection counts
+                continue
+            if timeout is None and not orphaned:
                 continue
             if orphaned or now - last_seen >= timeout:
                 if orphaned:
@@ -720,6 +748,59 @@ class Runtime:
                     sys.stderr.flush()
                 remove_sock_dir(self.sock_dir)
                 os._exit(0)
+
+    def _enter_detached(self, reason: str) -> None:
+        """The owner is lost: keep going for the grace, with output to the detach log (the pipes the owner
+        read have no reader any more: writes to them would fail), and tell the hooks."""
+        self.detached_since = time.time()
+        if self.detach_log:
+            try:
+                os.makedirs(os.path.dirname(self.detach_log) or ".", exist_ok=True)
+                fd = os.open(self.detach_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                with contextlib.suppress(Exception):  # a closed stdout/stderr: nothing to flush
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+            except OSError as exc:
+                logger.error("cannot open the detach log %s (%s); this proc's output is lost from here on",
+                             self.detach_log, exc)
+        logger.warning("proc %s: owner lost (%s); going on without it for up to %.0f s (detach grace), "
+                       "waiting to be adopted", self.proc_id, reason, self.detach_grace or 0.0)
+        for hook in list(self.on_detach):
+            try:
+                hook(reason)
+            except Exception:  # noqa: BLE001 - reported; one hook's failure must not keep the others from running
+                logger.exception("a detach hook failed")
+
+    def _leave_detached(self) -> None:
+        """An owner is connected again (it adopted this proc): the hooks resume what waited for it."""
+        if self.detached_since is None:
+            return
+        logger.warning("proc %s: adopted by %s after %.1f s without an owner", self.proc_id, self.owner_proc_id,
+                       time.time() - self.detached_since)
+        self.detached_since = None
+        for hook in list(self.on_attach):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - reported; one hook's failure must not keep the others from running
+                logger.exception("an attach hook failed")
+
+    async def _orphan_exit_gracefully(self) -> None:
+        """The grace is over and nobody adopted this proc: stop its actors (their `__cleanup__` releases what
+        they hold, e.g. a cluster allocation) and exit through the atexit handlers."""
+        from regent.actor._handlers import stop_self
+
+        logger.error("proc %s: no owner for %.0f s (detach grace %.0f s): stopping, what it holds released",
+                     self.proc_id, time.time() - (self.detached_since or time.time()), self.detach_grace or 0.0)
+        try:
+            await asyncio.wait_for(stop_self(self, None), timeout=config.stop_timeout + 30)
+        finally:  # stop_self exits the process; reached only if it failed or hung
+            if self.spawner is not None:
+                self.spawner.kill_all()
+            remove_sock_dir(self.sock_dir)
+            os._exit(1)
 
     # ------------------------------------------------------------------ shutdown
     def _atexit(self) -> None:
@@ -836,6 +917,10 @@ def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
         f"hex string (e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`) in both "
         f"environments, or point {SECRET_FILE_ENV} at one file holding it."
     )
+
+
+# A proc with a detach grace whose owner's connection dropped (its parent still alive) detaches after this long.
+DETACH_AFTER_S = 10.0
 
 
 def exit_gracefully(code: int = 0) -> None:
