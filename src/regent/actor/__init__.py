@@ -93,6 +93,7 @@ This package does not import torch.
 from __future__ import annotations
 
 import sys as _sys
+from collections.abc import Callable as _Callable
 
 from regent.actor._actor import Actor, concurrent_endpoint, endpoint
 from regent.actor._config import config
@@ -133,6 +134,14 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     _sys.stderr.write(f"Unhandled failure: {failure.report()}\n")
     _sys.stderr.flush()
     _sys.exit(1)
+
+
+def on_owner_lost(fn: _Callable[[str], None]) -> None:
+    """Regent extension: in a proc spawned with `detach_grace`, call `fn(reason)` when its owner is lost (the
+    proc goes on for the grace; see `HostMesh.spawn_procs`). Called on the proc's loop; keep it short."""
+    from regent.actor._runtime import get_runtime
+
+    get_runtime().on_detach.append(fn)
 
 
 def shutdown_context() -> Future:
@@ -180,6 +189,7 @@ __all__ = [
     "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
+    "on_owner_lost",
     "run_worker_loop_forever",
     "send",
     "shutdown_context",

@@ -771,7 +771,7 @@ class Runtime:
         for hook in list(self.on_detach):
             try:
                 hook(reason)
-            except Exception:  # noqa: BLE001 - reported; one hook's failure must not keep the others from running
+            except Exception:
                 logger.exception("a detach hook failed")
 
     def _leave_detached(self) -> None:
@@ -784,7 +784,7 @@ class Runtime:
         for hook in list(self.on_attach):
             try:
                 hook()
-            except Exception:  # noqa: BLE001 - reported; one hook's failure must not keep the others from running
+            except Exception:
                 logger.exception("an attach hook failed")
 
     async def _orphan_exit_gracefully(self) -> None:

@@ -56,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-ft", action="store_true", help="plain training of one replica group, no fault tolerance")
     p.add_argument("--baseline", help="a fault-free run directory to compare the loss against in the report")
     p.add_argument("--no-warm-spares", action="store_true", help="start restarted processes cold")
+    p.add_argument("--controller-grace", metavar="DURATION",
+                   help="how long replicas train on without this controller (killed, its host down) before "
+                        "they stop, e.g. 15m (default 15m; 0: they stop with it)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live terminal view")
     p.add_argument("--trainer", metavar="MODULE:FACTORY",
                    help="your own trainer instead of the built-in Llama 3 one (see regent.orchestrate.user_trainer)")
@@ -104,6 +107,7 @@ _DIRECT = {
     "fault_kinds": "faults.kinds",
     "faults_file": "faults.file",
     "trainer": "trainer",
+    "controller_grace": "controller_grace",
 }
 
 

@@ -117,6 +117,10 @@ class RunConfig:
     # state serving threads) ahead of both. Where each trainer has its own cores it changes nothing.
     training_nice: int = 5
     checkpoint_every: int = 20  # steps between checkpoints for --recovery restart
+    # How long the replicas and the Lighthouse train on without a controller (`regent train` killed, its host
+    # rebooting) before they stop, their allocations released. Meanwhile a replica that fails stays down and
+    # the others go on; everything they report is journaled in RUN_DIR/journal/. 0: they stop with it at once.
+    controller_grace: float = 900.0
     live: bool | None = None  # rich live view; None = when stdout is a terminal
     job_options: dict[str, Any] = field(default_factory=dict)  # passed to the job backend (TOML [job_options])
     # Your own trainer instead of the built-in Llama 3 one: "module.path:factory" (regent.orchestrate.user_trainer),
@@ -311,6 +315,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.steps is None and cfg.duration is None:
         raise ConfigError("give either --steps N or --duration like 180s")
     _validate_lighthouse(cfg)
+    if cfg.controller_grace < 0:
+        raise ConfigError(f"--controller-grace must be 0 or more, not {cfg.controller_grace:g}s; write it like 15m")
     if cfg.recovery not in ("peer", "restart"):
         raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
     if cfg.job not in ("local", "slurm", "k8s", "skypilot", "workers"):

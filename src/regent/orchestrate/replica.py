@@ -28,16 +28,19 @@ from typing import Any
 
 from regent.actor import (
     Actor,
+    Channel,
     MeshFailure,
     Port,
     concurrent_endpoint,
     config,
     current_rank,
     endpoint,
+    on_owner_lost,
     this_host,
 )
 from regent.orchestrate.events import make_event
 from regent.orchestrate.policy import Action, RestartPolicy, allocation_checked, at_the_end
+from regent.orchestrate.relay import ReportRelay, journal_path
 from regent.ports import free_port
 
 logger = logging.getLogger(__name__)
@@ -53,9 +56,17 @@ SPARE_REFILL_DELAY_S = 3.0
 
 
 class ReplicaActor(Actor):
-    def __init__(self, cfg: Any, lighthouse_addr: str, report: Port) -> None:
+    def __init__(self, cfg: Any, lighthouse_addr: str, report: Port, journal_dir: str | None = None) -> None:
         self.cfg = cfg
         self.index = current_rank().rank
+        # With a journal (`regent train` gives one), everything this replica and its trainers report is journaled
+        # before it is forwarded, and the replica keeps training when the controller is gone (orchestrate/relay.py).
+        self.relay: ReportRelay | None = None
+        self.trainer_port: Port = report  # where the trainers report: the relay's port once started
+        self.down_while_detached: dict[str, Any] | None = None  # a failure while no controller was there
+        if journal_dir is not None:
+            self.relay = ReportRelay(journal_path(journal_dir, self.index), report)
+            on_owner_lost(self.relay.detach)
         # A failed trainer mesh is replaced, not drained: do not wait long for a hung process to exit.
         config.stop_timeout = 2.0
         self.lighthouse_addr = lighthouse_addr
@@ -83,13 +94,57 @@ class ReplicaActor(Actor):
     # -- events ---------------------------------------------------------------------------------------
     def emit(self, kind: str, **details: Any) -> None:
         details.setdefault("generation", self.policy.generation)
-        self.report.send(("event", make_event(kind, replica=self.index, **details)))
+        event = make_event(kind, replica=self.index, **details)
+        if self.relay is not None:
+            self.relay.put("event", event)
+        else:
+            self.report.send(("event", event))
+
+    async def _relay_trainers(self, receiver: Any) -> None:
+        """The trainers' reports, through this replica's journal (see `ReportRelay`)."""
+        assert self.relay is not None
+        while True:
+            kind, payload = await receiver.recv()
+            self.relay.put(kind, payload)
+
+    @property
+    def detached(self) -> bool:
+        """No controller is attached: failures are not restarted (nobody tells the peers or the Lighthouse)."""
+        return self.relay is not None and not self.relay.attached
+
+    @endpoint
+    async def attach(self, report: Port, after: int) -> dict[str, Any]:
+        """A (new) controller takes over this replica's reports: it holds everything up to `after` (this
+        replica's `rseq`); the journal's items after it are resent, then every new one. Returns what the
+        controller needs to go on supervising this replica."""
+        assert self.relay is not None, "attach needs a journal"
+        self.report = report
+        resent = self.relay.attach(report, after)
+        return {"replica": self.index, "generation": self.policy.generation, "resent": resent,
+                "rseq": self.relay.rseq, "down_while_detached": self.down_while_detached,
+                "finished": self.finished, "stop_target": self.stop_target, "gave_up": self.policy.gave_up,
+                "ended_failed": self.ended_failed}
+
+    @endpoint
+    async def restart_after_detach(self) -> bool:
+        """A failure that happened while no controller was there is restarted now (the controller that adopted
+        this replica has told the peers and the Lighthouse). False when there was none."""
+        down, self.down_while_detached = self.down_while_detached, None
+        if down is None or self.detached:
+            self.down_while_detached = down
+            return False
+        self._on_failure(down["generation"], down["error"], down.get("traceback", ""), rank=down.get("rank"),
+                         reported=True)
+        return True
 
     # -- lifecycle ------------------------------------------------------------------------------------
     @endpoint
     async def start(self, self_ref: Any) -> int:
         """Spawn the first generation of trainers and start them training; returns the generation."""
         self.self_ref = self_ref
+        if self.relay is not None:
+            self.trainer_port, receiver = Channel.open()
+            self._relay_task = asyncio.get_running_loop().create_task(self._relay_trainers(receiver))
         if self.cfg.job == "local":
             self.host = this_host()
             # Several replicas share this host: this replica's trainers must not land on another's GPUs.
@@ -118,7 +173,7 @@ class ReplicaActor(Actor):
         self.procs = self.host.spawn_procs(per_host={"gpus": cfg.procs_per_replica}, env=env)
         self.trainers = self.procs.spawn(
             f"trainer_r{self.index}_g{gen}", TrainerActor, cfg, self.index, gen, self.lighthouse_addr,
-            self.report, self.self_ref, self.resume_from,
+            self.trainer_port, self.self_ref, self.resume_from,
         )
         self.trainers.train.broadcast()
 
@@ -149,8 +204,24 @@ class ReplicaActor(Actor):
         m = re.search(r"_g(\d+)", str(getattr(failure, "mesh_name", "")) or str(failure))
         return int(m.group(1)) if m else self.policy.generation
 
-    def _on_failure(self, generation: int, error: str, tb: str, rank: int | None = None) -> None:
+    def _on_failure(self, generation: int, error: str, tb: str, rank: int | None = None,
+                    reported: bool = False) -> None:
+        """`reported`: its `failure_detected` was emitted already (a failure while detached, restarted now)."""
         if self.finished or self.ended_failed:
+            return
+        if self.detached and self.autorestart:
+            # No controller: a restart would go on without anyone telling the peers and the Lighthouse, and
+            # nobody would decide the votes it takes part in. This replica stays down (its trainers stopped, so
+            # it holds no stale quorum membership); the others train on. A controller that adopts it restarts it.
+            if self.down_while_detached is not None or generation != self.policy.generation:
+                return
+            self.down_while_detached = {"generation": generation, "error": error, "traceback": tb, "rank": rank}
+            self.last_error = error
+            self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation,
+                      detached=True)
+            logger.warning("replica %d failed while no controller is attached; it stays down until one adopts "
+                           "it: %s", self.index, error)
+            self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
             return
         if self.stop_target is not None and self.autorestart:
             # The run has decided to stop. A restart now would look for its state in peers that are finishing
@@ -175,7 +246,8 @@ class ReplicaActor(Actor):
         if action is Action.IGNORE:
             return
         self.last_error = error
-        self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
+        if not reported:
+            self.emit("failure_detected", error=error, traceback=tb, rank=rank, generation=generation)
         if action is Action.GIVE_UP:
             reason = self.policy.give_up_reason()
             logger.error("replica %d gives up: %s; last error: %s", self.index, reason, error)

@@ -268,9 +268,19 @@ class OrchestrationManager:
         if self.t_train is None:
             self.t_train = time.time()
 
+    def _detach_options(self) -> dict[str, Any]:
+        """The replicas and the Lighthouse train on without this controller for `--controller-grace`."""
+        if not self.cfg.controller_grace:
+            return {}
+        return {"detach_grace": float(self.cfg.controller_grace),
+                "detach_log_dir": str((self.run_dir / "controller").resolve())}
+
     async def drain(self, receiver: Any) -> None:
         while True:
-            kind, payload = await receiver.recv()
+            item = await receiver.recv()
+            kind, payload = item[0], item[1]
+            if len(item) > 2:  # through a replica's journal: its sequence number goes into the line (resume)
+                payload = {**payload, "rseq": item[2]}
             if kind == "event":
                 self.record_event(payload)
             elif kind == "metric":
@@ -308,8 +318,9 @@ class OrchestrationManager:
 
             from regent.orchestrate.replica import ReplicaActor
 
-            rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas})
-            replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port)
+            rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas}, **self._detach_options())
+            replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port,
+                                       str((self.run_dir / "journal").resolve()))
             self._replicas = replicas
             try:
                 await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
@@ -384,7 +395,7 @@ class OrchestrationManager:
         cfg, lc = self.cfg, self.cfg.lighthouse
         # rpc_env: the Lighthouse checks the job secret (which every spawned process has) and serves TLS as
         # --ft.rpc-auth / --ft.tls-* say (regent.ft.rpc_security).
-        procs = this_host().spawn_procs(per_host={"lighthouse": 1}, env=cfg.ft.rpc_env())
+        procs = this_host().spawn_procs(per_host={"lighthouse": 1}, env=cfg.ft.rpc_env(), **self._detach_options())
         self._lh_procs.append(procs)
         actor = procs.spawn("lighthouse", LighthouseActor)
         self._lh_actors.append(actor)

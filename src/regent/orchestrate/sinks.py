@@ -32,7 +32,7 @@ def check_available(tensorboard: bool, wandb_project: str) -> None:
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, float]:
-    skip = {"step", "time", "replica", "rank", "generation", "quorum_id"}
+    skip = {"step", "time", "replica", "rank", "generation", "quorum_id", "rseq"}
     return {k: float(v) for k, v in record.items()
             if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
 

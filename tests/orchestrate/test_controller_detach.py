@@ -1,0 +1,152 @@
+"""Issue 33, stage A: a killed controller does not end the run. The replicas and the Lighthouse train on for
+`--controller-grace`, journaling everything they report; a replica that fails meanwhile stays down; after the
+grace they stop and say why. Real `regent train`, real processes, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from regent.orchestrate.relay import read_journal
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _journal_steps(run_dir: Path) -> dict[int, int]:
+    """Each replica's highest step in its journal's metrics (what it trained while nobody listened)."""
+    steps = {}
+    for path in sorted((run_dir / "journal").glob("replica-*.jsonl")):
+        r = int(path.stem.split("-")[1])
+        steps[r] = max((i["payload"].get("step", 0) for i in read_journal(path) if i["kind"] == "metric"), default=0)
+    return steps
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_replicas_train_on_without_the_controller_and_stop_after_the_grace(tmp_path):
+    run_dir = tmp_path / "run"
+    grace = 45
+    cmd = [sys.executable, "-m", "regent.cli", "train", "--replicas", "3", "--procs-per-replica", "1", "--model",
+           "debug", "--duration", "20m", "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+           "--controller-grace", f"{grace}s", "--run-dir", str(run_dir)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = open(tmp_path / "controller.log", "w")  # noqa: SIM115 - closed in finally
+    ctl = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    procs: list[int] = []
+    try:
+        _wait(lambda: len(_journal_steps(run_dir)) == 3 and min(_journal_steps(run_dir).values()) >= 10, 240,
+              "every replica to train 10 steps")
+        procs = _descendants(ctl.pid)
+        trainer1 = [p for p in procs if _environ(p).get("REGENT_REPLICA") == "1"
+                    and b"_proc_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert trainer1, "replica 1's trainer not found"
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        t_kill = time.monotonic()
+        at_kill = _journal_steps(run_dir)
+
+        # training goes on without it, journaled
+        _wait(lambda: all(s >= at_kill[r] + 10 for r, s in _journal_steps(run_dir).items()), 90,
+              f"every replica to train 10 more steps without the controller (from {at_kill})")
+        lines_at_kill = sum(1 for _ in open(run_dir / "metrics.jsonl"))
+        assert lines_at_kill == sum(1 for _ in open(run_dir / "metrics.jsonl"))  # nobody writes the run's files
+
+        # a replica that fails now stays down; the others go on
+        for pid in trainer1:
+            os.kill(pid, signal.SIGKILL)
+        items = _wait(lambda: [i for i in read_journal(run_dir / "journal" / "replica-1.jsonl")
+                               if i["kind"] == "event" and i["payload"]["kind"] == "failure_detected"], 60,
+                      "replica 1's failure to be journaled")
+        assert items[-1]["payload"].get("detached") is True
+        down = _journal_steps(run_dir)
+        _wait(lambda: all(_journal_steps(run_dir)[r] >= down[r] + 5 for r in (0, 2)), 90,
+              "replicas 0 and 2 to train on without replica 1")
+        kinds_1 = [i["payload"]["kind"] for i in read_journal(run_dir / "journal" / "replica-1.jsonl")
+                   if i["kind"] == "event"]
+        assert "restart_started" not in kinds_1[kinds_1.index("failure_detected"):]
+        rseqs = [i["rseq"] for i in read_journal(run_dir / "journal" / "replica-0.jsonl")]
+        assert rseqs == list(range(1, len(rseqs) + 1))
+
+        # after the grace: everything stops, and says why
+        _wait(lambda: not any(_alive(p) for p in procs), grace + 60 - (time.monotonic() - t_kill),
+              "every process of the run to stop after the grace")
+        logs = " ".join(p.read_text() for p in (run_dir / "controller").glob("detached-*.log"))
+        assert "owner lost" in logs and "no owner for" in logs, logs[-2000:]
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+        for p in procs:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        log.close()
+        print((tmp_path / "controller.log").read_text()[-3000:])
+
+
+def test_controller_grace_zero_keeps_the_old_rule(tmp_path):
+    """`--controller-grace 0`: the replicas stop with the controller at once (nothing trains unsupervised)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1", "--model",
+           "debug", "--duration", "20m", "--no-faults", "--no-live", "--controller-grace", "0",
+           "--run-dir", str(run_dir)]
+    ctl = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    procs: list[int] = []
+    try:
+        _wait(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").stat().st_size > 0, 240,
+              "the first metrics")
+        procs = _descendants(ctl.pid)
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        _wait(lambda: not any(_alive(p) for p in procs), 20, "the run's processes to stop with the controller")
+        assert json.loads((run_dir / "config.json").read_text())["controller_grace"] == 0
+    finally:
+        for p in procs:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
