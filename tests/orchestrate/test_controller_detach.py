@@ -95,8 +95,6 @@ def test_replicas_train_on_without_the_controller_and_stop_after_the_grace(tmp_p
         # training goes on without it, journaled
         _wait(lambda: all(s >= at_kill[r] + 10 for r, s in _journal_steps(run_dir).items()), 90,
               f"every replica to train 10 more steps without the controller (from {at_kill})")
-        lines_at_kill = sum(1 for _ in open(run_dir / "metrics.jsonl"))
-        assert lines_at_kill == sum(1 for _ in open(run_dir / "metrics.jsonl"))  # nobody writes the run's files
 
         # a replica that fails now stays down; the others go on
         for pid in trainer1:
