@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import sys
 from typing import Any, NoReturn
 
@@ -52,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job", choices=["local", "slurm", "k8s", "skypilot", "workers"],
                    help="where hosts come from (workers: your own `regent worker`s, --job.addresses)")
     p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="take over the run in RUN_DIR whose controller was lost: re-attach to its live replicas "
+                        "(or restore its backstop when nothing is alive) and go on with its own config")
     p.add_argument("--seed", type=int, help="seed for the model, data and fault schedule")
     p.add_argument("--no-ft", action="store_true", help="plain training of one replica group, no fault tolerance")
     p.add_argument("--baseline", help="a fault-free run directory to compare the loss against in the report")
@@ -111,9 +116,10 @@ _DIRECT = {
 }
 
 
-def config_from_args(args: argparse.Namespace, extra: list[str]) -> RunConfig:
-    """Defaults, then the TOML file, then flags, then dotted overrides; validated."""
-    cfg = RunConfig()
+def config_from_args(args: argparse.Namespace, extra: list[str], base: RunConfig | None = None) -> RunConfig:
+    """Defaults (or `base`: a resumed run's recorded config), then the TOML file, then flags, then dotted
+    overrides; validated."""
+    cfg = copy.deepcopy(base) if base is not None else RunConfig()
     if args.config:
         data = load_toml(args.config)
         try:
@@ -212,6 +218,8 @@ def _apply_dotted(cfg: RunConfig, extra: list[str]) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from regent.orchestrate.preflight import preflight
 
+    if getattr(args, "resume", None):
+        return resume_train(args)
     try:
         cfg = config_from_args(args, getattr(args, "_extra", []))
         preflight(cfg)  # this machine: GPUs, data and tokenizer files, the Lighthouse port or address
@@ -230,6 +238,35 @@ def run_train(args: argparse.Namespace) -> int:
     from regent.orchestrate.run import run
 
     return run(cfg)
+
+
+def resume_train(args: argparse.Namespace) -> int:
+    """`regent train --resume RUN_DIR`: checked first (one line and nothing written when it cannot be), then
+    the run goes on under this controller (orchestrate/resume.py)."""
+    from regent.orchestrate.resume import RESUME_MAY_CHANGE, ResumeRefused, check_resumable, flat_config
+
+    try:
+        plan = check_resumable(args.resume)
+        given = config_from_args(args, getattr(args, "_extra", []), base=plan.cfg)
+    except ResumeRefused as exc:
+        print(f"regent train: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigError as exc:
+        print(f"regent train: error: {exc}", file=sys.stderr)
+        return 2
+    recorded, wanted = flat_config(dataclasses.asdict(plan.cfg)), flat_config(dataclasses.asdict(given))
+    clash = [k for k in sorted(set(recorded) | set(wanted))
+             if k not in RESUME_MAY_CHANGE and recorded.get(k) != wanted.get(k)]
+    if clash:
+        k = clash[0]
+        print(f"regent train: --{k.replace('_', '-')} {wanted.get(k)!r} contradicts run {plan.run_dir} "
+              f"({k}={recorded.get(k)!r}); a resumed run keeps its config: drop the flag", file=sys.stderr)
+        return 2
+    for key in RESUME_MAY_CHANGE:
+        setattr(plan.cfg, key, getattr(given, key))
+    from regent.orchestrate.run import run
+
+    return run(plan.cfg, resume=plan)
 
 
 def run_report(args: argparse.Namespace) -> int:

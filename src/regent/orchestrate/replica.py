@@ -56,7 +56,8 @@ SPARE_REFILL_DELAY_S = 3.0
 
 
 class ReplicaActor(Actor):
-    def __init__(self, cfg: Any, lighthouse_addr: str, report: Port, journal_dir: str | None = None) -> None:
+    def __init__(self, cfg: Any, lighthouse_addr: str, report: Port, journal_dir: str | None = None,
+                 first_generation: int = 0) -> None:
         self.cfg = cfg
         self.index = current_rank().rank
         # With a journal (`regent train` gives one), everything this replica and its trainers report is journaled
@@ -73,6 +74,8 @@ class ReplicaActor(Actor):
         self.report = report
         self.policy = RestartPolicy(in_place_restarts=cfg.in_place_restarts,
                                     crash_loop_starts=cfg.crash_loop_starts, backoff_s=cfg.restart_backoff_s)
+        # a replica started by a resumed controller goes on from the generations its predecessor had
+        self.policy.generation = first_generation
         self.last_error = ""
         self.autorestart = cfg.recovery == "peer"
         self.lock = asyncio.Lock()

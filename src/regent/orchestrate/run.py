@@ -17,12 +17,15 @@ What it does on its own, beyond starting and stopping:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
 import signal
+import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +42,16 @@ from regent.orchestrate.faults import (
     fault_record,
 )
 from regent.orchestrate.live import LiveDisplay, RunView
+from regent.orchestrate.resume import (
+    ATTACH_FILE,
+    ControllerLock,
+    ResumePlan,
+    controller_dir,
+    last_rseqs,
+    secret_source_env,
+    write_json_atomic,
+    write_secret,
+)
 from regent.orchestrate.summary import compute_summary, healthy_step_rate
 
 logger = logging.getLogger(__name__)
@@ -54,10 +67,13 @@ EXIT_CHECK_FAILED = 3
 
 
 class OrchestrationManager:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, resume: ResumePlan | None = None) -> None:
         self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir)
-        if (self.run_dir / "events.jsonl").exists():
+        self.resume = resume  # `regent train --resume`: take over this run instead of starting one
+        self.run_dir = Path(cfg.run_dir) if resume is None else resume.run_dir
+        if resume is not None:
+            _end_torn_lines(self.run_dir)
+        elif (self.run_dir / "events.jsonl").exists():
             # A run directory holds one run: keep the previous one next to it rather than appending to it.
             kept = self.run_dir.with_name(f"{self.run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
             self.run_dir.rename(kept)
@@ -106,6 +122,10 @@ class OrchestrationManager:
         self._failed: asyncio.Event | None = None
         self.failed_reason: str | None = None
         self.leaked_pids: list[int] = []
+        self._lock = ControllerLock(self.run_dir)
+        self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
+        self._rep_procs: Any = None
+        self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -291,50 +311,40 @@ class OrchestrationManager:
         cfg = self.cfg
         self._loop = asyncio.get_running_loop()
         self._failed = asyncio.Event()
-        marker = os.environ[RUN_MARKER_ENV] = uuid.uuid4().hex
-        (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        resume = self.resume
+        try:
+            self._lock.acquire()
+        except OSError:
+            print(f"regent train: error: run {self.run_dir} is controlled by another process (its lock "
+                  f"{self._lock.path} is held)", file=sys.stderr, flush=True)
+            return 2
+        if resume is None:
+            marker = os.environ[RUN_MARKER_ENV] = uuid.uuid4().hex
+            (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        else:
+            marker = os.environ[RUN_MARKER_ENV] = resume.attach["marker"]
+            os.environ.update(secret_source_env(resume))  # before the runtime starts: the run's own secret
+            self._replay_history()
         port, receiver = Channel.open()
         drain = asyncio.get_running_loop().create_task(self.drain(receiver))
-        self.record_event(make_event("run_started", replicas=cfg.replicas, procs_per_replica=cfg.procs_per_replica,
-                                     mode=cfg.ft.mode, recovery=cfg.recovery, vote_every=cfg.ft.vote_interval()))
+        if resume is None:
+            self.record_event(make_event("run_started", replicas=cfg.replicas,
+                                         procs_per_replica=cfg.procs_per_replica, mode=cfg.ft.mode,
+                                         recovery=cfg.recovery, vote_every=cfg.ft.vote_interval()))
         import regent.actor as actor_api
 
         previous_hook = actor_api.unhandled_fault_hook
         actor_api.unhandled_fault_hook = self._fault_hook(previous_hook)
         host = this_host()
+        self._attach = self._attach_record(marker)
         rep_procs = None
         code = 0
         try:
-            lc = cfg.lighthouse
-            if lc.address:
-                await self._start_lighthouse(None)  # only to have a `forget_replicas` to call; it serves nothing
-                addr, dashboard = lc.address, ""
+            if resume is None:
+                rep_procs, replicas = await self._start_run(host, port)
+                self.t_start = time.time()
             else:
-                info = await self._start_lighthouse(lc.bind)
-                addr, dashboard = info["address"], info["dashboard"]
-            self.view.dashboard = dashboard
-            print(f"[regent] run directory {self.run_dir}", flush=True)
-            print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
-
-            from regent.orchestrate.replica import ReplicaActor
-
-            rep_procs = host.spawn_procs(per_host={"replicas": cfg.replicas}, **self._detach_options())
-            replicas = rep_procs.spawn("replica", ReplicaActor, cfg, addr, port,
-                                       str((self.run_dir / "journal").resolve()))
-            self._replicas = replicas
-            try:
-                await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
-                                       for r in range(cfg.replicas)])
-            except ActorError as exc:
-                from regent.jobs.base import JobError
-
-                if not isinstance(exc.exception, JobError):
-                    raise
-                # No host for a replica (PENDING past --job.allocation-timeout, sbatch refused, ...): the job
-                # layer's message names the cause and the fix; nothing more to add from the traceback.
-                self.fail_run(f"a replica could not get its first allocation from the {cfg.job} job layer: "
-                              f"{exc.exception}")
-            self.t_start = time.time()
+                rep_procs, replicas = await self._resume_run(host, port)
             try:
                 with self.display:
                     await self._unless_failed(self._supervise_run(replicas))
@@ -364,6 +374,7 @@ class OrchestrationManager:
             self.record_event(make_event("run_finished"))
             self.sinks.close()
             self.write_summary()
+            self._lock.release()
         if code == 0 and self.violations:
             code = EXIT_CHECK_FAILED
         if code == EXIT_CHECK_FAILED:
@@ -372,6 +383,190 @@ class OrchestrationManager:
         elif code == EXIT_RUN_FAILED:
             print(f"[regent] the run failed (exit {code}): {self.failed_reason}", flush=True)
         return code
+
+    async def _start_run(self, host: Any, port: Any) -> tuple[Any, Any]:
+        """A fresh run: the Lighthouse, then the replicas, each starting its first trainers."""
+        cfg = self.cfg
+        lc = cfg.lighthouse
+        if lc.address:
+            await self._start_lighthouse(None)  # only to have a `forget_replicas` to call; it serves nothing
+            addr, dashboard = lc.address, ""
+        else:
+            info = await self._start_lighthouse(lc.bind)
+            addr, dashboard = info["address"], info["dashboard"]
+        self.view.dashboard = dashboard
+        print(f"[regent] run directory {self.run_dir}", flush=True)
+        print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
+        rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=0)
+        try:
+            await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
+                                   for r in range(cfg.replicas)])
+        except ActorError as exc:
+            from regent.jobs.base import JobError
+
+            if not isinstance(exc.exception, JobError):
+                raise
+            # No host for a replica (PENDING past --job.allocation-timeout, sbatch refused, ...): the job
+            # layer's message names the cause and the fix; nothing more to add from the traceback.
+            self.fail_run(f"a replica could not get its first allocation from the {cfg.job} job layer: "
+                          f"{exc.exception}")
+        self._record_attach(lighthouse_address=addr, dashboard=dashboard)
+        return rep_procs, replicas
+
+    def _spawn_replicas(self, host: Any, addr: str, port: Any, first_generation: int) -> tuple[Any, Any]:
+        from regent.orchestrate.replica import ReplicaActor
+
+        rep_procs = host.spawn_procs(per_host={"replicas": self.cfg.replicas}, **self._detach_options())
+        replicas = rep_procs.spawn("replica", ReplicaActor, self.cfg, addr, port,
+                                   str((self.run_dir / "journal").resolve()), first_generation)
+        self._replicas = replicas
+        self._rep_procs = rep_procs
+        return rep_procs, replicas
+
+    # -- a successor's record, and taking over (orchestrate/resume.py) ------------------------------------
+    def _attach_record(self, marker: str) -> dict[str, Any]:
+        """What a successor needs that does not change: who controls, the job secret (its fingerprint and
+        where it is), the run marker. A fresh run's secret is written to controller/secret (0600) unless it
+        came from the environment, where a successor must find it too."""
+        from regent.actor._runtime import get_runtime, machine_id
+        from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint
+
+        rt = get_runtime()
+        if self.resume is not None:
+            secret = self.resume.attach.get("secret")
+        elif os.environ.get(SECRET_ENV) or os.environ.get(SECRET_FILE_ENV):
+            secret = "env"
+        else:
+            write_secret(self.run_dir, rt.secret)
+            secret = "file"
+        return {"version": 1, "marker": marker, "job": fingerprint(rt.secret), "secret": secret,
+                "controller": {"pid": os.getpid(), "host": socket.gethostname(), "machine": machine_id(),
+                               "started": time.time()},
+                "previous": (self.resume.attach.get("controller") if self.resume is not None else None)}
+
+    def _record_attach(self, **lighthouse: Any) -> None:
+        """Rewrite controller/attach.json with where the Lighthouse and the replicas are now (after the start,
+        a Lighthouse restart, a resume)."""
+        lh = dict(self._attach.get("lighthouse") or {})
+        lh.update({k: v for k, v in lighthouse.items() if v is not None})
+        lh.update({"bind": self._lh_bind, "address": self._lh_address or lh.get("address")})
+        if self._lh_procs and self._lighthouse is not None and self._lh_actors:
+            try:
+                lh["procs"] = self._lh_procs[-1].reference()
+                lh["actor"] = self._lighthouse.reference()
+            except Exception as exc:  # noqa: BLE001 - reported; a successor then starts a new Lighthouse
+                logger.warning("recording the Lighthouse for a successor: %r", exc)
+        self._attach["lighthouse"] = lh
+        if self._replicas is not None and self._rep_procs is not None:
+            self._attach["replicas"] = {"procs": self._rep_procs.reference(), "actor": self._replicas.reference()}
+        write_json_atomic(controller_dir(self.run_dir) / ATTACH_FILE, self._attach)
+
+    def _replay_history(self) -> None:
+        """A resuming controller learns the run so far from its files, without acting on any of it: the view,
+        the top step, the replicas' Lighthouse ids, the heals the votes must know, when training started."""
+        events = sorted(read_jsonl(self.run_dir / "events.jsonl"), key=lambda e: e.get("time", 0))
+        for e in events:
+            self.view.on_event(e)
+            r = e.get("replica")
+            if e.get("kind") == "run_started":
+                self.t_start = float(e["time"])
+            if r is not None and e.get("replica_id") and e.get("generation") is not None:
+                self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
+            if e.get("kind") in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
+                donor = donor_replica(e.get("donor"))
+                if donor is not None:
+                    self.votes.note_heal(r, donor, int(e["manager_step"]))
+            if e.get("kind") == "state_lost" and e.get("restored_step") is not None:
+                self.votes.forget_after(int(e["restored_step"]))
+            if e.get("kind") in ("failure_detected", "gave_up", "restart_started") and r is not None:
+                self.healthy_since[r] = None
+            if e.get("kind") == "lighthouse_restarted":
+                self._lh_address = e.get("address") or self._lh_address
+        for m in read_jsonl(self.run_dir / "metrics.jsonl"):
+            self.view.on_metric(m)
+            self.max_step = max(self.max_step, m.get("step", 0))
+            if self.t_train is None or m.get("time", self.t_train) < self.t_train:
+                self.t_train = m.get("time", self.t_train)
+            r = m.get("replica")
+            if r is not None and self.healthy_since.get(r) is None:
+                self.healthy_since[r] = time.time()
+        self._generations_seen = max([int(e.get("generation") or 0) for e in events] or [0])
+
+    async def _resume_run(self, host: Any, port: Any) -> tuple[Any, Any]:
+        """Take over a run whose controller was lost: adopt its live Lighthouse and replicas (which trained on
+        meanwhile), have each replica resend what it journaled after the run's files end, restart what failed
+        while nobody supervised, and go on. With nothing alive: a new Lighthouse from its state file and new
+        replicas, which restore the newest backstop (a counted `state_lost`)."""
+        from regent.actor import AdoptError, adopt_proc_mesh, attach_actor_mesh
+
+        assert self.resume is not None
+        previous = self.resume.attach
+        lh = previous.get("lighthouse") or {}
+        self._lh_bind, self._lh_address = lh.get("bind"), lh.get("address") or self._lh_address
+        down_since = max([_mtime(self.run_dir / n) for n in ("events.jsonl", "metrics.jsonl")] or [time.time()])
+        grace = float(self.cfg.controller_grace or 0) or None
+        mode, adopted_lh = "reattached", False
+        if lh.get("procs") and lh.get("actor"):
+            try:
+                procs = await asyncio.to_thread(adopt_proc_mesh, lh["procs"], detach_grace=grace)
+                actor = attach_actor_mesh(lh["actor"], procs)
+                self._lh_procs.append(procs)
+                self._lh_actors.append(actor)
+                self._lighthouse = actor
+                adopted_lh = True
+            except AdoptError as exc:
+                logger.warning("the Lighthouse of the run is gone (%s); starting a new one", exc)
+        if not adopted_lh and not self.cfg.lighthouse.address:
+            await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
+        elif not adopted_lh:
+            await self._start_lighthouse(None)
+        addr = self.cfg.lighthouse.address or self._lh_address
+        self.view.dashboard = lh.get("dashboard", "")
+        print(f"[regent] resuming run {self.run_dir}; Lighthouse {addr} "
+              f"({'adopted' if adopted_lh else 'started anew'})", flush=True)
+        reps = previous.get("replicas") or {}
+        replicas = None
+        rep_procs = None
+        try:
+            rep_procs = await asyncio.to_thread(adopt_proc_mesh, reps["procs"], detach_grace=grace)
+            replicas = attach_actor_mesh(reps["actor"], rep_procs)
+        except (AdoptError, KeyError) as exc:
+            logger.warning("the replicas of the run are gone (%s)", exc)
+        attached: list[dict[str, Any]] = []
+        if replicas is not None:
+            self._replicas, self._rep_procs = replicas, rep_procs
+            after = last_rseqs(self.run_dir)
+            attached = list(await asyncio.gather(*[
+                replicas.slice(replicas=r).attach.call_one(port, after.get(r, 0)) for r in range(self.cfg.replicas)]))
+        else:
+            mode = "backstop"
+            self._kill_leftovers()
+            rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=self._generations_seen + 1)
+            await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
+                                   for r in range(self.cfg.replicas)])
+        down = [a["replica"] for a in attached if a.get("down_while_detached")]
+        self.record_event(_event(
+            "controller_restarted", mode=mode, down_s=round(time.time() - down_since, 3),
+            previous_pid=(previous.get("controller") or {}).get("pid"), lighthouse="adopted" if adopted_lh else
+            "restarted", resent={str(a["replica"]): a["resent"] for a in attached}, stayed_down=down,
+            step=self.max_step))
+        what = (", ".join(f"replica {a['replica']} resent {a['resent']} journaled item(s)" for a in attached)
+                or "nothing of it was alive: new replicas restore the newest backstop")
+        if down:
+            what += f"; restarting replica(s) {down}, which failed while no controller was there"
+        print(f"[regent] controller took over ({mode}): {what}", flush=True)
+        for r in down:
+            await replicas.slice(replicas=r).restart_after_detach.call_one()
+        self._record_attach()
+        return rep_procs, replicas
+
+    def _kill_leftovers(self) -> None:
+        """Nothing of the run answered: whatever still carries its marker (a hung proc) must not heartbeat next
+        to the new replicas."""
+        marker = os.environ[RUN_MARKER_ENV]
+        for pid in leaked_processes(marker, grace_s=0.0):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     async def _unless_failed(self, coro: Any) -> None:
         """Run `coro`, cut short the moment the run fails (`fail_run`), whatever it is waiting for."""
@@ -465,6 +660,7 @@ class OrchestrationManager:
             self._lh_task = None
         self.record_event(_event("lighthouse_restarted", address=info["address"], cause=cause, down_s=down_s,
                                  seconds=time.time() - t0, step=self.max_step))
+        self._record_attach()
         print(f"[regent] Lighthouse started again at {info['address']} ({cause})", flush=True)
 
     def _schedule(self) -> Any:
@@ -769,6 +965,28 @@ def leaked_processes(marker: str, grace_s: float = 5.0, proc: str = "/proc") -> 
         time.sleep(0.25)
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def _end_torn_lines(run_dir: Path) -> None:
+    """A controller killed mid-write may leave a line without its newline: end it, so the next line is whole."""
+    for name in ("events.jsonl", "metrics.jsonl", "faults.jsonl"):
+        path = run_dir / name
+        try:
+            with open(path, "rb+") as f:
+                if f.seek(0, os.SEEK_END) == 0:
+                    continue
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        except FileNotFoundError:
+            continue
+
+
 def _event(kind: str, **details: Any) -> dict[str, Any]:
     return make_event(kind, **details)
 
@@ -779,12 +997,12 @@ async def _aw(x: Any) -> Any:
     return x
 
 
-def run(cfg: RunConfig) -> int:
+def run(cfg: RunConfig, resume: ResumePlan | None = None) -> int:
     import faulthandler
 
     faulthandler.enable()  # a native crash in the controller leaves its Python stacks on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(OrchestrationManager(cfg).run())
+        return asyncio.run(OrchestrationManager(cfg, resume).run())
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,203 @@
+"""`regent train --resume RUN_DIR`: a new controller takes over a run whose controller was lost.
+
+What a successor needs is recorded by the controller in RUN_DIR/controller/ (`attach.json`: where the Lighthouse
+and the replicas are, as actor-layer references; the job secret's fingerprint and where the secret is; the run
+marker). The replicas trained on meanwhile (`--controller-grace`) and journaled what they reported
+(orchestrate/relay.py). Everything here checks before anything is written: a wrong `--resume` changes nothing
+on disk (`check_resumable`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from regent.orchestrate.config import ConfigError, RunConfig, apply_toml
+from regent.orchestrate.events import read_jsonl
+
+ATTACH_FILE = "attach.json"
+LOCK_FILE = "lock"
+SECRET_FILE = "secret"
+# What a resume may change: how long the replicas wait for a controller, and how this one shows progress.
+RESUME_MAY_CHANGE = frozenset({"controller_grace", "live"})
+
+
+class ResumeRefused(Exception):
+    """`--resume` cannot go on; the message is one line, nothing was written. `code`: the exit code."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ResumePlan:
+    run_dir: Path
+    cfg: RunConfig
+    attach: dict[str, Any]
+    secret_file: str | None  # the recorded secret (None: the caller's environment must hold it)
+
+
+def controller_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "controller"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """A reader never sees half a file: write next to it, then rename over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def write_secret(run_dir: Path, secret: bytes) -> Path:
+    """The job secret for a successor, readable by this user only (the directory too)."""
+    d = controller_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    path = d / SECRET_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret.hex())
+    return path
+
+
+class ControllerLock:
+    """Held (flock) for a controller's whole life: a second controller of the same run is refused. The kernel
+    drops it when the process dies, however it dies."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = controller_dir(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def lock_is_held(run_dir: Path) -> bool:
+    """Whether a live controller holds this run (a read-only probe: it creates nothing)."""
+    path = controller_dir(run_dir) / LOCK_FILE
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def config_from_run(run_dir: Path) -> RunConfig:
+    """The RunConfig the run was started with, from its config.json (it round-trips exactly)."""
+    data = json.loads((run_dir / "config.json").read_text())
+    cfg = RunConfig()
+    apply_toml(cfg, data)
+    return cfg
+
+
+def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config dict with its sections' keys dotted (`ft.sync_every`), to compare two configs key by key."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k in ("train", "ft", "faults", "lighthouse"):
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None) -> ResumePlan:
+    """Everything a resume needs, checked before anything is written; `ResumeRefused` with one line otherwise."""
+    from regent.actor._runtime import machine_id
+    from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, read_secret_file
+
+    env = os.environ if environ is None else environ
+    run = Path(run_dir)
+    attach_path = controller_dir(run) / ATTACH_FILE
+    if not run.is_dir() or not attach_path.exists() or not (run / "config.json").exists():
+        raise ResumeRefused(f"--resume {run}: no run there (no {ATTACH_FILE} and config.json; it is written by "
+                            "`regent train` once its replicas have started)")
+    try:
+        attach = json.loads(attach_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResumeRefused(f"--resume {run}: cannot read {attach_path} ({exc})") from exc
+    finished = [e for e in read_jsonl(run / "events.jsonl") if e.get("kind") == "run_finished"]
+    if finished or (run / "summary.json").exists():
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished[-1]["time"])) if finished else "its end"
+        raise ResumeRefused(f"run {run} finished at {at}; nothing to resume")
+    if lock_is_held(run):
+        ctl = attach.get("controller", {})
+        raise ResumeRefused(f"run {run} is still controlled by pid {ctl.get('pid')} on {ctl.get('host')}; "
+                            "stop that controller first (or let it be)")
+    ctl = attach.get("controller", {})
+    if ctl.get("machine") and ctl["machine"] != machine_id():
+        raise ResumeRefused(f"run {run} was controlled from {ctl.get('host')} (its replicas listen there only); "
+                            f"resume it on {ctl.get('host')}")
+    secret_file = str(controller_dir(run) / SECRET_FILE) if attach.get("secret") == "file" else None
+    try:
+        if secret_file is not None:
+            secret, source = read_secret_file(secret_file), secret_file
+        elif env.get(SECRET_ENV):
+            secret, source = bytes.fromhex(env[SECRET_ENV]), f"${SECRET_ENV}"
+        elif env.get(SECRET_FILE_ENV):
+            secret, source = read_secret_file(env[SECRET_FILE_ENV]), env[SECRET_FILE_ENV]
+        else:
+            raise ResumeRefused(f"run {run} was started with the job secret from the environment; set "
+                                f"{SECRET_ENV} or {SECRET_FILE_ENV} as it was")
+    except (OSError, ValueError) as exc:
+        raise ResumeRefused(f"--resume {run}: cannot read the job secret ({exc})") from exc
+    if fingerprint(secret) != attach.get("job"):
+        raise ResumeRefused(f"the job secret from {source} is not run {run}'s (fingerprint {fingerprint(secret)} "
+                            f"!= {attach.get('job')})")
+    try:
+        cfg = config_from_run(run)
+    except (OSError, ValueError, ConfigError) as exc:
+        raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
+    return ResumePlan(run, cfg, attach, secret_file)
+
+
+def last_rseqs(run_dir: Path) -> dict[int, int]:
+    """Per replica, the highest journal sequence number the run's files hold: a re-attached replica resends
+    what comes after it."""
+    last: dict[int, int] = {}
+    for name in ("events.jsonl", "metrics.jsonl"):
+        for rec in read_jsonl(run_dir / name):
+            r, n = rec.get("replica"), rec.get("rseq")
+            if r is not None and n is not None:
+                last[int(r)] = max(last.get(int(r), 0), int(n))
+    return last
+
+
+def secret_source_env(plan: ResumePlan) -> dict[str, str]:
+    """What the resuming controller's environment needs before its runtime starts: the recorded secret."""
+    from regent.auth import SECRET_FILE_ENV
+
+    return {SECRET_FILE_ENV: plan.secret_file} if plan.secret_file else {}
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        return state not in ("Z", "X")
+    return False
