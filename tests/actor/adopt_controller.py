@@ -27,6 +27,10 @@ class Counter(Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("boom")
+
 
 def main(out: str, procs: int, detach_grace: float | None = None) -> None:
     """Spawn, count to 5 on every rank, write the references (atomically), then sleep until killed."""

@@ -125,14 +125,18 @@ def test_adopt_is_refused_while_the_owner_lives_and_forced_takeover_owns_everyth
         with pytest.raises(SupervisionError):
             counters.add.call(1).get(timeout=TIMEOUT)
         assert counters.slice(procs=1).add.call_one(1).get(timeout=TIMEOUT) == 7
+        # an actor A spawned that raises under broadcast reports to B now (its proc lives on)
+        counters.slice(procs=1).boom.broadcast()
+        assert wait_for(lambda: len(faults) == 2), "the actor failure did not reach the fault hook"
+        assert faults[1].mesh is counters and faults[1].crashed_ranks == [1] and "boom" in faults[1].report()
 
-        # stop: rank 1 exits, rank 2 hangs and is killed by B after the timeout (A, its parent, cannot)
+        # stop: rank 1's proc exits, rank 2 hangs and is killed by B after the timeout (A, its parent, cannot)
         os.kill(pids[2], signal.SIGSTOP)
         started = time.monotonic()
         pm.stop(timeout=1.0).get(timeout=TIMEOUT)
         assert time.monotonic() - started < 8
         assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10), [p for p in pids if pid_alive(p)]
-        assert len(faults) == 1  # stopping is no failure
+        assert len(faults) == 2  # stopping is no failure
         rt = get_runtime()
         assert refs["procs"]["mesh_id"] not in rt.owned_proc_meshes and not set(pids) & {
             entry[0] for entry in rt.adopted_os_pids.values()}
