@@ -40,6 +40,7 @@ def test_only_messages_whose_sender_waits_are_answered_when_undeliverable():
     port = ("proc-1", 7, 0)
     assert m.reply_to_answer(m.Deliver("k", "f", port, ())) == port
     assert m.reply_to_answer(m.Spawn("k", "mesh", 0, "n", (), ("p", "o"), False, port)) == port
+    assert m.reply_to_answer(m.Adopt({"id": "client-1"}, None, False, port)) == port
     assert m.reply_to_answer(m.StopProc("bye", None)) is None
     assert m.reply_to_answer(m.CastItems("o", 1, "mesh", "f", ("p", 3, "b"), [], [], [])) is None
     assert m.reply_to_answer(m.HostKill(["p"])) is None

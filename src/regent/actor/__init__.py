@@ -73,6 +73,12 @@ for meshes made outside actors); references and slices own nothing.
   `regent.actor._runtime.exit_gracefully` for why. Killed, crashed and orphaned procs run none of it.
 - Orphans: a proc whose owner process has been unreachable for REGENT_ORPHAN_TIMEOUT seconds (default
   60, `config.configure(orphan_timeout=...)` before spawning) exits by itself.
+- Adoption (Regent extension): `pm.reference()` / `mesh.reference()` give JSON-able dicts naming the
+  procs, their addresses and OS pids, and the job's secret fingerprint. A new controller with the same
+  secret takes them over after the old one died: `adopt_proc_mesh(ref)` makes it the procs' owner (refused
+  with AdoptError while the old owner is still connected, unless `force=True`); `attach_actor_mesh(ref,
+  pm)` gives a handle it owns, so rank failures reach it with `failure.mesh` that handle. Another job's
+  reference raises ForeignJobError.
 
 Futures: `get(timeout)` (TimeoutError leaves the future usable), `await fut` on any asyncio loop; results
 are cached. `get()` on the runtime's own loop (inside an async endpoint) raises instead of deadlocking:
@@ -112,8 +118,11 @@ from regent.actor._mesh import (
     send,
 )
 from regent.actor._proc import (
+    AdoptError,
     HostMesh,
     ProcMesh,
+    adopt_proc_mesh,
+    attach_actor_mesh,
     attach_to_workers,
     get_or_spawn_controller,
     this_host,
@@ -159,6 +168,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "AdoptError",
     "BootstrapCommand",
     "Channel",
     "ChannelTransport",
@@ -177,7 +187,9 @@ __all__ = [
     "Slice",
     "SupervisionError",
     "ValueMesh",
+    "adopt_proc_mesh",
     "as_endpoint",
+    "attach_actor_mesh",
     "attach_to_workers",
     "concurrent_endpoint",
     "config",

@@ -16,6 +16,7 @@ from regent.actor._config import config
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
 from regent.actor._messages import (
+    Adopt,
     Bye,
     Cast,
     CastItems,
@@ -66,7 +67,7 @@ class ProcHandlers:
             Configure.KIND: self.on_configure, StopProc.KIND: self.on_stop_proc, HostSpawn.KIND: self.on_host_spawn,
             HostKill.KIND: self.on_host_kill, HostKeepWarm.KIND: self.on_host_keep_warm,
             HostShutdown.KIND: self.on_host_shutdown, GetOrSpawnController.KIND: self.on_get_or_spawn_controller,
-            LogLevel.KIND: self.on_log_level,
+            LogLevel.KIND: self.on_log_level, Adopt.KIND: self.on_adopt,
         }
 
     # ---- actors ------------------------------------------------------------------------------------------
@@ -174,6 +175,34 @@ class ProcHandlers:
             self.rt.loop.create_task(stop_self(self.rt, msg.reply))
 
         self.rt.tree.deliver_in_order(msg.origin, msg.seq, stop)
+
+    def on_adopt(self, conn: Any, msg: Adopt, body: Any, buffers: list) -> None:
+        """A new controller takes this proc over (`adopt_proc_mesh`): its predecessor died, so failures, the
+        orphan watch and `get_or_spawn_controller` must now point at the new one. While the current owner is
+        still connected that would make two controllers, so it is refused unless forced."""
+        rt = self.rt
+        new = msg.owner
+        new_id = new["id"]
+        old = rt.owner_proc_id
+        if old is not None and old != new_id and not msg.force and rt.owner_connected():
+            text = (f"proc {rt.proc_id} is owned by live controller {old}; adopting it would give it two "
+                    "controllers (stop that one first, or adopt with force=True)")
+            rt.send_reply(msg.reply, ERROR, (RuntimeError(text), text, ""))
+            return
+        rt.learn(new_id, new)
+        rt.owner_proc_id = new_id
+        rt.root_info = new
+        for cell in rt.actors.running():  # actors the old controller spawned report their failures to the new one
+            if cell.owner[0] == old:
+                cell.owner = (new_id, cell.owner[1])
+        if msg.detach_grace is not None:
+            rt.detach_grace = float(msg.detach_grace)
+        leave = getattr(rt, "_leave_detached", None)  # stage A's detached mode, where it exists
+        if callable(leave):
+            leave()
+        logger.info("proc %s adopted by controller %s (previous owner %s)", rt.proc_id, new_id, old)
+        rt.send_reply(msg.reply, OK, {"proc_id": rt.proc_id, "os_pid": os.getpid(), "previous_owner": old,
+                                      "detached_since": getattr(rt, "detached_since", None)})
 
     def on_log_level(self, conn: Any, msg: LogLevel, body: Any, buffers: list) -> None:
         """ProcMesh.logging_option: set the root logger's level, then mark this point in both output streams

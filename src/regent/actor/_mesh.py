@@ -292,8 +292,38 @@ class ActorMesh(MeshTrait, Generic[R]):
              ref.owner, self._shape, rt.info),
         )
 
+    def reference(self) -> dict:
+        """A JSON-able description of the whole actor mesh (also when called on a slice) that outlives this
+        process: a new controller with the same job secret gives it to `attach_actor_mesh` to take the mesh
+        over once this one is gone. Unlike a pickle, it names no referrer, so nothing in it needs this
+        process alive."""
+        ref = self._ref
+        rt = get_runtime()
+        procs = list(dict.fromkeys(ref.rank_procs))
+        return {
+            "kind": "actor_mesh", "version": REFERENCE_VERSION, "mesh_id": ref.mesh_id, "name": ref.name,
+            "cls": f"{ref.cls.__module__}:{ref.cls.__qualname__}", "labels": list(ref.extent.labels),
+            "sizes": list(ref.extent.sizes), "rank_procs": list(ref.rank_procs),
+            "infos": {pid: rt.directory.get(pid) for pid in procs}, "job": rt.info["job"],
+            "os_pids": reference_os_pids(rt, procs), "machine": rt.info["machine"],
+        }
+
     def __repr__(self) -> str:
         return f"<ActorMesh {self._ref.name} {self._ref.cls.__qualname__} {self._shape.extent}>"
+
+
+REFERENCE_VERSION = 1  # of the dicts `ProcMesh.reference()` and `ActorMesh.reference()` write
+
+
+def reference_os_pids(rt: Runtime, procs: list[str]) -> dict[str, int | None]:
+    """The OS pid of each proc this process started or adopted (None for others, e.g. procs on workers)."""
+    out: dict[str, int | None] = {}
+    for pid in procs:
+        os_pid = rt.spawner.os_pid(pid) if rt.spawner is not None else None
+        if os_pid is None and pid in rt.adopted_os_pids:
+            os_pid = rt.adopted_os_pids[pid][0]
+        out[pid] = os_pid
+    return out
 
 
 def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None, what: str = "reference") -> None:

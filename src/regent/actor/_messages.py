@@ -166,6 +166,18 @@ class StopProc(NamedTuple):
     seq: int | None = None
 
 
+@kind("adopt")
+class Adopt(NamedTuple):
+    """To a proc whose controller died: the sender (`owner`, its address info) becomes its owner and
+    controller. Refused while the current owner is still connected, unless `force`. `detach_grace` (None:
+    keep the proc's own) is how long the proc may then train on without a controller."""
+
+    owner: dict
+    detach_grace: float | None
+    force: bool
+    reply: Reply
+
+
 @kind("log_level")
 class LogLevel(NamedTuple):
     """Set the proc's root log level, then mark the point in its output streams with `token`."""
@@ -204,10 +216,10 @@ class HostShutdown(NamedTuple):
 
 KINDS: dict[str, Any] = {cls.KIND: cls for cls in (
     Hello, Bye, WhereIs, ReplyMsg, ReplyBatch, Deliver, CastItems, Cast, Spawn, RankFailed, StopActor,
-    GetOrSpawnController, Configure, StopProc, LogLevel, HostSpawn, HostKill, HostKeepWarm, HostShutdown)}
+    GetOrSpawnController, Configure, StopProc, Adopt, LogLevel, HostSpawn, HostKill, HostKeepWarm, HostShutdown)}
 
 # Messages whose sender waits on `reply` for an answer: a message to a dead process gets one (DEAD) instead.
-ANSWERED_WHEN_UNDELIVERABLE = (Deliver, StopActor, StopProc, Spawn, Configure, LogLevel)
+ANSWERED_WHEN_UNDELIVERABLE = (Deliver, StopActor, StopProc, Spawn, Configure, Adopt, LogLevel)
 
 
 def encode(msg: Any) -> bytes:

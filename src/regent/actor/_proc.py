@@ -8,13 +8,19 @@ Who watches whom:
   `orphan_timeout` seconds, the proc exits, so trainers never outlive a killed controller;
 - a proc started on a remote host by `regent worker` has the worker as parent and the controller as owner;
   the worker forwards exit statuses and output to the owner.
+- a proc adopted by a new controller (`adopt_proc_mesh`, after its controller died) keeps its parent but has
+  the new controller as owner; nobody reaps it for the new owner, which learns of its end by the connection
+  closing and kills it by OS pid if it hangs in a stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +30,17 @@ from regent.actor._config import config
 from regent.actor._context import Instance, context
 from regent.actor._errors import ActorError, format_remote_traceback
 from regent.actor._future import Future
-from regent.actor._mesh import ActorMesh, ActorMeshRef, Gather, actor_mesh_refs
+from regent.actor._mesh import (
+    REFERENCE_VERSION,
+    ActorMesh,
+    ActorMeshRef,
+    Gather,
+    _register_state,
+    actor_mesh_refs,
+    reference_os_pids,
+)
 from regent.actor._messages import (
+    Adopt,
     GetOrSpawnController,
     HostKeepWarm,
     HostKill,
@@ -43,8 +58,10 @@ from regent.actor._runtime import (
     ROOT_KEY,
     MeshState,
     Runtime,
+    check_reference_job,
     get_runtime,
     new_id,
+    remove_sock_dir,
 )
 from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from regent.actor._spawner import (
@@ -607,6 +624,8 @@ class ProcMesh(MeshTrait):
             state.initialized._set_exception(RuntimeError(f"proc mesh {state.name} was stopped while starting"))
         state.stopped = True
         rt.owned_proc_meshes.pop(state.mesh_id, None)
+        for pid in state.proc_ids:
+            rt.adopted_os_pids.pop(pid, None)
         if state.logs is not None:
             state.logs.close()
 
@@ -662,6 +681,27 @@ class ProcMesh(MeshTrait):
 
         return rt.submit(run())
 
+    def reference(self) -> dict:
+        """A JSON-able description of the whole proc mesh (also when called on a slice or a `colocated` view)
+        that outlives this process: a new controller with the same job secret gives it to `adopt_proc_mesh`
+        to take the procs over once this one is gone. Unlike a pickle, it names no referrer (a dead process
+        to ask for addresses); it carries every proc's address, OS pid and the job's secret fingerprint."""
+        st = self._state.base or self._state
+        if st.is_self:
+            raise ValueError("this_proc() has no reference to adopt: only spawned proc meshes have one")
+        if not st.initialized.done():
+            raise RuntimeError(f"proc mesh {st.name} is still starting: wait for `initialized` before taking "
+                               "its reference (addresses are known only then)")
+        if st.initialized.exception() is not None:
+            raise RuntimeError(f"proc mesh {st.name} failed to start; it has no reference to adopt")
+        rt = get_runtime()
+        return {
+            "kind": "proc_mesh", "version": REFERENCE_VERSION, "mesh_id": st.mesh_id, "name": st.name,
+            "labels": list(st.extent.labels), "sizes": list(st.extent.sizes), "rank_procs": list(st.proc_ids),
+            "infos": {pid: rt.directory.get(pid) for pid in st.proc_ids}, "job": rt.info["job"],
+            "os_pids": reference_os_pids(rt, st.proc_ids), "machine": rt.info["machine"],
+        }
+
     def __reduce__(self):
         st = self._state
         rt = get_runtime()
@@ -696,8 +736,37 @@ def kill_proc(rt: Runtime, pid: str) -> None:
     agent = rt.remote_procs.get(pid)
     if agent is not None:
         rt.send(agent, HostKill([pid]))
-    elif rt.spawner is not None:
+    elif rt.spawner is not None and rt.spawner.is_child(pid):
         rt.spawner.kill(pid)
+    elif pid in rt.adopted_os_pids:
+        _kill_adopted(rt, pid)
+
+
+def _kill_adopted(rt: Runtime, pid: str) -> None:
+    """SIGKILL an adopted proc of this machine (its parent, the dead controller, cannot), and remove its socket
+    directory as a parent would. Only if its OS pid still names the same process (same start time)."""
+    os_pid, started, sock_dir = rt.adopted_os_pids[pid]
+    if started is None or _start_time(os_pid) != started:
+        return  # already gone, and the pid may belong to another process by now
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(os_pid, signal.SIGKILL)
+    if sock_dir is not None:
+        remove_sock_dir(sock_dir)
+
+
+def _start_time(os_pid: int) -> int | None:
+    """When process `os_pid` started (clock ticks since boot, /proc/PID/stat field 22), or None if it is gone:
+    with the pid it names one process, never a later one that reuses the pid."""
+    try:
+        with open(f"/proc/{os_pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": the comm may hold spaces
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def _register_owned(rt: Runtime, owner_key: str, mesh: Any) -> None:
@@ -761,6 +830,181 @@ def spawn_actor_mesh(pm: ProcMesh, name: str, cls: type, args: tuple, kwargs: di
                                (rt.proc_id, owner_key), is_async, (rt.proc_id, gather.port_id, i)), body, buffers)
 
     rt.run_on_loop(on_loop)
+    _register_owned(rt, owner_key, mesh)
+    return mesh
+
+
+# ============================================================================================ adoption
+ADOPT_TIMEOUT_S = 10.0  # how long each proc has to answer `Adopt`
+
+
+class AdoptError(RuntimeError):
+    """`adopt_proc_mesh` could not take over every proc of the mesh. `refused`: proc id -> why (a live controller
+    still owns it); `unreachable`: proc id -> why (gone, or no answer within ADOPT_TIMEOUT_S). `adopted`: the
+    procs that did accept, which now name this process as their owner (stop or kill them if giving up)."""
+
+    def __init__(self, message: str, refused: dict[str, str], unreachable: dict[str, str],
+                 adopted: list[str]) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.unreachable = unreachable
+        self.adopted = adopted
+
+    def __reduce__(self):
+        return (AdoptError, (str(self), self.refused, self.unreachable, self.adopted))
+
+
+_REFERENCE_KEYS = ("mesh_id", "name", "labels", "sizes", "rank_procs", "infos", "job")
+
+
+def _check_reference(rt: Runtime, ref: Any, kind: str) -> None:
+    """Refuse a reference that is not a `kind` one from `.reference()` (ValueError) or comes from another job
+    (`ForeignJobError`), before anything is sent."""
+    if not isinstance(ref, dict) or ref.get("kind") != kind:
+        got = ref.get("kind") if isinstance(ref, dict) else type(ref).__name__
+        raise ValueError(f"expected a {kind} reference (the dict `.reference()` returns), got {got!r}")
+    if ref.get("version") != REFERENCE_VERSION:
+        raise ValueError(f"{kind} reference version {ref.get('version')!r} is not {REFERENCE_VERSION}, the one "
+                         "this Regent reads")
+    missing = [key for key in _REFERENCE_KEYS if key not in ref]
+    if missing:
+        raise ValueError(f"{kind} reference {ref.get('name')!r} lacks {missing}")
+    check_reference_job(rt, ref["job"], f"the {kind.replace('_', ' ')} reference {ref['name']!r}")
+    if len(ref["rank_procs"]) != Extent(list(ref["labels"]), list(ref["sizes"])).nelements:
+        raise ValueError(f"{kind} reference {ref['name']!r}: {len(ref['rank_procs'])} procs for sizes {ref['sizes']}")
+
+
+def adopt_proc_mesh(ref: dict, *, force: bool = False, detach_grace: float | None = None) -> ProcMesh:
+    """Take over the procs of `ref` (a `ProcMesh.reference()` written by a controller that died) as if this
+    process had spawned them: their failures come here, `stop()` and this runtime's shutdown end them (killing
+    those on this machine that do not exit in time), and actors can be spawned on them.
+
+    Each proc is sent `Adopt` and must answer within ADOPT_TIMEOUT_S. A proc still connected to its owner
+    refuses, so two live controllers never share it; `force=True` overrides that (the old controller is hung,
+    e.g. SIGSTOPped). `detach_grace` replaces how long the procs may run on without a controller (None: keep
+    theirs). Raises `ForeignJobError` for a reference of another job, and `AdoptError` naming every proc that
+    refused or did not answer. Blocks: call it outside the runtime's loop (not in an async endpoint)."""
+    rt = get_runtime()
+    _check_reference(rt, ref, "proc_mesh")
+    if detach_grace is not None and detach_grace < 0:
+        raise ValueError(f"detach_grace must be >= 0 seconds, got {detach_grace!r}")
+    if rt.on_loop_thread():
+        raise RuntimeError("adopt_proc_mesh blocks until the procs answer: call it outside the runtime's loop")
+    owner_key = context().actor_instance.key
+    extent = Extent(list(ref["labels"]), list(ref["sizes"]))
+    state = ProcMeshState(ref["mesh_id"], ref["name"], extent, list(ref["rank_procs"]), owner_key, None)
+    state.initialized._set_result(True)
+    mesh = ProcMesh(state, Shape.from_extent(extent))
+    grace = None if detach_grace is None else float(detach_grace)
+    rt.submit(_adopt(rt, mesh, ref["infos"], bool(force), grace)).get(timeout=ADOPT_TIMEOUT_S + 10)
+    _register_owned(rt, owner_key, mesh)
+    return mesh
+
+
+async def _adopt(rt: Runtime, mesh: ProcMesh, infos: dict, force: bool, grace: float | None) -> None:
+    """On the loop: send `Adopt` to every proc of `mesh`, then register it as owned here, or raise AdoptError."""
+    state = mesh._state
+    procs = list(dict.fromkeys(state.proc_ids))
+    unreachable: dict[str, str] = {}
+    waits: dict[str, asyncio.Future] = {}
+    ports = []
+    for pid in procs:
+        info = infos.get(pid)
+        if info is None and pid not in rt.directory:
+            unreachable[pid] = "the reference has no address for it (it had not started)"
+            continue
+        if pid not in rt.directory:
+            rt.learn(pid, info)
+        fut = rt.loop.create_future()
+        ports.append(rt.new_port(_OneShot(fut)))
+        waits[pid] = fut
+        rt.send(pid, Adopt(dict(rt.info), grace, force, (rt.proc_id, ports[-1], 0)))
+    try:
+        if waits:
+            await asyncio.wait(list(waits.values()), timeout=ADOPT_TIMEOUT_S)
+    finally:
+        for port in ports:
+            rt.drop_port(port)
+    refused: dict[str, str] = {}
+    answers: dict[str, dict] = {}
+    for pid, fut in waits.items():
+        if not fut.done():
+            unreachable[pid] = f"no answer within {ADOPT_TIMEOUT_S:g} s"
+            continue
+        status, body, buffers = fut.result()
+        value = loads(body, buffers)
+        if status == OK:
+            answers[pid] = value
+        elif status == ERROR:
+            refused[pid] = str(value[1])
+        else:
+            unreachable[pid] = str(value)
+    if refused or unreachable:
+        lines = [f"  {pid}: refused: {why}" for pid, why in refused.items()]
+        lines += [f"  {pid}: unreachable: {why}" for pid, why in unreachable.items()]
+        raise AdoptError(f"could not adopt proc mesh {state.name} ({len(answers)} of {len(procs)} procs "
+                         "accepted):\n" + "\n".join(lines), refused, unreachable, list(answers))
+    for pid, answer in answers.items():
+        info = rt.directory.get(pid) or {}
+        if info.get("machine") == rt.info["machine"]:
+            unix = info.get("unix") or ""
+            sock_dir = os.path.dirname(unix[len("unix://"):]) if unix.startswith("unix://") else None
+            if sock_dir is not None and not os.path.basename(sock_dir).startswith("regent-"):
+                sock_dir = None  # only a proc's own private directory is ever removed
+            rt.adopted_os_pids[pid] = (answer["os_pid"], _start_time(answer["os_pid"]), sock_dir)
+    rt.owned_proc_meshes[state.mesh_id] = mesh
+
+
+def _import_class(path: str) -> type:
+    """The class named `module:qualname` (how a reference names an actor class)."""
+    module, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(f"actor class {path} cannot be imported in this process ({exc}); the controller "
+                          "that attaches must be able to import the module that defines it") from exc
+    if not isinstance(obj, type):
+        raise TypeError(f"{path} is not a class")
+    return obj
+
+
+def attach_actor_mesh(ref: dict, proc_mesh: ProcMesh | None = None) -> ActorMesh:
+    """A handle on the actor mesh of `ref` (an `ActorMesh.reference()`) that this process owns, as if it had
+    spawned it: the failure of one of its ranks reaches the caller's `__supervise__` (on the client,
+    `unhandled_fault_hook`) as a `MeshFailure` whose `.mesh` is the returned handle. Adopt its procs first
+    (`adopt_proc_mesh`, passed as `proc_mesh`), so that they report to this process. The actor class must be
+    importable here. Raises `ForeignJobError` for a reference of another job."""
+    rt = get_runtime()
+    _check_reference(rt, ref, "actor_mesh")
+    cls = _import_class(ref["cls"])
+    rank_procs = list(ref["rank_procs"])
+    if proc_mesh is not None:
+        foreign = set(rank_procs) - set(proc_mesh._state.proc_ids)
+        if foreign:
+            raise ValueError(f"actor mesh {ref['name']} runs on procs {sorted(foreign)} that are not in "
+                             f"proc mesh {proc_mesh._state.name}")
+    from regent.actor._mesh import learn_addresses
+
+    learn_addresses(rt, ref["infos"], None, "ActorMesh")
+    owner_key = context().actor_instance.key
+    extent = Extent(list(ref["labels"]), list(ref["sizes"]))
+    mesh_id, name = ref["mesh_id"], ref["name"]
+    display = {i: f"{cls.__module__}.{cls.__qualname__} {name}{Point(i, extent)}" for i in range(len(rank_procs))}
+    # another handle of this mesh here (an unpickled reference) shares its state: it becomes owned too
+    mstate = _register_state(rt, MeshState(mesh_id, name, "actor", rank_procs, owner_key))
+    aref = ActorMeshRef(mesh_id, name, cls, extent, rank_procs, (rt.proc_id, owner_key), mstate)
+    aref.proc_mesh = proc_mesh
+    mesh = ActorMesh(aref, Shape.from_extent(extent))
+
+    def own() -> None:
+        mstate.owner_key = owner_key
+        mstate.mesh = mesh
+        mstate.display.update(display)
+
+    rt.run_on_loop(own)
+    actor_mesh_refs[(id(rt), mesh_id)] = aref
     _register_owned(rt, owner_key, mesh)
     return mesh
 

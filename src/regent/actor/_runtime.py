@@ -218,6 +218,9 @@ class Runtime:
         self.proc_context: Any = None  # the Instance used outside actors in this process
         self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
         self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
+        # procs adopted from a dead controller (`adopt_proc_mesh`) on this machine: proc id -> (OS pid, start time
+        # in clock ticks, socket directory), so a stop can still kill one that hangs, as a parent would
+        self.adopted_os_pids: dict[str, tuple[int, int | None, str | None]] = {}
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
         # how a cast to many actors is sent: "tree" (one message per host agent), "proc" (one per process) or
         # "actor" (one per actor, replies one by one: the design before tree casts; kept for comparison)
@@ -904,6 +907,13 @@ class ForeignJobError(RuntimeError):
     refuse every connection, so using it could never work."""
 
 
+_SAME_SECRET_FIX = (
+    f"Give both programs the same secret before either starts: set {SECRET_ENV} to the same hex string (e.g. "
+    f"from `python -c 'import secrets; print(secrets.token_hex(32))'`) in both environments, or point "
+    f"{SECRET_FILE_ENV} at one file holding it."
+)
+
+
 def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
     """Raise `ForeignJobError` at once (naming the fix) if `referrer`, the process that pickled a reference,
     holds another job secret than this process."""
@@ -913,9 +923,19 @@ def check_same_job(rt: Runtime, referrer: dict | None, what: str) -> None:
     raise ForeignJobError(
         f"this {what} belongs to another job: process {referrer.get('id')} that pickled it holds a different "
         f"job secret than this process ({rt.proc_id}), so its processes would refuse this process's "
-        f"connections. Give both programs the same secret before either starts: set {SECRET_ENV} to the same "
-        f"hex string (e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`) in both "
-        f"environments, or point {SECRET_FILE_ENV} at one file holding it."
+        f"connections. {_SAME_SECRET_FIX}"
+    )
+
+
+def check_reference_job(rt: Runtime, job: str | None, what: str) -> None:
+    """Raise `ForeignJobError` if a JSON reference (`ProcMesh.reference()`) was written in a job with another
+    secret (fingerprint `job`): its processes would refuse every connection from this one."""
+    if job == rt.info["job"]:
+        return
+    raise ForeignJobError(
+        f"{what} belongs to another job: it was written by a process whose job secret has fingerprint {job}, "
+        f"this process's ({rt.proc_id}) has {rt.info['job']}, so its processes would refuse this process's "
+        f"connections. {_SAME_SECRET_FIX}"
     )
 
 
