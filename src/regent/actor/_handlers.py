@@ -192,6 +192,7 @@ class ProcHandlers:
         rt.learn(new_id, new)
         rt.owner_proc_id = new_id
         rt.root_info = new
+        rt.parent_os_pid = None  # the process that started this proc no longer owns it: its death must not end it
         for cell in rt.actors.running():  # actors the old controller spawned report their failures to the new one
             if cell.owner[0] == old:
                 cell.owner = (new_id, cell.owner[1])

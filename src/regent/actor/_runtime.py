@@ -203,6 +203,7 @@ class Runtime:
         self.detach_grace: float | None = None
         self.detach_log: str | None = None  # where stdout/stderr go once the owner (which read them) is gone
         self.detached_since: float | None = None  # wall time the owner was lost; None while it is there
+        self.parent_os_pid: int | None = None  # the process that started this proc, while its death ends it
         self.on_detach: list[Callable[[str], None]] = []  # called with the reason when the owner is lost
         self.on_attach: list[Callable[[], None]] = []  # called when a (new) owner is connected again
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
@@ -710,9 +711,11 @@ class Runtime:
         this proc instead: it goes on for up to `detach_grace` seconds (its actors keep working, what it owns
         stays up), is attached again when an owner connects (`Adopt`), and after the grace stops gracefully:
         the actors' `__cleanup__` and the atexit handlers run (allocations are released)."""
+        self.parent_os_pid = parent_os_pid
         last_seen = self.loop.time()
         while True:
             timeout = config.orphan_timeout
+            parent_os_pid = self.parent_os_pid  # cleared by a detach, and by an adoption (`on_adopt`)
             await asyncio.sleep(min(1.0, timeout / 4) if timeout is not None else 1.0)
             now = self.loop.time()
             if self.detached_since is not None:
@@ -733,7 +736,7 @@ class Runtime:
                                                       DETACH_AFTER_S):
                     self._enter_detached("its parent process is gone" if orphaned else
                                          f"owner {self.owner_proc_id} unreachable for {now - last_seen:.1f} s")
-                    parent_os_pid = None  # from here on, only an owner's connection counts
+                    self.parent_os_pid = None  # from here on, only an owner's connection counts
                 continue
             if timeout is None and not orphaned:
                 continue
