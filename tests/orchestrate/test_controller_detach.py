@@ -148,3 +148,76 @@ def test_controller_grace_zero_keeps_the_old_rule(tmp_path):
         for p in procs:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def _start(run_dir: Path, log_path: Path, *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "regent.cli", "train", *flags, "--run-dir", str(run_dir)]
+    with open(log_path, "a") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                start_new_session=True)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    from regent.orchestrate.events import read_jsonl
+
+    return list(read_jsonl(run_dir / "events.jsonl"))
+
+
+def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_path):
+    """Issue 33's end-to-end case: SIGKILL the controller, training goes on, a trainer killed while no controller
+    is there stays down, `regent train --resume` re-attaches, restarts and heals it, and the run ends at its
+    stop step with every replica compared and `regent check` holding."""
+    from regent.orchestrate.invariants import check_run
+
+    run_dir, log = tmp_path / "run", tmp_path / "controller.log"
+    steps = 150
+    ctl = _start(run_dir, log, "--replicas", "3", "--procs-per-replica", "1", "--model", "debug", "--steps",
+                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+                 "--controller-grace", "5m")
+    procs: list[int] = []
+    try:
+        _wait(lambda: len(_journal_steps(run_dir)) == 3 and min(_journal_steps(run_dir).values()) >= 10, 240,
+              "every replica to train 10 steps")
+        procs = _descendants(ctl.pid)
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        at_kill = _journal_steps(run_dir)
+        _wait(lambda: all(s >= at_kill[r] + 5 for r, s in _journal_steps(run_dir).items()), 90,
+              "training to go on without the controller")
+        trainer1 = [p for p in _descendants(procs[0]) + procs if _environ(p).get("REGENT_REPLICA") == "1"
+                    and b"_proc_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        for pid in trainer1:
+            os.kill(pid, signal.SIGKILL)
+        _wait(lambda: any(i["kind"] == "event" and i["payload"]["kind"] == "failure_detected"
+                          for i in read_journal(run_dir / "journal" / "replica-1.jsonl")), 60,
+              "replica 1's failure to be journaled")
+
+        resumed = _start(run_dir, log, "--resume", str(run_dir), "--no-live")
+        assert resumed.wait(timeout=420) == 0, log.read_text()[-5000:]
+        events = _events(run_dir)
+        kinds = [e["kind"] for e in events]
+        assert kinds.count("run_started") == 1 and kinds.count("run_finished") == 1
+        restarted = [e for e in events if e["kind"] == "controller_restarted"]
+        assert len(restarted) == 1 and restarted[0]["mode"] == "reattached", restarted
+        assert restarted[0]["stayed_down"] == [1]
+        # replica 1 was restarted in a new generation and healed from a peer
+        after = [e for e in events if e.get("replica") == 1 and e["time"] > restarted[0]["time"]]
+        assert any(e["kind"] == "restart_done" for e in after), [e["kind"] for e in after]
+        assert any(e["kind"] in ("heal_done", "early_heal_done") for e in after), [e["kind"] for e in after]
+        # every journaled item reached the run's files exactly once
+        for r in range(3):
+            journaled = [i["rseq"] for i in read_journal(run_dir / "journal" / f"replica-{r}.jsonl")
+                         if i["payload"].get("kind") != "state_digest"]
+            written = [rec["rseq"] for name in ("events.jsonl", "metrics.jsonl")
+                       for rec in map(json.loads, (run_dir / name).read_text().splitlines())
+                       if rec.get("replica") == r and "rseq" in rec]
+            assert sorted(written) == journaled, (r, set(journaled) ^ set(written))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["replicas_compared"] == 3 and summary["final_step"] == steps, summary
+        assert check_run(run_dir) == [], check_run(run_dir)
+        assert not any(_alive(p) for p in procs)
+    finally:
+        for p in procs + _descendants(ctl.pid):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        print(log.read_text()[-4000:])

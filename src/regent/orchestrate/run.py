@@ -362,7 +362,7 @@ class OrchestrationManager:
             drain.cancel()
             if self._lh_task is not None:
                 self._lh_task.cancel()
-            for mesh in [m for m in (rep_procs, *self._lh_procs) if m is not None]:
+            for mesh in [m for m in (rep_procs or self._rep_procs, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(_aw(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
@@ -410,7 +410,7 @@ class OrchestrationManager:
             # layer's message names the cause and the fix; nothing more to add from the traceback.
             self.fail_run(f"a replica could not get its first allocation from the {cfg.job} job layer: "
                           f"{exc.exception}")
-        self._record_attach(lighthouse_address=addr, dashboard=dashboard)
+        self._record_attach(address=addr, dashboard=dashboard)
         return rep_procs, replicas
 
     def _spawn_replicas(self, host: Any, addr: str, port: Any, first_generation: int) -> tuple[Any, Any]:
