@@ -221,3 +221,38 @@ def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         print(log.read_text()[-4000:])
+
+
+def test_resume_with_nothing_alive_restores_the_backstop_and_counts_it(tmp_path):
+    """The whole process tree killed (the machine rebooted): `--resume` starts a Lighthouse from its state file
+    and new replicas, which restore the newest backstop; the loss is a counted `state_lost`, the run finishes."""
+    from regent.orchestrate.invariants import check_run
+
+    run_dir, log = tmp_path / "run", tmp_path / "controller.log"
+    steps = 60
+    ctl = _start(run_dir, log, "--replicas", "2", "--procs-per-replica", "1", "--model", "debug", "--steps",
+                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+                 "--ft.backstop-every-s", "2", "--controller-grace", "5m")
+    procs: list[int] = []
+    try:
+        _wait(lambda: len(_journal_steps(run_dir)) == 2 and min(_journal_steps(run_dir).values()) >= 15
+              and any((run_dir / "backstop").glob("step-*/rank0.done")), 240, "training and a backstop")
+        procs = _descendants(ctl.pid)
+        os.killpg(ctl.pid, signal.SIGKILL)  # everything: controller, Lighthouse, replicas, trainers, spares
+        ctl.wait()
+        _wait(lambda: not any(_alive(p) for p in procs), 30, "the run's processes to be gone")
+        resumed = _start(run_dir, log, "--resume", str(run_dir), "--no-live")
+        assert resumed.wait(timeout=420) == 0, log.read_text()[-5000:]
+        events = _events(run_dir)
+        restarted = [e for e in events if e["kind"] == "controller_restarted"]
+        assert len(restarted) == 1 and restarted[0]["mode"] == "backstop", restarted
+        lost = [e for e in events if e["kind"] == "state_lost" and e["time"] > restarted[0]["time"]]
+        assert lost and lost[0]["cause"] == "backstop_restore", lost
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["replicas_compared"] == 2 and summary["final_step"] == steps, summary
+        assert check_run(run_dir) == [], check_run(run_dir)
+    finally:
+        for p in procs + _descendants(ctl.pid):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        print(log.read_text()[-4000:])

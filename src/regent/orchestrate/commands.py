@@ -256,7 +256,7 @@ def resume_train(args: argparse.Namespace) -> int:
         return 2
     recorded, wanted = flat_config(dataclasses.asdict(plan.cfg)), flat_config(dataclasses.asdict(given))
     clash = [k for k in sorted(set(recorded) | set(wanted))
-             if k not in RESUME_MAY_CHANGE and recorded.get(k) != wanted.get(k)]
+             if k not in RESUME_MAY_CHANGE and k != "run_dir" and recorded.get(k) != wanted.get(k)]
     if clash:
         k = clash[0]
         print(f"regent train: --{k.replace('_', '-')} {wanted.get(k)!r} contradicts run {plan.run_dir} "

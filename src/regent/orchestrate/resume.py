@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class ResumePlan:
     cfg: RunConfig
     attach: dict[str, Any]
     secret_file: str | None  # the recorded secret (None: the caller's environment must hold it)
+    alive: list[int] = field(default_factory=list)  # recorded pids of the run still alive
 
 
 def controller_dir(run_dir: str | Path) -> Path:
@@ -172,7 +173,32 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None) 
         cfg = config_from_run(run)
     except (OSError, ValueError, ConfigError) as exc:
         raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
-    return ResumePlan(run, cfg, attach, secret_file)
+    cfg.run_dir = str(run.resolve())  # the run's files (backstop included) are where --resume points
+    plan = ResumePlan(run, cfg, attach, secret_file, alive=recorded_alive(attach))
+    if not plan.alive:
+        committed = max((int(m.get("step") or 0) for m in read_jsonl(run / "metrics.jsonl")), default=0)
+        from regent.ft.backstop import complete_steps
+
+        if committed > 0 and not complete_steps(run / "backstop", cfg.procs_per_replica):
+            raise ResumeRefused(f"nothing of run {run} is alive and it has no backstop: committed step {committed} "
+                                "cannot be restored; not resuming", code=1)
+    return plan
+
+
+def recorded_alive(attach: dict[str, Any]) -> list[int]:
+    """The run's recorded processes (Lighthouse and replicas) that are still alive and still the run's (the
+    pid carries the run's marker: not a reused pid)."""
+    needle = f"REGENT_RUN_MARKER={attach.get('marker')}".encode()
+    refs = [(attach.get("lighthouse") or {}).get("procs"), (attach.get("replicas") or {}).get("procs")]
+    alive = []
+    for ref in refs:
+        for pid in ((ref or {}).get("os_pids") or {}).values():
+            try:
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and pid_alive(pid):
+                    alive.append(int(pid))
+            except OSError:
+                continue
+    return alive
 
 
 def last_rseqs(run_dir: Path) -> dict[int, int]:

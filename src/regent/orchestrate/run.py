@@ -506,7 +506,15 @@ class OrchestrationManager:
         down_since = max([_mtime(self.run_dir / n) for n in ("events.jsonl", "metrics.jsonl")] or [time.time()])
         grace = float(self.cfg.controller_grace or 0) or None
         mode, adopted_lh = "reattached", False
-        if lh.get("procs") and lh.get("actor"):
+        reps = previous.get("replicas") or {}
+        replicas = rep_procs = None
+        if self.resume.alive:  # the replicas first: without them the run goes back to its backstop anyway
+            try:
+                rep_procs = await asyncio.to_thread(adopt_proc_mesh, reps["procs"], detach_grace=grace)
+                replicas = attach_actor_mesh(reps["actor"], rep_procs)
+            except (AdoptError, KeyError) as exc:
+                logger.warning("the replicas of the run are gone (%s)", exc)
+        if replicas is not None and lh.get("procs") and lh.get("actor"):
             try:
                 procs = await asyncio.to_thread(adopt_proc_mesh, lh["procs"], detach_grace=grace)
                 actor = attach_actor_mesh(lh["actor"], procs)
@@ -516,6 +524,11 @@ class OrchestrationManager:
                 adopted_lh = True
             except AdoptError as exc:
                 logger.warning("the Lighthouse of the run is gone (%s); starting a new one", exc)
+        imported: dict[str, int] = {}
+        if replicas is None:
+            mode = "backstop"
+            self._kill_leftovers()
+            imported = self._import_journal_tails()
         if not adopted_lh and not self.cfg.lighthouse.address:
             await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
         elif not adopted_lh:
@@ -524,14 +537,6 @@ class OrchestrationManager:
         self.view.dashboard = lh.get("dashboard", "")
         print(f"[regent] resuming run {self.run_dir}; Lighthouse {addr} "
               f"({'adopted' if adopted_lh else 'started anew'})", flush=True)
-        reps = previous.get("replicas") or {}
-        replicas = None
-        rep_procs = None
-        try:
-            rep_procs = await asyncio.to_thread(adopt_proc_mesh, reps["procs"], detach_grace=grace)
-            replicas = attach_actor_mesh(reps["actor"], rep_procs)
-        except (AdoptError, KeyError) as exc:
-            logger.warning("the replicas of the run are gone (%s)", exc)
         attached: list[dict[str, Any]] = []
         if replicas is not None:
             self._replicas, self._rep_procs = replicas, rep_procs
@@ -539,8 +544,6 @@ class OrchestrationManager:
             attached = list(await asyncio.gather(*[
                 replicas.slice(replicas=r).attach.call_one(port, after.get(r, 0)) for r in range(self.cfg.replicas)]))
         else:
-            mode = "backstop"
-            self._kill_leftovers()
             rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=self._generations_seen + 1)
             await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
                                    for r in range(self.cfg.replicas)])
@@ -549,7 +552,7 @@ class OrchestrationManager:
             "controller_restarted", mode=mode, down_s=round(time.time() - down_since, 3),
             previous_pid=(previous.get("controller") or {}).get("pid"), lighthouse="adopted" if adopted_lh else
             "restarted", resent={str(a["replica"]): a["resent"] for a in attached}, stayed_down=down,
-            step=self.max_step))
+            imported=imported, step=self.max_step))
         what = (", ".join(f"replica {a['replica']} resent {a['resent']} journaled item(s)" for a in attached)
                 or "nothing of it was alive: new replicas restore the newest backstop")
         if down:
@@ -559,6 +562,28 @@ class OrchestrationManager:
             await replicas.slice(replicas=r).restart_after_detach.call_one()
         self._record_attach()
         return rep_procs, replicas
+
+    def _import_journal_tails(self) -> dict[str, int]:
+        """Nothing of the run is alive: what its replicas journaled after the run's files end (they trained on
+        for a while, or the controller died with items unwritten) is history all the same; written here, in
+        order, before anything new (nothing is acted on: no replica or Lighthouse is attached yet)."""
+        from regent.orchestrate.relay import journal_path, read_journal
+
+        after = last_rseqs(self.run_dir)
+        imported: dict[str, int] = {}
+        for r in range(self.cfg.replicas):
+            n = 0
+            for item in read_journal(journal_path(self.run_dir / "journal", r), after.get(r, 0)):
+                payload = {**item["payload"], "rseq": item["rseq"]}
+                if item["kind"] == "event" and payload.get("kind") != "state_digest":
+                    self.record_event(payload)
+                elif item["kind"] == "metric":
+                    self.record_metric(payload)
+                if payload.get("generation") is not None:
+                    self._generations_seen = max(self._generations_seen, int(payload["generation"]))
+                n += 1
+            imported[str(r)] = n
+        return imported
 
     def _kill_leftovers(self) -> None:
         """Nothing of the run answered: whatever still carries its marker (a hung proc) must not heartbeat next
