@@ -4,6 +4,7 @@ config, and the table that says whether committed progress survived.
     .venv/bin/python benchmarks/soak.py --mode diloco --duration 60m --fault-every 15s
     .venv/bin/python benchmarks/soak.py --mode ddp --duration 60m --fault-every 15s
     .venv/bin/python benchmarks/soak.py --mode diloco --duration 5m --baseline-duration 2m   # a smoke run
+    .venv/bin/python benchmarks/soak.py --mode diloco --duration 60m --controller-every 10m  # + controller kills
 
 Method:
 1. A fault-free run of the same config (`--baseline-duration`, default 10 minutes) gives the fault-free pace
@@ -11,6 +12,9 @@ Method:
    `--baseline DIR` reuses a recorded one.
 2. The soak: `regent train ... --chaos --fault-every F` (every fault kind: exception, segfault, kill, exit,
    comm, hang, node, straggler, correlated, lighthouse, bitflip), seeded.
+   With `--controller-every 10m` the controller itself is a fault too: `regent train` is SIGKILLed every 10
+   minutes of the soak, the run goes on without it for `--controller-down` (20 s), and `regent train --resume`
+   takes over (issue 33). Its rows: kills / resumes and the seconds without a controller.
 3. The figures come from the soak's own summary.json (`regent.orchestrate.summary`) and the invariant checker
    (`regent.orchestrate.invariants`), which reads events.jsonl and metrics.jsonl.
 Prints a table and writes benchmarks/results/soak_<mode>.json.
@@ -32,6 +36,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from regent.orchestrate.config import parse_duration  # noqa: E402 (after the path: runs from a checkout)
 
 
 def proc_pids(root_pid: int) -> list[int]:
@@ -57,7 +64,29 @@ def proc_pids(root_pid: int) -> list[int]:
     return found
 
 
-def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> None:
+def run_procs(run_dir: Path, root_pid: int) -> list[int]:
+    """The run's procs: by its marker (controller/attach.json) when it has one, since procs adopted by a resumed
+    controller are not its descendants; else the descendants of `root_pid`."""
+    try:
+        marker = json.loads((run_dir / "controller" / "attach.json").read_text())["marker"]
+    except (OSError, ValueError, KeyError):
+        return proc_pids(root_pid)
+    needle = f"REGENT_RUN_MARKER={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (b"regent.actor._proc_main" in (entry / "cmdline").read_bytes()
+                    and needle in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+def watch_stalls(current: list[subprocess.Popen], done: threading.Event, run_dir: Path, after_s: float,
+                 log) -> None:
     """While the run goes: when no replica has committed for `after_s` seconds, or for 3x the run's median
     interval between commits if that is longer (DiLoCo commits once per sync), send SIGUSR1 to every proc once
     per stall, so each prints its threads' stacks into the run's log."""
@@ -65,7 +94,7 @@ def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> 
     last_commit: float | None = None
     intervals: list[float] = []
     dumped_for, offset = None, 0
-    while proc.poll() is None:
+    while not done.is_set():
         time.sleep(1.0)
         try:
             with open(events) as f:
@@ -87,7 +116,7 @@ def watch_stalls(proc: subprocess.Popen, run_dir: Path, after_s: float, log) -> 
         if time.time() - last_commit < limit:
             continue
         dumped_for = last_commit
-        pids = proc_pids(proc.pid)
+        pids = run_procs(run_dir, current[0].pid)
         log.write(f"[soak] no commit for {time.time() - last_commit:.0f} s: stacks of procs {pids} follow\n")
         log.flush()
         for pid in pids:
@@ -118,11 +147,53 @@ def regent_train(run_dir: Path, args: argparse.Namespace, duration: str, faults:
     cmd += args.extra
     print("$", " ".join(cmd), flush=True)
     with open(run_dir.with_suffix(".log"), "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        current = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)]
+        done = threading.Event()
         if args.stack_dump_after > 0:
-            threading.Thread(target=watch_stalls, args=(proc, run_dir, args.stack_dump_after, log),
+            threading.Thread(target=watch_stalls, args=(current, done, run_dir, args.stack_dump_after, log),
                              daemon=True).start()
-        return proc.wait()
+        try:
+            if faults and parse_duration(args.controller_every) > 0:
+                return kill_and_resume_controller(current, run_dir, args, log)
+            return current[0].wait()
+        finally:
+            done.set()
+
+
+def kill_and_resume_controller(current: list[subprocess.Popen], run_dir: Path, args: argparse.Namespace,
+                               log) -> int:
+    """The `controller` fault: every `--controller-every` of training, SIGKILL `regent train`, leave the run
+    without a controller for `--controller-down`, then `regent train --resume RUN_DIR` (appending to the same
+    log). Not once the run has begun to stop (`training_stopped`): the soak's own end is not a fault.
+    Returns the exit code of the last controller."""
+    every, down = parse_duration(args.controller_every), parse_duration(args.controller_down)
+    while current[0].poll() is None and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(1.0)
+    kills = 0
+    while True:
+        proc = current[0]
+        try:
+            return proc.wait(timeout=every)
+        except subprocess.TimeoutExpired:
+            pass
+        if '"training_stopped"' in (run_dir / "events.jsonl").read_text():
+            return proc.wait()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        log.write(f"\n[soak] controller fault {kills}: regent train (pid {proc.pid}) SIGKILLed; resuming in "
+                  f"{down:g} s\n")
+        log.flush()
+        time.sleep(down)
+        cmd = [str(ROOT / ".venv/bin/regent"), "train", "--resume", str(run_dir), "--no-live"]
+        print("$", " ".join(cmd), flush=True)
+        current[0] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _controller_row(summary: dict) -> str:
+    modes = summary.get("controller_restart_modes") or []
+    return (f"{summary.get('controller_restarts') or 0} ({modes.count('reattached')} / {modes.count('backstop')}), "
+            f"{summary.get('controller_down_seconds') or 0:.0f} s")
 
 
 def fault_counts(run_dir: Path) -> dict[str, int]:
@@ -142,6 +213,9 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--procs-per-replica", type=int, default=1)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--controller-every", default="0",
+                    help="the `controller` fault: SIGKILL regent train this often and resume it (e.g. 10m; 0: off)")
+    ap.add_argument("--controller-down", default="20s", help="how long the run goes without a controller each time")
     ap.add_argument("--baseline-duration", default="10m")
     ap.add_argument("--baseline", help="a recorded fault-free run of the same config (skips step 1)")
     ap.add_argument("--out", default="runs/soak")
@@ -202,6 +276,7 @@ def main() -> int:
         ("replicas compared at the end (of N) / at step", f"{summary.get('replicas_compared')} "
                                                           f"({args.replicas}) / {summary.get('final_step')}"),
         ("replicas identical at the end (whole state)", summary.get("replicas_consistent")),
+        ("controller kills / resumes (re-attached / backstop), down s", _controller_row(summary)),
         ("state votes (disagreeing)", f"{summary.get('state_votes')} ({summary.get('state_votes_disagreeing')})"),
         ("bitflips injected / divergences found / healed (backstop)", f"{summary.get('bitflips_injected')} / "
                                                                        f"{summary.get('divergences')} / "

@@ -413,6 +413,9 @@ def key_figures(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("state votes", votes),
         ("divergences", divergences),
         ("bitflips injected", n("bitflips_injected")),
+        ("controller restarts (--resume)", f"{s.get('controller_restarts') or 0}"
+         + (f", {s.get('controller_down_seconds', 0):.0f} s without one ({', '.join(s.get('controller_restart_modes') or [])})"
+            if s.get("controller_restarts") else "")),
         ("lineage resets", resets),
         ("steps lost", n("steps_lost", "replica-steps")),
         ("max stall of the committed step", stall),

@@ -197,6 +197,11 @@ def compute_summary(
         # found by the final comparison (a flip after the last vote): those replicas ended as failed, left out
         "divergences_ended": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "ended"),
         "bitflips_injected": sum(e["kind"] == "bitflip_applied" for e in events),
+        # the controller was lost and `regent train --resume` took over: how often, how long nothing supervised
+        # (the replicas trained on meanwhile: that time is in every figure), and how (re-attached or backstop)
+        "controller_restarts": len(ctl := [e for e in events if e["kind"] == "controller_restarted"]),
+        "controller_down_seconds": sum(float(e.get("down_s") or 0.0) for e in ctl),
+        "controller_restart_modes": [e.get("mode") for e in ctl],
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
         "goodput_is_estimate": not baseline_rate,
