@@ -88,7 +88,14 @@ def test_a_run_still_controlled(tmp_path, capsys):
 
 def test_another_machine(tmp_path, capsys):
     code, err = _resume(_craft(tmp_path, machine="other-host:boot"), capsys)
-    assert code == 2 and "resume it on elsewhere" in err
+    assert code == 2 and "resume it on elsewhere" in err and "--takeover" in err
+
+
+def test_takeover_from_a_machine_that_is_gone_needs_a_backstop(tmp_path, capsys):
+    """--takeover adopts nothing (it cannot see the other machine): the run goes on from its backstop, so with
+    none it is refused like any run with nothing alive."""
+    code, err = _resume(_craft(tmp_path, machine="other-host:boot", backstop=False), capsys, "--takeover")
+    assert code == 1 and "no backstop" in err
 
 
 def test_another_jobs_secret(tmp_path, capsys):

@@ -122,6 +122,63 @@ def build_run_manifests(
     return objects
 
 
+CONTROLLER_RUNS_DIR = "/runs"
+
+
+def controller_job_name(name: str) -> str:
+    return f"{name}-controller"
+
+
+def controller_script(run_dir: str, train_args: str) -> str:
+    """The controller's command: take the run over when its directory (on the volume) says one was started,
+    else start it. A finished run ends the pod successfully, so the Job completes instead of training again."""
+    return (f'run={run_dir}\n'
+            f'if [ -f "$run/summary.json" ]; then echo "run $run finished"; exit 0; fi\n'
+            f'if [ -f "$run/controller/attach.json" ]; then exec regent train --resume "$run" --takeover --no-live; fi\n'
+            f'exec regent train --job k8s --no-live --run-dir "$run" {train_args}\n')
+
+
+def build_controller_manifest(*, image: str, name: str, namespace: str, volume_claim: str, train_args: str = "",
+                              service_account: str | None = None, image_pull_policy: str | None = None,
+                              image_pull_secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """The controller (`regent train`) as a Kubernetes Job of one pod that Kubernetes restarts (issue 33).
+
+    A Job, not a Deployment: a Deployment restarts a finished run forever. `restartPolicy: OnFailure` restarts
+    a crashed or OOM-killed controller in place; a deleted or evicted pod is replaced (`backoffLimit`). The run
+    directory lives on `volume_claim` (a PersistentVolumeClaim the user made), so the new pod finds it and
+    resumes: on the same pod the replicas it adopts trained on meanwhile (`--controller-grace`); on a new pod
+    the old one's processes are gone with it, and the run goes on from its backstop (`--takeover`, counted)."""
+    if not volume_claim or not _LABEL_RE.match(volume_claim):
+        raise ManifestError(f"--controller-volume-claim {volume_claim!r}: name an existing PersistentVolumeClaim "
+                            "(lowercase letters, digits and '-') to hold the run directory")
+    job = controller_job_name(name)
+    container: dict[str, Any] = {
+        "name": "controller", "image": image,
+        "command": ["sh", "-c", controller_script(f"{CONTROLLER_RUNS_DIR}/{name}", train_args)],
+        "env": [{"name": "REGENT_JOB_SECRET_FILE", "value": "/etc/regent/secret"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "volumeMounts": [{"name": "regent-secret", "mountPath": "/etc/regent", "readOnly": True},
+                         {"name": "runs", "mountPath": CONTROLLER_RUNS_DIR}],
+    }
+    if image_pull_policy:
+        container["imagePullPolicy"] = image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "OnFailure",
+        "containers": [container],
+        "volumes": [{"name": "regent-secret", "secret": {"secretName": secret_object_name(name), "defaultMode": 0o400}},
+                    {"name": "runs", "persistentVolumeClaim": {"claimName": volume_claim}}],
+    }
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account  # it creates the replicas' Jobs: it needs that RBAC
+    if image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
+    labels = {RUN_LABEL: name, "regent.dev/role": "controller"}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": job, "namespace": namespace, "labels": labels},
+            "spec": {"completions": 1, "parallelism": 1, "backoffLimit": 100,
+                     "template": {"metadata": {"labels": labels}, "spec": pod_spec}}}
+
+
 def secret_instructions(name: str, namespace: str) -> list[str]:
     """How to create the Secret the pods mount, from a file (never a literal on a command line)."""
     secret = secret_object_name(name)
@@ -237,6 +294,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME")
     p.add_argument("--image-pull-policy", default=None, choices=("Always", "IfNotPresent", "Never"))
     p.add_argument("--host-network", action="store_true", help="pods use the node's network (node IPs)")
+    p.add_argument("--controller-volume-claim", default=None, metavar="PVC",
+                   help="also print the controller: a Job of one pod running regent train with its run directory "
+                        "on this PersistentVolumeClaim, restarted by Kubernetes and resuming the run (--resume)")
+    p.add_argument("--train-args", default="", metavar="'--replicas 4 ...'",
+                   help="with --controller-volume-claim: the regent train flags of the run")
     p.add_argument("--output", "-o", default="yaml", choices=("yaml", "json"),
                    help="yaml: multi-document YAML (default); json: one v1 List")
     p.set_defaults(func=run_manifest)
@@ -255,6 +317,12 @@ def run_manifest(args: argparse.Namespace) -> int:
             image_pull_policy=args.image_pull_policy, host_network=args.host_network,
             shm_size=args.shm_size or None,
         )
+        if args.controller_volume_claim is not None:
+            objects.append(build_controller_manifest(
+                image=args.image, name=args.name, namespace=args.namespace,
+                volume_claim=args.controller_volume_claim, train_args=args.train_args,
+                service_account=args.service_account, image_pull_policy=args.image_pull_policy,
+                image_pull_secrets=args.image_pull_secret))
     except ManifestError as exc:
         print(f"regent k8s manifest: {exc}", file=sys.stderr)
         return 2

@@ -57,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="take over the run in RUN_DIR whose controller was lost: re-attach to its live replicas "
                         "(or restore its backstop when nothing is alive) and go on with its own config")
+    p.add_argument("--takeover", action="store_true",
+                   help="with --resume: the run's controller ran on another machine that is gone (a rescheduled "
+                        "pod, a requeued SLURM job); go on here from the run's backstop")
     p.add_argument("--seed", type=int, help="seed for the model, data and fault schedule")
     p.add_argument("--no-ft", action="store_true", help="plain training of one replica group, no fault tolerance")
     p.add_argument("--baseline", help="a fault-free run directory to compare the loss against in the report")
@@ -246,7 +249,7 @@ def resume_train(args: argparse.Namespace) -> int:
     from regent.orchestrate.resume import RESUME_MAY_CHANGE, ResumeRefused, check_resumable, flat_config
 
     try:
-        plan = check_resumable(args.resume)
+        plan = check_resumable(args.resume, takeover=bool(getattr(args, "takeover", False)))
         given = config_from_args(args, getattr(args, "_extra", []), base=plan.cfg)
     except ResumeRefused as exc:
         print(f"regent train: {exc}", file=sys.stderr)

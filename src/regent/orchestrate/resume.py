@@ -126,8 +126,12 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None) -> ResumePlan:
-    """Everything a resume needs, checked before anything is written; `ResumeRefused` with one line otherwise."""
+def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
+                    takeover: bool = False) -> ResumePlan:
+    """Everything a resume needs, checked before anything is written; `ResumeRefused` with one line otherwise.
+
+    `takeover`: the run was controlled from another machine that is gone (a rescheduled pod, a requeued SLURM
+    job): nothing of it can be adopted from here, so the run goes on from its backstop."""
     from regent.actor._runtime import machine_id
     from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, read_secret_file
 
@@ -150,9 +154,11 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None) 
         raise ResumeRefused(f"run {run} is still controlled by pid {ctl.get('pid')} on {ctl.get('host')}; "
                             "stop that controller first (or let it be)")
     ctl = attach.get("controller", {})
-    if ctl.get("machine") and ctl["machine"] != machine_id():
+    elsewhere = bool(ctl.get("machine")) and ctl["machine"] != machine_id()
+    if elsewhere and not takeover:
         raise ResumeRefused(f"run {run} was controlled from {ctl.get('host')} (its replicas listen there only); "
-                            f"resume it on {ctl.get('host')}")
+                            f"resume it on {ctl.get('host')}, or, if that machine is gone, pass --takeover to "
+                            "go on here from the run's backstop")
     secret_file = str(controller_dir(run) / SECRET_FILE) if attach.get("secret") == "file" else None
     try:
         if secret_file is not None:
@@ -174,7 +180,7 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None) 
     except (OSError, ValueError, ConfigError) as exc:
         raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
     cfg.run_dir = str(run.resolve())  # the run's files (backstop included) are where --resume points
-    plan = ResumePlan(run, cfg, attach, secret_file, alive=recorded_alive(attach))
+    plan = ResumePlan(run, cfg, attach, secret_file, alive=[] if elsewhere else recorded_alive(attach))
     if not plan.alive:
         committed = max((int(m.get("step") or 0) for m in read_jsonl(run / "metrics.jsonl")), default=0)
         from regent.ft.backstop import complete_steps
