@@ -56,6 +56,11 @@ SPARE_REFILL_DELAY_S = 3.0
 
 
 class ReplicaActor(Actor):
+    # set in __init__; class defaults for the decision logic tested without a runtime (tests build the actor
+    # with __new__)
+    relay: ReportRelay | None = None
+    down_while_detached: dict[str, Any] | None = None
+
     def __init__(self, cfg: Any, lighthouse_addr: str, report: Port, journal_dir: str | None = None,
                  first_generation: int = 0) -> None:
         self.cfg = cfg
