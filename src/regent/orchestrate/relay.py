@@ -42,6 +42,19 @@ def read_journal(path: str | Path, after: int = 0) -> Iterator[dict[str, Any]]:
                 yield item
 
 
+def end_torn_line(path: Path) -> None:
+    """A file whose writer died mid-line ends without a newline: add it, so what is appended next is whole."""
+    try:
+        with open(path, "rb+") as f:
+            if f.seek(0, 2) == 0:
+                return
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+    except FileNotFoundError:
+        return
+
+
 def last_rseq(path: str | Path) -> int:
     """The highest sequence number in a journal (0 for none): a respawned replica continues from it."""
     last = 0
@@ -55,15 +68,24 @@ class ReportRelay:
 
     def __init__(self, path: str | Path, controller: Any) -> None:
         self.path = Path(path)
+        end_torn_line(self.path)  # a predecessor killed mid-line: the next item must start on its own line
         self.rseq = last_rseq(self.path)
         self._journal = JsonlWriter(self.path)
         self.controller = controller  # the controller's report Port
         self.attached = True
+        self._journal_error = ""
 
     def put(self, kind: str, payload: dict[str, Any]) -> int:
         """Journal one item and forward it when a controller is attached; returns its sequence number."""
         self.rseq += 1
-        self._journal.write({"rseq": self.rseq, "kind": kind, "payload": payload})
+        try:
+            self._journal.write({"rseq": self.rseq, "kind": kind, "payload": payload})
+        except (OSError, TypeError, ValueError) as exc:
+            # the item still goes to the controller; only a successor would miss it (said once per cause)
+            if str(exc) != self._journal_error:
+                self._journal_error = str(exc)
+                logger.error("journal %s: cannot write item %d (%s); a resumed controller would miss it",
+                             self.path, self.rseq, exc)
         if self.attached and self.controller is not None:
             self.controller.send((kind, payload, self.rseq))
         return self.rseq

@@ -999,17 +999,10 @@ def _mtime(path: Path) -> float:
 
 def _end_torn_lines(run_dir: Path) -> None:
     """A controller killed mid-write may leave a line without its newline: end it, so the next line is whole."""
+    from regent.orchestrate.relay import end_torn_line
+
     for name in ("events.jsonl", "metrics.jsonl", "faults.jsonl"):
-        path = run_dir / name
-        try:
-            with open(path, "rb+") as f:
-                if f.seek(0, os.SEEK_END) == 0:
-                    continue
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-        except FileNotFoundError:
-            continue
+        end_torn_line(run_dir / name)
 
 
 def _event(kind: str, **details: Any) -> dict[str, Any]:
