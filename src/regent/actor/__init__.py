@@ -59,10 +59,10 @@ for meshes made outside actors); references and slices own nothing.
   `__init__`, or the death of the process (SIGKILL, `os._exit`, SIGSEGV; report says e.g.
   "Killed(sig=9)") kills the actor. Calls in flight and later calls raise `SupervisionError`, never hang.
   Slices containing a failed rank are poisoned; other slices keep working.
-- The owner's `__supervise__(failure: MeshFailure)` runs (sync or async; one at a time per actor; not
-  called again for a mesh the owner has since stopped). Truthy: handled. Falsy/None or no
-  `__supervise__`: the owner fails too and its owner is told. `failure.mesh` is the failed mesh object
-  (Regent extension), `failure.report()` the text with the remote traceback.
+- The owner's `__supervise__(failure: MeshFailure)` runs once per failed rank, even for ranks lost together
+  (sync or async; one at a time per actor; not called again for a mesh the owner has since stopped). Truthy:
+  handled. Falsy/None or no `__supervise__`: the owner fails too and its owner is told. `failure.mesh` is
+  the failed mesh object (Regent extension), `failure.report()` the text with the remote traceback.
 - On the client, unhandled failures go to `regent.actor.unhandled_fault_hook(failure)`, looked up at
   fault time. The default prints the report and exits with code 1 (the main thread gets SystemExit(1),
   atexit handlers run, owned procs are stopped).

@@ -32,7 +32,8 @@ _STOP_WORKER = ("exit",)
 
 
 class Mailbox:
-    """FIFO of work items; supervision items jump the queue. Put on the loop thread, get on the worker.
+    """FIFO of work items; supervision items jump the queue (in their own order: one failure per rank of a lost
+    host reaches `__supervise__` rank by rank). Put on the loop thread, get on the worker.
 
     A sync actor's thread sleeps on a `queue.SimpleQueue` of wake tokens (one per item put) rather than a
     Condition: the hand-off is the cost of a call to many sync actors (~50 us each on a 2-core VM), and the C
@@ -41,6 +42,7 @@ class Mailbox:
 
     def __init__(self, is_async: bool, shared: SharedSyncThread | None = None, owner: Any = None) -> None:
         self.items: collections.deque = collections.deque()
+        self.front: collections.deque = collections.deque()  # items put with front=True, taken first
         self.is_async = is_async
         # a thread of its own sleeps on its own tokens; actors on the shared thread post their cell to its queue
         self.tokens: queue.SimpleQueue | None = None
@@ -52,7 +54,7 @@ class Mailbox:
         self.waiter: asyncio.Future | None = None
 
     def put(self, item: Any, front: bool = False) -> None:
-        (self.items.appendleft if front else self.items.append)(item)
+        (self.front if front else self.items).append(item)
         if self.tokens is not None:
             self.tokens.put(self.token)
             return
@@ -61,18 +63,25 @@ class Mailbox:
             waiter.set_result(None)
 
     async def get_async(self) -> Any:
-        while not self.items:
+        while not self.items and not self.front:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        return self.items.popleft()
+        return self.pop()
+
+    def pop(self) -> Any:
+        """The next item, front items first; IndexError when there is none."""
+        try:
+            return self.front.popleft()
+        except IndexError:
+            return self.items.popleft()
 
     def get_sync(self) -> Any:
         assert self.tokens is not None
         while True:
             self.tokens.get()
             try:
-                return self.items.popleft()
+                return self.pop()
             except IndexError:  # its item was taken by drain(); wait for the next
                 continue
 
@@ -80,7 +89,7 @@ class Mailbox:
         items = []
         while True:
             try:
-                items.append(self.items.popleft())
+                items.append(self.pop())
             except IndexError:
                 return items
 
@@ -105,7 +114,7 @@ class SharedSyncThread:
                 continue
             cell = token
             try:
-                item = cell.mailbox.items.popleft()
+                item = cell.mailbox.pop()
             except IndexError:  # its item was taken by drain()
                 continue
             if cell.finished:  # failed or stopped: what is still addressed to it gets its death
@@ -166,6 +175,8 @@ class Cell:
         self.display = f"{cls.__module__}.{cls.__qualname__} {name}{self.ctx.rank}"
         self.current_reply: tuple | None = None
         self.supervise_lock: asyncio.Lock | None = None  # one __supervise__ at a time
+        # (async actors) __supervise__ runs not finished yet: messages taken from the mailbox wait for them
+        self.supervising: set[asyncio.Task] = set()
         # async actors: failures of owned meshes that arrive while __init__ still runs (handled after it)
         self.early_failures: list | None = []
 
@@ -381,6 +392,11 @@ class Cell:
             item = await self.mailbox.get_async()
             kind = item[0]
             if kind == "m":
+                if self.supervising:
+                    # as in Monarch, a failure delivered before a message is supervised before that message is
+                    # handled (an owner asked for its failures right after a failed call must have seen them);
+                    # a running endpoint does not hold __supervise__ up, only the next messages wait
+                    await asyncio.wait(set(self.supervising))
                 await self._handle_async(item)
             elif kind == "stop":
                 await self._stop_async(item[1], item[2])
@@ -567,6 +583,8 @@ class Cell:
             task = self.rt.loop.create_task(self._supervise_async(failure))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+            self.supervising.add(task)
+            task.add_done_callback(self.supervising.discard)
         else:
             self.mailbox.put(("sup", failure), front=True)
 

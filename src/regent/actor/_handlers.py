@@ -323,8 +323,8 @@ async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: t
             rt.send_reply(events, OK, ("exits", batch))
 
     def on_exit(pid: str, reason: str | None) -> None:
-        # procs that exit together (a host losing them all) are reported in one event, so their owner
-        # gets one supervision report naming every rank; a quiet spell of `exit_window_s` ends the batch
+        # procs that exit together (a host losing them all) are reported in one event (aggregated on the wire
+        # only: the owner still gets a MeshFailure per rank); a quiet spell of `exit_window_s` ends the batch
         rt.tree.proc_exited(pid, reason)
         exits.append((pid, reason))
         now = rt.loop.time()

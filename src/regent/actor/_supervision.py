@@ -3,8 +3,10 @@ which calls wait on which processes, and how failures reach their owners.
 
 It is per process and lives on the runtime's event loop (`Runtime.supervision`); the runtime's routing tells it
 when a process is gone (`proc_gone`, or `proc_exited` for exits to gather), and it tells the routing to forget
-that process (`Runtime.forget_proc`). Failures of one mesh that come together (a host losing its procs, a
-broadcast that raises everywhere) are gathered for a quiet spell into one `MeshFailure` naming every rank.
+that process (`Runtime.forget_proc`). Procs lost together (a host losing them all) are aggregated on the wire
+(one exit event per host, one report per mesh in `rt.stats["supervision_reports"]`), but what the API delivers
+follows Monarch: one `MeshFailure` per failed rank, to `__supervise__` or `unhandled_fault_hook`, so a Monarch
+program counting failures per rank sees the same with one host or many.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from regent.actor._runtime import Runtime
 
 logger = logging.getLogger("regent.actor")
+_fault_exit_lock = threading.Lock()
 
 ROOT_KEY = "<root>"
 CONTROLLERS_KEY = "<controllers>"
@@ -82,19 +85,11 @@ class Supervision:
         self.exit_futures: dict[str, asyncio.Future] = {}
         self.controller_failures: dict[str, str] = {}  # get_or_spawn_controller singletons that failed
         # process exits reported within `exit_window_s` of each other make one supervision report per mesh
+        # (still one MeshFailure per rank at the API)
         self.exit_window_s = float(os.environ.get("REGENT_EXIT_WINDOW", "0.05"))
-        # the same for actor failures of one mesh (a broadcast that raises on every rank): their reports come
-        # from separate processes, scheduled apart on a busy host (a rank 60+ ms behind the others in the test
-        # suite), so the quiet spell is longer. Trainer crashes under `regent train` do not wait on it: they are
-        # reported by the trainer itself, and process exits use `exit_window_s`.
-        self.failure_window_s = float(os.environ.get("REGENT_FAILURE_WINDOW", "0.25"))
         self._exits: list[tuple[str, str | None]] = []
         self._exits_timer: asyncio.TimerHandle | None = None
         self._exits_first = 0.0
-        # rank failures of actor meshes, gathered the same way (mesh id -> (mesh state, failed ranks))
-        self._rank_failures: dict[str, tuple[Any, list[tuple[int, str, str]]]] = {}
-        self._rank_failures_timer: asyncio.TimerHandle | None = None
-        self._rank_failures_first = 0.0
         self._failure_sink: dict | None = None
 
     def track(self, pending: PendingReply) -> None:
@@ -233,7 +228,7 @@ class Supervision:
 
     def proc_exited(self, proc_id: str, reason: str | None) -> None:
         """A child process exited: report it with the other exits of the next `exit_window_s` seconds (a
-        host losing all its procs at once), so the owner gets one supervision report per mesh."""
+        host losing all its procs at once): one supervision report per mesh, delivered per rank."""
         self._exits.append((proc_id, reason))
         now = self.rt.loop.time()
         if self._exits_timer is None:
@@ -251,8 +246,9 @@ class Supervision:
             self.procs_gone(exits)
 
     def procs_gone(self, gone: list[tuple[str, str | None]]) -> None:
-        """Several processes exited together: `proc_gone` for each, then one `MeshFailure` per mesh naming
-        every failed rank (instead of one per rank)."""
+        """Several processes exited together (one event on the wire): `proc_gone` for each, counted as one
+        supervision report per mesh, then delivered as one `MeshFailure` per failed rank, in rank order
+        (Monarch's API: its hook and `__supervise__` see a failure per rank, however the loss travelled)."""
         if self._failure_sink is not None:
             for proc_id, reason in gone:
                 self.proc_gone(proc_id, reason)
@@ -266,25 +262,22 @@ class Supervision:
         self.rt.stats["supervision_reports"] += len(sink)
         for (kind, _mesh_id), (holder, failed) in sink.items():
             failed.sort(key=lambda f: f[0])
-            ranks = [f[0] for f in failed]
             if kind == "actor":
-                self.dispatch_failure(holder.owner_key, self._actor_mesh_failure(holder, failed))
+                failures = [self._actor_mesh_failure(holder, rank, event) for rank, event, _ in failed]
+                self.dispatch_failures(holder.owner_key, failures)
             else:
-                pm = holder
-                pm_state = pm._state
+                pm_state = holder._state
                 from regent.actor._shape import Point
 
-                if len(ranks) == 1:
-                    event, name = failed[0][1], f"{pm_state.name}{Point(ranks[0], pm_state.extent)}"
-                else:
-                    reasons = {f[2] for f in failed}
-                    why = reasons.pop() if len(reasons) == 1 else "; ".join(f"rank {r}: {w}" for r, _, w in failed)
-                    event, name = f"the processes of {ranks_text(ranks)} failed: {why}", None
-                self.dispatch_failure(pm_state.owner_key, MeshFailure(pm_state.name, ranks, event, mesh=pm,
-                                                                      actor_name=name))
+                self.dispatch_failures(pm_state.owner_key, [
+                    MeshFailure(pm_state.name, [rank], event, mesh=holder,
+                                actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}")
+                    for rank, event, _ in failed])
 
     def rank_failed(self, mesh_id: str, rank: int, event: str) -> None:
-        """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner."""
+        """Rank `rank` of mesh `mesh_id` failed: poison it, fail waiting calls, tell the owner at once (a
+        report gathered for a quiet spell reached `__supervise__` after the caller had moved on, and named
+        several ranks where Monarch's owner sees one failure per rank)."""
         state = self.mesh_states.get(mesh_id)
         if state is None:
             return
@@ -297,35 +290,13 @@ class Supervision:
         if self._failure_sink is not None:
             self._failure_sink.setdefault(("actor", mesh_id), (state, []))[1].append((rank, event, event))
             return
-        # Ranks of one mesh often fail together (a broadcast that raises everywhere): their reports arrive a
-        # few ms apart. Gather them for a quiet spell of `failure_window_s` (at most 10 windows), so the owner's
-        # __supervise__ sees one MeshFailure naming every failed rank, not the first rank alone.
-        self._rank_failures.setdefault(mesh_id, (state, []))[1].append((rank, event, event))
-        now = self.rt.loop.time()
-        if self._rank_failures_timer is None:
-            self._rank_failures_first = now
-        else:
-            self._rank_failures_timer.cancel()
-        delay = min(self.failure_window_s,
-                    max(0.0, self._rank_failures_first + 10 * self.failure_window_s - now))
-        self._rank_failures_timer = self.rt.loop.call_later(delay, self._flush_rank_failures)
-
-    def _flush_rank_failures(self) -> None:
-        self._rank_failures_timer = None
-        pending, self._rank_failures = self._rank_failures, {}
-        self.rt.stats["supervision_reports"] += len(pending)
-        for state, failed in pending.values():
-            self.dispatch_failure(state.owner_key, self._actor_mesh_failure(state, failed))
+        self.rt.stats["supervision_reports"] += 1
+        self.dispatch_failure(state.owner_key, self._actor_mesh_failure(state, rank, event))
 
     @staticmethod
-    def _actor_mesh_failure(state: Any, failed: list[tuple[int, str, str]]) -> MeshFailure:
-        """One MeshFailure for the failed (rank, event, reason) entries of an actor mesh."""
-        failed.sort(key=lambda f: f[0])
-        ranks = [f[0] for f in failed]
-        events = {f[1] for f in failed}
-        event = events.pop() if len(events) == 1 else "\n".join(f"rank {r}: {e}" for r, e, _ in failed)
-        name = state.display.get(ranks[0]) if len(ranks) == 1 else None
-        failure = MeshFailure(state.name, ranks, event, mesh=state.mesh, actor_name=name)
+    def _actor_mesh_failure(state: Any, rank: int, event: str) -> MeshFailure:
+        """The MeshFailure of one failed rank of an actor mesh."""
+        failure = MeshFailure(state.name, [rank], event, mesh=state.mesh, actor_name=state.display.get(rank))
         failure._mesh_id = state.mesh_id
         return failure
 
@@ -335,33 +306,53 @@ class Supervision:
         return state is not None and state.stopped is not None
 
     def dispatch_failure(self, owner_key: str, failure: MeshFailure) -> None:
+        """Deliver one failure to the owner of its mesh."""
+        self.dispatch_failures(owner_key, [failure])
+
+    def dispatch_failures(self, owner_key: str, failures: list[MeshFailure]) -> None:
+        """Deliver failures (one per rank) to their owner in order: `__supervise__` once each, or, on the
+        client, `unhandled_fault_hook` once each on one thread (not a thread per rank of a lost host)."""
+        if not failures:
+            return
         if owner_key == CONTROLLERS_KEY:
             # get_or_spawn_controller singletons: remember the failure, a later request reports it
-            self.controller_failures[failure.mesh_name] = failure.report()
-            self.rt.controllers.pop(failure.mesh_name, None)
+            for failure in failures:
+                self.controller_failures[failure.mesh_name] = failure.report()
+                self.rt.controllers.pop(failure.mesh_name, None)
             return
         if owner_key == ROOT_KEY:
             if self.rt.is_controller:
-                threading.Thread(target=self._run_fault_hook, args=(failure,), daemon=True,
+                threading.Thread(target=self._run_fault_hook, args=(failures,), daemon=True,
                                  name="regent-fault-hook").start()
             else:
-                logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
+                for failure in failures:
+                    logger.error("unhandled failure in a mesh owned outside any actor: %s", failure.report())
             return
         cell = self.rt.actors.get(owner_key)
-        if cell is None or not cell.alive:
-            logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
-            return
-        cell.supervise(failure)
+        for failure in failures:
+            if cell is None or not cell.alive:
+                logger.warning("owner %s of mesh %s is gone; dropping %s", owner_key, failure.mesh_name, failure)
+                continue
+            cell.supervise(failure)
 
-    def _run_fault_hook(self, failure: MeshFailure) -> None:
+    def _run_fault_hook(self, failures: list[MeshFailure]) -> None:
+        """Fault-hook thread: the user's hook for each failure; one that raises makes the client exit (once:
+        the ranks of one loss each raising in the default hook must not interrupt the exit again)."""
         import regent.actor as api
 
-        try:
-            api.unhandled_fault_hook(failure)
-        except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
+        for failure in failures:
             try:
-                sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
-                sys.stderr.flush()
-            except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
-                pass
-            self.rt.exit_main_thread(1)
+                api.unhandled_fault_hook(failure)
+            except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
+                try:
+                    sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")
+                    sys.stderr.flush()
+                except Exception:  # noqa: BLE001 - stderr itself is gone: nowhere left to report; the exit code below still says it
+                    pass
+                with _fault_exit_lock:
+                    first = self.rt.exit_code is None  # not exiting yet
+                    if first:
+                        self.rt.exit_code = 1
+                if first:
+                    self.rt.exit_main_thread(1)
+                return
