@@ -151,7 +151,8 @@ class _Fragment:
         self._local: dict[str, torch.Tensor] = {}  # local parameters of the sync in flight (for a retry)
         self.contributor_step: int | None = None
         self.keep_local = False
-        manager.register_state_dict_fn(f"DiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
+        # TorchFT's key: a checkpoint of TorchFT's DiLoCo state loads here, and code reading it finds it
+        manager.register_state_dict_fn(f"StreamingDiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
 
     def state_dict(self) -> dict[str, Any]:
         return {"outer_optimizer": self.outer.state_dict(), "original_parameters": self.original}
