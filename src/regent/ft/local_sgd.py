@@ -230,7 +230,10 @@ class _Fragment:
         committed_weight, step_sum = self._weight.tolist() if self._weight is not None else (1.0, 0.0)
         self.contributor_step = round(step_sum / committed_weight) if committed_weight > 0 else None
         with torch.no_grad():
-            local = self._local
+            # The local parameters mixed back in (alpha > 0) are the current ones, as in TorchFT: with a sync
+            # delay they include the local steps taken while the average was in flight.
+            local = ({name: p.detach().clone() for name, p in self.params.items()} if self.alpha > 0
+                     else self._local)
             for name, p in self.params.items():
                 p.copy_(self.original[name])
         committed = self._manager.should_commit()
