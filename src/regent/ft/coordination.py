@@ -34,7 +34,14 @@ __all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServ
 
 
 class ManagerClient:
-    """A client of one replica group's ManagerServer (TorchFT's `ManagerClient(addr, connect_timeout)`)."""
+    """A client of one replica group's ManagerServer (TorchFT's `ManagerClient(addr, connect_timeout)`).
+
+    Args:
+        addr: the ManagerServer's address ("host:port", optionally "http://" or "https://" in front).
+        connect_timeout: how long a call keeps retrying while the server is unreachable (timedelta or s).
+        secret: (Regent) the job secret each call proves; None takes the environment, b"" turns it off.
+        tls: (Regent) the TLS files; None takes the environment, TLSFiles() turns TLS off.
+    """
 
     def __init__(self, addr: str, connect_timeout: datetime.timedelta | float = 60.0, *,
                  secret: bytes | None = None, tls: TLSFiles | None = None) -> None:

@@ -267,7 +267,16 @@ def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]
 
 
 class LighthouseServer:
-    """A Lighthouse in this process, served from a background thread until `shutdown()`."""
+    """A Lighthouse in this process, served from a background thread until `shutdown()`.
+
+    Args:
+        bind: the address to listen on ("[::]:0" picks a free port).
+        min_replicas: the fewest replica groups a quorum may have.
+        join_timeout_ms: how long a quorum waits for groups that were in the last one.
+        quorum_tick_ms: how often the quorum rules are evaluated.
+        heartbeat_timeout_ms: how long without a heartbeat before a group counts as gone.
+        state_file, server, secret, tls, expect_groups, expect_within_s: Regent's additions (see __init__).
+    """
 
     def __init__(
         self,

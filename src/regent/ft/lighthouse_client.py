@@ -76,7 +76,14 @@ def next_backoff(current: float) -> float:
 
 
 class LighthouseClient:
-    """Blocking, thread-safe client. One channel, reused across calls and across Lighthouse restarts."""
+    """Blocking, thread-safe client. One channel, reused across calls and across Lighthouse restarts.
+
+    Args:
+        addr: the Lighthouse's address ("host:port", optionally "http://" or "https://" in front).
+        connect_timeout: how long a call keeps retrying while the Lighthouse is unreachable.
+        secret: (Regent) the job secret; None takes the environment, b"" turns it off.
+        tls: (Regent) the TLS files; None takes the environment, TLSFiles() turns TLS off.
+    """
 
     def __init__(self, addr: str, connect_timeout: timedelta | float = 60, *, secret: bytes | None = None,
                  tls: TLSFiles | None = None) -> None:

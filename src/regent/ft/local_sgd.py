@@ -151,7 +151,8 @@ class _Fragment:
         self._local: dict[str, torch.Tensor] = {}  # local parameters of the sync in flight (for a retry)
         self.contributor_step: int | None = None
         self.keep_local = False
-        manager.register_state_dict_fn(f"DiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
+        # TorchFT's key: a checkpoint of TorchFT's DiLoCo state loads here, and code reading it finds it
+        manager.register_state_dict_fn(f"StreamingDiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
 
     def state_dict(self) -> dict[str, Any]:
         return {"outer_optimizer": self.outer.state_dict(), "original_parameters": self.original}
@@ -229,7 +230,10 @@ class _Fragment:
         committed_weight, step_sum = self._weight.tolist() if self._weight is not None else (1.0, 0.0)
         self.contributor_step = round(step_sum / committed_weight) if committed_weight > 0 else None
         with torch.no_grad():
-            local = self._local
+            # The local parameters mixed back in (alpha > 0) are the current ones, as in TorchFT: with a sync
+            # delay they include the local steps taken while the average was in flight.
+            local = ({name: p.detach().clone() for name, p in self.params.items()} if self.alpha > 0
+                     else self._local)
             for name, p in self.params.items():
                 p.copy_(self.original[name])
         committed = self._manager.should_commit()

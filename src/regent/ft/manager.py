@@ -130,7 +130,21 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
 
     With a job secret (`secret=`, else `$REGENT_JOB_SECRET`) every call must carry a fresh proof of it
     (`regent.ft.rpc_security`), checked before any handler runs; with TLS files (`tls=`, else
-    `$REGENT_FT_TLS_*`) it serves TLS. Its own Lighthouse client uses the same."""
+    `$REGENT_FT_TLS_*`) it serves TLS. Its own Lighthouse client uses the same.
+
+    Args:
+        replica_id: this replica group's id, as the Lighthouse knows it.
+        lighthouse_addr: the Lighthouse's address.
+        hostname: the name peers reach this server by.
+        store_address: the group's TCPStore ("host:port"); TorchFT spells it `store_addr`.
+        world_size: the number of ranks in the group; a quorum request waits for all of them.
+        bind: the address to listen on ("[::]:0" picks a free port).
+        heartbeat_interval: how often the Lighthouse is told this group is alive.
+        connect_timeout: how long to keep trying to reach the Lighthouse.
+        quorum_retries: how many times a failed Lighthouse quorum call is retried.
+        secret: (Regent) the job secret; None takes the environment.
+        tls: (Regent) the TLS files; None takes the environment.
+    """
 
     def __init__(
         self,
@@ -408,7 +422,10 @@ def _rpc_error(what: str, addr: str, err: grpc.RpcError) -> Exception:
     code = err.code() if hasattr(err, "code") else None
     detail = err.details() if hasattr(err, "details") else str(err)
     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        return TimeoutError(f"{what} via manager {addr} timed out: {detail}")
+        # TorchFT's client words a deadline as a cancelled call ("status: Cancelled, message: ..."); code that
+        # matches on that text keeps working.
+        return TimeoutError(f'{what} via manager {addr} timed out (status: Cancelled, message: "Timeout expired"): '
+                            f"{detail}")
     return RuntimeError(f"{what} via manager {addr} failed ({code}): {detail}")
 
 
@@ -639,13 +656,19 @@ class Manager:
         checkpoint of a fault-tolerant replica should hold."""
         return {"user": {k: save() for k, (_, save) in self._state_fns.items()}, "regent": self.state_dict()}
 
+    def _manager_state_dict(self) -> dict[str, Any]:
+        """TorchFT's layout of `full_state_dict()` (the Manager's own state under "torchft"), which TorchFT's
+        tooling and tests read."""
+        return {"user": {k: save() for k, (_, save) in self._state_fns.items()}, "torchft": self.state_dict()}
+
     def load_full_state_dict(self, state: dict[str, Any]) -> None:
-        """Load a `full_state_dict()` (e.g. from a disk checkpoint) through the registered load functions."""
+        """Load a `full_state_dict()` (e.g. from a disk checkpoint) through the registered load functions; TorchFT's
+        layout (`_manager_state_dict()`) loads too."""
         for key, (load, _) in self._state_fns.items():
             if key not in state["user"]:
                 raise RuntimeError(f"state has no key {key!r}; register the same state fns on every replica")
             load(state["user"][key])
-        self.load_state_dict(state["regent"])
+        self.load_state_dict(state["regent"] if "regent" in state else state["torchft"])
 
     def disallow_state_dict_read(self) -> None:
         """Take the write side of the state lock (wrap `optimizer.step()`): donors never serve torn weights."""
@@ -933,8 +956,11 @@ class Manager:
         return self._errored
 
     # ---- quorum -----------------------------------------------------------------------------------------
-    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: float | None = None) -> None:
-        """Begin the next step's quorum (see module docstring). Blocks only in sync mode."""
+    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False,
+                     timeout: float | datetime.timedelta | None = None) -> None:
+        """Begin the next step's quorum (see module docstring). Blocks only in sync mode. `timeout` (seconds or,
+        as TorchFT takes it, a timedelta) defaults to the Manager's `quorum_timeout`."""
+        timeout = None if timeout is None else _secs(timeout)
         if self._quorum_future is not None:
             try:
                 self._quorum_future.result()
@@ -1200,8 +1226,9 @@ class Manager:
         return self._participating_rank is not None and not (self._healing and self.use_async_quorum)
 
     # ---- commit -----------------------------------------------------------------------------------------
-    def should_commit(self, timeout: float | None = None) -> bool:
+    def should_commit(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
+        timeout = None if timeout is None else _secs(timeout)
         try:
             self.wait_quorum()
         except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit

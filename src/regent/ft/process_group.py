@@ -865,3 +865,89 @@ class ProcessGroupNCCL(ReplicatedGroup):
 # gets that guarantee in-process (see the module docstring), so the names give the same groups.
 ProcessGroupBabyGloo = ProcessGroupGloo
 ProcessGroupBabyNCCL = ProcessGroupNCCL
+
+
+# ---- wrappers (TorchFT's `ProcessGroupWrapper` family) -----------------------------------------------------
+class ProcessGroupWrapper:
+    """A group that forwards everything to another one, so that a subclass can change a few operations (inject
+    errors, swallow them) while the Manager, the transports and DDP still see a whole replicated group.
+
+    Args:
+        pg: the group to wrap; None builds a `ReplicatedGroup` with `timeout`.
+        timeout: the operation timeout of the group built when `pg` is None.
+    """
+
+    def __init__(self, pg: Any = None, timeout: float | datetime.timedelta = 60.0) -> None:
+        self._wrapped = pg if pg is not None else ReplicatedGroup(timeout=timeout)
+
+    @property
+    def parent(self) -> Any:
+        """The wrapped group (TorchFT's name)."""
+        return self._wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the wrapper does not define: everything else is the wrapped group's.
+        if name == "_wrapped":
+            raise AttributeError(name)
+        return getattr(self._wrapped, name)
+
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, **newer: Any) -> None:
+        """Rebuild the wrapped group for a new quorum."""
+        self._wrapped.configure(store_addr, replica_id, rank, world_size, **newer)
+
+    def allreduce(self, tensors: torch.Tensor | list[torch.Tensor],
+                  op: dist.ReduceOp.RedOpType | dist.AllreduceOptions = dist.ReduceOp.SUM) -> Work:
+        """The wrapped group's allreduce (defined here so that subclasses can extend it)."""
+        return self._wrapped.allreduce(tensors, op)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pg={self._wrapped!r})"
+
+
+class FakeProcessGroupWrapper(ProcessGroupWrapper):
+    """Wraps a group so that a test can make its next allreduce fail (`report_future_error`), the way a
+    collective fails when a peer dies mid-step, without killing anything.
+
+    The failure is on the returned future only: the collective itself still runs on every replica (so the peers
+    are not left waiting) and the wrapped group stays healthy, as after an error the Manager survives. A new
+    quorum (`configure`) drops an error that no allreduce took.
+
+    Args:
+        pg: the group to wrap.
+    """
+
+    def __init__(self, pg: Any) -> None:
+        super().__init__(pg=pg)
+        self._future_error: Exception | None = None
+        self._error_lock = threading.Lock()
+
+    def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, **newer: Any) -> None:
+        """Rebuild the wrapped group; a reported error not yet used is dropped."""
+        with self._error_lock:
+            self._future_error = None
+        super().configure(store_addr, replica_id, rank, world_size, **newer)
+
+    def report_future_error(self, e: Exception) -> None:
+        """Make the future of the next allreduce fail with `e`.
+
+        Args:
+            e: the exception that future raises.
+        """
+        with self._error_lock:
+            self._future_error = e
+
+    def allreduce(self, tensors: torch.Tensor | list[torch.Tensor],
+                  op: dist.ReduceOp.RedOpType | dist.AllreduceOptions = dist.ReduceOp.SUM) -> Work:
+        """The wrapped allreduce; its future fails with the reported error, if any, once the collective is done."""
+        work = super().allreduce(tensors, op)
+        with self._error_lock:
+            err, self._future_error = self._future_error, None
+        if err is None:
+            return work
+        failed = Work()
+
+        def fail(_done: torch.futures.Future) -> None:
+            failed.set_exception(err)
+
+        work.add_done_callback(fail)
+        return failed

@@ -23,6 +23,16 @@ class QuorumMember:
 
     `step` is the version of the replica's state: members at the same step hold identical weights.
     `data` is free-form user JSON (sent as a JSON string on the wire, like TorchFT).
+
+    Args:
+        replica_id: the group's id.
+        address: its ManagerServer's address.
+        store_address: its TCPStore's address.
+        step: the version of its state.
+        world_size: its number of ranks.
+        shrink_only: whether it only accepts a quorum without new members.
+        data: free-form user JSON.
+        commit_failures: how many commits in a row it has failed.
     """
 
     replica_id: str
@@ -74,7 +84,14 @@ class QuorumMember:
 
 @dataclass(frozen=True)
 class Quorum:
-    """A membership decision of the Lighthouse. Participants are sorted by replica id."""
+    """A membership decision of the Lighthouse. Participants are sorted by replica id.
+
+    Args:
+        quorum_id: increases with each new membership.
+        participants: the members, sorted by replica id.
+        created: when the Lighthouse formed it.
+        committed_step: (Regent) the run's committed watermark when it was issued (0 from TorchFT's).
+    """
 
     quorum_id: int
     participants: list[QuorumMember]
