@@ -171,6 +171,7 @@ def test_checkpoint_restart_baseline(tmp_path):
     assert run.summary["replicas_consistent"] is True
 
 
+@pytest.mark.long  # make test budget; the end state is checked by every e2e run (test_controller_detach)
 def test_fault_free_replicas_stay_in_phase(tmp_path):
     """Three replicas that start at different moments must end up syncing together, every round, and end
     bit-identical: a replica that drifts out of phase is waited for (join timeout) until it is back in."""

@@ -57,8 +57,8 @@ def test_the_trainer_trains_another_model_family(monkeypatch, tmp_path):
         assert torch.isfinite(trainer.model(torch.zeros(1, 8, dtype=torch.long))).all()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.long  # make test budget: the family trains in test_the_trainer_trains_another_model_family, and
+@pytest.mark.timeout(600)  # the orchestrator's recovery is family-blind (test_case_study_e2e)
 def test_another_family_under_the_orchestrator_with_fsdp_and_a_fault(tmp_path):
     run_dir = tmp_path / "run"
     faults = tmp_path / "faults.jsonl"
