@@ -23,7 +23,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 -m "not long" tests
 
 # Everything, including the `long` end-to-end cases (regent train on the Kubernetes API stub and across
-# network-namespace hosts, ~2 min each) that keep make test past its ~20 minute budget on a 2-core box.
+# network-namespace hosts, the stage-A controller-loss runs, and others whose parts faster tests cover; ~1-2 min
+# each) that keep make test past its ~20 minute budget on a 2-core box.
 test-long: $(STAMP)
 	@sh scripts/ensure_slurm.sh
 	$(PY) -m pytest -q --durations=15 tests
