@@ -85,6 +85,9 @@ def run_procs(run_dir: Path, root_pid: int) -> list[int]:
     return found
 
 
+CONTROLLER_DOWN = threading.Event()  # set while the controller fault has no controller running
+
+
 def watch_stalls(current: list[subprocess.Popen], done: threading.Event, run_dir: Path, after_s: float,
                  log) -> None:
     """While the run goes: when no replica has committed for `after_s` seconds, or for 3x the run's median
@@ -110,6 +113,11 @@ def watch_stalls(current: list[subprocess.Popen], done: threading.Event, run_dir
                 if last_commit is not None and now - last_commit > 0.05:  # one commit of several replicas
                     intervals.append(now - last_commit)
                 last_commit = now
+        if CONTROLLER_DOWN.is_set() and last_commit is not None:
+            # nobody writes events.jsonl while no controller runs (the replicas journal their commits): not a
+            # stall; the clock starts again when the next controller writes
+            last_commit = dumped_for = time.time()
+            continue
         if last_commit is None or dumped_for == last_commit:
             continue
         limit = max(after_s, 3 * sorted(intervals)[len(intervals) // 2]) if intervals else after_s
@@ -178,6 +186,7 @@ def kill_and_resume_controller(current: list[subprocess.Popen], run_dir: Path, a
             pass
         if '"training_stopped"' in (run_dir / "events.jsonl").read_text():
             return proc.wait()
+        CONTROLLER_DOWN.set()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
@@ -188,6 +197,8 @@ def kill_and_resume_controller(current: list[subprocess.Popen], run_dir: Path, a
         cmd = [str(ROOT / ".venv/bin/regent"), "train", "--resume", str(run_dir), "--no-live"]
         print("$", " ".join(cmd), flush=True)
         current[0] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        time.sleep(5.0)  # let it re-attach and write the resent commits before the stall clock runs again
+        CONTROLLER_DOWN.clear()
 
 
 def _controller_row(summary: dict) -> str:
