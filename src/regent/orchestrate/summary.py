@@ -170,7 +170,7 @@ def compute_summary(
                 and (s.get("digest") or s.get("hash")) and s.get("step") is not None]
     votes = [e for e in events if e["kind"] == "state_vote"]
     diverged = [e for e in events if e["kind"] == "state_diverged"]
-    return {
+    out = {
         "replicas": replicas,
         "recovery_mode": recovery_mode,
         "steps_committed": max((m["step"] for m in committed), default=0),
@@ -210,6 +210,12 @@ def compute_summary(
                              "open": len(open_totals)},
         "recovery_breakdown": recs,
     }
+    if isinstance(out.get("how"), dict):
+        out["how"]["controller_restarts"] = (
+            "Count of controller_restarted events: `regent train --resume` took over a run whose controller was "
+            "lost; controller_down_seconds sums their down_s (from the last line the lost controller wrote to "
+            "the takeover; the replicas trained on meanwhile, so that time is in every other figure).")
+    return out
 
 
 def run_mode(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> str | None:
