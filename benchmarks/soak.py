@@ -71,17 +71,13 @@ def run_procs(run_dir: Path, root_pid: int) -> list[int]:
         marker = json.loads((run_dir / "controller" / "attach.json").read_text())["marker"]
     except (OSError, ValueError, KeyError):
         return proc_pids(root_pid)
-    needle = f"REGENT_RUN_MARKER={marker}".encode()
+    from regent.orchestrate.run import leaked_processes  # every live process carrying the run's marker
+
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (b"regent.actor._proc_main" in (entry / "cmdline").read_bytes()
-                    and needle in (entry / "environ").read_bytes().split(b"\0")):
-                found.append(int(entry.name))
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
+    for pid in leaked_processes(marker, grace_s=0.0):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if b"regent.actor._proc_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 

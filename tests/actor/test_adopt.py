@@ -27,28 +27,10 @@ from regent.actor import (
 )
 from regent.actor._runtime import get_runtime
 from regent.auth import fingerprint
+from tests.actor.test_actor_lifecycle import pid_alive, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 30
-
-
-def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (a zombie has ended: only its parent's wait is missing)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            state = next(line for line in f if line.startswith("State:"))
-        return "Z" not in state.split()[1]
-    except (FileNotFoundError, StopIteration, ProcessLookupError):
-        return False
 
 
 def sock_dirs(ref: dict) -> list[str]:
