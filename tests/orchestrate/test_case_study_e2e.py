@@ -255,6 +255,28 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     assert all(st["ranks"] == (1 if mode == "ddp" else 2) for st in s["final_states"])
 
 
+@pytest.mark.parametrize("mode", ["ddp", "diloco"])
+def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
+    """No vote runs during the run (vote every 10,000 commits), so a flip is first seen by the final comparison,
+    which is itself a vote: the differing replica is restarted at the stop step, pulls the committed state from
+    a finished peer and is collected again. All three end compared and identical; none ends failed."""
+    # late enough that every replica has joined: a replica that heals from the flipped one before any vote takes
+    # the flip too (the majority is then the flipped state, and the checker says so)
+    sched = write_schedule(tmp_path / "faults.jsonl", [(15, 1, "bitflip", 0)])
+    extra = ["--ft.mode", "ddp", "--ft.bucket-mb", "0.05"] if mode == "ddp" else []
+    run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "35s",
+                     "--faults-file", sched, "--ft.vote-every", "10000", *extra)
+    (flip,) = [e for e in run.events if e["kind"] == "bitflip_applied"]
+    (diverged,) = [e for e in run.events if e["kind"] == "state_diverged"]
+    assert diverged["final"] is True and diverged["action"] == "heal" and diverged["replicas"] == [1], diverged
+    assert diverged["time"] > flip["time"]
+    heal = [e for e in run.events if e["kind"] == "early_heal_done" and e["replica"] == 1
+            and e["time"] > diverged["time"]]
+    assert heal and heal[0]["generation"] > flip["generation"], [e["kind"] for e in run.events if e["replica"] == 1]
+    s = run.summary
+    assert not s["ended_failed"] and s["replicas_compared"] == 3 and s["replicas_consistent"] is True, s
+
+
 def test_two_replicas_that_disagree_restore_the_backstop_and_count_it(tmp_path):
     """With two replicas a disagreement has no majority: neither state can be trusted, both are stopped, the
     backstop is restored (a counted state_lost), and the run holds: the drop is exactly the one counted."""

@@ -27,6 +27,7 @@ def _replica(stop_target: int | None) -> tuple[ReplicaActor, _Report]:
     replica.__dict__.update(
         cfg=SimpleNamespace(), index=1, report=report, policy=RestartPolicy(), autorestart=True, finished=False,
         stop_target=stop_target, ended_failed=False, errors={}, procs=None, trainers=None, _restart_task=None,
+        _healing_at_end=False,
         last_error="")
     return replica, report
 

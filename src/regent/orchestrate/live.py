@@ -178,7 +178,8 @@ class RunView:
         elif kind == "state_diverged":
             self.divergences += len(e.get("replicas") or [])
             line = (f"STATE DIVERGED at committed step {e.get('manager_step')}: replica(s) {e.get('replicas')} "
-                    + {"heal": "stopped, healing from the majority",
+                    + {"heal": ("differ from the majority at the end: healing from a finished peer" if e.get("final")
+                                else "stopped, healing from the majority"),
                        "ended": "differ from the majority at the end: they end as failed"}.get(
                            e.get("action"), "and no majority: restoring the backstop"))
         elif kind == "bitflip_applied":

@@ -93,6 +93,7 @@ class ReplicaActor(Actor):
         self.resume_from: str | None = None
         self.finished = False
         self.stop_target: int | None = None  # the step the run stops at, once it has decided to stop
+        self._healing_at_end = False  # heal_at_end restarted it after the stop step (a late bitflip)
         self.ended_failed = False
         self._watchdog: asyncio.Task | None = None
         self._restart_task: asyncio.Task | None = None
@@ -179,9 +180,11 @@ class ReplicaActor(Actor):
         from regent.orchestrate.trainer_actor import TrainerActor
 
         self.procs = self.host.spawn_procs(per_host={"gpus": cfg.procs_per_replica}, env=env)
+        # a restart after the run decided to stop (heal_at_end) knows the stop step before it recovers: it must not
+        # wait for a sync round its finished peers never start
         self.trainers = self.procs.spawn(
             f"trainer_r{self.index}_g{gen}", TrainerActor, cfg, self.index, gen, self.lighthouse_addr,
-            self.trainer_port, self.self_ref, self.resume_from,
+            self.trainer_port, self.self_ref, self.resume_from, self.stop_target,
         )
         self.trainers.train.broadcast()
 
@@ -232,6 +235,8 @@ class ReplicaActor(Actor):
             self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
             return
         if self.stop_target is not None and self.autorestart:
+            if self._healing_at_end and (self.policy.restarting or generation != self.policy.generation):
+                return  # the finished, differing mesh that heal_at_end is replacing: its end means nothing
             # The run has decided to stop. A restart now would look for its state in peers that are finishing
             # and stop serving it, fall back to an old backstop and train alone up to the stop step (seen at the
             # end of a soak: ~2 minutes alone, counted as a full restart). The peers hold the committed state;
@@ -515,6 +520,29 @@ class ReplicaActor(Actor):
             return False
         self._on_failure(generation, f"state diverged: {reason}", "", rank=None)
         return True
+
+    @endpoint
+    async def heal_at_end(self, reason: str) -> bool:
+        """The final comparison found this replica's state different from the majority's (a flip after the last
+        vote): restart its trainers now. They know the stop step, pull the committed state from a finished peer
+        (peers serve it until `release`) and stop there at once, so `finish` can collect the final state again.
+        False when it cannot be restarted (it gave up, ended failed, or is restarting already)."""
+        gen = self.policy.generation
+        if self.ended_failed or self.policy.gave_up or self._restart_in_flight() or self.stop_target is None:
+            return False
+        action = self.policy.on_failure(gen)
+        if action not in (Action.RESTART_IN_PLACE, Action.REALLOCATE):
+            return False
+        self._healing_at_end = True
+        self.finished = False  # set again by the new generation's `training_finished`
+        error = f"state diverged: {reason}"
+        self.last_error = error
+        self.emit("failure_detected", error=error, traceback="", rank=None, generation=gen, final=True)
+        self._restart_task = asyncio.get_running_loop().create_task(self._stop_and_restart(action))
+        await self._restart_task
+        if self._watchdog is None or self._watchdog.done():  # it ended with `finished`: a hang must still be seen
+            self._watchdog = asyncio.get_running_loop().create_task(self._liveness_watchdog())
+        return self.trainers is not None and not self.ended_failed
 
     @endpoint
     async def end_diverged(self, reason: str) -> None:

@@ -205,11 +205,13 @@ class OrchestrationManager:
         for r in v.diverged:
             self._spawn(self._stop_diverged(r, v.generations.get(r), why))
 
-    async def _final_vote(self, replicas: Any) -> None:
+    async def _final_vote(self, replicas: Any, wait: float = 300.0) -> None:
         """The final states are a last vote: a flip after the last vote of the run leaves one replica different at
-        the end. A strict majority keeps the committed state; each replica that differs from it ends as failed
-        (`state_diverged` action "ended", then `ended_failed`) and its state is left out of the comparison.
-        No majority is left to the checker (the run fails its final comparison)."""
+        the end. A strict majority keeps the committed state. Each replica that differs from it is healed: its
+        trainers restart and pull the committed state from a finished peer (they serve it until `release`), and
+        its final state is collected and compared again (`state_diverged` action "heal", `final` true). One that
+        still differs, or cannot be healed, ends as failed (its `ended_failed` says why) and its state is
+        left out. No majority is left to the checker (the run fails its final comparison)."""
         from regent.orchestrate.vote import decide
 
         states = {s["replica"]: s for s in self.final_states if s and s.get("digest") and s.get("step") is not None}
@@ -223,16 +225,37 @@ class OrchestrationManager:
         why = f"its final state at committed step {manager_step} differs from the majority of replicas {v.voters}"
         self.record_event(_event("state_vote", manager_step=manager_step, voters=v.voters, agreed=False,
                                  diverged=v.diverged, majority=(v.majority or "")[:16], final=True))
-        self.record_event(_event("state_diverged", replicas=v.diverged, manager_step=manager_step, action="ended",
-                                 voters=v.voters, majority=(v.majority or "")[:16], reason=why))
-        print(f"[regent] STATE DIVERGED at the end: replica(s) {v.diverged}: {why}; they end as failed", flush=True)
+        self.record_event(_event("state_diverged", replicas=v.diverged, manager_step=manager_step, action="heal",
+                                 voters=v.voters, majority=(v.majority or "")[:16], reason=why, final=True))
+        print(f"[regent] STATE DIVERGED at the end: replica(s) {v.diverged}: {why}; healing them from the "
+              "majority", flush=True)
+        ended = []
         for r in v.diverged:
+            healed = None
             try:
-                await replicas.slice(replicas=r).end_diverged.call_one(why)
+                if await replicas.slice(replicas=r).heal_at_end.call_one(why):
+                    healed = await asyncio.wait_for(_aw(replicas.slice(replicas=r).finish.call_one(wait)),
+                                                    timeout=wait + 60)
+            except Exception as exc:  # noqa: BLE001 - reported; the replica then ends failed, left out below
+                logger.warning("healing diverged replica %d at the end: %r", r, exc)
+            if healed and healed.get("digest") == v.majority and healed.get("step") == next(iter(steps)):
+                self.final_states = [healed if (s and s.get("replica") == r) else s for s in self.final_states]
+                print(f"[regent] replica {r} healed at the end: its final state is the majority's", flush=True)
+            else:
+                ended.append(r)
+        if not ended:
+            return
+        # one divergence, one `state_diverged` (the checker pairs each with a bitflip): the failed heal is told by
+        # the replica's `ended_failed`
+        why_end = f"{why}, and healing it at the end did not give the majority's state"
+        print(f"[regent] replica(s) {ended} could not be healed at the end; they end as failed", flush=True)
+        for r in ended:
+            try:
+                await replicas.slice(replicas=r).end_diverged.call_one(why_end)
             except Exception as exc:  # noqa: BLE001 - reported; it is left out of the comparison either way
                 logger.warning("ending diverged replica %d: %r", r, exc)
-        self.final_diverged = [s for s in self.final_states if s and s.get("replica") in v.diverged]
-        self.final_states = [s for s in self.final_states if not (s and s.get("replica") in v.diverged)]
+        self.final_diverged = [s for s in self.final_states if s and s.get("replica") in ended]
+        self.final_states = [s for s in self.final_states if not (s and s.get("replica") in ended)]
 
     async def _stop_diverged(self, replica: int, generation: int | None, why: str) -> None:
         try:
@@ -862,7 +885,7 @@ class OrchestrationManager:
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
-        await self._final_vote(replicas)
+        await self._final_vote(replicas, wait)
         # the end of training: every figure runs to here (summary.training_end), not to the last metric record
         self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:

@@ -189,6 +189,10 @@ class TrainingSession:
             # A commit boundary like any other, and at the start of a run the first one: the initial weight
             # sync. Without a backstop of it, a soak lost the run when the only replica that had committed it
             # (the others still starting) died before its first sync round ended.
+            if self.stop_at is not None and self.trainer.step >= self.stop_at:
+                # healed at the end of the run (a late bitflip, run.py's final vote): the peers have stopped at
+                # this sync and join no further round; the pulled committed state is the final one
+                return
             joined = self.diloco.join_now()
             self._after_commit(joined)
             # the sync it joined is a commit like any other: it votes there too (without this, every replica

@@ -170,6 +170,8 @@ def compute_summary(
                 and (s.get("digest") or s.get("hash")) and s.get("step") is not None]
     votes = [e for e in events if e["kind"] == "state_vote"]
     diverged = [e for e in events if e["kind"] == "state_diverged"]
+    ended_diverged = [e for e in events
+                      if e["kind"] == "ended_failed" and str(e.get("error") or "").startswith("state diverged")]
     out = {
         "replicas": replicas,
         "recovery_mode": recovery_mode,
@@ -191,11 +193,16 @@ def compute_summary(
         "state_votes": len(votes),
         "state_votes_disagreeing": sum(not e.get("agreed", True) for e in votes),
         "divergences": sum(len(e.get("replicas") or []) for e in diverged),
-        "divergences_healed": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "heal"),
+        # a heal at the end (a flip after the last vote) that did not give the majority's state ends that replica
+        # as failed instead: not healed
+        "divergences_healed": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "heal")
+        - len(ended_diverged),
         # no majority (two replicas that differ): every voter stopped, the backstop restored (a counted state_lost)
         "divergences_restored": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "backstop"),
-        # found by the final comparison (a flip after the last vote): those replicas ended as failed, left out
-        "divergences_ended": sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "ended"),
+        # found by the final comparison (a flip after the last vote) and not healed there: those replicas ended
+        # as failed, left out of the comparison (runs before the final heal recorded action "ended")
+        "divergences_ended": len(ended_diverged)
+        + sum(len(e.get("replicas") or []) for e in diverged if e.get("action") == "ended"),
         "bitflips_injected": sum(e["kind"] == "bitflip_applied" for e in events),
         # the controller was lost and `regent train --resume` took over: how often, how long nothing supervised
         # (the replicas trained on meanwhile: that time is in every figure), and how (re-attached or backstop)

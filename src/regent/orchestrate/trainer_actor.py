@@ -53,7 +53,7 @@ def lower_thread_priority(increment: int) -> int | None:
 
 class TrainerActor(Actor):
     def __init__(self, cfg: Any, replica_index: int, generation: int, lighthouse_addr: str, report: Port,
-                 supervisor: Any, resume_from: str | None = None) -> None:
+                 supervisor: Any, resume_from: str | None = None, stop_at: int | None = None) -> None:
         self.cfg = cfg
         self.replica_index = replica_index
         self.generation = generation
@@ -69,7 +69,7 @@ class TrainerActor(Actor):
         self._t_init = time.time()
         self.session: Any = None
         self.final: dict[str, Any] | None = None
-        self._pending_stop: int | None = None
+        self._pending_stop: int | None = stop_at  # known at spawn for a restart after the run decided to stop
         self._progress_told = False
 
     # -- reporting -----------------------------------------------------------------------------------
@@ -131,6 +131,8 @@ class TrainerActor(Actor):
     def _ready(self, session: Any) -> None:
         """The process is up, torch imported, model built: from here on it only waits for its quorum."""
         self.session = session
+        if self._pending_stop is not None:  # before it recovers: a healer at the stop step joins no further round
+            session.stop_at = self._pending_stop
         marks = getattr(session, "build_marks", None)
         if self.rank == 0 and marks:
             # where the build went (restart_done's "build" phase, split): "actor" from this actor's creation to
