@@ -9,6 +9,7 @@ networking are not exercised."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from pathlib import Path
@@ -249,3 +250,19 @@ def test_pod_bootstrap_reads_the_secret_from_the_mounted_file_only(tmp_path: Pat
             assert Path(secret_file).stat().st_mode & 0o777 == 0o400
     finally:
         job.kill()
+
+
+def test_a_recorded_allocation_is_released_after_its_owner_died(tmp_path: Path, api: RecordedKubeApiStub) -> None:
+    """A replica process SIGKILLed with its job never ran kill(): the record its `allocation` event carries is
+    enough for a resumed controller to delete the Job, Service and Secret (and a second release is harmless)."""
+    from regent.jobs.base import release_recorded
+
+    job = _job(tmp_path, api)
+    job.start()
+    ref = json.loads(json.dumps(job.reference()))  # as it travels: through events.jsonl
+    del job  # the owner is gone; kill() never runs
+    assert api.names("jobs") and api.names("services") and api.names("secrets")
+    assert release_recorded(ref).startswith("deleted Kubernetes job ml/")
+    assert api.names("secrets") == api.names("services") == api.names("jobs") == []
+    release_recorded(ref)  # already gone: 404s are fine
+    assert KubernetesJob(1, image="x", namespace="ml").reference() is None  # not started: nothing to release

@@ -183,3 +183,34 @@ def test_controller_exit_releases_the_allocation_unless_told_not_to(tmp_path: Pa
         assert state == ("CANCELLED" if kill_on_exit else "PENDING")
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def test_an_allocation_whose_owner_was_sigkilled_is_released_from_its_record(tmp_path: Path) -> None:
+    """SIGKILL runs no atexit: the job stays queued. Its `reference()` (recorded in the run's events) lets a
+    resumed controller cancel it; a second release of an ended job is harmless."""
+    import json
+    import signal
+
+    from regent.jobs.base import release_recorded
+
+    code = (
+        "import json, os, signal\n"
+        "from regent.jobs.slurm import SlurmJob\n"
+        f"job = SlurmJob(1, secret='ab12', shared_dir={str(tmp_path)!r}, sbatch_args=['--begin=now+1hour'])\n"
+        "job.start()\n"
+        "print(json.dumps(job.reference()), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    state = lambda: subprocess.run(["squeue", "-h", "-t", "all", "-j", ref["job_id"], "-o", "%T"],  # noqa: E731
+                                   capture_output=True, text=True).stdout.strip()
+    try:
+        assert state() == "PENDING"  # the owner died; nothing released it
+        assert Path(ref["secret_file"]).exists()
+        assert release_recorded(ref).startswith("cancelled SLURM job")
+        assert state() == "CANCELLED" and not Path(ref["secret_file"]).exists()
+        assert release_recorded(ref)  # again: scancel of an ended job is reported, not raised
+    finally:
+        subprocess.run(["scancel", ref["job_id"]], capture_output=True)

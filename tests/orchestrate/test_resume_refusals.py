@@ -111,3 +111,20 @@ def test_a_flag_that_contradicts_the_recorded_config(tmp_path, capsys):
 def test_nothing_alive_and_no_backstop(tmp_path, capsys):
     code, err = _resume(_craft(tmp_path, backstop=False), capsys)
     assert code == 1 and "no backstop" in err and "committed step 5 cannot be restored" in err
+
+
+def test_allocations_to_release_are_each_replicas_newest_not_yet_released() -> None:
+    from regent.orchestrate.resume import allocations_to_release
+
+    def alloc(r: int, job: str, release: dict | None) -> dict:
+        return {"kind": "allocation", "replica": r, "job": job, "release": release}
+
+    slurm = lambda i: {"backend": "slurm", "job_id": str(i), "describe": f"SLURM job {i}"}  # noqa: E731
+    events = [
+        alloc(0, "SLURM job 1", slurm(1)), alloc(1, "SLURM job 2", slurm(2)),
+        alloc(0, "SLURM job 3", slurm(3)),  # replica 0 moved on: job 1 was killed by it
+        alloc(2, "local", None),  # local workers: nothing outlives the processes
+        {"kind": "allocation_released", "replica": 1, "job": "SLURM job 2"},  # an earlier resume freed it
+    ]
+    assert allocations_to_release(events) == [(0, slurm(3))]
+    assert allocations_to_release([]) == []

@@ -103,3 +103,52 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
     # no allocation is left behind
     squeue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=60).stdout
     assert "regent-replica" not in squeue, squeue
+
+
+@pytest.mark.long  # its parts: test_slurm_real's SIGKILLed-owner release and the local nothing-alive resume
+def test_resume_after_losing_everything_frees_the_dead_replicas_slurm_allocations(tmp_path: Path) -> None:
+    """The controller's whole process tree is SIGKILLed (its host rebooted): the replicas' sbatch allocations
+    outlive it (their workers run under slurmd) and nothing is left to cancel them. `regent train --resume`
+    finds nothing to adopt, cancels each allocation the run recorded, and finishes on new ones."""
+    import signal
+
+    from regent.orchestrate.invariants import check_run
+
+    run_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "regent.cli", "train", *ARGS, "--job.shared-dir", str(tmp_path / "jobs"),
+           "--steps", "60", "--no-faults", "--ft.backstop-every-s", "2", "--controller-grace", "5m",
+           "--run-dir", str(run_dir)]
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def trained(events: list[dict]) -> bool:
+            return (len({e["replica"] for e in events if e["kind"] == "allocation"}) == 2
+                    and any(e["kind"] == "backstop_saved" for e in events)
+                    and all(committed_after(events, r, 0) >= 2 for r in (0, 1)))
+        events = wait_for_events(proc, run_dir / "events.jsonl", "both replicas training and a backstop", trained,
+                                 240)
+        jobs = sorted(e["job_id"] for e in events if e["kind"] == "allocation")
+        os.killpg(proc.pid, signal.SIGKILL)  # the controller, its Lighthouse and the replica actors
+        proc.wait()
+        state = lambda j: subprocess.run(["squeue", "-h", "-t", "all", "-j", j, "-o", "%T"],  # noqa: E731
+                                         capture_output=True, text=True, timeout=60).stdout.strip()
+        assert [state(j) for j in jobs] == ["RUNNING", "RUNNING"]  # held, with nobody left to release them
+        resumed = subprocess.run([sys.executable, "-m", "regent.cli", "train", "--resume", str(run_dir),
+                                  "--no-live"], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=400)
+        assert resumed.returncode == 0, log_path.read_text()[-6000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    events = read_events(run_dir / "events.jsonl")
+    (restarted,) = [e for e in events if e["kind"] == "controller_restarted"]
+    assert restarted["mode"] == "backstop", restarted
+    released = [e for e in events if e["kind"] == "allocation_released"]
+    assert sorted(e["replica"] for e in released) == [0, 1] and all("cancelled" in e["how"] for e in released)
+    assert all(state(j) not in ("RUNNING", "PENDING") for j in jobs), [state(j) for j in jobs]
+    fresh = [e["job_id"] for e in events if e["kind"] == "allocation" and e["time"] > released[-1]["time"]]
+    assert len(fresh) == 2 and not set(fresh) & set(jobs), fresh  # the new replicas' own allocations
+    assert check_run(run_dir) == [], check_run(run_dir)
+    squeue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=60).stdout
+    assert "regent-replica" not in squeue, squeue

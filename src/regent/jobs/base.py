@@ -274,6 +274,19 @@ class Job(ABC):
         self._host_mesh = _call_attach(attach_to_workers, addresses, self.secret, self.name)
         return self._host_mesh
 
+    # --- release by record (the owner died) --------------------------------------------------------
+    def reference(self) -> dict[str, Any] | None:
+        """What a later process needs to release this allocation when the process holding this object died
+        without `kill()` (a SIGKILLed controller or replica: no atexit ran): JSON, recorded in the run's
+        `allocation` events. None when nothing outlives its processes (local workers)."""
+        return None
+
+    @classmethod
+    def release_reference(cls, ref: dict[str, Any]) -> str:
+        """Release the allocation `ref` (from `reference()`) names. Idempotent: one already gone is fine.
+        Returns what was done, for the log."""
+        raise NotImplementedError(f"{cls.__name__} records nothing to release")
+
     # Monarch's job vocabulary, so code written against `monarch.job` / `regent.jobs.local` reads the same.
     def apply(self) -> None:
         """Monarch's name for start()."""
@@ -612,3 +625,13 @@ def launcher_command(python: str, args: Sequence[str]) -> list[str]:
     """`python -c` invocation of `launch_worker` (avoids `-m` of a module its package already imported)."""
     code = "import sys; from regent.jobs.base import launch_worker; sys.exit(launch_worker(sys.argv[1:]))"
     return [python, "-c", code, *args]
+
+
+def release_recorded(ref: dict[str, Any]) -> str:
+    """Release an allocation recorded by `Job.reference()` (of any backend), whose owner is gone."""
+    from regent.jobs import get_job_class
+
+    backend = ref.get("backend")
+    if not backend:
+        raise ValueError(f"not an allocation record (no backend): {ref!r}")
+    return get_job_class(str(backend)).release_reference(ref)

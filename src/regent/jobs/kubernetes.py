@@ -406,26 +406,7 @@ class KubernetesJob(Job):
     def _clients(self) -> tuple[Any, Any, Any]:
         """(CoreV1Api, BatchV1Api, ApiException), configured in-cluster or from kubeconfig."""
         if self._api is None:
-            try:
-                from kubernetes import client, config
-                from kubernetes.client.rest import ApiException
-            except ImportError as exc:
-                raise JobError(
-                    "the Kubernetes backend needs the official client: pip install 'regent-ml[k8s]' "
-                    "(or pip install kubernetes)"
-                ) from exc
-            api_client = None
-            if self._kubeconfig is None and self._context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
-            else:
-                try:
-                    api_client = config.new_client_from_config(config_file=self._kubeconfig, context=self._context)
-                except Exception as exc:  # the loader raises several unrelated types
-                    raise JobError(
-                        f"cannot load a kubeconfig ({exc}); set kubeconfig= or $KUBECONFIG, or run the "
-                        f"controller inside the cluster"
-                    ) from exc
-            self._api = (client.CoreV1Api(api_client), client.BatchV1Api(api_client), ApiException)
+            self._api = _k8s_clients(self._kubeconfig, self._context)
         return self._api
 
     def start(self) -> None:
@@ -557,20 +538,22 @@ class KubernetesJob(Job):
         self._killed = True
         if not self._started:
             return
-        core, batch, api_exception = self._clients()
-        ns, name = self.spec.namespace, self.spec.name
-        deletions = (
-            ("job", lambda: batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")),
-            ("service", lambda: core.delete_namespaced_service(self.spec.service_name, ns)),
-            ("secret", lambda: core.delete_namespaced_secret(self.spec.secret_name, ns)),
-        )
-        for kind, delete in deletions:
-            try:
-                delete()
-            except api_exception as exc:
-                if exc.status != 404:
-                    logger.warning("deleting %s of %s failed: %s %s", kind, self.describe(), exc.status, exc.reason)
-        logger.info("deleted %s", self.describe())
+        _delete_objects(self._clients(), self.spec.namespace, self.spec.name, self.spec.service_name,
+                        self.spec.secret_name, self.describe())
+
+    def reference(self) -> dict[str, Any] | None:
+        if not self._started:
+            return None
+        return {"backend": "k8s", "namespace": self.spec.namespace, "name": self.spec.name,
+                "service": self.spec.service_name, "secret": self.spec.secret_name,
+                "kubeconfig": self._kubeconfig, "context": self._context, "describe": self.describe()}
+
+    @classmethod
+    def release_reference(cls, ref: dict[str, Any]) -> str:
+        describe = str(ref.get("describe") or f"Kubernetes job {ref['namespace']}/{ref['name']}")
+        _delete_objects(_k8s_clients(ref.get("kubeconfig"), ref.get("context")), str(ref["namespace"]),
+                        str(ref["name"]), str(ref["service"]), str(ref["secret"]), describe)
+        return f"deleted {describe}"
 
 
 def _api_message(exc: Any) -> str:
@@ -580,3 +563,45 @@ def _api_message(exc: Any) -> str:
         return json.loads(exc.body).get("message", "")
     except (TypeError, ValueError, AttributeError):  # no body, not JSON, or not a JSON object: show it raw
         return str(getattr(exc, "body", "") or "")[:500]
+
+
+def _k8s_clients(kubeconfig: str | None, context: str | None) -> tuple[Any, Any, Any]:
+    """(CoreV1Api, BatchV1Api, ApiException), configured in-cluster or from kubeconfig."""
+    try:
+        from kubernetes import client, config
+        from kubernetes.client.rest import ApiException
+    except ImportError as exc:
+        raise JobError(
+            "the Kubernetes backend needs the official client: pip install 'regent-ml[k8s]' "
+            "(or pip install kubernetes)"
+        ) from exc
+    api_client = None
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        try:
+            api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+        except Exception as exc:  # the loader raises several unrelated types
+            raise JobError(
+                f"cannot load a kubeconfig ({exc}); set kubeconfig= or $KUBECONFIG, or run the "
+                f"controller inside the cluster"
+            ) from exc
+    return client.CoreV1Api(api_client), client.BatchV1Api(api_client), ApiException
+
+
+def _delete_objects(clients: tuple[Any, Any, Any], ns: str, name: str, service: str, secret: str,
+                    describe: str) -> None:
+    """Delete a job's Job (its pods with it), Service and Secret; one already gone (404) is fine."""
+    core, batch, api_exception = clients
+    deletions = (
+        ("job", lambda: batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")),
+        ("service", lambda: core.delete_namespaced_service(service, ns)),
+        ("secret", lambda: core.delete_namespaced_secret(secret, ns)),
+    )
+    for kind, delete in deletions:
+        try:
+            delete()
+        except api_exception as exc:
+            if exc.status != 404:
+                logger.warning("deleting %s of %s failed: %s %s", kind, describe, exc.status, exc.reason)
+    logger.info("deleted %s", describe)

@@ -364,6 +364,19 @@ class SkyPilotJob(Job):
             )
         return addresses
 
+    def reference(self) -> dict[str, Any] | None:
+        if not self._started:
+            return None
+        return {"backend": "skypilot", "cluster": self.cluster, "describe": self.describe()}
+
+    @classmethod
+    def release_reference(cls, ref: dict[str, Any]) -> str:
+        sky = cls._sky()
+        result = sky.down(str(ref["cluster"]))
+        if isinstance(result, str):  # a request id (SkyPilot >= 0.8)
+            sky.get(result)
+        return f"tore down {ref.get('describe') or ref['cluster']}"
+
     def kill(self) -> None:
         if self._killed:
             return

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from regent.jobs.base import (
     Job,
@@ -546,10 +547,27 @@ class SlurmJob(Job):
         (self.job_dir / "secret").unlink(missing_ok=True)  # workers read it at start; logs stay for debugging
         if self.job_id is None:
             return
-        proc = run_command(["scancel", self.job_id], timeout=60, check=False)
-        if proc.returncode != 0:
-            # Usually the job already ended ("Invalid job id", "already completing"): nothing left to free.
-            logger.info("scancel %s: %s", self.job_id, proc.stderr.strip())
-        else:
-            logger.info("cancelled %s", self.describe())
+        _scancel(self.job_id, self.describe())
+
+    def reference(self) -> dict[str, Any] | None:
+        if self.job_id is None:
+            return None
+        return {"backend": "slurm", "job_id": self.job_id, "secret_file": str(self.job_dir / "secret"),
+                "describe": self.describe()}
+
+    @classmethod
+    def release_reference(cls, ref: dict[str, Any]) -> str:
+        if ref.get("secret_file"):
+            Path(ref["secret_file"]).unlink(missing_ok=True)
+        return _scancel(str(ref["job_id"]), str(ref.get("describe") or f"SLURM job {ref['job_id']}"))
+
+
+def _scancel(job_id: str, describe: str) -> str:
+    proc = run_command(["scancel", job_id], timeout=60, check=False)
+    if proc.returncode != 0:
+        # Usually the job already ended ("Invalid job id", "already completing"): nothing left to free.
+        logger.info("scancel %s: %s", job_id, proc.stderr.strip())
+        return f"scancel {job_id}: {proc.stderr.strip() or 'already ended'}"
+    logger.info("cancelled %s", describe)
+    return f"cancelled {describe}"
 

@@ -24,6 +24,7 @@ EVENT_KINDS = (
     "group_failed",
     "allocation",
     "allocation_lost",  # the scheduler says a replica's allocation ended (scancel, preemption, node down)
+    "allocation_released",  # a resumed controller released an allocation whose owner died (it held no replica)
     "gave_up",
     "ended_failed",  # a replica failed after the run decided to stop: not restarted, left out of the final check
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)

@@ -406,9 +406,12 @@ class ReplicaActor(Actor):
         self._spares_started = False  # started again on the new host once its trainers are up
         if old is not None:
             await asyncio.to_thread(old.kill)
+        # `release`: how a resumed controller frees it if this process dies without kill() (orchestrate/resume.py)
+        reference = getattr(job, "reference", None)
         self.emit("allocation", backend=self.cfg.job, seconds=time.time() - t0, job=job.describe(),
                   job_id=getattr(job, "job_id", None), gpus_per_host=plan.gpus_per_host,
-                  previous=old.describe() if old is not None else None)
+                  previous=old.describe() if old is not None else None,
+                  release=reference() if callable(reference) else None)
 
     @endpoint
     async def full_restart(self, checkpoint_dir: str | None) -> float:

@@ -219,6 +219,21 @@ def last_rseqs(run_dir: Path) -> dict[int, int]:
     return last
 
 
+def allocations_to_release(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """The allocations a resumed controller must free when nothing of its run answered: each replica's newest
+    `allocation` with a release record (an older one was killed by its replica when it moved on), unless an
+    `allocation_released` already names it. (replica, record) in replica order."""
+    newest: dict[int, dict[str, Any]] = {}
+    released: set[str] = set()
+    for e in events:
+        if e.get("kind") == "allocation" and e.get("replica") is not None:
+            newest[int(e["replica"])] = e
+        elif e.get("kind") == "allocation_released" and e.get("job"):
+            released.add(str(e["job"]))
+    return [(r, e["release"]) for r, e in sorted(newest.items())
+            if isinstance(e.get("release"), dict) and str(e.get("job")) not in released]
+
+
 def secret_source_env(plan: ResumePlan) -> dict[str, str]:
     """What the resuming controller's environment needs before its runtime starts: the recorded secret."""
     from regent.auth import SECRET_FILE_ENV

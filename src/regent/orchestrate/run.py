@@ -552,6 +552,7 @@ class OrchestrationManager:
             mode = "backstop"
             self._kill_leftovers()
             imported = self._import_journal_tails()
+            await self._release_lost_allocations()
         if not adopted_lh and not self.cfg.lighthouse.address:
             await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
         elif not adopted_lh:
@@ -607,6 +608,23 @@ class OrchestrationManager:
                 n += 1
             imported[str(r)] = n
         return imported
+
+    async def _release_lost_allocations(self) -> None:
+        """Nothing of the run answered, so no replica process is left to release its scheduler allocation (a
+        SIGKILL runs no cleanup): free each one the run recorded (SLURM, Kubernetes, SkyPilot) before new
+        replicas allocate their own, so a lost controller does not hold nodes until the time limit."""
+        from regent.jobs.base import release_recorded
+        from regent.orchestrate.resume import allocations_to_release
+
+        for r, ref in allocations_to_release(read_jsonl(self.run_dir / "events.jsonl")):
+            try:
+                how = await asyncio.to_thread(release_recorded, ref)
+            except Exception as exc:  # noqa: BLE001 - reported (event and log): the allocation may still be held
+                how = f"failed: {exc!r}"
+                logger.error("replica %d: releasing %s failed, it may be held until its time limit: %r", r,
+                             ref.get("describe"), exc)
+            self.record_event(_event("allocation_released", replica=r, job=ref.get("describe"), how=how))
+            print(f"[regent] replica {r}: its allocation outlived it; {how}", flush=True)
 
     def _kill_leftovers(self) -> None:
         """Nothing of the run answered: whatever still carries its marker (a hung proc) must not heartbeat next
