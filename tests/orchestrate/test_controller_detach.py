@@ -4,6 +4,7 @@ grace they stop and say why. Real `regent train`, real processes, SIGKILL."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,6 +220,46 @@ def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_
         assert check_run(run_dir) == [], check_run(run_dir)
         assert not any(_alive(p) for p in procs)
     finally:
+        for p in procs + _descendants(ctl.pid):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        print(log.read_text()[-4000:])
+
+
+@pytest.mark.long  # its parts: test_resume_refusals (the lease, the stale holder ended) and the resume case above
+def test_a_stopped_controller_is_replaced_by_resume_and_the_run_loses_nothing(tmp_path):
+    """SIGSTOP, not SIGKILL: the controller holds its lock but supervises nothing. Training goes on; once its lease
+    is stale, `--resume` ends it, re-attaches to the live replicas and finishes the run."""
+    from regent.orchestrate.invariants import check_run
+    from regent.orchestrate.resume import LEASE_STALE_S
+
+    run_dir, log = tmp_path / "run", tmp_path / "controller.log"
+    steps = 120
+    ctl = _start(run_dir, log, "--replicas", "2", "--procs-per-replica", "1", "--model", "debug", "--steps",
+                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+                 "--controller-grace", "5m")
+    procs: list[int] = []
+    try:
+        _wait(lambda: len(_journal_steps(run_dir)) == 2 and min(_journal_steps(run_dir).values()) >= 10, 240,
+              "every replica to train 10 steps")
+        procs = _descendants(ctl.pid)
+        os.kill(ctl.pid, signal.SIGSTOP)
+        at_stop = _journal_steps(run_dir)
+        time.sleep(LEASE_STALE_S + 3)
+        assert all(s > at_stop[r] for r, s in _journal_steps(run_dir).items()), "training stopped with it"
+        resumed = _start(run_dir, log, "--resume", str(run_dir), "--no-live")
+        assert resumed.wait(timeout=420) == 0, log.read_text()[-5000:]
+        assert ctl.wait(timeout=10) == -signal.SIGKILL
+        assert "has not renewed its lease" in log.read_text()
+        events = _events(run_dir)
+        (restarted,) = [e for e in events if e["kind"] == "controller_restarted"]
+        assert restarted["mode"] == "reattached", restarted
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["replicas_compared"] == 2 and summary["final_step"] == steps, summary
+        assert check_run(run_dir) == [], check_run(run_dir)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(ctl.pid, signal.SIGKILL)
         for p in procs + _descendants(ctl.pid):
             if _alive(p):
                 os.kill(p, signal.SIGKILL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -267,9 +268,42 @@ def resume_train(args: argparse.Namespace) -> int:
         return 2
     for key in RESUME_MAY_CHANGE:
         setattr(plan.cfg, key, getattr(given, key))
+    if plan.stale_holder is not None and not _end_stale_controller(plan):
+        return 2
     from regent.orchestrate.run import run
 
     return run(plan.cfg, resume=plan)
+
+
+def _end_stale_controller(plan: Any) -> bool:
+    """The run's controller on this machine holds its lock but stopped renewing its lease (SIGSTOPped, hung):
+    it supervises nothing, and would fight this one if it woke. SIGKILL it (a stopped process dies too), wait
+    for the kernel to drop its lock. Its replicas and Lighthouse outlive it (the controller grace)."""
+    import signal
+    import time
+
+    from regent.orchestrate.resume import lease_age, lock_is_held
+
+    pid = plan.stale_holder
+    age = lease_age(plan.run_dir) or 0.0
+    print(f"[regent] the run's controller (pid {pid}) has not renewed its lease for {age:.0f}s (stopped or hung): "
+          "ending it and taking over", flush=True)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended by itself meanwhile
+    except PermissionError:
+        print(f"regent train: cannot end the stale controller pid {pid} (not yours); stop it, then --resume",
+              file=sys.stderr)
+        return False
+    deadline = time.monotonic() + 30
+    while lock_is_held(plan.run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if lock_is_held(plan.run_dir):
+        print(f"regent train: the stale controller pid {pid} still holds the run's lock 30 s after SIGKILL",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def run_report(args: argparse.Namespace) -> int:

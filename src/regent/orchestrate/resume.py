@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +24,16 @@ from typing import Any
 from regent.orchestrate.config import ConfigError, RunConfig, apply_toml
 from regent.orchestrate.events import read_jsonl
 
+logger = logging.getLogger(__name__)
+
 ATTACH_FILE = "attach.json"
 LOCK_FILE = "lock"
 SECRET_FILE = "secret"
+LEASE_FILE = "lease"
+LEASE_RENEW_S = 2.0  # how often a live controller renews its lease
+# A lease older than this means its controller is stopped (SIGSTOP, a frozen VM) or hung: it holds its lock but
+# supervises nothing. Generous against a busy machine's scheduling delays (the renewal is its own thread).
+LEASE_STALE_S = 30.0
 # What a resume may change: how long the replicas wait for a controller, and how this one shows progress.
 RESUME_MAY_CHANGE = frozenset({"controller_grace", "live"})
 
@@ -43,6 +53,8 @@ class ResumePlan:
     attach: dict[str, Any]
     secret_file: str | None  # the recorded secret (None: the caller's environment must hold it)
     alive: list[int] = field(default_factory=list)  # recorded pids of the run still alive
+    # a controller of this machine that holds the lock but stopped renewing its lease: killed before the take-over
+    stale_holder: int | None = None
 
 
 def controller_dir(run_dir: str | Path) -> Path:
@@ -92,6 +104,64 @@ class ControllerLock:
             self._fd = None
 
 
+class ControllerLease:
+    """Renewed every `LEASE_RENEW_S` by a thread of the live controller. The lock says a controller process
+    exists; the lease says it still works: a stopped or hung one keeps the lock (the kernel drops it only at
+    exit) but not the lease, so a successor can take over instead of being refused forever.
+
+    Also the fence: a controller whose lease was written by another one (a successor took the run over while it
+    was stopped, from another machine) calls `on_replaced` instead of renewing: the replicas are the
+    successor's now, and two controllers must never drive them."""
+
+    def __init__(self, run_dir: Path, on_replaced: Any) -> None:
+        self.path = controller_dir(run_dir) / LEASE_FILE
+        self._on_replaced = on_replaced
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mine: dict[str, Any] = {}
+
+    def start(self) -> None:
+        from regent.actor._runtime import machine_id
+
+        self._mine = {"pid": os.getpid(), "host": socket.gethostname(), "machine": machine_id()}
+        self._write()
+        self._thread = threading.Thread(target=self._renew, name="regent-controller-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _write(self) -> None:
+        write_json_atomic(self.path, {**self._mine, "renewed": time.time()})
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            holder = read_lease(self.path.parent.parent)
+            if holder and (holder.get("pid"), holder.get("machine")) != (self._mine["pid"], self._mine["machine"]):
+                self._on_replaced(holder)
+                return
+            try:
+                self._write()
+            except OSError as exc:  # a full or unreachable disk: reported, retried at the next renewal
+                logger.warning("renewing the controller lease %s: %r", self.path, exc)
+
+
+def read_lease(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((controller_dir(run_dir) / LEASE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def lease_age(run_dir: Path, now: float | None = None) -> float | None:
+    """Seconds since the run's controller last renewed its lease; None when no lease was ever written (a run
+    started before leases: its holder cannot be told from a working one)."""
+    lease = read_lease(run_dir)
+    if not lease or not isinstance(lease.get("renewed"), (int, float)):
+        return None
+    return (time.time() if now is None else now) - float(lease["renewed"])
+
+
 def lock_is_held(run_dir: Path) -> bool:
     """Whether a live controller holds this run (a read-only probe: it creates nothing)."""
     path = controller_dir(run_dir) / LOCK_FILE
@@ -127,7 +197,7 @@ def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
-                    takeover: bool = False) -> ResumePlan:
+                    takeover: bool = False, lease_stale_s: float = LEASE_STALE_S) -> ResumePlan:
     """Everything a resume needs, checked before anything is written; `ResumeRefused` with one line otherwise.
 
     `takeover`: the run was controlled from another machine that is gone (a rescheduled pod, a requeued SLURM
@@ -149,12 +219,22 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
     if finished or (run / "summary.json").exists():
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished[-1]["time"])) if finished else "its end"
         raise ResumeRefused(f"run {run} finished at {at}; nothing to resume")
-    if lock_is_held(run):
-        ctl = attach.get("controller", {})
-        raise ResumeRefused(f"run {run} is still controlled by pid {ctl.get('pid')} on {ctl.get('host')}; "
-                            "stop that controller first (or let it be)")
     ctl = attach.get("controller", {})
     elsewhere = bool(ctl.get("machine")) and ctl["machine"] != machine_id()
+    stale_holder = None
+    if lock_is_held(run):
+        age = lease_age(run)
+        lease = read_lease(run) or {}
+        if age is None or age < lease_stale_s:
+            raise ResumeRefused(f"run {run} is still controlled by pid {ctl.get('pid')} on {ctl.get('host')}"
+                                + (f" (lease renewed {age:.0f}s ago)" if age is not None else "")
+                                + "; stop that controller first (or let it be)")
+        if lease.get("machine") == machine_id() and isinstance(lease.get("pid"), int):
+            stale_holder = int(lease["pid"])  # stopped or hung here: the resume kills it, then takes over
+        elif not takeover:
+            raise ResumeRefused(f"run {run}'s controller (pid {lease.get('pid')} on {lease.get('host')}) holds its "
+                                f"lock but has not renewed its lease for {age:.0f}s (stopped or hung); pass "
+                                "--takeover to go on here from the run's backstop (it exits if it wakes)")
     if elsewhere and not takeover:
         raise ResumeRefused(f"run {run} was controlled from {ctl.get('host')} (its replicas listen there only); "
                             f"resume it on {ctl.get('host')}, or, if that machine is gone, pass --takeover to "
@@ -180,7 +260,8 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
     except (OSError, ValueError, ConfigError) as exc:
         raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
     cfg.run_dir = str(run.resolve())  # the run's files (backstop included) are where --resume points
-    plan = ResumePlan(run, cfg, attach, secret_file, alive=[] if elsewhere else recorded_alive(attach))
+    plan = ResumePlan(run, cfg, attach, secret_file, alive=[] if elsewhere else recorded_alive(attach),
+                      stale_holder=stale_holder)
     if not plan.alive:
         committed = max((int(m.get("step") or 0) for m in read_jsonl(run / "metrics.jsonl")), default=0)
         from regent.ft.backstop import complete_steps

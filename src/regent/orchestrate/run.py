@@ -44,6 +44,7 @@ from regent.orchestrate.faults import (
 from regent.orchestrate.live import LiveDisplay, RunView
 from regent.orchestrate.resume import (
     ATTACH_FILE,
+    ControllerLease,
     ControllerLock,
     ResumePlan,
     controller_dir,
@@ -64,6 +65,7 @@ RUN_MARKER_ENV = "REGENT_RUN_MARKER"
 # uncounted loss, replicas left out of or failing the final comparison, ...); 130 an interrupt.
 EXIT_RUN_FAILED = 1
 EXIT_CHECK_FAILED = 3
+EXIT_REPLACED = 4  # another controller took the run over while this one was stopped
 
 
 class OrchestrationManager:
@@ -123,6 +125,7 @@ class OrchestrationManager:
         self.failed_reason: str | None = None
         self.leaked_pids: list[int] = []
         self._lock = ControllerLock(self.run_dir)
+        self._lease = ControllerLease(self.run_dir, on_replaced=_replaced)
         self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
         self._rep_procs: Any = None
         self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
@@ -341,6 +344,7 @@ class OrchestrationManager:
             print(f"regent train: error: run {self.run_dir} is controlled by another process (its lock "
                   f"{self._lock.path} is held)", file=sys.stderr, flush=True)
             return 2
+        self._lease.start()
         if resume is None:
             marker = os.environ[RUN_MARKER_ENV] = uuid.uuid4().hex
             (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
@@ -397,6 +401,7 @@ class OrchestrationManager:
             self.record_event(make_event("run_finished"))
             self.sinks.close()
             self.write_summary()
+            self._lease.stop()
             self._lock.release()
         if code == 0 and self.violations:
             code = EXIT_CHECK_FAILED
@@ -1044,6 +1049,14 @@ def _end_torn_lines(run_dir: Path) -> None:
 
     for name in ("events.jsonl", "metrics.jsonl", "faults.jsonl"):
         end_torn_line(run_dir / name)
+
+
+def _replaced(holder: dict[str, Any]) -> None:
+    """This controller was stopped and another took the run over (its lease says so): the replicas answer to
+    that one now. Exit at once, touching nothing: no stop of meshes, no summary, no lock to keep."""
+    print(f"[regent] this controller was replaced by pid {holder.get('pid')} on {holder.get('host')} while it "
+          "was stopped; exiting without touching the run", file=sys.stderr, flush=True)
+    os._exit(EXIT_REPLACED)
 
 
 def _event(kind: str, **details: Any) -> dict[str, Any]:
