@@ -177,7 +177,7 @@ def test_prepare_killed_midway_resumes_to_the_same_shards(tmp_path):
     corpus = tmp_path / "text"
     corpus.mkdir()
     rng = np.random.default_rng(1)
-    for i in range(160):  # 160 documents of 256 KiB; every document closes a token file (--file-tokens 1)
+    for i in range(60):  # 60 documents of 256 KiB; every document closes a token file (--file-tokens 1)
         (corpus / f"{i:04d}.txt").write_bytes(rng.integers(32, 127, size=256 << 10, dtype=np.uint8).tobytes())
     dst = tmp_path / "killed"
     proc = run_prepare(str(corpus), dst, "--file-tokens", "1")
@@ -205,6 +205,6 @@ def test_prepare_killed_midway_resumes_to_the_same_shards(tmp_path):
     assert reference.wait() == 0
     killed = json.loads((dst / "manifest.json").read_text())
     whole = json.loads((tmp_path / "reference" / "manifest.json").read_text())
-    assert killed["digest"] == whole["digest"] and killed["num_tokens"] == 160 * (256 << 10) + 160
+    assert killed["digest"] == whole["digest"] and killed["num_tokens"] == 60 * (256 << 10) + 60
     assert not (dst / ".prepare").exists() and not list(dst.glob("*.tmp"))
     ShardSet(dst).verify(full=True)
