@@ -62,6 +62,9 @@ def _prepare(args: argparse.Namespace) -> int:
     except (ShardError, ValueError, OSError) as exc:
         return _fail(str(exc))
     elapsed = time.perf_counter() - start
+    if manifest.get("already_prepared"):
+        print(f"{args.dst} already holds these shards ({manifest['num_tokens']:,} tokens); nothing to do")
+        return 0
     print(f"wrote {manifest['num_tokens']:,} tokens ({manifest['dtype']}, vocab {manifest['vocab_size']}) from "
           f"{manifest['num_documents']:,} documents in {len(manifest['files'])} file(s) to {args.dst} in "
           f"{elapsed:.1f} s; train with --train.data {args.dst}"

@@ -356,7 +356,7 @@ def prepare_shards(src: str, dst: str, tokenizer: Any, *, tokenizer_path: str | 
         if done is not None and done.get("source") == params["source"] and done["tokenizer"] == params["tokenizer"] \
                 and done.get("file_tokens", file_tokens) == file_tokens:
             shutil.rmtree(state_dir, ignore_errors=True)  # killed between the manifest and this cleanup
-            return done  # the same command again: already done
+            return {**done, "already_prepared": True}  # the same command again: already done
     if (root / MANIFEST).exists():
         if not force:
             raise ShardError(f"{root} already holds prepared shards; pass --force to overwrite them, or choose "
