@@ -79,7 +79,7 @@ def test_empty_dataset_and_missing_datasets_are_one_line(tmp_path):
                         num_shards=1)
     cfg = RunConfig()
     cfg.train.data = "hf:roneneldan/TinyStories"
-    with pytest.raises(ConfigError, match="^--train.data: --train.data hf:... needs .*pip install datasets"):
+    with pytest.raises(ConfigError, match="^--train.data: hf:NAME data needs .*pip install datasets"):
         preflight_check_data(cfg)
 
 

@@ -42,7 +42,7 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise ValueError("--train.data hf:... needs the Hugging Face 'datasets' package, which is not installed: "
+        raise ValueError("hf:NAME data needs the Hugging Face 'datasets' package, which is not installed: "
                          "pip install datasets (or prepare shards where it is: regent data prepare hf:NAME DST)"
                          ) from None
     return datasets
