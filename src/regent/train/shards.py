@@ -21,6 +21,7 @@ import bisect
 import glob
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -144,6 +145,10 @@ class ShardSet:
                 arr = np.zeros(0, dtype=self.dtype)  # mmap refuses an empty file
             else:
                 arr = np.memmap(path, dtype=self.dtype, mode="r", shape=(self.files[i].num_tokens,))
+                try:  # windows are read at random: no readahead of pages no batch asked for
+                    arr._mmap.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]
+                except (AttributeError, OSError, ValueError):
+                    pass
             self._maps[i] = arr
         return arr
 
