@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "regent.orchestrate.commands",
     "report": "regent.orchestrate.commands",
     "check": "regent.orchestrate.commands",
+    "data": "regent.train.commands",
     "k8s": "regent.jobs.k8s_manifest",
 }
 

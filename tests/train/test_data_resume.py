@@ -35,8 +35,8 @@ def test_packing_labels_are_shifted_inputs(tokens):
     assert inputs.shape == labels.shape == (2, 16)
     assert torch.equal(inputs[:, 1:], labels[:, :-1])
     stream = torch.from_numpy(tokens).long()
-    start = int(torch.nonzero((stream.unfold(0, 16, 1) == inputs[0]).all(dim=1))[0])
-    assert start % 16 == 0  # sequences are packed back to back on seq_len boundaries
+    starts = torch.nonzero((stream.unfold(0, 16, 1) == inputs[0]).all(dim=1)).flatten().tolist()
+    assert any(s % 16 == 0 for s in starts)  # packed back to back on seq_len boundaries (text may repeat elsewhere)
 
 
 def test_shards_are_disjoint_and_cover_the_global_batch():

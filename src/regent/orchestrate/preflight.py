@@ -6,7 +6,9 @@ allocation or Lighthouse is started.
 
 - more processes per replica than GPUs this host makes visible (local job on a GPU platform; a CPU run
   has no GPU limit), or replicas that would share a GPU over NCCL (which refuses two ranks on one device);
-- a `--train.data` glob that matches no file, a `--train.tokenizer` that is missing or unreadable
+- a `--train.data` glob that matches no file; a shard directory that is missing, half-written, corrupt, of
+  another tokenizer or smaller than one global batch; `hf:` without `datasets`; a `--train.tokenizer` that is
+  missing or unreadable
   (local job: on a cluster the trainers read them on their own nodes);
 - a `--lighthouse.bind` port (or the dashboard's, port + 1) already taken on this host;
 - an external `--lighthouse.address` that does not accept a connection within `connect_timeout_s`, does not
@@ -151,15 +153,10 @@ def check_shared_gpus(replicas: int, procs_per_replica: int, backend: str | None
 
 
 def check_data(cfg: RunConfig) -> None:
-    """The corpus glob and the tokenizer file the built-in trainer will read."""
+    """The data (a text glob, a shard directory or hf:NAME) and the tokenizer file the built-in trainer will read:
+    missing files, a half-written or corrupt shard directory, shards of another tokenizer, too little data."""
     train = cfg.train
-    if train.data is not None and _spec_reads_data(train.spec):
-        from regent.train.data import corpus_files
-
-        try:
-            corpus_files(train.data)
-        except ValueError as exc:
-            raise ConfigError(f"--train.data: {exc}") from exc
+    tokenizer = None
     if train.tokenizer is not None:
         path = Path(train.tokenizer).expanduser()
         if not path.is_file():
@@ -168,12 +165,22 @@ def check_data(cfg: RunConfig) -> None:
         from regent.train.data import HFTokenizer
 
         try:
-            HFTokenizer(str(path))
+            tokenizer = HFTokenizer(str(path))
         except ValueError as exc:  # the `tokenizers` package is missing
             raise ConfigError(str(exc)) from exc
         except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
             raise ConfigError(f"--train.tokenizer {train.tokenizer} cannot be loaded ({exc}); pass a Hugging Face "
                               "tokenizer.json file") from exc
+    if train.data is not None and _spec_reads_data(train.spec):
+        from regent.train.data import ByteTokenizer
+        from regent.train.data import check_data as check_train_data
+
+        shards = cfg.procs_per_replica * (1 if cfg.no_ft else cfg.replicas)
+        try:
+            check_train_data(train.data, tokenizer or ByteTokenizer(), seq_len=train.seq_len,
+                             batch_size=train.batch_size, num_shards=shards)
+        except ValueError as exc:
+            raise ConfigError(f"--train.data: {exc}") from exc
 
 
 def _spec_reads_data(spec: str) -> bool:

@@ -27,8 +27,10 @@ class TrainConfig:
     max_steps: int = 1000  # length of the cosine schedule
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
     seed: int = 0
-    data: str | None = None  # glob of text files; None = built-in corpus (Python stdlib sources)
-    data_max_bytes: int = 16_000_000  # cap on corpus bytes read (keeps startup fast and deterministic)
+    # a glob of text files, a shard directory (`regent data prepare`), or hf:NAME[:split] (needs `datasets`);
+    # None = built-in corpus (Python stdlib sources)
+    data: str | None = None
+    data_max_bytes: int = 16_000_000  # cap on bytes read from a text glob (shards and hf: have no cap)
     tokenizer: str | None = None  # HF tokenizers json; None = byte-level
     mixed_precision: bool | None = None  # None = bf16 on GPU, fp32 on CPU
     activation_checkpointing: bool = False

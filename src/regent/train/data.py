@@ -1,5 +1,9 @@
 """Data: a corpus that needs no download, a tokenizer, sequence packing and a resumable sharded loader.
 
+`--train.data` names one of four sources (`data_kind`): unset (the built-in corpus), a glob of text files
+(tokenized into memory, up to data_max_bytes), a directory of pre-tokenized shards (`regent.train.shards`,
+memory-mapped, any size) or `hf:NAME[:split]` (`regent.train.hf_stream`, streamed with `datasets`).
+
 The loader is *stateless by construction*: batch n of shard k is a pure function of (corpus, seed, n, k).
 Its whole state is the number of batches consumed, which is the same on every replica that took the same
 steps. So a replica healed from a peer can load the peer's data state and continue with the next batch of
@@ -14,12 +18,14 @@ import hashlib
 import logging
 import os
 import sysconfig
-import warnings
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from regent.train.hf_stream import HFStreamBatches
+from regent.train.shards import ShardSet
 
 log = logging.getLogger(__name__)
 
@@ -190,53 +196,94 @@ def _tokenize(files: list[Path], tokenizer: Tokenizer, max_bytes: int) -> np.nda
     return np.concatenate(pieces)
 
 
+_MASK64 = (1 << 64) - 1
+FEISTEL_ROUNDS = 6
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer on a Python int: a well-mixed 64-bit key from a small one."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def shuffled_positions(positions: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """Where a seeded random permutation of [0, n) sends each of `positions`: O(len(positions)) time and memory.
+
+    A permutation materialized per epoch (randperm) costs 8 bytes per sequence, which for a corpus of any size
+    is no bound; this one is a Feistel network on the smallest even number of bits covering n, walked back into
+    [0, n) (cycle walking keeps it a bijection), keyed by (seed, epoch). Pure: the same on every replica.
+    """
+    bits = max(2, (n - 1).bit_length())
+    bits += bits % 2
+    half = np.uint64(bits // 2)
+    mask = np.uint64((1 << (bits // 2)) - 1)
+    keys = [np.uint64(_mix64((seed * 1_000_003 + epoch) * 16 + r)) for r in range(FEISTEL_ROUNDS)]
+    m1, m2, s30, s27, s31 = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(30),
+                             np.uint64(27), np.uint64(31))
+
+    def permute(x: np.ndarray) -> np.ndarray:
+        left, right = x >> half, x & mask
+        for key in keys:
+            f = right ^ key
+            f = (f ^ (f >> s30)) * m1
+            f = (f ^ (f >> s27)) * m2
+            f = f ^ (f >> s31)
+            left, right = right, left ^ (f & mask)
+        return (left << half) | right
+
+    out = np.asarray(positions, dtype=np.uint64).copy()
+    todo = np.arange(len(out))
+    while len(todo):  # values that land in [n, 2^bits) take another turn until they are inside [0, n)
+        out[todo] = permute(out[todo])
+        todo = todo[out[todo] >= n]
+    return out.astype(np.int64)
+
+
 class ShardedBatches:
     """Packed next-token batches for one (replica, rank) shard, with resumable state.
 
-    The stream is cut into sequences of seq_len+1 tokens (inputs and shifted labels). Each epoch visits the
-    sequences in a seeded random order; global batch n of the epoch is split into num_replicas*world_size
-    disjoint shard batches of batch_size sequences. Leftover sequences at the end of an epoch are dropped.
+    The stream (an array, memory-mapped or not, or a `ShardSet` of token files) is cut into sequences of
+    seq_len+1 tokens (inputs and shifted labels). Each epoch visits the sequences in a seeded random order
+    (`shuffled_positions`); global batch n of the epoch is split into num_replicas*world_size disjoint shard
+    batches of batch_size sequences. Leftover sequences at the end of an epoch are dropped. A batch reads only
+    its own windows: memory per batch is O(batch_size * seq_len) whatever the corpus size.
     """
 
-    def __init__(self, tokens: np.ndarray, *, seq_len: int, batch_size: int, seed: int,
+    def __init__(self, tokens: np.ndarray | ShardSet, *, seq_len: int, batch_size: int, seed: int,
                  shard_index: int, num_shards: int):
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.shard_index, self.num_shards = shard_index, num_shards
-        num_sequences = (len(tokens) - 1) // seq_len
+        self.num_sequences = num_sequences = (len(tokens) - 1) // seq_len
         self.batches_per_epoch = num_sequences // (batch_size * num_shards)
         if self.batches_per_epoch == 0:
             raise ValueError(
                 f"corpus has {len(tokens)} tokens = {num_sequences} sequences of {seq_len}, fewer than one global "
                 f"batch ({batch_size} x {num_shards} shards); add data, or lower seq_len/batch_size"
             )
-        with warnings.catch_warnings():  # a memory-mapped stream is read-only, and batches only ever read it
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            self._tokens = torch.from_numpy(np.ascontiguousarray(tokens[: num_sequences * seq_len + 1]))
-        self.fingerprint = hashlib.sha256(tokens[: 1 << 20].tobytes()).hexdigest()[:16] + f":{len(tokens)}"
+        self._tokens = tokens
+        if isinstance(tokens, ShardSet):
+            self.fingerprint = tokens.fingerprint
+        else:
+            self.fingerprint = hashlib.sha256(np.asarray(tokens[: 1 << 20]).tobytes()).hexdigest()[:16] + \
+                f":{len(tokens)}"
         self.batches_consumed = 0
-        self._order_epoch = -1
-        self._order: torch.Tensor | None = None
 
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
-        if self._order_epoch != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            num_sequences = (len(self._tokens) - 1) // self.seq_len
-            self._order = torch.randperm(num_sequences, generator=generator)
-            self._order_epoch = epoch
-        assert self._order is not None
-        return self._order
+    def _windows(self, starts: np.ndarray) -> np.ndarray:
+        if isinstance(self._tokens, ShardSet):
+            return self._tokens.windows(starts, self.seq_len + 1)
+        return np.asarray(self._tokens[starts[:, None] + np.arange(self.seq_len + 1)[None, :]], dtype=np.int64)
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch `index` (0-based, counting from the start of training) of this shard: (inputs, labels)."""
         epoch, within = divmod(index, self.batches_per_epoch)
-        order = self._epoch_order(epoch)
         first = (within * self.num_shards + self.shard_index) * self.batch_size
-        sequence_ids = order[first: first + self.batch_size]
-        starts = sequence_ids * self.seq_len
-        offsets = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        window = self._tokens[offsets].long()
+        sequence_ids = shuffled_positions(np.arange(first, first + self.batch_size), self.num_sequences, self.seed,
+                                          epoch)
+        window = torch.from_numpy(self._windows(sequence_ids * self.seq_len))
         return window[:, :-1], window[:, 1:]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,3 +307,62 @@ class ShardedBatches:
     def load_state_dict(self, state: dict) -> None:
         self.check_compatible(state)
         self.batches_consumed = int(state["batches_consumed"])
+
+
+def data_kind(data: str | None) -> str:
+    """What `--train.data` names: 'builtin' (unset), 'hf' (hf:NAME[:split]), 'shards' (a shard directory), or
+    'text' (a glob of text files, tokenized into memory up to data_max_bytes)."""
+    from regent.train.shards import is_shard_dir
+
+    if data is None:
+        return "builtin"
+    if data.startswith("hf:"):
+        return "hf"
+    return "shards" if is_shard_dir(data) else "text"
+
+
+def build_batches(data: str | None, tokenizer: Tokenizer, *, seq_len: int, batch_size: int, seed: int,
+                  shard_index: int, num_shards: int, max_bytes: int) -> ShardedBatches | HFStreamBatches:
+    """The loader for `--train.data`: every kind has the same interface and state (batches consumed)."""
+    kind = data_kind(data)
+    if kind == "hf":
+        assert data is not None
+        return HFStreamBatches(data, tokenizer, seq_len=seq_len, batch_size=batch_size, shard_index=shard_index,
+                               num_shards=num_shards)
+    if kind == "shards":
+        assert data is not None
+        shards = ShardSet(data)
+        shards.check_tokenizer(tokenizer)
+        source: np.ndarray | ShardSet = shards
+    else:
+        source = load_token_stream(data, tokenizer, max_bytes)
+    return ShardedBatches(source, seq_len=seq_len, batch_size=batch_size, seed=seed, shard_index=shard_index,
+                          num_shards=num_shards)
+
+
+def check_data(data: str | None, tokenizer: Tokenizer | None, *, seq_len: int, batch_size: int,
+               num_shards: int) -> None:
+    """Before launch: raise ValueError (one line: the problem and the fix) for data the trainers cannot use.
+
+    Text globs must match files; a shard directory must be complete, its files the sizes and (at both ends) the
+    bytes its manifest says, written by the same tokenizer, and hold at least one global batch; `hf:` needs
+    `datasets`. `tokenizer` None skips the tokenizer match (it was refused on its own already)."""
+    kind = data_kind(data)
+    if kind == "text":
+        corpus_files(data)
+    elif kind == "hf":
+        assert data is not None
+        from regent.train.hf_stream import check_available
+
+        check_available(data)
+    elif kind == "shards":
+        assert data is not None
+        shards = ShardSet(data)
+        shards.verify(full=False)
+        if tokenizer is not None:
+            shards.check_tokenizer(tokenizer)
+        sequences = (len(shards) - 1) // seq_len
+        if sequences < batch_size * num_shards:
+            raise ValueError(f"shards in {data} hold {len(shards)} tokens = {sequences} sequences of {seq_len}, "
+                             f"fewer than one global batch ({batch_size} x {num_shards} shards); add data, or "
+                             "lower seq_len/batch_size")

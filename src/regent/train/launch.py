@@ -20,7 +20,7 @@ from pathlib import Path
 from regent import platform
 from regent.ports import free_port
 from regent.train.config import TrainConfig
-from regent.train.data import corpus_files
+from regent.train.data import build_tokenizer, check_data
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,11 @@ def validate_launch(cfg: TrainConfig, procs: int, steps: int, run_dir: str) -> s
         raise ValueError("--run-dir is required: the directory for metrics.jsonl and summary.json")
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ValueError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
-    if cfg.data is not None:
-        corpus_files(cfg.data)  # raises ValueError naming the glob when it matches nothing
     if cfg.tokenizer is not None and not Path(cfg.tokenizer).is_file():
         raise ValueError(f"--tokenizer {cfg.tokenizer!r} does not exist; pass a tokenizer.json or leave it unset")
+    if cfg.data is not None:  # a glob matching nothing, a bad shard directory, hf: without `datasets`
+        check_data(cfg.data, build_tokenizer(cfg.tokenizer), seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+                   num_shards=procs)
     plat = platform.detect_platform()
     if plat != "cpu":
         import torch

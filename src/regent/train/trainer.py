@@ -34,7 +34,7 @@ from regent import platform
 from regent.contiguous import make_contiguous
 from regent.train.checkpoint import Checkpointer, CheckpointError
 from regent.train.config import TrainConfig
-from regent.train.data import ShardedBatches, build_tokenizer, load_token_stream
+from regent.train.data import build_batches, build_tokenizer
 from regent.train.metrics import MetricsWriter, mfu
 from regent.train.optim import (
     WarmupCosineSchedule,
@@ -104,9 +104,9 @@ class Trainer:
         if self.spec.build_dataloader is not None:
             self.dataloader = self.spec.build_dataloader(cfg, tokenizer, shard, shards)
         else:
-            tokens = load_token_stream(cfg.data, tokenizer, cfg.data_max_bytes)
-            self.dataloader = ShardedBatches(tokens, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-                                             shard_index=shard, num_shards=shards)
+            self.dataloader = build_batches(cfg.data, tokenizer, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+                                            seed=cfg.seed, shard_index=shard, num_shards=shards,
+                                            max_bytes=cfg.data_max_bytes)
 
         # Model
         self.model_args = self.spec.model_args(cfg.model, tokenizer.vocab_size, cfg.seq_len)
