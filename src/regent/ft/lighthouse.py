@@ -655,7 +655,10 @@ class LighthouseServer:
         issued = self._loop.create_future()
         self._waiters.append(issued)
         if quorum_possible(self._state, self._opts):
-            self._tick()
+            # One computation per loop turn, not per request: with a small min_replicas every request of a round
+            # passes `quorum_possible`, and an O(N) compute per request made a round of N joins O(N^2) (found by
+            # the control-plane simulator: seconds at 4,000 groups).
+            self._tick_soon()
         return issued
 
     async def _quorum_wait(
