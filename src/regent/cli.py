@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "worker": "regent.actor.commands",
     "lighthouse": "regent.ft.commands",
+    "simulate": "regent.ft.simulate",
     "train": "regent.orchestrate.commands",
     "report": "regent.orchestrate.commands",
     "check": "regent.orchestrate.commands",

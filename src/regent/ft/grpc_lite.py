@@ -109,9 +109,9 @@ GOAWAY_LINGER_S = 2.0
 # Loopback peers are exempt by default: processes on this host (the scale benchmark runs 4096 simulated groups
 # from 127.0.0.1) can exhaust the host by simpler means anyway.
 MAX_CONNECTIONS_PER_PEER = 256
-# Connections in all: each costs ~20 kB of Python objects plus a file descriptor; 8192 covers the 4096-group
-# scale benchmark twice over.
-MAX_CONNECTIONS = 8192
+# Connections in all: each costs ~20 kB of Python objects plus a file descriptor; 32768 covers 12,800 replica
+# groups (100k GPUs at 8 per group) with two channels each, as the control-plane simulator drives it.
+MAX_CONNECTIONS = 32768
 # Token buckets per connection (burst, then a sustained rate per second). grpcio sends a keepalive PING every
 # 10 s or more and a few BDP pings per burst of data; SETTINGS once or twice per connection; RST_STREAM only
 # when a call is cancelled. A client that exceeds these is flooding: GOAWAY(ENHANCE_YOUR_CALM).

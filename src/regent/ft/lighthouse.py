@@ -64,6 +64,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from regent.ft import grpc_lite, rpc_security
+from regent.ft.compact import compact_share, encode_compact_response
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
     LighthouseState,
@@ -83,7 +84,7 @@ from regent.ft.quorum import (
     quorum_possible,
     restart_grace,
 )
-from regent.ft.recovery import ACCEPTED_LOSS_KEY, state_version
+from regent.ft.recovery import ACCEPTED_LOSS_KEY, QuorumPlan, state_version
 from regent.ft.types import Quorum, QuorumMember
 
 logger = logging.getLogger(__name__)
@@ -198,6 +199,49 @@ class _DashboardHTTPServer6(_DashboardHTTPServer):
 EMPTY_HEARTBEAT_RESPONSE = torchft_pb2.LighthouseHeartbeatResponse().SerializeToString()
 
 
+def _compact_ask(request: torchft_pb2.LighthouseQuorumRequest) -> tuple[int, bool] | None:
+    """(group size, init_sync) when the requester asked for the compact answer (`regent.ft.compact`), else None."""
+    if not request.HasField("regent_compact"):
+        return None
+    return int(request.requester.world_size), bool(request.regent_compact.init_sync)
+
+
+class _Issued:
+    """One issued quorum and its answers: TorchFT's full answer (one encoding for every member that wants it,
+    made on first need) or a member's compact share (`regent.ft.compact`, from one plan per round)."""
+
+    def __init__(self, quorum: Quorum, wires: list[torchft_pb2.QuorumMember], watermark: Watermark) -> None:
+        self.quorum = quorum
+        self.quorum_id = quorum.quorum_id
+        self.ids = frozenset(m.replica_id for m in quorum.participants)
+        self._wires = wires
+        self._committed = torchft_pb2.RegentCommitted(step=watermark.step, lineage=watermark.lineage,
+                                                      resets=watermark.resets)
+        self._full: bytes | None = None
+        self._plan: QuorumPlan | None = None
+        self._common = b""
+
+    def answer(self, replica_id: str, ask: tuple[int, bool] | None) -> bytes:
+        if ask is None:
+            return self.full()
+        if self._plan is None:
+            self._plan = QuorumPlan(self.quorum_id, self.quorum.participants, self._committed.step)
+            head = torchft_pb2.Quorum(quorum_id=self.quorum_id, regent_committed=self._committed)
+            head.created.FromDatetime(self.quorum.created)
+            self._common = head.SerializeToString()
+        return encode_compact_response(self._common, compact_share(self._plan, replica_id, *ask))
+
+    def full(self) -> bytes:
+        if self._full is None:
+            response = torchft_pb2.LighthouseQuorumResponse(
+                quorum=torchft_pb2.Quorum(quorum_id=self.quorum_id, participants=self._wires,
+                                          regent_committed=self._committed))
+            response.quorum.created.FromDatetime(self.quorum.created)
+            self._full = response.SerializeToString()
+            self._wires = []
+        return self._full
+
+
 def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
     """`torchft.LighthouseService` for grpcio's server (`server="grpcio"`), with pre-serialized responses: an
     issued quorum is encoded once, not once per waiting replica."""
@@ -205,7 +249,7 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
     async def quorum(request: torchft_pb2.LighthouseQuorumRequest, context: aio.ServicerContext) -> bytes:
         if not request.HasField("requester"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing requester")
-        result = lighthouse._quorum(request.requester)
+        result = lighthouse._quorum(request.requester, _compact_ask(request))
         return result if isinstance(result, bytes) else await result
 
     async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
@@ -241,7 +285,7 @@ def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]
             raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Quorum request: {err}") from None
         if not message.HasField("requester"):
             raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, "missing requester")
-        return lighthouse._quorum(message.requester)
+        return lighthouse._quorum(message.requester, _compact_ask(message))
 
     def heartbeat(request: bytes, deadline: float | None) -> bytes:
         try:
@@ -383,6 +427,17 @@ class LighthouseServer:
             raise RuntimeError("Lighthouse is shut down")
         return self._call_in_loop(self._snapshot()).result(timeout=10)
 
+    def counted_live(self) -> set[str]:
+        """The replica ids this Lighthouse counts live now (fresh heartbeat): for monitors and the control-plane
+        simulator (`regent.ft.simulate`), without building the whole `status()`. Thread-safe."""
+        if self._stopped.is_set():
+            raise RuntimeError("Lighthouse is shut down")
+
+        async def read() -> set[str]:
+            return healthy_replicas(time.monotonic(), self._state, self._opts)
+
+        return self._call_in_loop(read()).result(timeout=10)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until `shutdown()` (or `timeout` seconds). Returns True once shut down."""
         return self._stopped.wait(timeout)
@@ -508,9 +563,10 @@ class LighthouseServer:
         self._member_wire[member.replica_id] = wire
         return participant
 
-    def _quorum(self, wire: torchft_pb2.QuorumMember) -> bytes | asyncio.Future:
+    def _quorum(self, wire: torchft_pb2.QuorumMember, ask: tuple[int, bool] | None = None) -> bytes | asyncio.Future:
         """Serve one Quorum call: join, then wait for a quorum that includes us. Returns the encoded response at
-        once when this call completes a quorum, else a task that resolves to it."""
+        once when this call completes a quorum, else a task that resolves to it. `ask`: the compact answer's
+        (group size, init_sync) when the requester asked for it (`_compact_ask`)."""
         member = QuorumMember.from_proto(wire)
         rid = member.replica_id
         self._heartbeat(rid)  # a Quorum request is an implicit heartbeat
@@ -524,12 +580,12 @@ class LighthouseServer:
             issued = self._wait_for_next()
             if not issued.done():
                 break
-            ids, quorum_id, payload = issued.result()
-            if rid in ids:
-                return payload
-            logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
+            answered: _Issued = issued.result()
+            if rid in answered.ids:
+                return answered.answer(rid, ask)
+            logger.info("replica %s not in quorum %d; waiting for the next", rid, answered.quorum_id)
             mine[0] = self._join(wire, member)
-        task = self._loop.create_task(self._quorum_wait(wire, member, mine, issued))
+        task = self._loop.create_task(self._quorum_wait(wire, member, mine, issued, ask))
         # A done callback, not a `finally`: it runs even if the call is cancelled before the task starts.
         task.add_done_callback(lambda _: self._withdraw(rid, mine[0]))
         return task
@@ -599,19 +655,23 @@ class LighthouseServer:
         issued = self._loop.create_future()
         self._waiters.append(issued)
         if quorum_possible(self._state, self._opts):
-            self._tick()
+            # One computation per loop turn, not per request: with a small min_replicas every request of a round
+            # passes `quorum_possible`, and an O(N) compute per request made a round of N joins O(N^2) (found by
+            # the control-plane simulator: seconds at 4,000 groups).
+            self._tick_soon()
         return issued
 
     async def _quorum_wait(
-        self, wire: torchft_pb2.QuorumMember, member: QuorumMember, mine: list[Participant], issued: asyncio.Future
+        self, wire: torchft_pb2.QuorumMember, member: QuorumMember, mine: list[Participant], issued: asyncio.Future,
+        ask: tuple[int, bool] | None,
     ) -> bytes:
         rid = member.replica_id
         while True:
-            ids, quorum_id, payload = await issued
-            if rid in ids:
-                return payload
+            answered: _Issued = await issued
+            if rid in answered.ids:
+                return answered.answer(rid, ask)
             # Issued without us (e.g. shrink_only): re-insert ourselves and wait for the next one.
-            logger.info("replica %s not in quorum %d; waiting for the next", rid, quorum_id)
+            logger.info("replica %s not in quorum %d; waiting for the next", rid, answered.quorum_id)
             mine[0] = self._join(wire, member)
             issued = self._wait_for_next()
 
@@ -634,23 +694,17 @@ class LighthouseServer:
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
         self._wire.clear()
         self._quorums_issued += 1
-        w = self._state.watermark
-        response = torchft_pb2.LighthouseQuorumResponse(
-            quorum=torchft_pb2.Quorum(quorum_id=quorum.quorum_id, participants=wires,
-                                      regent_committed=torchft_pb2.RegentCommitted(
-                                          step=w.step, lineage=w.lineage, resets=w.resets))
-        )
-        response.quorum.created.FromDatetime(quorum.created)
-        payload = response.SerializeToString()
-        ids = frozenset(m.replica_id for m in members)
+        answers = _Issued(quorum, wires, self._state.watermark)
         if quorum.quorum_id != previous_id:
             self._save_state()
-        if quorum.quorum_id != previous_id:
-            logger.info("Quorum %d: %s (%s)", quorum.quorum_id, sorted(ids), reason)
+            if len(members) <= 64:
+                logger.info("Quorum %d: %s (%s)", quorum.quorum_id, [m.replica_id for m in members], reason)
+            else:
+                logger.info("Quorum %d: %d members (%s)", quorum.quorum_id, len(members), reason)
         waiters, self._waiters = self._waiters, []
         for issued in waiters:
             if not issued.done():  # a cancelled call's future is done already
-                issued.set_result((ids, quorum.quorum_id, payload))
+                issued.set_result(answers)
 
     def _tick_soon(self) -> None:
         """One tick at the loop's next turn, however many events ask for it meanwhile: a burst of restarts

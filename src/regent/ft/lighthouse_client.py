@@ -21,6 +21,7 @@ RuntimeError.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import grpc
 
 from regent.auth import AuthenticationError
+from regent.ft.compact import CompactQuorum
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.rpc_security import Security, TLSFiles
 from regent.ft.types import Quorum, QuorumMember, to_seconds
@@ -133,8 +135,15 @@ class LighthouseClient:
         shrink_only: bool = False,
         data: dict | None = None,
         commit_failures: int = 0,
+        *,
+        compact: bool | None = None,
     ) -> Quorum:
-        """Join the next quorum and block until one that includes this replica is issued, or `timeout`."""
+        """Join the next quorum and block until one that includes this replica is issued, or `timeout`.
+
+        `compact` (Regent extension): None asks for TorchFT's full answer; True / False ask a Regent Lighthouse
+        for this member's share only (`regent.ft.compact`), computed with init_sync = `compact`. The answer is
+        then a `Quorum` whose `compact` holds the share and whose `participants` is empty; a Lighthouse that does
+        not know the extension (TorchFT's) answers in full, and `compact` stays None."""
         member = QuorumMember(
             replica_id=replica_id,
             address=address,
@@ -146,8 +155,15 @@ class LighthouseClient:
             commit_failures=commit_failures,
         )
         request = torchft_pb2.LighthouseQuorumRequest(requester=member.to_proto())
+        if compact is not None:
+            request.regent_compact.init_sync = compact
+            request.regent_compact.SetInParent()
         response = self._call("Quorum", lambda stub, t: stub.Quorum(request, timeout=t), timeout)
-        return Quorum.from_proto(response.quorum)
+        quorum = Quorum.from_proto(response.quorum)
+        if compact is not None and response.quorum.HasField("regent_compact"):
+            quorum = dataclasses.replace(quorum, compact=CompactQuorum(
+                replica_id, quorum.quorum_id, quorum.committed_step, compact, response.quorum.regent_compact))
+        return quorum
 
     def heartbeat(self, replica_id: str, timeout: timedelta | float = 5.0,
                   committed: tuple[int, int, int, int] | None = None) -> None:

@@ -70,6 +70,8 @@ _MANAGER_ADDR_KEY = "regent/manager_addr"
 _REPLICA_ID_KEY = "regent/replica_id"
 # A commit is reported to the Lighthouse before the ranks apply it; this bounds the wait on a slow Lighthouse.
 COMMIT_REPORT_TIMEOUT_S = 1.0
+# Above this many members a ManagerServer asks the Lighthouse for the compact quorum answer (REGENT_COMPACT_QUORUM)
+COMPACT_AUTO_MEMBERS = 64
 
 
 class WorldSizeMode(enum.Enum):
@@ -172,6 +174,11 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self.store_address = store_address
         self.world_size = world_size
         self.quorum_retries = quorum_retries
+        # Ask the Lighthouse for the compact quorum answer (regent.ft.compact; a TorchFT Lighthouse answers in
+        # full anyway): "auto" once a quorum had more than COMPACT_AUTO_MEMBERS members (small runs keep the
+        # member list: events name the members and `peer_failed` checks membership exactly), "1" always, "0" never.
+        self.compact_quorum = os.environ.get("REGENT_COMPACT_QUORUM", "auto")
+        self._last_members = 0
         self._lighthouse_addr = lighthouse_addr
         self._connect_timeout = connect_timeout
         self.security = Security.resolve(secret, tls)
@@ -287,6 +294,12 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
     def _run_lighthouse_quorum(self, rnd: _Round, timeout: float) -> None:
         requests = list(rnd.arrived.values())
         last = requests[-1]
+        # The compact answer (regent.ft.compact) is computed for one init_sync: ask for it when the group's ranks
+        # agree (they always do with one Manager config), else for the full member list.
+        init_syncs = {bool(r.init_sync) for r in requests}
+        wanted = self.compact_quorum == "1" or (self.compact_quorum == "auto"
+                                                  and self._last_members > COMPACT_AUTO_MEMBERS)
+        compact = init_syncs.pop() if wanted and len(init_syncs) == 1 else None
         deadline = time.monotonic() + timeout
         attempt = 0
         while True:
@@ -302,11 +315,15 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
                     commit_failures=max(r.commit_failures for r in requests),
                     data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: list(self.accepted)}
                                                            if self.accepted else {})},
+                    compact=compact,
                 )
                 rnd.result = quorum
                 self._round_quorum_id = int(quorum.quorum_id)
                 # the lineage of the up-to-date members: what this replica's state becomes if it heals now
-                self.heal_lineage = max(state_version(m) for m in quorum.participants)[1]
+                self.heal_lineage = (quorum.compact.max_lineage if quorum.compact is not None
+                                     else max(state_version(m) for m in quorum.participants)[1])
+                self._last_members = (quorum.compact.msg.replica_world_size if quorum.compact is not None
+                                      else len(quorum.participants))
                 break
             except Exception as err:  # noqa: BLE001 - retried; the last error is kept in rnd.error and sent back to the caller
                 attempt += 1
@@ -391,6 +408,8 @@ def _result_to_proto(r: QuorumResult) -> Any:
         commit_failures=r.commit_failures,
         replica_ids=r.replica_ids,
         regent_committed_step=r.committed_step,
+        regent_members_digest=r.members_digest,
+        regent_recover_src_replica_id=r.recover_src_replica_id,
     )
     if r.recover_src_replica_rank is not None:
         msg.recover_src_replica_rank = r.recover_src_replica_rank
@@ -415,6 +434,8 @@ def _result_from_proto(m: Any) -> QuorumResult:
         commit_failures=m.commit_failures,
         replica_ids=list(m.replica_ids),
         committed_step=m.regent_committed_step,
+        members_digest=bytes(m.regent_members_digest),
+        recover_src_replica_id=m.regent_recover_src_replica_id,
     )
 
 
@@ -537,8 +558,8 @@ class Manager:
         self._batches_committed = 0
         self._commit_failures = 0
         self._quorum_id = -1
-        self._quorum_key: tuple[int, tuple[str, ...]] | None = None
-        self._configuring_key: tuple[int, tuple[str, ...]] | None = None
+        self._quorum_key: tuple[int, tuple[str, ...] | bytes] | None = None
+        self._configuring_key: tuple[int, tuple[str, ...] | bytes] | None = None
         # Which build of the replicated group ("<quorum id>/s<max step>f<commit failures>"): the same for every
         # member, new at each rebuild, even under one quorum id (a rebuild after failed commits keeps the id).
         self._group: str | None = None
@@ -911,7 +932,11 @@ class Manager:
                 break
         if key is None or (group is not None and build != group):
             return False
-        peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
+        if isinstance(key[1], bytes):  # a compact answer: only the digest is known; take the peer for a member
+            # (at the sizes that use it nearly every live group is one; a wrong guess costs one uncommitted step)
+            peers = [] if self.replica_id.startswith(replica_prefix) else [replica_prefix]
+        else:
+            peers = [rid for rid in key[1] if rid.startswith(replica_prefix) and rid != self.replica_id]
         if not peers:
             return False
         # Our collectives in flight fail now, on Gloo too (see `ReplicatedGroup.abort`: a process that uses
@@ -1053,12 +1078,14 @@ class Manager:
         # Rebuild the group when the membership decision changed. The quorum id alone is not enough: a
         # restarted Lighthouse counts from 1 again, so the members are part of the key, and a quorum that
         # reports commit failures always rebuilds (every member sees the same max, so all agree).
-        quorum_key = (result.quorum_id, tuple(result.replica_ids))
+        # keyed on the member ids when known (`peer_failed` checks them), else on their digest (a compact answer)
+        quorum_key = (result.quorum_id, tuple(result.replica_ids) if result.replica_ids else result.members_digest)
         if quorum_key != self._quorum_key or result.commit_failures > 0:
             self._emit(
                 "quorum",
                 quorum_id=result.quorum_id,
-                participants=result.replica_ids,
+                participants=result.replica_ids,  # empty with a compact answer: `members` counts them
+                members=result.replica_world_size,
                 replica_rank=result.replica_rank,
                 step=self._step,
                 max_step=result.max_step,

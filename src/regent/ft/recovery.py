@@ -8,6 +8,7 @@ from different donor replicas and spread the bandwidth.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +43,10 @@ class QuorumResult:
     # Regent: the run's committed watermark. Above `max_step`, no member holds the committed state: training
     # on would silently reset the lineage (see `Manager.recover_committed`).
     committed_step: int = 0
+    # Regent: the membership's digest (`members_digest`; `replica_ids` is empty in a compact answer) and the
+    # donor's replica id
+    members_digest: bytes = b""
+    recover_src_replica_id: str = ""
 
     @property
     def state_lost(self) -> bool:
@@ -71,8 +76,16 @@ def state_version(member: Any) -> tuple[int, int]:
     return int(member.step), lineage
 
 
-def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_sync: bool = True) -> QuorumResult:
-    """Recovery plan of `replica_id` at `group_rank` for `quorum` (anything with `quorum_id` and `participants`).
+def members_digest(ids: Sequence[str]) -> bytes:
+    """BLAKE2b-128 of the sorted member ids: two quorums with the same digest have the same members. What a
+    compact quorum answer carries instead of the list (and what the Manager keys its group rebuilds on)."""
+    return hashlib.blake2b("\n".join(ids).encode(), digest_size=16).digest()
+
+
+class QuorumPlan:
+    """TorchFT's recovery rules for every member of one quorum at once: the members are sorted and split once,
+    then each (member, group rank) is answered in O(1 + its destinations). The Lighthouse builds one per round to
+    send compact answers; `compute_quorum_results` is one lookup in it.
 
     Rules (TorchFT `compute_quorum_results`):
     - participants sorted by replica id; my index is my replica rank;
@@ -82,51 +95,86 @@ def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_s
       `max_participants[group_rank % len(max_participants)]`;
     - `init_sync` at step 0: everyone but the primary pulls the primary's weights;
     - healers (step != max_step, or forced by init sync) get donors round-robin from the up-to-date
-      members, offset by `group_rank`;
+      members, offset by `group_rank`: the i-th healer heals from `up_to_date[(i + group_rank) % len]`;
     - `commit_failures` = max over participants (so every member reconfigures after a failed commit).
     """
-    participants: Sequence[_Member] = sorted(quorum.participants, key=lambda m: m.replica_id)
-    ids = [m.replica_id for m in participants]
-    if replica_id not in ids:
-        raise ValueError(
-            f"replica {replica_id!r} is not in quorum {quorum.quorum_id} (members: {ids}); "
-            "the Lighthouse returned a quorum without the requester, which is a protocol bug"
+
+    def __init__(self, quorum_id: int, participants: Sequence[Any], committed_step: int = 0) -> None:
+        self.quorum_id = int(quorum_id)
+        self.committed_step = int(committed_step or 0)
+        self.members: list[Any] = sorted(participants, key=lambda m: m.replica_id)
+        self.ids = [m.replica_id for m in self.members]
+        self.rank = {rid: i for i, rid in enumerate(self.ids)}
+        versions = [state_version(m) for m in self.members]
+        self.max_version = max(versions)
+        self.max_ranks = [i for i, v in enumerate(versions) if v == self.max_version]
+        self._max_index = {r: j for j, r in enumerate(self.max_ranks)}
+        self.recover_dst = [i for i, v in enumerate(versions) if v != self.max_version]
+        self._dst_pos = {r: i for i, r in enumerate(self.recover_dst)}
+        self.commit_failures = max(int(getattr(m, "commit_failures", 0)) for m in self.members)
+        self.digest = members_digest(self.ids)
+
+    @property
+    def max_step(self) -> int:
+        return int(self.max_version[0])
+
+    def primary(self, group_rank: int) -> int:
+        """The rank of group rank `group_rank`'s store primary."""
+        return self.max_ranks[group_rank % len(self.max_ranks)]
+
+    def max_index(self, rank: int) -> int | None:
+        """Member `rank`'s index among the up-to-date members, or None if it is behind."""
+        return self._max_index.get(rank)
+
+    def recovery(self, rank: int, group_rank: int, init_sync: bool) -> tuple[int | None, list[int]]:
+        """(the rank member `rank` heals from or None, the ranks it sends to) at `group_rank`."""
+        if init_sync and self.max_step == 0:  # everyone but the primary pulls the primary's weights
+            primary = self.primary(group_rank)
+            if rank == primary:
+                return None, [r for r in range(len(self.members)) if r != primary]
+            return primary, []
+        up = self.max_ranks
+        pos = self._dst_pos.get(rank)
+        if pos is not None:
+            return up[(pos + group_rank) % len(up)], []
+        if not self.recover_dst:
+            return None, []
+        first = (self._max_index[rank] - group_rank) % len(up)
+        return None, self.recover_dst[first::len(up)]
+
+    def result(self, replica_id: str, group_rank: int, init_sync: bool = True) -> QuorumResult:
+        rank = self.rank.get(replica_id)
+        if rank is None:
+            raise ValueError(
+                f"replica {replica_id!r} is not in quorum {self.quorum_id} (members: {self.ids[:20]}"
+                f"{'...' if len(self.ids) > 20 else ''}); the Lighthouse returned a quorum without the requester, "
+                "which is a protocol bug")
+        src, dsts = self.recovery(rank, group_rank, init_sync)
+        return QuorumResult(
+            quorum_id=self.quorum_id,
+            replica_rank=rank,
+            replica_world_size=len(self.members),
+            recover_src_manager_address=self.members[src].address if src is not None else "",
+            recover_src_replica_rank=src,
+            recover_dst_replica_ranks=dsts,
+            store_address=self.members[self.primary(group_rank)].store_address,
+            max_step=self.max_step,
+            max_replica_rank=self.max_index(rank),
+            max_world_size=len(self.max_ranks),
+            heal=src is not None,
+            commit_failures=self.commit_failures,
+            replica_ids=self.ids,
+            committed_step=self.committed_step,
+            members_digest=self.digest,
+            recover_src_replica_id=self.ids[src] if src is not None else "",
         )
-    replica_rank = ids.index(replica_id)
-    max_version = max(state_version(m) for m in participants)
-    max_step = max_version[0]
-    max_participants = [m for m in participants if state_version(m) == max_version]
-    max_ids = [m.replica_id for m in max_participants]
-    max_replica_rank = max_ids.index(replica_id) if replica_id in max_ids else None
-    primary = max_participants[group_rank % len(max_participants)]
-    force_recover = init_sync and max_step == 0
 
-    recover_dst: list[int] = []
-    up_to_date: list[int] = []
-    for rank, member in enumerate(participants):
-        if state_version(member) != max_version or (force_recover and member.replica_id != primary.replica_id):
-            recover_dst.append(rank)
-        else:
-            up_to_date.append(rank)
 
-    src_of: dict[int, int] = {}
-    for i, dst in enumerate(recover_dst):
-        src_of[dst] = up_to_date[(i + group_rank) % len(up_to_date)]
-    my_src = src_of.get(replica_rank)
-    my_dsts = [dst for dst, src in src_of.items() if src == replica_rank]
-    return QuorumResult(
-        quorum_id=int(quorum.quorum_id),
-        replica_rank=replica_rank,
-        replica_world_size=len(participants),
-        recover_src_manager_address=participants[my_src].address if my_src is not None else "",
-        recover_src_replica_rank=my_src,
-        recover_dst_replica_ranks=sorted(my_dsts),
-        store_address=primary.store_address,
-        max_step=int(max_step),
-        max_replica_rank=max_replica_rank,
-        max_world_size=len(max_participants),
-        heal=my_src is not None,
-        commit_failures=max(int(getattr(m, "commit_failures", 0)) for m in participants),
-        replica_ids=ids,
-        committed_step=int(getattr(quorum, "committed_step", 0) or 0),
-    )
+def compute_quorum_results(replica_id: str, group_rank: int, quorum: Any, init_sync: bool = True) -> QuorumResult:
+    """Recovery plan of `replica_id` at `group_rank` for `quorum` (anything with `quorum_id` and `participants`,
+    or a quorum answered compactly: its `compact` part then holds the plan; see `QuorumPlan` for the rules)."""
+    compact = getattr(quorum, "compact", None)
+    if compact is not None:
+        return compact.result(replica_id, group_rank, init_sync)
+    return QuorumPlan(quorum.quorum_id, quorum.participants, getattr(quorum, "committed_step", 0)).result(
+        replica_id, group_rank, init_sync)

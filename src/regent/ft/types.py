@@ -98,6 +98,9 @@ class Quorum:
     created: datetime
     # Regent extension: the run's committed watermark when the quorum was issued (0 from a TorchFT Lighthouse)
     committed_step: int = 0
+    # Regent extension: this member's share when the Lighthouse answered compactly (`regent.ft.compact`); then
+    # `participants` is empty
+    compact: Any = None
 
     def replica_ids(self) -> list[str]:
         return [m.replica_id for m in self.participants]

@@ -33,6 +33,7 @@ class RunView:
     started: float = field(default_factory=time.time)
     quorum_id: int = 0
     participants: list[str] = field(default_factory=list)
+    members: int = 0
     feed: collections.deque = field(default_factory=lambda: collections.deque(maxlen=12))
     reps: dict[int, ReplicaView] = field(default_factory=dict)
     dashboard: str = ""
@@ -110,7 +111,9 @@ class RunView:
             if q > self.quorum_id:
                 self.quorum_id = q
                 self.participants = list(e.get("participants") or [])
-                line = f"quorum {q} formed with {len(self.participants)} replicas"
+                # a compact quorum answer names no members, only how many (`members`)
+                self.members = len(self.participants) or int(e.get("members") or 0)
+                line = f"quorum {q} formed with {self.members} replicas"
         elif kind == "peer_abort":
             line = f"replica {r} dropped its collective with failed peer {e.get('peer', '?')}"
         elif kind == "group_failed" and (r, e.get("group")) not in self.group_failures:  # one line, not per rank
@@ -202,7 +205,7 @@ class RunView:
                 str(rv.restarts),
             )
         head = (
-            f"quorum [bold]{self.quorum_id}[/] with {len(self.participants)} replicas   "
+            f"quorum [bold]{self.quorum_id}[/] with {self.members} replicas   "
             f"elapsed {time.time() - self.started:5.0f}s   dashboard {self.dashboard}\n"
             f"lineage resets {f'[bold red]{self.lineage_resets}[/]' if self.lineage_resets else 0}   "
             f"steps lost {self.steps_lost}   max stall {self.stall_now():.0f}s   state votes {self.votes}   "

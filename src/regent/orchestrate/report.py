@@ -39,7 +39,7 @@ def active_replicas_series(events: list[dict[str, Any]]) -> list[tuple[float, in
     for e in events:
         if e["kind"] == "quorum" and e.get("quorum_id") is not None:
             q = e["quorum_id"]
-            n = len(e.get("participants") or [])
+            n = len(e.get("participants") or []) or int(e.get("members") or 0)  # compact answers: a count
             if q not in seen or e["time"] < seen[q][0]:
                 seen[q] = (e["time"], n)
     return sorted(seen.values())

@@ -30,16 +30,60 @@ class QuorumMember(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ...) -> None: ...
 
 class Quorum(_message.Message):
-    __slots__ = ("quorum_id", "participants", "created", "regent_committed")
+    __slots__ = ("quorum_id", "participants", "created", "regent_committed", "regent_compact")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     REGENT_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMPACT_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     participants: _containers.RepeatedCompositeFieldContainer[QuorumMember]
     created: _timestamp_pb2.Timestamp
     regent_committed: RegentCommitted
-    def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., regent_committed: _Optional[_Union[RegentCommitted, _Mapping]] = ...) -> None: ...
+    regent_compact: RegentCompactQuorum
+    def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., regent_committed: _Optional[_Union[RegentCommitted, _Mapping]] = ..., regent_compact: _Optional[_Union[RegentCompactQuorum, _Mapping]] = ...) -> None: ...
+
+class RegentCompactQuorum(_message.Message):
+    __slots__ = ("replica_rank", "replica_world_size", "max_step", "max_lineage", "max_world_size", "max_replica_rank", "commit_failures", "members_digest", "store_addresses", "recovery")
+    REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STORE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    replica_rank: int
+    replica_world_size: int
+    max_step: int
+    max_lineage: int
+    max_world_size: int
+    max_replica_rank: int
+    commit_failures: int
+    members_digest: bytes
+    store_addresses: _containers.RepeatedScalarFieldContainer[str]
+    recovery: _containers.RepeatedCompositeFieldContainer[RegentRecovery]
+    def __init__(self, replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., max_step: _Optional[int] = ..., max_lineage: _Optional[int] = ..., max_world_size: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., commit_failures: _Optional[int] = ..., members_digest: _Optional[bytes] = ..., store_addresses: _Optional[_Iterable[str]] = ..., recovery: _Optional[_Iterable[_Union[RegentRecovery, _Mapping]]] = ...) -> None: ...
+
+class RegentRecovery(_message.Message):
+    __slots__ = ("src_rank", "src_address", "src_replica_id", "dst_ranks")
+    SRC_RANK_FIELD_NUMBER: _ClassVar[int]
+    SRC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SRC_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_RANKS_FIELD_NUMBER: _ClassVar[int]
+    src_rank: int
+    src_address: str
+    src_replica_id: str
+    dst_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, src_rank: _Optional[int] = ..., src_address: _Optional[str] = ..., src_replica_id: _Optional[str] = ..., dst_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RegentCompactRequest(_message.Message):
+    __slots__ = ("init_sync",)
+    INIT_SYNC_FIELD_NUMBER: _ClassVar[int]
+    init_sync: bool
+    def __init__(self, init_sync: _Optional[bool] = ...) -> None: ...
 
 class RegentCommitted(_message.Message):
     __slots__ = ("step", "lineage", "accepted_loss", "resets", "accepted_lineage")
@@ -56,10 +100,12 @@ class RegentCommitted(_message.Message):
     def __init__(self, step: _Optional[int] = ..., lineage: _Optional[int] = ..., accepted_loss: _Optional[int] = ..., resets: _Optional[int] = ..., accepted_lineage: _Optional[int] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
-    __slots__ = ("requester",)
+    __slots__ = ("requester", "regent_compact")
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    REGENT_COMPACT_FIELD_NUMBER: _ClassVar[int]
     requester: QuorumMember
-    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ...) -> None: ...
+    regent_compact: RegentCompactRequest
+    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ..., regent_compact: _Optional[_Union[RegentCompactRequest, _Mapping]] = ...) -> None: ...
 
 class LighthouseQuorumResponse(_message.Message):
     __slots__ = ("quorum",)
@@ -112,7 +158,7 @@ class ManagerQuorumRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., regent_committed_metadata: _Optional[str] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "regent_committed_step")
+    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "regent_committed_step", "regent_members_digest", "regent_recover_src_replica_id")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_MANAGER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +173,8 @@ class ManagerQuorumResponse(_message.Message):
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     REGENT_COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    REGENT_MEMBERS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REGENT_RECOVER_SRC_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     recover_src_manager_address: str
     recover_src_replica_rank: int
@@ -141,7 +189,9 @@ class ManagerQuorumResponse(_message.Message):
     commit_failures: int
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
     regent_committed_step: int
-    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regent_committed_step: _Optional[int] = ...) -> None: ...
+    regent_members_digest: bytes
+    regent_recover_src_replica_id: str
+    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regent_committed_step: _Optional[int] = ..., regent_members_digest: _Optional[bytes] = ..., regent_recover_src_replica_id: _Optional[str] = ...) -> None: ...
 
 class CheckpointMetadataRequest(_message.Message):
     __slots__ = ("rank",)

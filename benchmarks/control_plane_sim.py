@@ -1,0 +1,233 @@
+"""The control plane at 1k, 4k and 12.8k replica groups: the simulator (`regent.ft.simulate`) against Regent's
+Lighthouse and TorchFT's, and one quorum round's Lighthouse time with and without the compact answer.
+
+    .venv/bin/python benchmarks/control_plane_sim.py                       # everything, as in RESULTS.md
+    .venv/bin/python benchmarks/control_plane_sim.py --only sim --groups 1000
+    .venv/bin/python benchmarks/control_plane_sim.py --only round --round-groups 1024 4096 12800
+
+Sections:
+- sim: N simulated groups in `--workers` client processes heartbeat (interval per row: 100 ms where the box can
+  carry it, else 1 s: the rate is in the table), join a quorum round every `--quorum-every` s (Regent: compact
+  answers; TorchFT: full, and no rounds past 1k groups, where its full answers take minutes), fail at
+  `--faults-per-s` (half crash, half hang) and restart as new incarnations after `--down` s. Reported: heartbeat
+  lag (send to answer; the Lighthouse applies a heartbeat before it answers), quorum round time, missed and
+  false failures (Regent only: TorchFT's Lighthouse does not expose its heartbeat table), the Lighthouse's CPU.
+  Regent's Lighthouse runs in the coordinator process (CPU: its loop thread); TorchFT's is its own process.
+- round: N groups (`--round-groups`, one connection each, scale_bench's raw HTTP/2 client) ask for the same quorum
+  at once (min_replicas = N); the time until all are answered and the Lighthouse process's CPU meanwhile, median
+  of `--rounds`, full answers (TorchFT's, O(N^2) bytes) against compact ones (O(N)).
+
+Writes benchmarks/results/control_plane_sim.json and, with matplotlib, control_plane_sim.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "src"))
+from ft_bench import free_port_pair  # noqa: E402
+from scale_bench import QUORUM_PATH, H2Client, cpu_seconds, start_lighthouse, stop_lighthouse  # noqa: E402
+
+from regent.ft.simulate import SimConfig, format_report, run_simulation, torchft_lighthouse_exe  # noqa: E402
+
+
+def quorum_message(replica_id: str, step: int, compact: bool) -> bytes:
+    from regent.ft.proto import torchft_pb2
+
+    member = torchft_pb2.QuorumMember(replica_id=replica_id, address="http://10.0.0.1:29600",
+                                      store_address="10.0.0.1:29700", step=step, world_size=8)
+    request = torchft_pb2.LighthouseQuorumRequest(requester=member)
+    if compact:
+        request.regent_compact.SetInParent()
+    body = request.SerializeToString()
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def join_round(kind: str, groups: int, rounds: int, compact: bool) -> dict:
+    """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU."""
+    port = free_port_pair()
+    proc = start_lighthouse(port, None, None, kind, min_replicas=groups)
+    try:
+        conns = [H2Client(port) for _ in range(groups)]
+        sel = selectors.DefaultSelector()
+        for i, c in enumerate(conns):
+            c.sock.setblocking(False)
+            sel.register(c.sock, selectors.EVENT_READ, i)
+        walls, cpus, nbytes = [], [], 0
+        for r in range(rounds):
+            requests = [c.request(quorum_message(f"group{i}:x", r, compact), QUORUM_PATH) for i, c in enumerate(conns)]
+            done = failed = 0
+            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            for c, req in zip(conns, requests):
+                c.sock.sendall(req)
+            while done < groups:
+                if time.monotonic() - t0 > 300:
+                    raise TimeoutError(f"{done}/{groups} answered after 300 s")
+                for key, _ in sel.select(timeout=0.05):
+                    try:
+                        data = conns[key.data].sock.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        raise ConnectionError("the Lighthouse closed a connection")
+                    nbytes += len(data)
+                    ok, bad = conns[key.data].feed(data)
+                    done += ok + bad
+                    failed += bad
+            walls.append(time.monotonic() - t0)
+            cpus.append(cpu_seconds(proc.pid) - cpu0)
+            if failed:
+                raise RuntimeError(f"{failed} quorum calls failed")
+        for c in conns:
+            c.sock.close()
+    finally:
+        stop_lighthouse(proc)
+    mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
+    return {"section": "round", "server": kind, "groups": groups, "compact": compact, "wall_ms": 1e3 * walls[mid],
+            "server_cpu_ms": 1e3 * cpus[mid], "all_wall_ms": [round(1e3 * w) for w in walls],
+            "bytes_per_answer": nbytes / rounds / groups}
+
+
+def sim_rows(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
+    for groups in args.groups:
+        interval = 0.1 if groups <= 1000 else 1.0
+        base = dict(groups=groups, workers=args.workers, duration_s=args.seconds, heartbeat_interval_s=interval,
+                    heartbeat_timeout_s=5.0, quorum_every_s=args.quorum_every, join_timeout_ms=60_000,
+                    faults_per_s=args.faults_per_s, down_s=args.down, warmup_s=4.0, seed=args.seed)
+        servers = [("regent", SimConfig(**base, compact=True))]
+        if torchft and groups <= 4096:
+            servers.append(("torchft", SimConfig(**{**base, "quorum_every_s": base["quorum_every_s"]
+                                                    if groups <= 1000 else 0.0})))
+        for server, cfg in servers:
+            try:
+                report = run_simulation(cfg, server, log=lambda m: print("  " + m, flush=True))
+            except Exception as err:  # noqa: BLE001 - a size the box cannot reach is a result, recorded as such
+                report = {"server": server, "config": {"groups": groups}, "error": f"{type(err).__name__}: {err}"}
+                print(f"{server} {groups}: FAILED {report['error']}", flush=True)
+            else:
+                print(format_report(report), flush=True)
+            report["section"] = "sim"
+            report["load_avg"] = os.getloadavg()[0]
+            rows.append(report)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for server in ("regent", "torchft"):
+        pts = [(r["config"]["groups"], r["heartbeat_lag"]["p99_ms"]) for r in rows
+               if r["section"] == "sim" and r["server"] == server and "error" not in r]
+        if pts:
+            a.plot(*zip(*pts), marker="o", label=f"{server} p99 heartbeat lag")
+    a.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="ms", title="heartbeat lag (simulator)")
+    a.legend()
+    for compact in (False, True):
+        pts = [(r["groups"], r["server_cpu_ms"]) for r in rows
+               if r["section"] == "round" and r["server"] == "regent" and r["compact"] == compact and "error" not in r]
+        if pts:
+            b.plot(*zip(*pts), marker="o", label="Regent, " + ("compact" if compact else "full (TorchFT's answer)"))
+    pts = [(r["groups"], r["server_cpu_ms"]) for r in rows if r["section"] == "round" and r["server"] == "torchft"
+           and "error" not in r]
+    if pts:
+        b.plot(*zip(*pts), marker="s", label="TorchFT, full")
+    b.axhline(200, color="grey", linestyle=":", label="target at 12,800: 200 ms")
+    b.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="Lighthouse CPU per round, ms",
+          title="one quorum round")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("sim", "round"), action="append")
+    parser.add_argument("--groups", type=int, nargs="+", default=[1000, 4000, 12800])
+    parser.add_argument("--round-groups", type=int, nargs="+", default=[1024, 4096, 12800])
+    parser.add_argument("--full-up-to", type=int, default=4096, help="largest round measured with full answers")
+    parser.add_argument("--torchft-rounds-up-to", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--quorum-every", type=float, default=5.0)
+    parser.add_argument("--faults-per-s", type=float, default=1.0)
+    parser.add_argument("--down", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-torchft", action="store_true")
+    parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
+    args = parser.parse_args(argv)
+    sections = args.only or ["sim", "round"]
+    rows: list[dict] = []
+    if "sim" in sections:
+        rows += sim_rows(args)
+    if "round" in sections:
+        torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
+        for groups in args.round_groups:
+            plans = [("regent", True)]
+            if groups <= args.full_up_to:
+                plans.append(("regent", False))
+            if torchft and groups <= args.torchft_rounds_up_to:
+                plans.append(("torchft", False))
+            for kind, compact in plans:
+                try:
+                    row = join_round(kind, groups, args.rounds, compact)
+                except Exception as err:  # noqa: BLE001 - recorded as a result
+                    row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
+                           "error": f"{type(err).__name__}: {err}"}
+                row["load_avg"] = os.getloadavg()[0]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\nload average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; rows in {out}")
+    print("\n| server | groups | heartbeats/s | lag p50 / p99 / max ms | late | rounds (p50 / max ms) | faults | "
+          "missed | false | Lighthouse CPU |")
+    print("|---|---:|---:|---|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        if r["section"] != "sim":
+            continue
+        if "error" in r:
+            print(f"| {r['server']} | {r['config']['groups']} | FAILED: {r['error']} |")
+            continue
+        lag, q = r["heartbeat_lag"], r["quorum"]
+        rounds = f"{q['rounds']} ({q['p50_ms']:.0f} / {q['max_ms']:.0f})" if q.get("rounds") else "-"
+        miss = "n/a" if r["missed_failures"] is None else len(r["missed_failures"])
+        false = "n/a" if r["false_failures"] is None else len(r["false_failures"])
+        print(f"| {r['server']} | {r['config']['groups']} | {r['heartbeats_per_s']:.0f} | {lag['p50_ms']:.1f} / "
+              f"{lag['p99_ms']:.0f} / {lag['max_ms']:.0f} | {r['counters'].get('late', 0)} | {rounds} | {r['faults']} | "
+              f"{miss} | {false} | {100 * r['lighthouse_cpu_share']:.0f}% |")
+    print("\n| server | groups | answer | wall ms (rounds) | Lighthouse CPU ms | bytes per answer |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        if r["section"] != "round":
+            continue
+        kind = "compact" if r["compact"] else "full"
+        if "error" in r:
+            print(f"| {r['server']} | {r['groups']} | {kind} | FAILED: {r['error']} | | |")
+            continue
+        print(f"| {r['server']} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
+              f"{r['server_cpu_ms']:.0f} | {r['bytes_per_answer']:.0f} |")
+    if plot(rows, out.with_suffix(".png")):
+        print(f"plot: {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
