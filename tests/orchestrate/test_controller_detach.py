@@ -194,6 +194,11 @@ def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_
         _wait(lambda: any(i["kind"] == "event" and i["payload"]["kind"] == "failure_detected"
                           for i in read_journal(run_dir / "journal" / "replica-1.jsonl")), 60,
               "replica 1's failure to be journaled")
+        # no controller to fan the failure out: replica 1 told its peers itself (their Manager's peer_abort)
+        _wait(lambda: all(any(i["kind"] == "event" and i["payload"]["kind"] == "peer_abort"
+                              and str(i["payload"].get("peer", "")).startswith("replica_1:")
+                              for i in read_journal(run_dir / "journal" / f"replica-{r}.jsonl")) for r in (0, 2)),
+              60, "the survivors to drop their collectives with replica 1")
 
         resumed = _start(run_dir, log, "--resume", str(run_dir), "--no-live")
         assert resumed.wait(timeout=420) == 0, log.read_text()[-5000:]

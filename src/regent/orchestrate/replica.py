@@ -94,6 +94,7 @@ class ReplicaActor(Actor):
         self.finished = False
         self.stop_target: int | None = None  # the step the run stops at, once it has decided to stop
         self._healing_at_end = False  # heal_at_end restarted it after the stop step (a late bitflip)
+        self.peers: Any = None  # the whole replica mesh (know_peers): the fan-out of a failure while detached
         self.ended_failed = False
         self._watchdog: asyncio.Task | None = None
         self._restart_task: asyncio.Task | None = None
@@ -233,6 +234,7 @@ class ReplicaActor(Actor):
             logger.warning("replica %d failed while no controller is attached; it stays down until one adopts "
                            "it: %s", self.index, error)
             self._restart_task = asyncio.get_running_loop().create_task(self._stop_trainers())
+            self._tell_peers_directly()
             return
         if self.stop_target is not None and self.autorestart:
             if self._healing_at_end and (self.policy.restarting or generation != self.policy.generation):
@@ -502,6 +504,25 @@ class ReplicaActor(Actor):
         else:
             trainers.slice(gpus=rank % self.cfg.procs_per_replica).inject.broadcast(kind)
         return True
+
+    @endpoint
+    async def know_peers(self, replicas: Any) -> None:
+        self.peers = replicas
+
+    def _tell_peers_directly(self) -> None:
+        """No controller is attached to fan this failure out: tell the peers (what the controller's `_tell_peers`
+        does), so they drop their collectives with this replica at once instead of after `--ft.timeout-s`."""
+        peers = self.peers
+        if peers is None:
+            return
+        for q in range(self.cfg.replicas):
+            if q == self.index:
+                continue
+            try:
+                peers.slice(replicas=q).peer_failed.broadcast(self.index)
+            except Exception as exc:  # noqa: BLE001 - reported; that peer then waits out its collective timeout
+                logger.warning("replica %d: telling replica %d about its own failure: %r", self.index, q, exc)
+        logger.warning("replica %d: told its peers of its failure itself (no controller attached)", self.index)
 
     @endpoint
     async def peer_failed(self, replica_index: int, group: str | None = None) -> None:

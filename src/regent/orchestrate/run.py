@@ -426,6 +426,7 @@ class OrchestrationManager:
         print(f"[regent] run directory {self.run_dir}", flush=True)
         print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
         rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=0)
+        await self._introduce(replicas)
         try:
             await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
                                    for r in range(cfg.replicas)])
@@ -440,6 +441,12 @@ class OrchestrationManager:
                           f"{exc.exception}")
         self._record_attach(address=addr, dashboard=dashboard)
         return rep_procs, replicas
+
+    async def _introduce(self, replicas: Any) -> None:
+        """Give every replica the whole replica mesh: while no controller is attached, a replica that fails tells
+        its peers itself, so their collectives with it fail now rather than after the timeout."""
+        await asyncio.gather(*[replicas.slice(replicas=r).know_peers.call_one(replicas)
+                               for r in range(self.cfg.replicas)])
 
     def _spawn_replicas(self, host: Any, addr: str, port: Any, first_generation: int) -> tuple[Any, Any]:
         from regent.orchestrate.replica import ReplicaActor
@@ -574,6 +581,7 @@ class OrchestrationManager:
                 replicas.slice(replicas=r).attach.call_one(port, after.get(r, 0)) for r in range(self.cfg.replicas)]))
         else:
             rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=self._generations_seen + 1)
+            await self._introduce(replicas)
             await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
                                    for r in range(self.cfg.replicas)])
         down = [a["replica"] for a in attached if a.get("down_while_detached")]
