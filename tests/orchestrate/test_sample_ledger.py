@@ -85,3 +85,10 @@ def test_check_run_reads_the_ledger(tmp_path):
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(x) + "\n" for x in full_step(1, 0) + full_step(2, 0))
                                            + '{"torn')
     assert any("consumed twice" in v for v in check_run(tmp_path))
+
+
+def test_an_overlap_hidden_behind_a_shorter_range_is_caught():
+    # replica 0 claims all of batch 0; replicas 1 and 2 claim parts of it: both overlaps are found
+    lines = [dict(line(1, 0, 0, [0, 1, 2]), samples=[[0, 6]]), line(1, 0, 1, [1]), line(1, 0, 2, [2])]
+    found = [v for v in check_ledger(lines) if "consumed twice" in v]
+    assert len(found) == 2, found

@@ -392,10 +392,13 @@ def check_ledger(lines: list[dict[str, Any]]) -> list[str]:
                        f"{span} samples unconsumed without a skip record (covered {covered}, recorded skipped "
                        f"{recorded}): a silent gap")
     owners.sort()
-    for (lo1, hi1, s1, r1), (lo2, hi2, s2, r2) in zip(owners, owners[1:]):
-        if lo2 < hi1:
-            out.append(f"ledger: samples [{lo2}, {min(hi1, hi2)}) consumed twice: committed step {s1} (replica "
-                       f"{r1}) and committed step {s2} (replica {r2})")
+    reach: tuple[int, int, int, Any] | None = None  # the range seen so far that reaches furthest
+    for cur in owners:
+        if reach is not None and cur[0] < reach[1]:
+            out.append(f"ledger: samples [{cur[0]}, {min(reach[1], cur[1])}) consumed twice: committed step "
+                       f"{reach[2]} (replica {reach[3]}) and committed step {cur[2]} (replica {cur[3]})")
+        if reach is None or cur[1] > reach[1]:
+            reach = cur
     if batches:
         missing = sorted(set(range(max(batches) + 1)) - set(batches))
         if missing:

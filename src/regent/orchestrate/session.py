@@ -286,10 +286,13 @@ class TrainingSession:
         covered to RUN_DIR/ledger.jsonl (`ledger_line`): written by the trainers themselves, so the ledger
         survives controller loss and restarts; `regent check` proves from it that no sample was consumed twice
         in committed steps and none skipped without a record."""
+        from regent.train.data import HFStreamBatches, ShardedBatches
+
         loader = getattr(self.trainer, "dataloader", None)
-        if self.rank != 0 or self._ledger_path is None or not hasattr(loader, "batch_size"):
-            return
-        if not hasattr(self.trainer, "last_coverage"):
+        # Regent's own loaders only: their batch n of shard k is the sample range the ledger names (a spec's or
+        # user trainer's own data path has its own numbering, which the ledger cannot vouch for)
+        if (self.rank != 0 or self._ledger_path is None or not isinstance(loader, (ShardedBatches, HFStreamBatches))
+                or not hasattr(self.trainer, "last_coverage")):
             return
         try:
             if not self.manager.is_participating():
