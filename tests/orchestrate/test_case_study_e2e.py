@@ -239,7 +239,7 @@ def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
     ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
     assert check_ledger(ledger) == []
     steps = effective_ledger(ledger)
-    assert len(steps) >= 10 and sorted(steps) == list(range(1, max(steps) + 1))
+    assert len(steps) >= 3 and sorted(steps) == list(range(1, max(steps) + 1))
     span = 2 * 1 * 4  # replicas x ranks x batch size: the configured global batch, in samples
     for step, lines in steps.items():
         covered = sum(hi - lo for x in lines for lo, hi in x["samples"])
