@@ -31,6 +31,7 @@ from regent.orchestrate.summary import (
     state_lost_groups,
     training_end,
 )
+from regent.train.coverage import LEDGER_FILE
 
 RSS_GROWTH_FACTOR = 2.0
 RSS_GROWTH_MB = 200.0
@@ -43,9 +44,6 @@ END_STALL_FLOOR_S = 60.0
 END_STALL_FACTOR = 5.0
 # A goodput measured against a fault-free run may not exceed 1 by more than rounding.
 GOODPUT_EPS = 1e-9
-
-
-LEDGER_FILE = "ledger.jsonl"
 
 
 def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any],

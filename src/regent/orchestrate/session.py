@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent.train.coverage import LEDGER_FILE
+
 logger = logging.getLogger(__name__)
 
 
@@ -484,9 +486,6 @@ class TrainingSession:
             except Exception as exc:  # noqa: BLE001 - reported; the manager below is still shut down
                 logger.warning("replica %d rank %d: closing DiLoCo failed: %r", self.replica_index, self.rank, exc)
         self.manager.shutdown(wait=False)
-
-
-LEDGER_FILE = "ledger.jsonl"
 
 
 def ledger_line(*, step: int, batch: int, replica: int, generation: int, shards: list[int], participants: int,

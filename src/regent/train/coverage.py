@@ -19,6 +19,8 @@ samples, as in a full quorum.
 
 from __future__ import annotations
 
+LEDGER_FILE = "ledger.jsonl"  # the sample ledger, in the run directory (written by orchestrate.session)
+
 
 def micro_batch_shards(rank_in_quorum: int, participants: int, replicas: int, batch: int) -> list[int]:
     """The replica-shards of global batch `batch` that participant `rank_in_quorum` of `participants` covers.
