@@ -221,6 +221,37 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
     assert s["replicas_consistent"] is True, s.get("final_states")
     assert s["final_loss"] < s["initial_loss"]
+    # without a constant batch, the dead replica's shard is recorded as skipped in the sample ledger (checked)
+    assert s["samples"]["samples_skipped"] > 0 and s["samples"]["samples_committed"] > 0
+    assert s["extra_micro_batches"] == 0
+
+
+def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
+    """ft.mode=ddp with --ft.constant-batch: while replica 1 is down, the survivor takes its micro-batches, so
+    every committed step averages over the configured global batch (2 shards), and the sample ledger shows every
+    sample of every global batch consumed exactly once (the run's own `regent check` proves it too)."""
+    from regent.orchestrate.invariants import check_ledger, effective_ledger
+
+    sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
+    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.constant-batch",
+                     "--duration", "40s", "--faults-file", sched)
+    check_fault_recovered(run, "kill")
+    ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
+    assert check_ledger(ledger) == []
+    steps = effective_ledger(ledger)
+    assert len(steps) >= 3 and sorted(steps) == list(range(1, max(steps) + 1))
+    span = 2 * 1 * 4  # replicas x ranks x batch size: the configured global batch, in samples
+    for step, lines in steps.items():
+        covered = sum(hi - lo for x in lines for lo, hi in x["samples"])
+        assert covered == span and all(x["skipped"] == 0 for x in lines), (step, lines)
+        assert sorted(j for x in lines for j in x["shards"]) == [0, 1], (step, lines)
+    # the survivor carried the dead replica's shard: steps of a quorum of one covering both shards
+    alone = [ls for ls in steps.values() if len(ls) == 1 and ls[0]["participants"] == 1]
+    assert alone, "no committed step had the survivor alone"
+    s = run.summary
+    assert s["samples"] == {"samples_committed": span * len(steps), "samples_skipped": 0}
+    assert s["extra_micro_batches"] >= len(alone) - 1 and s["steps_with_extra_micro_batches"] >= 1
+    assert s["replicas_consistent"] is True and s["full_restarts"] == 0
 
 
 @pytest.mark.parametrize("mode", ["ddp", "diloco"])

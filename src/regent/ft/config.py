@@ -37,6 +37,12 @@ class FTConfig:
     # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after
     # backward). FSDP-sharded replicas always reduce after backward.
     bucket_mb: float = 100.0
+    # ddp mode: a constant global batch. A step whose quorum has fewer replicas than configured still averages
+    # over the configured global batch: the survivors take the missing replicas' micro-batches (gradient
+    # accumulation, regent.train.coverage), and no shard's samples are skipped. Costs extra micro-batches per
+    # step while replicas are down (counted: summary.json `extra_micro_batches`). Gradients are then averaged
+    # after backward (bucket_mb does not apply). Opt-in until measured; then the default.
+    constant_batch: bool = False
     # The durable backstop (regent.ft.backstop): committed state saved to disk this often, asynchronously, and
     # restored only when no live replica holds it. 0 turns it off (then losing every replica stops the run).
     backstop_every_s: float = 120.0
@@ -113,6 +119,9 @@ class FTConfig:
                 )
         if not 0.0 <= self.fragment_update_alpha <= 1.0:
             raise ValueError(f"ft.fragment_update_alpha={self.fragment_update_alpha} must be in [0, 1]")
+        if self.constant_batch and self.mode != "ddp":
+            raise ValueError("ft.constant_batch is implemented for ft.mode=ddp only (DiLoCo: not yet); pass "
+                             "--ft.mode ddp or drop --ft.constant-batch")
         if self.bucket_mb < 0:
             raise ValueError(f"ft.bucket_mb={self.bucket_mb}: must be >= 0 (0 reduces after backward)")
         if self.min_replica_size < 1:

@@ -354,6 +354,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--ft.mode must be diloco or ddp, not {mode!r}")
     if mode == "diloco" and getattr(cfg.ft, "sync_every", 1) < 1:
         raise ConfigError("--ft.sync-every must be at least 1")
+    if getattr(cfg.ft, "constant_batch", False):
+        from regent.train.data import data_kind
+
+        if cfg.trainer:
+            raise ConfigError("--ft.constant-batch needs the built-in trainer's data path; a user trainer "
+                              f"({cfg.trainer}) reads its own batches: drop --ft.constant-batch")
+        if data_kind(getattr(cfg.train, "data", None)) == "hf":
+            raise ConfigError("--ft.constant-batch cannot read another replica's shard of a streamed hf: dataset; "
+                              "prepare shards (regent data prepare) or drop --ft.constant-batch")
     if cfg.no_ft and cfg.replicas != 1:
         raise ConfigError("--no-ft trains a single replica group; pass --replicas 1 (or drop --no-ft)")
     from regent.orchestrate.sinks import MissingSinkPackage, check_available

@@ -31,6 +31,7 @@ from regent.orchestrate.summary import (
     state_lost_groups,
     training_end,
 )
+from regent.train.coverage import LEDGER_FILE
 
 RSS_GROWTH_FACTOR = 2.0
 RSS_GROWTH_MB = 200.0
@@ -73,7 +74,8 @@ def check_run(run_dir: str | Path) -> list[str]:
         events, metrics, summary, config = load_run(run_dir)
     except ValueError as exc:
         return [str(exc)]
-    return check_records(events, metrics, summary, config)
+    ledger = list(read_jsonl(Path(run_dir) / LEDGER_FILE))
+    return check_records(events, metrics, summary, config) + check_ledger(ledger)
 
 
 def check_records(events: list[dict[str, Any]], metrics: list[dict[str, Any]], summary: dict[str, Any],
@@ -319,6 +321,88 @@ def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | Non
             out.append(f"replica(s) {d.get('replicas')} diverged from the majority at committed step "
                        f"{d.get('manager_step')} with no injected bitflip: a bug or a faulty device changed "
                        "their state (it was healed)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sample ledger: every sample exactly once
+# ---------------------------------------------------------------------------------------------------------
+
+def effective_ledger(lines: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Ledger lines by committed step: per (step, replica) the last one written (a step committed again after
+    a counted reset or a checkpoint restart replaces the lost one)."""
+    last: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for line in sorted((x for x in lines if x.get("step") is not None and x.get("samples") is not None),
+                       key=lambda x: x.get("time") or 0.0):
+        last[(line["step"], line.get("replica"))] = line
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for (step, _), line in last.items():
+        by_step[int(step)].append(line)
+    return dict(sorted(by_step.items()))
+
+
+def ledger_totals(lines: list[dict[str, Any]]) -> dict[str, int]:
+    """Samples in committed steps, and samples recorded as skipped (shards no replica of the quorum covered)."""
+    consumed = skipped = 0
+    for ls in effective_ledger(lines).values():
+        consumed += sum(hi - lo for line in ls for lo, hi in line["samples"])
+        skipped += max(int(x.get("skipped") or 0) for x in ls) * int(ls[0].get("ranks") or 1) * \
+            int(ls[0].get("batch_size") or 0)
+    return {"samples_committed": consumed, "samples_skipped": skipped}
+
+
+def check_ledger(lines: list[dict[str, Any]]) -> list[str]:
+    """Every sample of every global batch up to the last committed one was consumed exactly once in committed
+    steps, or recorded as skipped: no sample in two committed steps (or twice in one), no batch with fewer
+    samples than its lines cover plus the skips they record, no batch that no committed step covered."""
+    out: list[str] = []
+    owners: list[tuple[int, int, int, Any]] = []  # (lo, hi, step, replica)
+    batches: dict[int, int] = {}  # global batch -> the committed step that consumed it
+    span_of: dict[int, int] = {}
+    for step, ls in effective_ledger(lines).items():
+        ns = {x.get("batch") for x in ls}
+        if len(ns) != 1:
+            out.append(f"ledger: committed step {step} covers different global batches {sorted(ns, key=str)} on "
+                       "different replicas (their data positions differ)")
+            continue
+        n = int(ns.pop())
+        layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
+        if len(layout) != 1 or None in next(iter(layout)):
+            out.append(f"ledger: committed step {step}: replicas report different layouts {sorted(layout, key=str)}")
+            continue
+        replicas, ranks, batch_size = (int(v) for v in layout.pop())
+        span = replicas * ranks * batch_size
+        span_of[n] = span
+        if n in batches:
+            out.append(f"ledger: global batch {n} consumed by committed steps {batches[n]} and {step}")
+        batches[n] = step
+        covered = 0
+        for x in ls:
+            for lo, hi in x["samples"]:
+                if not n * span <= lo < hi <= (n + 1) * span:
+                    out.append(f"ledger: committed step {step}, replica {x.get('replica')}: samples [{lo}, {hi}) "
+                               f"lie outside its global batch {n} [{n * span}, {(n + 1) * span})")
+                owners.append((lo, hi, step, x.get("replica")))
+                covered += hi - lo
+        recorded = max(int(x.get("skipped") or 0) for x in ls) * ranks * batch_size
+        if span - covered > recorded:
+            out.append(f"ledger: committed step {step} (global batch {n}) left {span - covered - recorded} of its "
+                       f"{span} samples unconsumed without a skip record (covered {covered}, recorded skipped "
+                       f"{recorded}): a silent gap")
+    owners.sort()
+    reach: tuple[int, int, int, Any] | None = None  # the range seen so far that reaches furthest
+    for cur in owners:
+        if reach is not None and cur[0] < reach[1]:
+            out.append(f"ledger: samples [{cur[0]}, {min(reach[1], cur[1])}) consumed twice: committed step "
+                       f"{reach[2]} (replica {reach[3]}) and committed step {cur[2]} (replica {cur[3]})")
+        if reach is None or cur[1] > reach[1]:
+            reach = cur
+    if batches:
+        missing = sorted(set(range(max(batches) + 1)) - set(batches))
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            out.append(f"ledger: global batch(es) {shown} ({len(missing)} in all) were consumed by no committed "
+                       "step and recorded as skipped by none: a silent gap")
     return out
 
 

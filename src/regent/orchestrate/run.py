@@ -941,6 +941,10 @@ class OrchestrationManager:
                                   baseline_rate=baseline_rate, recovery_mode=self.cfg.recovery,
                                   baseline_dir=self.cfg.baseline, hang_bound_s=self.cfg.faults.hang_timeout,
                                   final_states=self.final_states)
+        from regent.orchestrate.invariants import LEDGER_FILE, ledger_totals
+
+        # the sample ledger (per-step mode): samples in committed steps, and those recorded as skipped
+        summary["samples"] = ledger_totals(list(read_jsonl(self.run_dir / LEDGER_FILE)))
         summary["final_states"] = self.final_states
         summary["final_states_diverged"] = self.final_diverged
         summary["baseline"] = self.cfg.baseline

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent.train.coverage import LEDGER_FILE
+
 logger = logging.getLogger(__name__)
 
 
@@ -103,6 +105,8 @@ class TrainingSession:
         self.build_marks.append(("manager", time.time()))
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
+        self.constant_batch = False
+        self._ledger_path = os.path.join(cfg.run_dir, LEDGER_FILE) if cfg.run_dir else None
         if ft.mode == "diloco":
             from regent.ft.local_sgd import DiLoCo
 
@@ -126,7 +130,13 @@ class TrainingSession:
             self.diloco.on_contributor_step = self._align_step
             self.diloco.__enter__()
         else:
-            if ft.bucket_mb > 0 and not self.trainer.sharded:
+            self.constant_batch = bool(getattr(ft, "constant_batch", False))
+            if self.constant_batch:
+                if not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch", None)):
+                    raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
+                                     "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
+                self.trainer.micro_batch_plan = self._micro_batch_plan
+            if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:
                 from regent.ft.grad_sync import OverlappedAllreduce
 
                 self.grad_sync = OverlappedAllreduce(self.manager, self.trainer.model.parameters(),
@@ -255,6 +265,50 @@ class TrainingSession:
             g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
+    # -- a constant global batch and the sample ledger (per-step mode) ---------------------------------
+    def _micro_batch_plan(self, index: int) -> tuple[list[int], float] | None:
+        """The replica-shards of global batch `index` this replica covers in this step, and their gradient factor
+        (`regent.train.coverage`); None (its own shard) when it does not participate (healing: contributes
+        zeros) or the quorum failed (the step will not commit)."""
+        from regent.train.coverage import gradient_scale, micro_batch_shards
+
+        try:
+            if not self.manager.is_participating():
+                return None
+            q, p = self.manager.participating_rank(), self.manager.num_participants()
+        except Exception as err:  # noqa: BLE001 - reported: this step will not commit
+            self.manager.report_error(err)
+            return None
+        if q is None or not 1 <= p <= self.cfg.replicas:
+            return None
+        return micro_batch_shards(q, p, self.cfg.replicas, index), gradient_scale(p, self.cfg.replicas)
+
+    def _record_samples(self) -> None:
+        """After a committed step, rank 0 of each participating replica appends the global sample ranges it
+        covered to RUN_DIR/ledger.jsonl (`ledger_line`): written by the trainers themselves, so the ledger
+        survives controller loss and restarts; `regent check` proves from it that no sample was consumed twice
+        in committed steps and none skipped without a record."""
+        from regent.train.data import HFStreamBatches, ShardedBatches
+
+        loader = getattr(self.trainer, "dataloader", None)
+        # Regent's own loaders only: their batch n of shard k is the sample range the ledger names (a spec's or
+        # user trainer's own data path has its own numbering, which the ledger cannot vouch for)
+        if (self.rank != 0 or self._ledger_path is None or not isinstance(loader, (ShardedBatches, HFStreamBatches))
+                or not hasattr(self.trainer, "last_coverage")):
+            return
+        try:
+            if not self.manager.is_participating():
+                return
+            participants = self.manager.num_participants()
+        except Exception:  # noqa: BLE001 - the step committed, so the quorum did not fail; never stop training
+            return
+        batch, shards = self.trainer.last_coverage
+        line = ledger_line(step=self.manager.current_step(), batch=batch, replica=self.replica_index,
+                           generation=self.generation, shards=shards, participants=participants,
+                           replicas=self.cfg.replicas, ranks=self.world_size, batch_size=int(loader.batch_size),
+                           constant_batch=self.constant_batch)
+        append_line(self._ledger_path, line)
+
     # -- the loop --------------------------------------------------------------------------------------
     def at_boundary(self) -> bool:
         """Replicas are bit-identical only right after a sync: every step in ddp mode, every H in DiLoCo."""
@@ -286,6 +340,8 @@ class TrainingSession:
             wall_s=time.time() - t0,
             rss_mb=_rss_mb(),
         )
+        if self.mode == "ddp" and record.get("committed", True):
+            self._record_samples()
         self._after_commit(record.get("committed", True))
         self._maybe_vote(record.get("committed", True))
         if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
@@ -430,6 +486,31 @@ class TrainingSession:
             except Exception as exc:  # noqa: BLE001 - reported; the manager below is still shut down
                 logger.warning("replica %d rank %d: closing DiLoCo failed: %r", self.replica_index, self.rank, exc)
         self.manager.shutdown(wait=False)
+
+
+def ledger_line(*, step: int, batch: int, replica: int, generation: int, shards: list[int], participants: int,
+                replicas: int, ranks: int, batch_size: int, constant_batch: bool) -> dict[str, Any]:
+    """One line of the sample ledger: replica `replica` covered `shards` of global batch `batch` in committed
+    step `step`, as sample ranges [lo, hi). `skipped` counts the replica-shards of that batch that nobody in the
+    quorum covered (replicas - participants without a constant global batch; 0 with it): the skip record."""
+    from regent.train.coverage import step_sample_ranges
+
+    ranges = step_sample_ranges(batch, shards, replicas=replicas, ranks=ranks, batch_size=batch_size)
+    return {"time": time.time(), "step": step, "batch": batch, "replica": replica, "generation": generation,
+            "shards": list(shards), "participants": participants, "replicas": replicas, "ranks": ranks,
+            "batch_size": batch_size, "samples": [list(r) for r in ranges],
+            "skipped": 0 if constant_batch else replicas - participants}
+
+
+def append_line(path: str, record: dict[str, Any]) -> None:
+    """Append one JSON line with a single write on an O_APPEND descriptor: lines from several replicas'
+    processes never interleave, and a killed writer leaves at most its own torn last line."""
+    data = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def build_user_trainer(cfg: Any, *, rank: int, world_size: int, replica_index: int) -> Any:

@@ -209,6 +209,10 @@ def compute_summary(
         "controller_restarts": len(ctl := [e for e in events if e["kind"] == "controller_restarted"]),
         "controller_down_seconds": sum(float(e.get("down_s") or 0.0) for e in ctl),
         "controller_restart_modes": [e.get("mode") for e in ctl],
+        # the cost of a constant global batch (ft.constant_batch): micro-batches the survivors of a smaller quorum
+        # ran for the missing replicas (from each replica's step records)
+        "extra_micro_batches": sum(int(m.get("extra_micro_batches") or 0) for m in committed),
+        "steps_with_extra_micro_batches": sum(bool(m.get("extra_micro_batches")) for m in committed),
         "wall_seconds": t1 - t0,
         "healthy_steps_per_second": rate,
         "goodput_is_estimate": not baseline_rate,

@@ -279,8 +279,15 @@ class ShardedBatches:
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch `index` (0-based, counting from the start of training) of this shard: (inputs, labels)."""
+        return self.shard_batch(index, self.shard_index)
+
+    def shard_batch(self, index: int, shard_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `index` of any shard: a survivor of a smaller quorum covers a missing replica's shard with it
+        (`ft.constant_batch`, `regent.train.coverage`)."""
+        if not 0 <= shard_index < self.num_shards:
+            raise ValueError(f"shard_index {shard_index} not in [0, {self.num_shards})")
         epoch, within = divmod(index, self.batches_per_epoch)
-        first = (within * self.num_shards + self.shard_index) * self.batch_size
+        first = (within * self.num_shards + shard_index) * self.batch_size
         sequence_ids = shuffled_positions(np.arange(first, first + self.batch_size), self.num_sequences, self.seed,
                                           epoch)
         window = torch.from_numpy(self._windows(sequence_ids * self.seq_len))

@@ -133,6 +133,12 @@ class Trainer:
         # Hooks for the fault-tolerance layer
         self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
         self.commit_hook: Callable[[], bool] | None = None
+        # A constant global batch (`ft.constant_batch`): given the step's data position, the replica-shards this
+        # replica covers and the factor on their summed gradients (`regent.train.coverage`); None (the hook or
+        # its answer): this replica's own shard only.
+        self.micro_batch_plan: Callable[[int], tuple[list[int], float] | None] | None = None
+        # (data position, replica-shards covered) of the last step: what the sample ledger records
+        self.last_coverage: tuple[int, list[int]] = (0, [replica_index])
         # (batch index, inputs, labels) already on the device: the next batch, made while the device works
         self._prefetched: tuple[int, torch.Tensor, torch.Tensor] | None = None
         # a batch has been taken for the step in progress (see `_data_state`)
@@ -230,9 +236,17 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         inputs, labels = self._next_batch()
+        index = self.dataloader.batches_consumed - 1
         self._batch_in_flight = True
-        loss = self._loss(inputs, labels)
-        loss.backward()
+        plan = self.micro_batch_plan(index) if self.micro_batch_plan is not None else None
+        if plan is None:
+            shards = [self.replica_index]
+            loss = self._loss(inputs, labels)
+            loss.backward()
+        else:
+            shards, scale = plan
+            loss = self._accumulate(index, shards, scale, inputs, labels)
+        self.last_coverage = (index, list(shards))
         self._prefetch_next_batch()
 
         if self.grad_reduce_hook is not None:
@@ -261,7 +275,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
-        local_tokens = inputs.numel()
+        local_tokens = inputs.numel() * len(shards)
         per_device = local_tokens / elapsed
         record = {
             "step": self.step,
@@ -276,6 +290,9 @@ class Trainer:
             "lr": lr,
             "step_time_s": elapsed,
         }
+        if plan is not None:
+            record["micro_batches"] = len(shards)
+            record["extra_micro_batches"] = max(0, len(shards) - 1)
         if self.metrics is not None:
             self.metrics.write(record)
         every = self.cfg.checkpoint_every
@@ -283,6 +300,27 @@ class Trainer:
             assert self.cfg.checkpoint_dir is not None
             self.save_checkpoint(os.path.join(self.cfg.checkpoint_dir, f"step-{self.step}"))
         return record
+
+    def _accumulate(self, index: int, shards: list[int], scale: float, own_inputs: torch.Tensor,
+                    own_labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward over batch `index` of each replica-shard in `shards` (this rank's loader shard of
+        each), gradients summed and scaled by `scale`: a smaller quorum still averages over the configured global
+        batch. Returns the mean loss of the micro-batches."""
+        losses = []
+        for j in shards:
+            if j == self.replica_index:
+                inputs, labels = own_inputs, own_labels
+            else:
+                inputs, labels = self.dataloader.shard_batch(index, j * self.world_size + self.rank)
+                inputs, labels = inputs.to(self.device), labels.to(self.device)
+            loss = self._loss(inputs, labels)
+            (loss * scale).backward()
+            losses.append(loss.detach())
+        if not losses:  # no shard for this replica (cannot happen with participants <= replicas): zero gradients
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+            return torch.zeros((), device=self.device)
+        return torch.stack(losses).mean()
 
     @torch.no_grad()
     def evaluate_loss(self, batches: int = 2) -> float:
