@@ -61,6 +61,18 @@ def test_a_missing_participant_line_is_a_gap():
     assert any("silent gap" in v for v in check_ledger(lines))
 
 
+def test_a_line_lost_with_its_killed_writer_is_accepted_only_with_that_failure():
+    """Replica 2 committed step 1 with the others and was killed before it wrote its line: with its failure
+    recorded around that commit the samples are accepted (the commit was the quorum's); without it, or when
+    the failure is of a replica that did write, it stays a gap."""
+    lines = full_step(1, 0)[:2] + full_step(2, 1)
+    died = [{"kind": "failure_detected", "replica": 2, "time": 1.5}]
+    assert check_ledger(lines, died) == []
+    assert any("silent gap" in v for v in check_ledger(lines, []))
+    assert any("silent gap" in v for v in check_ledger(lines, [{**died[0], "replica": 1}]))
+    assert any("silent gap" in v for v in check_ledger(lines, [{**died[0], "time": 500.0}]))
+
+
 def test_a_batch_no_committed_step_covered_is_caught():
     lines = full_step(1, 0) + full_step(2, 2)
     found = check_ledger(lines)

@@ -75,7 +75,7 @@ def check_run(run_dir: str | Path) -> list[str]:
     except ValueError as exc:
         return [str(exc)]
     ledger = list(read_jsonl(Path(run_dir) / LEDGER_FILE))
-    return check_records(events, metrics, summary, config) + check_ledger(ledger)
+    return check_records(events, metrics, summary, config) + check_ledger(ledger, events)
 
 
 def check_records(events: list[dict[str, Any]], metrics: list[dict[str, Any]], summary: dict[str, Any],
@@ -351,10 +351,23 @@ def ledger_totals(lines: list[dict[str, Any]]) -> dict[str, int]:
     return {"samples_committed": consumed, "samples_skipped": skipped}
 
 
-def check_ledger(lines: list[dict[str, Any]]) -> list[str]:
+# A participant's ledger line is written by itself just after its commit: one killed in between committed its
+# samples (the commit is the quorum's) but wrote no line. Its failure is then recorded within this many seconds.
+LOST_LINE_WINDOW_S = 30.0
+
+
+def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> list[str]:
     """Every sample of every global batch up to the last committed one was consumed exactly once in committed
     steps, or recorded as skipped: no sample in two committed steps (or twice in one), no batch with fewer
-    samples than its lines cover plus the skips they record, no batch that no committed step covered."""
+    samples than its lines cover plus the skips they record, no batch that no committed step covered.
+
+    With `events`: a step that has fewer lines than participants, where as many of the replicas without a line
+    failed around that commit (`failure_detected`), lost those lines with their writers, not the samples: the
+    samples they covered (at most ceil(replicas / participants) shards each) are accepted as consumed."""
+    failures: dict[Any, list[float]] = defaultdict(list)
+    for e in events or []:
+        if e.get("kind") == "failure_detected" and e.get("replica") is not None and e.get("time") is not None:
+            failures[e["replica"]].append(float(e["time"]))
     out: list[str] = []
     owners: list[tuple[int, int, int, Any]] = []  # (lo, hi, step, replica)
     batches: dict[int, int] = {}  # global batch -> the committed step that consumed it
@@ -385,6 +398,16 @@ def check_ledger(lines: list[dict[str, Any]]) -> list[str]:
                 owners.append((lo, hi, step, x.get("replica")))
                 covered += hi - lo
         recorded = max(int(x.get("skipped") or 0) for x in ls) * ranks * batch_size
+        participants = max(int(x.get("participants") or 0) for x in ls)
+        unwritten = participants - len(ls)
+        if unwritten > 0 and failures:
+            t = max(float(x.get("time") or 0.0) for x in ls)
+            present = {x.get("replica") for x in ls}
+            died = [r for r, ts in failures.items()
+                    if r not in present and any(t - LOST_LINE_WINDOW_S <= f <= t + LOST_LINE_WINDOW_S for f in ts)]
+            if len(died) >= unwritten:
+                per = -(-replicas // participants) * ranks * batch_size  # the most one participant covers
+                recorded += unwritten * per
         if span - covered > recorded:
             out.append(f"ledger: committed step {step} (global batch {n}) left {span - covered - recorded} of its "
                        f"{span} samples unconsumed without a skip record (covered {covered}, recorded skipped "
