@@ -148,9 +148,11 @@ class HostMesh(MeshTrait):
                     try:
                         await self._agent(rt, h)
                     except Exception as exc:  # re-raised naming the host and the fix
+                        # "attach failed: config push failed during attach" is Monarch's wording (programs match it)
                         raise ConnectionError(
-                            f"host {h} of host mesh {state.name} at {state.addresses[h]} cannot be reached: "
-                            f"{exc!r}; is `regent worker --address ...` running there with this job's secret?"
+                            f"attach failed: config push failed during attach: host {h} of host mesh {state.name} "
+                            f"at {state.addresses[h]} cannot be reached: {exc!r}; is `regent worker --address ...` "
+                            f"running there with this job's secret?"
                         ) from exc
 
                 async def reach_all() -> bool:

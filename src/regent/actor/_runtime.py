@@ -608,8 +608,19 @@ class Runtime:
         self._flush_queue(proc_id)
 
     async def connect_address(self, address: str, timeout: float = 30.0) -> str:
-        """Dial an address whose process id is unknown (a worker); returns the peer's process id."""
-        conn = await connect(address, self._factory(False), self.loop, timeout)
+        """Dial an address whose process id is unknown (a worker); returns the peer's process id.
+
+        A refused or missing address is dialled again until `config.attach_timeout`: a worker started
+        just before `attach_to_workers` (as Monarch's examples do) may not listen yet."""
+        retry_until = self.loop.time() + config.attach_timeout
+        while True:
+            try:
+                conn = await connect(address, self._factory(False), self.loop, timeout)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                if self.loop.time() >= retry_until:
+                    raise
+                await asyncio.sleep(0.05)
         deadline = self.loop.time() + timeout
         while conn.peer is None:
             if conn.closed:

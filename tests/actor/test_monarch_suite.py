@@ -1,0 +1,80 @@
+"""What Monarch's own test suite revealed (issue 35), checked with Regent's own tests and real processes.
+
+- `attach_to_workers` right after starting a worker (before it listens) waits for it, as Monarch's does;
+  a worker that never comes up fails with Monarch's "attach failed: config push failed during attach";
+- `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from regent.actor import Actor, attach_to_workers, config, endpoint
+from regent.actor._runtime import get_runtime
+from regent.actor._shape import Shape, Slice
+
+TIMEOUT = 60
+
+WORKER = textwrap.dedent('''
+    import sys
+    from regent.actor import run_worker_loop_forever
+    run_worker_loop_forever(address=sys.argv[1], ca="trust_all_connections")
+''')
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_attach_waits_for_a_worker_that_is_still_starting():
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    hosts = attach_to_workers([address], name="late")  # nothing listens yet
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
+    env["REGENT_JOB_SECRET"] = get_runtime().secret.hex()
+    # the worker's interpreter takes far longer to start than the first dial: that dial is refused
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, address], env=env, stdout=subprocess.DEVNULL)
+    try:
+        pm = hosts.spawn_procs(per_host={"gpus": 1})
+        pids = pm.spawn("pid", Pid).pid.call().get(timeout=TIMEOUT).values()
+        assert len(list(pids)) == 1
+        hosts.shutdown().get(timeout=TIMEOUT)
+        assert worker.wait(TIMEOUT) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def test_attach_to_a_worker_that_never_listens_fails_in_monarchs_words(tmp_path):
+    old = config.attach_timeout
+    config.configure(attach_timeout=0.5)
+    try:
+        never = f"ipc://{tmp_path}/never_bound"
+        hosts = attach_to_workers([never], name="never")
+        with pytest.raises(ConnectionError) as info:
+            hosts.initialized.get(timeout=TIMEOUT)
+    finally:
+        config.configure(attach_timeout=old)
+    assert "attach failed: config push failed during attach" in str(info.value)
+    assert f"{tmp_path}/never_bound" in str(info.value)
+
+
+def test_negative_shape_index_is_an_overflow_as_in_monarch():
+    shape = Shape(["rows", "cols"], Slice.new_row_major([2, 3]))
+    with pytest.raises(OverflowError):
+        shape.at("rows", -1)
+    with pytest.raises(ValueError):
+        shape.at("rows", 5)
