@@ -2,6 +2,8 @@
 
 - `attach_to_workers` right after starting a worker (before it listens) waits for it, as Monarch's does;
   a worker that never comes up fails with Monarch's "attach failed: config push failed during attach";
+- an async actor's endpoints see what its `__init__` stored in a `threading.local` (Monarch runs both on
+  one thread; Regent's `__init__` runs off the loop);
 - `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
 """
 
@@ -10,10 +12,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
-from regent.actor import Actor, attach_to_workers, config, endpoint
+from regent.actor import Actor, attach_to_workers, config, endpoint, this_host
 from regent.actor._runtime import get_runtime
 from regent.actor._shape import Shape, Slice
 
@@ -30,6 +33,26 @@ class Pid(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class Local(Actor):
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.local.value = 10
+
+    @endpoint
+    async def bump(self) -> int:
+        self.local.value += 1
+        return self.local.value
+
+
+def test_async_endpoints_see_thread_local_state_set_in_init():
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        local = pm.spawn("local", Local)
+        assert [local.bump.call_one().get(timeout=TIMEOUT) for _ in range(2)] == [11, 12]
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
 
 
 def _free_port() -> int:

@@ -364,6 +364,9 @@ class Cell:
                 outcome: BaseException | None = exc
             else:
                 outcome = None
+                seen = _thread_locals_seen(self.instance)
+                if seen:
+                    loop.call_soon_threadsafe(_thread_locals_carry, seen)
             try:
                 loop.call_soon_threadsafe(settle, outcome)
             except RuntimeError:
@@ -602,6 +605,25 @@ class Cell:
                 self.rt.send_reply(reply, OK, None)
 
         self.rt.run_on_loop(on_loop)
+
+
+def _thread_locals_seen(instance: Any) -> list[tuple[threading.local, dict]]:
+    """(init thread) The `threading.local` attributes of a new async actor with what `__init__` put in them.
+
+    Monarch runs an async actor's `__init__` on the thread its endpoints run on, so `self.local.value` set
+    there is seen by them; Regent runs it on a thread of its own (a blocking `__init__` must not freeze the
+    process's loop), so what it stored is carried to the loop thread before the first message."""
+    found = []
+    for value in list(vars(instance).values()) if hasattr(instance, "__dict__") else ():
+        if isinstance(value, threading.local):
+            found.append((value, dict(vars(value))))
+    return found
+
+
+def _thread_locals_carry(seen: list[tuple[threading.local, dict]]) -> None:
+    """(loop thread) Give the loop thread's view of each `threading.local` what `__init__` stored."""
+    for local, values in seen:
+        vars(local).update(values)
 
 
 async def _await(awaitable: Any) -> Any:
