@@ -4,6 +4,8 @@
   a worker that never comes up fails with Monarch's "attach failed: config push failed during attach";
 - an async actor's endpoints see what its `__init__` stored in a `threading.local` (Monarch runs both on
   one thread; Regent's `__init__` runs off the loop);
+- `ProcessJob.kill()` is a deliberate end: the procs it takes down are no failure for `unhandled_fault_hook`
+  (a worker killed by anything else still is); `JobState` keeps its meshes in `_hosts`, as Monarch's;
 - `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
 """
 
@@ -13,12 +15,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
+import regent.actor
 from regent.actor import Actor, attach_to_workers, config, endpoint, this_host
 from regent.actor._runtime import get_runtime
 from regent.actor._shape import Shape, Slice
+from regent.jobs.local import ProcessJob
 
 TIMEOUT = 60
 
@@ -101,3 +106,39 @@ def test_negative_shape_index_is_an_overflow_as_in_monarch():
         shape.at("rows", -1)
     with pytest.raises(ValueError):
         shape.at("rows", 5)
+
+
+def _wait_for(predicate, timeout: float = TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_job_kill_is_not_a_failure_but_a_dying_worker_is():
+    rt = get_runtime()
+    faults: list[str] = []
+    old_hook = regent.actor.unhandled_fault_hook
+    regent.actor.unhandled_fault_hook = lambda failure: faults.append(failure.mesh_name)
+    killed, crashed = ProcessJob(hosts=1), ProcessJob(hosts=1)
+    try:
+        assert set(killed.state()._hosts) == {"hosts"}
+        meshes = {}
+        for name, job in (("killed", killed), ("crashed", crashed)):
+            pm = job.host_mesh().spawn_procs(name=f"{name}_procs", per_host={"gpus": 1})
+            meshes[name] = pm.spawn(name, Pid)
+            meshes[name].pid.call().get(timeout=TIMEOUT)
+        killed_procs = list(meshes["killed"]._ref.rank_procs)
+        killed.kill()
+        assert _wait_for(lambda: all(p in rt.supervision.dead for p in killed_procs))
+        # the control: a worker that dies on its own is a failure; its report comes after the kill's would have
+        for p in crashed._workers["hosts"]:
+            p.kill()
+        assert _wait_for(lambda: "crashed" in faults)
+        assert "killed" not in faults, faults
+    finally:
+        regent.actor.unhandled_fault_hook = old_hook
+        killed.kill()
+        crashed.kill()
