@@ -6,6 +6,8 @@
   one thread; Regent's `__init__` runs off the loop);
 - `ProcessJob.kill()` is a deliberate end: the procs it takes down are no failure for `unhandled_fault_hook`
   (a worker killed by anything else still is); `JobState` keeps its meshes in `_hosts`, as Monarch's;
+- stopping an actor mesh whose `__init__` never returns completes (async and sync actors), and a call that
+  was waiting for that `__init__` fails instead of waiting forever;
 - `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
 """
 
@@ -142,3 +144,37 @@ def test_job_kill_is_not_a_failure_but_a_dying_worker_is():
         regent.actor.unhandled_fault_hook = old_hook
         killed.kill()
         crashed.kill()
+
+
+class StuckAsync(Actor):
+    def __init__(self) -> None:
+        threading.Event().wait()
+
+    @endpoint
+    async def never(self) -> None:
+        pass
+
+
+class StuckSync(Actor):
+    def __init__(self) -> None:
+        threading.Event().wait()
+
+    @endpoint
+    def never(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cls", [StuckAsync, StuckSync])
+def test_stop_of_an_actor_whose_init_never_returns_completes(cls):
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        stuck = pm.spawn("stuck", cls)
+        waiting = stuck.never.call_one()  # queued behind __init__
+        stuck.stop().get(timeout=TIMEOUT)
+        with pytest.raises(Exception, match="stopped"):
+            waiting.get(timeout=TIMEOUT)
+        with pytest.raises(Exception, match="stopped"):
+            stuck.never.call_one().get(timeout=TIMEOUT)
+        assert pm.spawn("pid", Pid).pid.call_one().get(timeout=TIMEOUT) > 0  # the proc still serves
+    finally:
+        pm.stop(timeout=0).get(timeout=TIMEOUT)

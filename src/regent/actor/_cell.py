@@ -200,7 +200,25 @@ class Cell:
         if not self.alive:
             self._answer_dead(item)
             return
+        if item[0] == "stop" and self.status == "init":
+            self._stop_during_init(item[1], item[2])
+            return
         self.mailbox.put(item)
+
+    def _stop_during_init(self, reply: tuple | None, reason: str) -> None:
+        """Loop thread: stop an actor whose `__init__` has not returned (it may never: Monarch's
+        `test_run_forever_on_init`). As in Monarch the stop completes now; whatever waits on the actor is
+        answered, and `__cleanup__` runs if `__init__` ever returns (its thread sees the actor stopped)."""
+        why = f"actor {self.display} has status: stopped ({reason}) before its __init__ returned"
+        self.status = "stopped"
+        self.rt.actors.mark_dead(self.key, why)
+        if self.init_reply is not None:
+            self.rt.send_reply(self.init_reply, DEAD, why)
+        for queued in self.mailbox.drain():
+            self._answer_dead(queued)
+        self.rt.actors.remove(self.key)
+        if reply is not None:
+            self.rt.send_reply(reply, OK, None)
 
     def _answer_dead(self, item: tuple) -> None:
         kind = item[0]
@@ -233,6 +251,9 @@ class Cell:
         except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
             self.fail(exc, during_init=True)
             self._cleanup_sync(exc)
+            return False
+        if self.status != "init":  # stopped while __init__ ran (`_stop_during_init`)
+            self._cleanup_sync(None)
             return False
         self.status = "running"
         if self.init_reply is not None:
