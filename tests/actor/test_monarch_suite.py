@@ -8,6 +8,7 @@
   (a worker killed by anything else still is); `JobState` keeps its meshes in `_hosts`, as Monarch's;
 - stopping an actor mesh whose `__init__` never returns completes (async and sync actors), and a call that
   was waiting for that `__init__` fails instead of waiting forever;
+- a worker serves on a bound socket it inherited (`tcp://HOST:fdN`, Monarch's form);
 - `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
 """
 
@@ -80,6 +81,28 @@ def test_attach_waits_for_a_worker_that_is_still_starting():
         pm = hosts.spawn_procs(per_host={"gpus": 1})
         pids = pm.spawn("pid", Pid).pid.call().get(timeout=TIMEOUT).values()
         assert len(list(pids)) == 1
+        hosts.shutdown().get(timeout=TIMEOUT)
+        assert worker.wait(TIMEOUT) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+
+
+def test_worker_serves_on_an_inherited_socket():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port, fd = sock.getsockname()[1], sock.fileno()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
+    env["REGENT_JOB_SECRET"] = get_runtime().secret.hex()
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, f"tcp://127.0.0.1:fd{fd}"], env=env,
+                              stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
+    sock.close()
+    try:
+        assert worker.stdout.readline().split()[-1] == f"tcp://127.0.0.1:{port}"
+        hosts = attach_to_workers([f"tcp://127.0.0.1:{port}"], name="inherited")
+        pm = hosts.spawn_procs(per_host={"gpus": 1})
+        assert len(list(pm.spawn("pid", Pid).pid.call().get(timeout=TIMEOUT).values())) == 1
         hosts.shutdown().get(timeout=TIMEOUT)
         assert worker.wait(TIMEOUT) == 0
     finally:

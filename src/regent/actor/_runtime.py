@@ -329,9 +329,9 @@ class Runtime:
             return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         return addr
 
-    async def listen_extra(self, address: str) -> str:
-        """Also accept connections on `address` (used by `regent worker --address`)."""
-        server, addr = await listen(address, self._factory(True), self.loop)
+    async def listen_extra(self, address: str, sock: socket.socket | None = None) -> str:
+        """Also accept connections on `address` (used by `regent worker --address`), on `sock` if given."""
+        server, addr = await listen(address, self._factory(True), self.loop, sock)
         self.servers.append(server)
         return addr
 
