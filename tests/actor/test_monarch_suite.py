@@ -9,6 +9,9 @@
 - stopping an actor mesh whose `__init__` never returns completes (async and sync actors), and a call that
   was waiting for that `__init__` fails instead of waiting forever;
 - a worker serves on a bound socket it inherited (`tcp://HOST:fdN`, Monarch's form);
+- Monarch's error wording: a call to a rank whose process died says "failure on mesh ... with event: The actor
+  ... and all its descendants have failed"; a stopped mesh "The actor mesh X has status: stopped"; proc_bind
+  and concurrent_endpoint misuse; a missing private attribute of a mesh reads as Python's own;
 - `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
 """
 
@@ -200,4 +203,48 @@ def test_stop_of_an_actor_whose_init_never_returns_completes(cls):
             stuck.never.call_one().get(timeout=TIMEOUT)
         assert pm.spawn("pid", Pid).pid.call_one().get(timeout=TIMEOUT) > 0  # the proc still serves
     finally:
+        pm.stop(timeout=0).get(timeout=TIMEOUT)
+
+
+class Exits(Actor):
+    @endpoint
+    def die(self) -> None:
+        os._exit(1)
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_monarchs_wording_for_dead_ranks_stopped_meshes_and_misuse():
+    faults: list[str] = []
+    old_hook = regent.actor.unhandled_fault_hook
+    regent.actor.unhandled_fault_hook = lambda failure: faults.append(failure.mesh_name)
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        exits = pm.spawn("exits", Exits)
+        exits.die.call_one()
+        assert _wait_for(lambda: "exits" in faults)
+        with pytest.raises(regent.actor.SupervisionError,
+                           match=r'failure on mesh "exits" at rank 0 with event: The actor .*Exits exits.* and all '
+                                 r'its descendants have failed: the process'):
+            exits.ping.call_one().get(timeout=TIMEOUT)
+        with pytest.raises(AttributeError, match="'ActorMesh' object has no attribute '_proc_mesh'"):
+            exits._proc_mesh  # noqa: B018 - the lookup is what is tested
+        pm2 = this_host().spawn_procs(per_host={"gpus": 1})
+        pinged = pm2.spawn("pinged", Exits)
+        pinged.ping.call_one().get(timeout=TIMEOUT)
+        pinged.stop().get(timeout=TIMEOUT)
+        with pytest.raises(Exception, match="The actor mesh pinged has status: stopped"):
+            pinged.ping.call_one().get(timeout=TIMEOUT)
+        pm2.stop().get(timeout=TIMEOUT)
+        with pytest.raises(ValueError, match=r"proc_bind length \(1\) must equal procs_per_host \(2\)"):
+            this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": "0"}])
+        with pytest.raises(ValueError, match="can only wrap async endpoints"):
+            class Bad(Actor):
+                @regent.actor.concurrent_endpoint
+                def ping(self) -> None:
+                    pass
+    finally:
+        regent.actor.unhandled_fault_hook = old_hook
         pm.stop(timeout=0).get(timeout=TIMEOUT)

@@ -206,8 +206,10 @@ class HostMesh(MeshTrait):
         if proc_bind is not None:
             import math
 
-            if len(proc_bind) != math.prod(per_host.values()):
-                raise ValueError("proc_bind needs one entry per proc of a host")
+            per = math.prod(per_host.values())
+            if len(proc_bind) != per:  # Monarch's wording
+                raise ValueError(f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per}): "
+                                 "one entry per proc of a host")
             binds = [check_proc_bind(entry) for entry in proc_bind]
         rt = get_runtime()
         owner_key = context().actor_instance.key
