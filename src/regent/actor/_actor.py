@@ -115,7 +115,7 @@ def concurrent_endpoint(
         if isinstance(fn, EndpointProperty):
             raise ValueError("concurrent_endpoint does not wrap @endpoint; use @concurrent_endpoint alone")
         if not inspect.iscoroutinefunction(fn):
-            raise ValueError(f"concurrent_endpoint requires an async def method; {fn.__qualname__} is sync")
+            raise ValueError(f"concurrent_endpoint can only wrap async endpoints; {fn.__qualname__} is sync")
         return EndpointProperty(fn, propagate, explicit_response_port, instrument, concurrent=True)
 
     return wrap(method) if method is not None else wrap

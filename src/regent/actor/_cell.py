@@ -200,7 +200,25 @@ class Cell:
         if not self.alive:
             self._answer_dead(item)
             return
+        if item[0] == "stop" and self.status == "init":
+            self._stop_during_init(item[1], item[2])
+            return
         self.mailbox.put(item)
+
+    def _stop_during_init(self, reply: tuple | None, reason: str) -> None:
+        """Loop thread: stop an actor whose `__init__` has not returned (it may never: Monarch's
+        `test_run_forever_on_init`). As in Monarch the stop completes now; whatever waits on the actor is
+        answered, and `__cleanup__` runs if `__init__` ever returns (its thread sees the actor stopped)."""
+        why = f"actor {self.display} has status: stopped ({reason}) before its __init__ returned"
+        self.status = "stopped"
+        self.rt.actors.mark_dead(self.key, why)
+        if self.init_reply is not None:
+            self.rt.send_reply(self.init_reply, DEAD, why)
+        for queued in self.mailbox.drain():
+            self._answer_dead(queued)
+        self.rt.actors.remove(self.key)
+        if reply is not None:
+            self.rt.send_reply(reply, OK, None)
 
     def _answer_dead(self, item: tuple) -> None:
         kind = item[0]
@@ -233,6 +251,9 @@ class Cell:
         except BaseException as exc:  # noqa: BLE001 - __init__ failure is a supervision event
             self.fail(exc, during_init=True)
             self._cleanup_sync(exc)
+            return False
+        if self.status != "init":  # stopped while __init__ ran (`_stop_during_init`)
+            self._cleanup_sync(None)
             return False
         self.status = "running"
         if self.init_reply is not None:
@@ -364,6 +385,9 @@ class Cell:
                 outcome: BaseException | None = exc
             else:
                 outcome = None
+                seen = _thread_locals_seen(self.instance)
+                if seen:
+                    loop.call_soon_threadsafe(_thread_locals_carry, seen)
             try:
                 loop.call_soon_threadsafe(settle, outcome)
             except RuntimeError:
@@ -602,6 +626,25 @@ class Cell:
                 self.rt.send_reply(reply, OK, None)
 
         self.rt.run_on_loop(on_loop)
+
+
+def _thread_locals_seen(instance: Any) -> list[tuple[threading.local, dict]]:
+    """(init thread) The `threading.local` attributes of a new async actor with what `__init__` put in them.
+
+    Monarch runs an async actor's `__init__` on the thread its endpoints run on, so `self.local.value` set
+    there is seen by them; Regent runs it on a thread of its own (a blocking `__init__` must not freeze the
+    process's loop), so what it stored is carried to the loop thread before the first message."""
+    found = []
+    for value in list(vars(instance).values()) if hasattr(instance, "__dict__") else ():
+        if isinstance(value, threading.local):
+            found.append((value, dict(vars(value))))
+    return found
+
+
+def _thread_locals_carry(seen: list[tuple[threading.local, dict]]) -> None:
+    """(loop thread) Give the loop thread's view of each `threading.local` what `__init__` stored."""
+    for local, values in seen:
+        vars(local).update(values)
 
 
 async def _await(awaitable: Any) -> Any:

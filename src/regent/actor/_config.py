@@ -57,6 +57,9 @@ class RuntimeConfig:
     stop_timeout: float = 10.0
     # How long a new proc may take to start and connect back (env REGENT_SPAWN_TIMEOUT).
     spawn_timeout: float = 60.0
+    # How long to keep dialling a worker that refuses connections, as one started just before
+    # `attach_to_workers` does while it comes up (env REGENT_ATTACH_TIMEOUT; Monarch's 10 s attach timeout).
+    attach_timeout: float = 10.0
     # Prefix forwarded child output with the proc's rank (env REGENT_PREFIX_OUTPUT=0 disables).
     prefix_output: bool = True
     # Prefix log records emitted inside actors with `[actor=...]`.
@@ -77,6 +80,7 @@ class RuntimeConfig:
         cfg.cleanup_timeout = _env_float("REGENT_CLEANUP_TIMEOUT", cfg.cleanup_timeout) or cfg.cleanup_timeout
         cfg.stop_timeout = _env_float("REGENT_STOP_TIMEOUT", cfg.stop_timeout) or cfg.stop_timeout
         cfg.spawn_timeout = _env_float("REGENT_SPAWN_TIMEOUT", cfg.spawn_timeout) or cfg.spawn_timeout
+        cfg.attach_timeout = _env_float("REGENT_ATTACH_TIMEOUT", cfg.attach_timeout) or cfg.attach_timeout
         cfg.prefix_output = os.environ.get("REGENT_PREFIX_OUTPUT", "1") not in ("0", "false", "no")
         monarch = _env_bool("HYPERACTOR_SHARED_ASYNCIO_RUNTIME", cfg.shared_asyncio_runtime)
         cfg.shared_asyncio_runtime = _env_bool("REGENT_SHARED_ASYNCIO_RUNTIME", monarch)  # Regent's name wins
@@ -97,6 +101,7 @@ class RuntimeConfig:
             "REGENT_CLEANUP_TIMEOUT": repr(self.cleanup_timeout),
             "REGENT_STOP_TIMEOUT": repr(self.stop_timeout),
             "REGENT_SPAWN_TIMEOUT": repr(self.spawn_timeout),
+            "REGENT_ATTACH_TIMEOUT": repr(self.attach_timeout),
             "REGENT_PREFIX_OUTPUT": "1" if self.prefix_output else "0",
             "REGENT_SHARED_ASYNCIO_RUNTIME": "1" if self.shared_asyncio_runtime else "0",
         }

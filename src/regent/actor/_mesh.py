@@ -242,6 +242,8 @@ class ActorMesh(MeshTrait, Generic[R]):
         attr = getattr(ref.cls, name, None)
         if callable(attr):
             return NotAnEndpoint(self, name)
+        if name.startswith("_"):  # not an endpoint name: Python's own wording for a missing attribute
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         raise AttributeError(f"{ref.cls.__qualname__} mesh has no endpoint {name!r}")
 
     @property
@@ -270,7 +272,7 @@ class ActorMesh(MeshTrait, Generic[R]):
 
             def done(_: Future) -> None:
                 if len(ranks) == ref.extent.nelements:
-                    ref.state.stopped = f"actor mesh {ref.name} has status: stopped ({reason})"
+                    ref.state.stopped = f"The actor mesh {ref.name} has status: stopped ({reason})"
                 fut._set_result(None)
 
             gather.future.add_done_callback(done)

@@ -62,6 +62,7 @@ from regent.actor._runtime import (
     get_runtime,
     new_id,
     remove_sock_dir,
+    runtime_if_started,
 )
 from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
 from regent.actor._spawner import (
@@ -148,9 +149,11 @@ class HostMesh(MeshTrait):
                     try:
                         await self._agent(rt, h)
                     except Exception as exc:  # re-raised naming the host and the fix
+                        # "attach failed: config push failed during attach" is Monarch's wording (programs match it)
                         raise ConnectionError(
-                            f"host {h} of host mesh {state.name} at {state.addresses[h]} cannot be reached: "
-                            f"{exc!r}; is `regent worker --address ...` running there with this job's secret?"
+                            f"attach failed: config push failed during attach: host {h} of host mesh {state.name} "
+                            f"at {state.addresses[h]} cannot be reached: {exc!r}; is `regent worker --address ...` "
+                            f"running there with this job's secret?"
                         ) from exc
 
                 async def reach_all() -> bool:
@@ -203,8 +206,10 @@ class HostMesh(MeshTrait):
         if proc_bind is not None:
             import math
 
-            if len(proc_bind) != math.prod(per_host.values()):
-                raise ValueError("proc_bind needs one entry per proc of a host")
+            per = math.prod(per_host.values())
+            if len(proc_bind) != per:  # Monarch's wording
+                raise ValueError(f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per}): "
+                                 "one entry per proc of a host")
             binds = [check_proc_bind(entry) for entry in proc_bind]
         rt = get_runtime()
         owner_key = context().actor_instance.key
@@ -594,15 +599,8 @@ class ProcMesh(MeshTrait):
             return
         rt = get_runtime()
         timeout = config.stop_timeout if timeout is None else timeout
-        state.stopping = True
-        procs = set(state.proc_ids)
-        for ms in list(rt.supervision.mesh_states.values()):
-            if ms.kind == "actor" and ms.stopped is None and procs.intersection(ms.rank_procs):
-                ms.stopped = "actor mesh is stopped due to proc mesh shutdown"
-        exits = []
-        for pid in state.proc_ids:
-            rt.supervision.graceful.add(pid)
-            exits.append(rt.supervision.exit_future(pid))
+        _mark_stopping(rt, state)
+        exits = [rt.supervision.exit_future(pid) for pid in state.proc_ids]
         for pid in state.proc_ids:
             if pid not in rt.supervision.dead:
                 rt.send(pid, StopProc("stopped by owner", None, rt.proc_id, rt.tree.next_seq(pid)))
@@ -717,6 +715,43 @@ class ProcMesh(MeshTrait):
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name} {self._shape.extent}>"
+
+
+def _mark_stopping(rt: Runtime, state: ProcMeshState) -> None:
+    """(loop thread) The procs of `state` end on purpose: their exits, and their actor meshes', are no failure."""
+    state.stopping = True
+    procs = set(state.proc_ids)
+    for ms in list(rt.supervision.mesh_states.values()):
+        if ms.kind == "actor" and ms.stopped is None and procs.intersection(ms.rank_procs):
+            ms.stopped = "actor mesh is stopped due to proc mesh shutdown"
+    for pid in state.proc_ids:
+        rt.supervision.graceful.add(pid)
+
+
+def release_workers(addresses: list[str], timeout: float = 10.0) -> None:
+    """The workers at `addresses` are about to be ended on purpose (a job's `kill()`): the procs this client
+    spawned there, and the workers themselves, going away is a stop, not a failure for `unhandled_fault_hook`
+    (which by default ends the client). No-op in a process whose runtime never started."""
+    rt = runtime_if_started()
+    if rt is None or not addresses:
+        return
+    dials = {dial_address(a) for a in addresses}
+
+    def on_host(host: HostMesh | None) -> bool:
+        return host is not None and any(isinstance(a, str) and dial_address(a) in dials
+                                        for a in host._state.addresses)
+
+    async def run() -> None:
+        for pm in list(rt.owned_proc_meshes.values()):
+            host = pm._state.host
+            if on_host(host) and not pm._state.stopped:
+                _mark_stopping(rt, pm._state)
+                for pid in host._state.agent_pids.values():
+                    rt.supervision.graceful.add(pid)
+
+    if rt.on_loop_thread():
+        raise RuntimeError("release_workers blocks: call it from outside the runtime's loop")
+    rt.submit(run()).get(timeout=timeout)
 
 
 def _rebuild_proc_mesh(mesh_id, name, labels, sizes, proc_ids, infos, shape, host, referrer=None) -> ProcMesh:

@@ -329,9 +329,9 @@ class Runtime:
             return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         return addr
 
-    async def listen_extra(self, address: str) -> str:
-        """Also accept connections on `address` (used by `regent worker --address`)."""
-        server, addr = await listen(address, self._factory(True), self.loop)
+    async def listen_extra(self, address: str, sock: socket.socket | None = None) -> str:
+        """Also accept connections on `address` (used by `regent worker --address`), on `sock` if given."""
+        server, addr = await listen(address, self._factory(True), self.loop, sock)
         self.servers.append(server)
         return addr
 
@@ -608,8 +608,19 @@ class Runtime:
         self._flush_queue(proc_id)
 
     async def connect_address(self, address: str, timeout: float = 30.0) -> str:
-        """Dial an address whose process id is unknown (a worker); returns the peer's process id."""
-        conn = await connect(address, self._factory(False), self.loop, timeout)
+        """Dial an address whose process id is unknown (a worker); returns the peer's process id.
+
+        A refused or missing address is dialled again until `config.attach_timeout`: a worker started
+        just before `attach_to_workers` (as Monarch's examples do) may not listen yet."""
+        retry_until = self.loop.time() + config.attach_timeout
+        while True:
+            try:
+                conn = await connect(address, self._factory(False), self.loop, timeout)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                if self.loop.time() >= retry_until:
+                    raise
+                await asyncio.sleep(0.05)
         deadline = self.loop.time() + timeout
         while conn.peer is None:
             if conn.closed:

@@ -237,11 +237,14 @@ class Shape:
 
     def at(self, label: str, index: int) -> Shape:
         """The shape with dimension `label` fixed at `index` (and removed). As Monarch's: an unknown label
-        or an index outside `0..size-1` (negative ones included) raises ValueError."""
+        or an index past the end raises ValueError, a negative index OverflowError (Monarch's index is
+        unsigned, so programs written against it catch OverflowError there)."""
         if label not in self.labels:
             raise ValueError(f"Shape has no dimension {label!r}; dimensions are {self.labels}")
         if isinstance(index, bool) or not isinstance(index, int):
             raise ValueError(f"index for {label!r} must be an int, got {type(index).__name__}")
+        if index < 0:
+            raise OverflowError("can't convert negative int to unsigned")
         size = self.ndslice.sizes[self.labels.index(label)]
         if not 0 <= index < size:
             raise ValueError(f"index {index} out of range for dimension {label!r} of size {size}")

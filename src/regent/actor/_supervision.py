@@ -56,8 +56,19 @@ class MeshState:
         if self.failed:
             bad = [r for r in ranks if r in self.failed]
             if bad:
-                return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {self.failed[bad[0]]}'
+                event = death_text(self.display.get(bad[0], f"{self.name}[{bad[0]}]"), self.failed[bad[0]])
+                return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {event}'
         return None
+
+
+def death_text(who: str, reason: str) -> str:
+    """Monarch's wording for a dead rank, which programs match on: "The actor <who> and all its descendants
+    have failed: <reason>" (a reason that already says it, or a stop, is kept as it is)."""
+    if reason.startswith(("actor mesh is stopped", "The actor ")):
+        return reason
+    if not reason.startswith(("Supervision event", "the process")):
+        reason = f"the process this actor was running on failed: {reason}"
+    return f"The actor {who} and all its descendants have failed: {reason}"
 
 
 class PendingReply:
@@ -144,12 +155,8 @@ class Supervision:
                     pending.fail_rank(idx, SupervisionError(self._death_text(state, rank, reason)))
 
     def _death_text(self, state: MeshState | None, rank: int, reason: str) -> str:
-        if reason.startswith("actor mesh is stopped"):
-            return reason
-        if not reason.startswith(("Supervision event", "the process")):
-            reason = f"the process this actor was running on failed: {reason}"
         who = state.display.get(rank, f"{state.name}[{rank}]") if state else f"rank {rank}"
-        return f"The actor {who} and all its descendants have failed: {reason}"
+        return death_text(who, reason)
 
     def fail_pending_for_mesh(self, mesh_id: str, rank: int, reason: str) -> None:
         state = self.mesh_states.get(mesh_id)

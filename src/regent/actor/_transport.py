@@ -446,8 +446,25 @@ async def connect(
     return conn
 
 
-async def listen(address: str, factory: Callable[[], Connection], loop: asyncio.AbstractEventLoop) -> tuple[Any, str]:
-    """Start a listener; returns (server, actual address). Port 0 picks a free port."""
+def inherited_listener(address: str) -> tuple[str, socket.socket | None]:
+    """Monarch's `tcp://HOST:fdN` (the worker was handed a bound socket as file descriptor N, which it must
+    serve on) -> (the address with the socket's real port, that socket); any other address -> (it, None)."""
+    head, sep, port = address.rpartition(":")
+    if not (sep and address.startswith("tcp://") and port.startswith("fd") and port[2:].isdigit()):
+        return address, None
+    sock = socket.socket(fileno=int(port[2:]))
+    if sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"{address!r}: file descriptor {port[2:]} is not a stream socket")
+    return f"{head}:{sock.getsockname()[1]}", sock
+
+
+async def listen(address: str, factory: Callable[[], Connection], loop: asyncio.AbstractEventLoop,
+                 sock: socket.socket | None = None) -> tuple[Any, str]:
+    """Start a listener; returns (server, actual address). Port 0 picks a free port; `sock`: serve on this
+    already bound socket (see `inherited_listener`), whose address `address` names."""
+    if sock is not None:
+        server = await loop.create_server(factory, sock=sock, backlog=1024)
+        return server, address
     kind, where = parse_address(address)
     if kind == "tcp":
         server = await loop.create_server(factory, where[0], where[1], reuse_address=True, backlog=1024)

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from regent.actor._runtime import Runtime, new_event_loop, new_id, remove_sock_dir, set_runtime
-from regent.actor._transport import parse_address, split_address
+from regent.actor._transport import inherited_listener, parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
 
 logger = logging.getLogger("regent.actor.worker")
@@ -59,13 +59,15 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
 
     Monarch's name and address forms: `tcp://HOST:PORT` or `ipc:///PATH`; `tcp://NAME:P@tcp://0.0.0.0:P`
     binds the second address and tells peers (and the procs it starts) to dial NAME, for hosts reached
-    through another name than the interface they listen on; a leading `<proc-id>@` is accepted and ignored.
+    through another name than the interface they listen on; a leading `<proc-id>@` is accepted and ignored;
+    `tcp://HOST:fdN` serves on the bound socket inherited as file descriptor N (no port race at start-up).
     Connections must prove the job secret (`secret`, or REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) instead
     of TLS, so `ca` must be "trust_all_connections" and `private_key` None.
     """
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
                                   "is supported; connections are authenticated with the job secret")
+    address, inherited = inherited_listener(address)  # Monarch's tcp://HOST:fdN: serve on a socket handed over
     dial, bind = split_address(address)
     if bind.startswith("tcp://*") or dial.startswith("tcp://*"):
         raise NotImplementedError(f"wild-card host in {address!r}: give the host to listen on "
@@ -86,7 +88,7 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     asyncio.set_event_loop(loop)
     rt.bind_loop(loop)
     loop.run_until_complete(rt.start())
-    served = rt.advertised(loop.run_until_complete(rt.listen_extra(bind)))
+    served = rt.advertised(loop.run_until_complete(rt.listen_extra(bind, inherited)))
     print(f"regent worker serving {served}", flush=True)
 
     def terminate(*_: object) -> None:

@@ -190,19 +190,23 @@ def format_address(host: str, port: int) -> str:
 
 
 class JobState:
-    """Host meshes of a job by name (`state.hosts` or `state["hosts"]`), as Monarch's JobState."""
+    """Host meshes of a job by name (`state.hosts` or `state["hosts"]`), as Monarch's JobState. They are kept
+    in `_hosts`, the attribute Monarch's keeps them in (helpers written for Monarch read it)."""
 
     def __init__(self, meshes: dict[str, Any]) -> None:
-        self._meshes = dict(meshes)
+        self._hosts = dict(meshes)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        meshes = self.__dict__.get("_hosts", {})
         try:
-            return self.__dict__["_meshes"][name]
+            return meshes[name]
         except KeyError:
-            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self._meshes)}") from None
+            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(meshes)}") from None
 
     def __getitem__(self, name: str) -> Any:
-        return self._meshes[name]
+        return self._hosts[name]
 
 
 class Job(ABC):

@@ -22,23 +22,9 @@ import time
 from typing import Any
 
 from regent.actor import HostMesh, attach_to_workers
+from regent.actor._proc import release_workers
 from regent.actor._runtime import get_runtime
-
-
-class JobState:
-    """Host meshes of a job by name: `state.hosts`, or `state["hosts"]`."""
-
-    def __init__(self, meshes: dict[str, HostMesh]) -> None:
-        self._meshes = meshes
-
-    def __getattr__(self, name: str) -> HostMesh:
-        try:
-            return self.__dict__["_meshes"][name]
-        except KeyError:
-            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self._meshes)}") from None
-
-    def __getitem__(self, name: str) -> HostMesh:
-        return self._meshes[name]
+from regent.jobs.base import JobState
 
 
 class ProcessJob:
@@ -130,8 +116,11 @@ class ProcessJob:
         return [p.pid for p in self._workers.get(name or next(iter(self.meshes)), [])]
 
     def kill(self) -> None:
-        """Stop the workers (and with them every proc they started)."""
+        """Stop the workers (and with them every proc they started). A deliberate end: the procs this client
+        spawned on them are not reported to `unhandled_fault_hook` as failures (which would end the client)."""
         procs = [p for ps in self._workers.values() for p in ps]
+        if any(p.poll() is None for p in procs):
+            release_workers([a for name in self._workers for a in self._addresses.get(name, [])])
         for p in procs:
             if p.poll() is None:
                 p.terminate()
