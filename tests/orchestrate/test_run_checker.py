@@ -346,3 +346,26 @@ def test_a_copy_is_no_witness():
         votes.add(30, r, 0, 1, d, 0, now=0.0)
     (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=0.0)
     assert v.action == "backstop" and v.diverged == [0, 1, 2]
+
+
+def test_a_flip_copied_by_a_heal_lives_on_in_the_healer(tmp_path):
+    """The flipped replica's state is copied by a heal before its own failure throws its copy away: the flip
+    lives on in the healer. Found there later: explained (not "no injected bitflip"). Copied to every replica and
+    never found: caught (soak of 2026-12-04 20:00 UTC, DiLoCo at step 98)."""
+    run = clean()
+    run.events[0]["vote_every"] = 10
+    run.events += [ev("bitflip_applied", 50.0, 0, manager_step=49, tensor="/model/w", bit=20),
+                   ev("heal_done", 51.0, 1, donor="replica_0:x", manager_step=50),
+                   ev("failure_detected", 52.0, 0, error="killed"),
+                   ev("early_heal_done", 53.0, 0, donor="replica_2:y", manager_step=50)]
+    found = Run()
+    found.events, found.metrics, found.finals = list(run.events), run.metrics, run.finals
+    found.events.append(ev("state_diverged", 55.0, None, replicas=[1], manager_step=52, action="heal"))
+    assert check_run(found.write(tmp_path / "f")) == []
+    spread = Run()
+    spread.events, spread.metrics, spread.finals = list(run.events), run.metrics, run.finals
+    spread.events += [ev("failure_detected", 54.0, 2, error="killed"),
+                      ev("early_heal_done", 54.5, 2, donor="replica_1:z", manager_step=51),
+                      ev("failure_detected", 56.0, 0, error="killed"),
+                      ev("early_heal_done", 56.5, 0, donor="replica_1:z", manager_step=52)]
+    assert any("never found" in x for x in check_run(spread.write(tmp_path / "s")))

@@ -288,36 +288,67 @@ def vote_every(events: list[dict[str, Any]], config: dict[str, Any]) -> int | No
     return int(k) if k else None
 
 
+def _donor_index(donor: Any) -> int | None:
+    head = str(donor or "").partition(":")[0]
+    return int(head[8:]) if head.startswith("replica_") and head[8:].isdigit() else None
+
+
+def flip_outcome(evs: list[dict[str, Any]], flip: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """Follow one bitflip through the run (events sorted by time): which replicas carry the flipped state. A
+    heal copies it to the healer when the donor carries it (and clears it when the donor does not); a failure,
+    give-up or restore throws a carrier's state away. ("found", the state_diverged that names a carrier), or
+    ("discarded", None) once no replica carries it, or ("lost", None): carried to the end, never found."""
+    carriers = {flip.get("replica")}
+    seen = False
+    for e in evs:
+        if e is flip:
+            seen = True
+            continue
+        if not seen or e["time"] < flip["time"]:
+            continue
+        kind, x = e["kind"], e.get("replica")
+        if kind == "state_diverged":
+            if carriers & set(e.get("replicas") or []):
+                return "found", e
+            continue
+        if x is None:
+            continue
+        if kind in ("heal_done", "early_heal_done"):
+            if _donor_index(e.get("donor")) in carriers:
+                carriers.add(x)
+            else:
+                carriers.discard(x)
+        elif kind in ("failure_detected", "gave_up", "ended_failed", "state_lost"):
+            carriers.discard(x)
+        if not carriers:
+            return "discarded", None
+    return "lost", None
+
+
 def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> list[str]:
-    """Every injected bitflip is found by a vote within K commits (or its state thrown away first: a failure of
-    that replica, or a heal or restore that overwrote its state), and no divergence is found that no bitflip
-    explains."""
+    """Every injected bitflip is found by a vote within K commits, or its state is thrown away first by every
+    replica that carried it (a heal from a carrier carries it on: `flip_outcome`), and no divergence is found
+    that no bitflip explains."""
     config = config or {}
     k = vote_every(events, config)
     evs = sorted(events, key=lambda e: e["time"])
     flips = [e for e in evs if e["kind"] == "bitflip_applied"]
     diverged = [e for e in evs if e["kind"] == "state_diverged"]
     out = []
-    used: set[int] = set()
+    explained: set[int] = set()
     for f in flips:
         r, at = f.get("replica"), f.get("manager_step")
-        found = next((i for i, d in enumerate(diverged) if i not in used and r in (d.get("replicas") or [])
-                      and d["time"] >= f["time"]), None)
-        # a failure of that replica, or a heal that overwrote its state from a peer, threw the flip away
-        discarded = next((e for e in evs if e["time"] >= f["time"] and e.get("replica") == r
-                          and e["kind"] in ("failure_detected", "gave_up", "ended_failed", "heal_done",
-                                            "early_heal_done", "state_lost")), None)
-        if found is not None and (discarded is None or diverged[found]["time"] <= discarded["time"]):
-            used.add(found)
-            d = diverged[found]
+        what, d = flip_outcome(evs, f)
+        if what == "found" and d is not None:
+            explained.add(id(d))
             if k and at is not None and d.get("manager_step") is not None and d["manager_step"] - at > k:
                 out.append(f"bitflip in replica {r} at committed step {at} was found only at step "
                            f"{d['manager_step']}, more than {k} commits later")
-        elif discarded is None and not any(e["kind"] == "run_failed" for e in evs):
+        elif what == "lost" and not any(e["kind"] == "run_failed" for e in evs):
             out.append(f"bitflip in replica {r} at committed step {at} ({f.get('tensor')}) was never found by a "
                        "state vote")
-    for i, d in enumerate(diverged):
-        if i not in used:
+    for d in diverged:
+        if id(d) not in explained:
             out.append(f"replica(s) {d.get('replicas')} diverged from the majority at committed step "
                        f"{d.get('manager_step')} with no injected bitflip: a bug or a faulty device changed "
                        "their state (it was healed)")
