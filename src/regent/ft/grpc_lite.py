@@ -1083,17 +1083,19 @@ class Server:
             raise ValueError(f"method path must look like /package.Service/Method, got {path!r}")
         self._handlers[path.encode()] = handler
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         """Listen on host:port (an empty host means every interface) and return the bound port. The IPv6
-        wildcard `::` is dual-stack (IPv4 clients connect too), as with grpcio and TorchFT's Lighthouse."""
+        wildcard `::` is dual-stack (IPv4 clients connect too), as with grpcio and TorchFT's Lighthouse.
+        `reuse_port`: share the port with other SO_REUSEPORT listeners (the Lighthouse's front ends)."""
         loop = asyncio.get_running_loop()
         if host == "::":
-            self._server = await loop.create_server(lambda: _Connection(self), sock=dual_stack_socket(port),
+            self._server = await loop.create_server(lambda: _Connection(self),
+                                                    sock=dual_stack_socket(port, reuse_port),
                                                     backlog=1024, ssl=self._ssl, **self._tls_kwargs())
         else:
             self._server = await loop.create_server(
                 lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024, ssl=self._ssl,
-                **self._tls_kwargs()
+                reuse_port=reuse_port or None, **self._tls_kwargs()
             )
         return self._server.sockets[0].getsockname()[1]
 
@@ -1158,12 +1160,14 @@ def _is_loopback(host: str) -> bool:
     return (mapped or addr).is_loopback
 
 
-def dual_stack_socket(port: int) -> socket.socket:
+def dual_stack_socket(port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to [::]:port that also accepts IPv4 (IPV6_V6ONLY off). asyncio's create_server turns
     IPV6_V6ONLY on for every IPv6 socket it makes, so `[::]` would refuse clients that dial 127.0.0.1."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(("::", port))
         sock.setblocking(False)
