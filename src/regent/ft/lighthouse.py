@@ -386,11 +386,11 @@ class LighthouseServer:
         `frontends` (Regent, Linux): serve gRPC from this many front-end processes sharing the port
         (`regent.ft.frontends`: heartbeats answered there, batched into this process every `frontend_batch_ms`;
         the decision stays here). 0 serves gRPC from this process, as before; None takes
-        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0)."""
+        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0; ignored by `server="grpcio"`)."""
         if server not in SERVER_KINDS:
             raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
-        if frontends is None:
-            frontends = int(os.environ.get(FRONTENDS_ENV, "0") or 0)
+        if frontends is None:  # the environment's default applies to the server that can take it
+            frontends = int(os.environ.get(FRONTENDS_ENV, "0") or 0) if server == "lite" else 0
         if frontends < 0:
             raise ValueError(f"frontends must be 0 (serve from this process) or more, got {frontends}")
         if frontends and server != "lite":
