@@ -478,7 +478,7 @@ class FrontEnd:
         self.owner_gone = asyncio.Event()
         self.beats: dict[str, Beat] = {}
         self.out: list[bytes] = []
-        self.flush_handle: asyncio.TimerHandle | None = None
+        self.flush_handle: asyncio.Handle | None = None
         self.calls: dict[int, asyncio.Future] = {}
         self.next_call = 0
         self.blob = b""
@@ -527,8 +527,11 @@ class FrontEnd:
 
     # batching ----------------------------------------------------------------------------------------------------
     def _soon(self) -> None:
+        """Flush `batch_s` after the first item of a batch; with 0, at the end of this loop turn (everything
+        this wake-up read goes in one write, and no timer wakes the process again)."""
         if self.flush_handle is None:
-            self.flush_handle = self.loop.call_later(self.batch_s, self.flush)
+            self.flush_handle = (self.loop.call_later(self.batch_s, self.flush) if self.batch_s > 0
+                                 else self.loop.call_soon(self.flush))
 
     def flush(self) -> None:
         self.flush_handle = None

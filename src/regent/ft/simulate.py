@@ -89,6 +89,7 @@ class SimConfig:
     slack_s: float = 1.0  # allowance for a heartbeat in flight at a death, and for the poll itself
     compact: bool = False  # ask for the compact quorum answer (Regent extension)
     frontends: int = 0  # Regent's Lighthouse with this many front-end processes (`regent.ft.frontends`)
+    frontend_batch_ms: float = 2.0  # their batching interval (0: once per loop turn)
     seed: int = 0
 
 
@@ -632,7 +633,8 @@ class _RegentLighthouse:
         self.server = LighthouseServer(
             bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=cfg.join_timeout_ms,
             quorum_tick_ms=cfg.quorum_tick_ms, heartbeat_timeout_ms=int(cfg.heartbeat_timeout_s * 1000),
-            secret=b"", tls=TLSFiles(), frontends=cfg.frontends)
+            secret=b"", tls=TLSFiles(), frontends=cfg.frontends,
+            frontend_batch_ms=cfg.frontend_batch_ms)
         self.port = self.server.port
         self.thread_id = self.server._thread.native_id
 
@@ -794,6 +796,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--compact", action="store_true", help="ask for the compact quorum answer")
     parser.add_argument("--frontends", type=int, default=0,
                         help="Regent's Lighthouse with this many front-end processes (default 0: one process)")
+    parser.add_argument("--frontend-batch-ms", type=float, default=d.frontend_batch_ms,
+                        help="front ends' batching interval, ms (0: once per loop turn)")
     parser.add_argument("--server", choices=("regent", "torchft"), action="append",
                         help="Lighthouse(s) to drive, one after the other (default regent)")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -807,7 +811,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                      heartbeat_interval_s=args.interval, heartbeat_timeout_s=args.heartbeat_timeout,
                      quorum_every_s=args.quorum_every, join_timeout_ms=args.join_timeout_ms,
                      faults_per_s=args.faults_per_s, down_s=args.down, silent_fraction=args.silent_fraction,
-                     compact=args.compact, frontends=args.frontends, seed=args.seed)
+                     compact=args.compact, frontends=args.frontends,
+                     frontend_batch_ms=args.frontend_batch_ms, seed=args.seed)
 
 
 def _cli(args: argparse.Namespace) -> int:
