@@ -99,6 +99,11 @@ def test_front_ends_are_refused_clearly_without_linux_reuseport(monkeypatch: pyt
         LighthouseServer(frontends=2, server="grpcio", secret=b"", tls=TLSFiles())
 
 
+def test_front_ends_with_a_job_secret_are_refused_until_replays_are_checked_globally() -> None:
+    with pytest.raises(ValueError, match="replay check"):
+        LighthouseServer(frontends=2, secret=b"s" * 32, tls=TLSFiles())
+
+
 # ---- processes and sockets -------------------------------------------------------------------------------------
 
 
@@ -154,7 +159,7 @@ def test_the_owner_dying_ends_its_front_ends() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, REGENT_FT_RPC_AUTH="0", PYTHONPATH=os.pathsep.join(
         p for p in (str(Path(frontends.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p))
     owner = subprocess.Popen([sys.executable, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}",
                               "--frontends", "2", "--log-level", "WARNING"], env=env,

@@ -31,6 +31,7 @@ ends: no orphans.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
@@ -134,13 +135,10 @@ class LagStats:
     max_s: float = 0.0
 
     def add(self, seconds: float) -> None:
-        ms = seconds * 1e3
-        i = 0
-        while i < len(self.bounds_ms) and ms > self.bounds_ms[i]:
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect.bisect_left(self.bounds_ms, seconds * 1e3)] += 1
         self.total_s += seconds
-        self.max_s = max(self.max_s, seconds)
+        if seconds > self.max_s:
+            self.max_s = seconds
 
     @property
     def count(self) -> int:
@@ -421,8 +419,9 @@ class FrontendPool:
                              return_exceptions=True)
 
     def note_lag(self, beats: list[Beat], now: float) -> None:
+        add = self.lag.add
         for beat in beats:
-            self.lag.add(max(0.0, now - float(beat[1])))
+            add(max(0.0, now - beat[1]))
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

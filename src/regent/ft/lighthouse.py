@@ -106,6 +106,12 @@ KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
 
 
+def uses_secret(secret: bytes | None) -> bool:
+    """Whether a Lighthouse given `secret` (None: the environment's, see `rpc_security.Security.resolve`) will
+    check a job secret."""
+    return bool(rpc_security.Security.resolve(secret, rpc_security.TLSFiles()).secret)
+
+
 def parse_bind(bind: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port). An empty host means all interfaces."""
     match = re.fullmatch(r"\[(?P<v6>[^\]]*)\]:(?P<port>\d+)|(?P<host>[^:\[\]]*):(?P<port4>\d+)", bind.strip())
@@ -401,6 +407,12 @@ class LighthouseServer:
             why = reuse_port_available()
             if why is not None:
                 raise ValueError(f"{why}; run with --frontends 0 (one process) on this machine")
+            if uses_secret(secret):
+                # Each front end would keep its own set of spent nonces: a recorded call replayed on a connection
+                # that lands on another front end would be accepted. Refused until the owner spends nonces.
+                raise ValueError(
+                    "Lighthouse front ends do not share the job secret's replay check yet; run with --frontends 0, "
+                    "or without a secret (REGENT_FT_RPC_AUTH=0) on a trusted network")
         self._frontends = frontends
         self._frontend_batch_ms = frontend_batch_ms
         self._pool: Any = None
