@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 
 from regent.ft import frontends
@@ -27,9 +28,10 @@ from regent.ft.frontends import (
     split_frames,
 )
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.lighthouse_client import LighthouseClient
+from regent.ft.lighthouse_client import LighthouseClient, normalize_address
+from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import LighthouseState
-from regent.ft.rpc_security import TLSFiles
+from regent.ft.rpc_security import AUTH_KEY, TLSFiles, make_token
 from regent.ft.simulate import SimConfig, run_simulation
 
 linux_only = pytest.mark.skipif(frontends.reuse_port_available() is not None, reason="needs Linux SO_REUSEPORT")
@@ -99,9 +101,38 @@ def test_front_ends_are_refused_clearly_without_linux_reuseport(monkeypatch: pyt
         LighthouseServer(frontends=2, server="grpcio", secret=b"", tls=TLSFiles())
 
 
-def test_front_ends_with_a_job_secret_are_refused_until_replays_are_checked_globally() -> None:
-    with pytest.raises(ValueError, match="replay check"):
-        LighthouseServer(frontends=2, secret=b"s" * 32, tls=TLSFiles())
+@linux_only
+def test_with_a_secret_a_replay_is_refused_whichever_front_end_it_reaches() -> None:
+    """Front ends check proofs; the owner spends nonces: a recorded call replayed on fresh connections (which the
+    kernel spreads over both front ends) is refused every time, and never refreshes liveness."""
+    secret = bytes(range(32))
+    server = LighthouseServer(min_replicas=1, quorum_tick_ms=20, secret=secret, tls=TLSFiles(), frontends=2)
+    try:
+        with LighthouseClient(server.address(), 30, secret=secret, tls=TLSFiles()) as client:
+            client.heartbeat("ok:1")
+            assert client.quorum("ok:1", 30).quorum_id == 1
+        assert "ok:1" in server.counted_live()
+        assert _raw_heartbeat(server.address(), "nobody:1", []).code() == grpc.StatusCode.UNAUTHENTICATED
+        token = make_token(secret, "/torchft.LighthouseService/Heartbeat")
+        assert _raw_heartbeat(server.address(), "recorded:1", [(AUTH_KEY, token)]) is None
+        for _ in range(6):  # new connections each time: both front ends get some
+            replay = _raw_heartbeat(server.address(), "replayed:1", [(AUTH_KEY, token)])
+            assert replay is not None and replay.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "replayed proof" in replay.details()
+        live = server.counted_live()
+        assert "recorded:1" in live and "replayed:1" not in live and "nobody:1" not in live
+    finally:
+        server.shutdown()
+
+
+def _raw_heartbeat(address: str, replica_id: str, metadata: list) -> grpc.RpcError | None:
+    with grpc.insecure_channel(normalize_address(address)) as channel:
+        try:
+            torchft_pb2_grpc.LighthouseServiceStub(channel).Heartbeat(
+                torchft_pb2.LighthouseHeartbeatRequest(replica_id=replica_id), timeout=30, metadata=metadata)
+        except grpc.RpcError as err:
+            return err
+    return None
 
 
 # ---- processes and sockets -------------------------------------------------------------------------------------

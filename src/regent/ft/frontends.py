@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import json
 import logging
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regent.ft.quorum import LighthouseState, note_heartbeat
+from regent.ft.rpc_security import CallVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -53,22 +55,28 @@ logger = logging.getLogger(__name__)
 
 _HEAD = struct.Struct(">IB")  # payload length, kind
 _CALL = struct.Struct(">Q")
+_NONCE = struct.Struct(">QQ")  # a job-secret proof's timestamp (ms) and nonce key; zeros without a secret
 _CALL_AT = struct.Struct(">Qd")
 _ANSWER = struct.Struct(">QB")
 # Kinds, front end -> owner
 K_CONFIG_ACK = ord("k")  # ready: JSON {"pid": ..., "port": ...}
 K_ERROR = ord("e")  # could not start: utf-8 message
 K_BEATS = ord("h")  # JSON [[rid, t], [rid, t, step, lineage, accepted_loss, accepted_lineage], ...]
-K_QUORUM = ord("q")  # call id, arrival time, raw LighthouseQuorumRequest
-K_HOLDERS = ord("r")  # call id
+K_CHECKED_BEATS = ord("s")  # with a job secret: JSON [[ms, key, rid, t, (committed)], ...], each awaits a verdict
+K_QUORUM = ord("q")  # call id, arrival time, nonce, raw LighthouseQuorumRequest
+K_HOLDERS = ord("r")  # call id, nonce
 K_WITHDRAW = ord("w")  # call id
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
 K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
 K_BLOB = ord("b")  # a response many calls share (a full quorum answer): the next K_ANSWERs with REF use it
+K_VERDICT = ord("v")  # per K_CHECKED_BEATS batch, in order: JSON [[index, refusal message], ...] (refused only)
 REF = 255
 BLOB_MIN_BYTES = 1024
 MAX_LINK_FRAME = 1 << 30
+QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
+HEARTBEAT_METHOD = "/torchft.LighthouseService/Heartbeat"
+HOLDERS_METHOD = "/torchft.LighthouseService/RegentHolders"
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
@@ -181,6 +189,7 @@ class Owner:
     def _frontend_beats(self, beats: list[Beat]) -> None: ...
     def _frontend_quorum(self, raw: bytes) -> bytes | asyncio.Future: ...
     def _holders(self) -> bytes: ...
+    def _frontend_spend(self, method: str, ms: int, key: int) -> str | None: ...
 
 
 class _OwnerLink(asyncio.Protocol):
@@ -215,15 +224,20 @@ class _OwnerLink(asyncio.Protocol):
             try:
                 if kind == K_BEATS:
                     owner._frontend_beats(json.loads(payload))
+                elif kind == K_CHECKED_BEATS:
+                    self._checked_beats(json.loads(payload))
                 elif kind == K_QUORUM:
                     call_id, _ = _CALL_AT.unpack_from(payload)
-                    self._run(call_id, lambda p=payload: owner._frontend_quorum(p[_CALL_AT.size:]))
+                    nonce = _NONCE.unpack_from(payload, _CALL_AT.size)
+                    body = payload[_CALL_AT.size + _NONCE.size:]
+                    self._run(call_id, lambda b=body: owner._frontend_quorum(b), QUORUM_METHOD, nonce)
                 elif kind == K_WITHDRAW:
                     task = self.calls.pop(_CALL.unpack(payload)[0], None)
                     if task is not None:
                         task.cancel()  # its done callback withdraws the participant (`LighthouseServer._quorum`)
                 elif kind == K_HOLDERS:
-                    self._run(_CALL.unpack(payload)[0], owner._holders)
+                    self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
+                              _NONCE.unpack_from(payload, _CALL.size))
                 elif kind == K_CONFIG_ACK:
                     if not self.ready.done():
                         self.ready.set_result(json.loads(payload))
@@ -235,7 +249,30 @@ class _OwnerLink(asyncio.Protocol):
             except Exception:
                 logger.exception("front end %d: handling a link frame failed", self.slot)
 
-    def _run(self, call_id: int, call: Callable[[], bytes | asyncio.Future]) -> None:
+    def _checked_beats(self, entries: list[list]) -> None:
+        """Heartbeats whose proofs the front end checked: spend each nonce here (one table for every front end,
+        so a replay is refused whichever front end it reaches), apply the fresh ones, answer with the refusals."""
+        owner = self.pool.owner
+        beats, refused = [], []
+        for i, entry in enumerate(entries):
+            refusal = owner._frontend_spend(HEARTBEAT_METHOD, int(entry[0]), int(entry[1]))
+            if refusal is None:
+                beats.append(entry[2:])
+            else:
+                refused.append([i, refusal])
+        if beats:
+            owner._frontend_beats(beats)
+        self._send(frame(K_VERDICT, json.dumps(refused).encode()))
+
+    def _run(self, call_id: int, call: Callable[[], bytes | asyncio.Future], method: str = "",
+             nonce: tuple[int, int] = (0, 0)) -> None:
+        if method:
+            refusal = self.pool.owner._frontend_spend(method, *nonce)
+            if refusal is not None:
+                from regent.ft.grpc_lite import StatusCode
+
+                self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
+                return
         try:
             result = call()
         except Exception as err:  # noqa: BLE001 - answered to the caller as the single-process server would
@@ -471,6 +508,11 @@ class FrontEnd:
 
     def __init__(self, batch_s: float) -> None:
         self.batch_s = batch_s
+        self.server: Any = None  # the grpc_lite server: its `current_volatile` is the call's proof
+        self.secret = False  # with a job secret, the owner spends every call's nonce before it is answered
+        self.checked: list[Beat] = []
+        self.checked_futures: list[asyncio.Future] = []
+        self.verdicts: collections.deque[list[asyncio.Future]] = collections.deque()
         self.loop = asyncio.get_running_loop()
         self.link = _FrontLink(self)
         self.config: asyncio.Future = self.loop.create_future()
@@ -491,22 +533,37 @@ class FrontEnd:
         if message.HasField("regent_committed"):
             c = message.regent_committed
             committed = (c.step, c.lineage, c.accepted_loss, c.accepted_lineage)
+        if self.secret:
+            # Answered once the owner spent its nonce (K_VERDICT): a replay is refused on every front end.
+            ms, key = self._nonce()
+            self.checked.append([ms, key, message.replica_id, time.monotonic(), *(committed or ())])
+            future = self.loop.create_future()
+            self.checked_futures.append(future)
+            self._soon()
+            return future
         batch_beat(self.beats, message.replica_id, time.monotonic(), committed)
         self._soon()
         return EMPTY_HEARTBEAT_RESPONSE
+
+    def _nonce(self) -> tuple[int, int]:
+        from regent.ft.rpc_security import proof_nonce
+
+        return proof_nonce(self.server.current_volatile if self.server is not None else None) or (0, 0)
 
     def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
         from regent.ft.lighthouse import decode_quorum_request
 
         decode_quorum_request(request)  # refuse what the owner would refuse, here
         # The heartbeats received so far go first in the batch: the owner sees them before this join.
-        return self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + request)
+        nonce = _NONCE.pack(*self._nonce())
+        return self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
 
     def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
         from regent.ft.lighthouse import decode_holders_request
 
         decode_holders_request(request)
-        return self._call(K_HOLDERS, _CALL.pack)
+        nonce = _NONCE.pack(*self._nonce())
+        return self._call(K_HOLDERS, lambda c: _CALL.pack(c) + nonce)
 
     def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
         """Forward one call to the owner; the future resolves with its answer (a cancel withdraws it there)."""
@@ -538,6 +595,10 @@ class FrontEnd:
         if self.beats:
             parts.append(frame(K_BEATS, json.dumps(list(self.beats.values()), separators=(",", ":")).encode()))
             self.beats = {}
+        if self.checked:
+            parts.append(frame(K_CHECKED_BEATS, json.dumps(self.checked, separators=(",", ":")).encode()))
+            self.verdicts.append(self.checked_futures)
+            self.checked, self.checked_futures = [], []
         parts += self.out
         self.out = []
         if parts and self.link.transport is not None:
@@ -558,10 +619,31 @@ class FrontEnd:
                 from regent.ft.grpc_lite import RpcStatusError
 
                 future.set_exception(RpcStatusError(code, body.decode(errors="replace")))
+        elif kind == K_VERDICT:
+            from regent.ft.grpc_lite import RpcStatusError, StatusCode
+            from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE
+
+            futures = self.verdicts.popleft()
+            refused = {int(i): str(message) for i, message in json.loads(payload)}
+            for i, future in enumerate(futures):
+                if future.done():
+                    continue  # the call ended meanwhile (deadline, reset)
+                if i in refused:
+                    future.set_exception(RpcStatusError(StatusCode.UNAUTHENTICATED, refused[i]))
+                else:
+                    future.set_result(EMPTY_HEARTBEAT_RESPONSE)
         elif kind == K_BLOB:
             self.blob = payload
         elif kind == K_CONFIG and not self.config.done():
             self.config.set_result(json.loads(payload))
+
+
+class _ProofOnlyVerifier(CallVerifier):
+    """A front end checks each call's proof (HMAC, clock window) but leaves its nonce to the owner."""
+
+    def verify(self, method: str, token: str | bytes | None, now: float | None = None,
+               spend: bool = True) -> str | None:
+        return super().verify(method, token, now, spend=False)
 
 
 def _security_from(config: dict[str, Any]) -> Any:
@@ -585,8 +667,12 @@ async def _serve(fd: int) -> None:
     assert front.link.transport is not None
     try:
         security = _security_from(config)
+        front.secret = bool(security.secret)
+        verifier = _ProofOnlyVerifier(security.secret, "Lighthouse") if security.secret else None
         server = lite_server(grpc_lite.method_table("torchft.LighthouseService", {
-            "Quorum": front.quorum, "Heartbeat": front.heartbeat, "RegentHolders": front.holders}), security)
+            "Quorum": front.quorum, "Heartbeat": front.heartbeat, "RegentHolders": front.holders}), security,
+            verifier)
+        front.server = server
         port = await server.start(config["host"], int(config["port"]), reuse_port=True)
     except Exception as err:  # noqa: BLE001 - reported to the owner, which raises it
         front.link.transport.write(frame(K_ERROR, f"{type(err).__name__}: {err}".encode()))

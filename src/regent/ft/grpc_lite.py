@@ -318,7 +318,7 @@ def trailers_block(code: StatusCode, message: str) -> bytes:
 class _Stream:
     __slots__ = (
         "id", "path", "deadline", "body", "send_window", "recv_unacked", "task", "timer", "pending", "trailers",
-        "expired", "ended", "opened_at", "stalled_at",
+        "expired", "ended", "opened_at", "stalled_at", "volatile",
     )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
@@ -336,6 +336,7 @@ class _Stream:
         self.ended = False  # the request is complete (END_STREAM received)
         self.opened_at = time.monotonic()
         self.stalled_at = 0.0  # when a response last waited for window (0: not waiting)
+        self.volatile: bytes | None = None  # the value of the server's `volatile_header` (the call's proof)
 
 
 class _ConnectionError(Exception):
@@ -634,6 +635,8 @@ class _Connection(asyncio.Protocol):
                     self._finish(stream, StatusCode.INVALID_ARGUMENT, f"bad grpc-timeout {value!r}")
                     return
                 stream.deadline = time.monotonic() + seconds
+            elif name == self._server.volatile_header:
+                stream.volatile = value
             elif name == b"grpc-encoding" and value != b"identity":
                 self._finish(stream, StatusCode.UNIMPLEMENTED, f"compression {value.decode(errors='replace')}")
                 return
@@ -787,6 +790,7 @@ class _Connection(asyncio.Protocol):
         if stream.deadline is not None and stream.deadline <= time.monotonic():
             self._finish(stream, StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
             return
+        self._server.current_volatile = stream.volatile
         try:
             result = handler(request, stream.deadline)
         except RpcStatusError as err:
@@ -1073,6 +1077,9 @@ class Server:
             self.add_unary(path, handler)
         self.max_message_bytes = max_message_bytes
         self._connections: set[_Connection] = set()
+        # While a handler runs: its call's `volatile_header` value (None without one). A handler that needs the
+        # proof itself (a Lighthouse front end forwards its nonce) reads it here, before it returns.
+        self.current_volatile: bytes | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping = False
 

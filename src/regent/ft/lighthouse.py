@@ -106,12 +106,6 @@ KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
 
 
-def uses_secret(secret: bytes | None) -> bool:
-    """Whether a Lighthouse given `secret` (None: the environment's, see `rpc_security.Security.resolve`) will
-    check a job secret."""
-    return bool(rpc_security.Security.resolve(secret, rpc_security.TLSFiles()).secret)
-
-
 def parse_bind(bind: str) -> tuple[str, int]:
     """'host:port' or '[v6]:port' -> (host, port). An empty host means all interfaces."""
     match = re.fullmatch(r"\[(?P<v6>[^\]]*)\]:(?P<port>\d+)|(?P<host>[^:\[\]]*):(?P<port4>\d+)", bind.strip())
@@ -407,12 +401,7 @@ class LighthouseServer:
             why = reuse_port_available()
             if why is not None:
                 raise ValueError(f"{why}; run with --frontends 0 (one process) on this machine")
-            if uses_secret(secret):
-                # Each front end would keep its own set of spent nonces: a recorded call replayed on a connection
-                # that lands on another front end would be accepted. Refused until the owner spends nonces.
-                raise ValueError(
-                    "Lighthouse front ends do not share the job secret's replay check yet; run with --frontends 0, "
-                    "or without a secret (REGENT_FT_RPC_AUTH=0) on a trusted network")
+
         self._frontends = frontends
         self._frontend_batch_ms = frontend_batch_ms
         self._pool: Any = None
@@ -758,6 +747,14 @@ class LighthouseServer:
                 for old in old_ids:
                     self._member_wire.pop(old, None)
             self._tick_soon()
+
+    def _frontend_spend(self, method: str, ms: int, key: int) -> str | None:
+        """With a job secret: spend the nonce of a call a front end checked the proof of (one table for all
+        front ends, so a replay is refused whichever front end it reaches). None: run it; else the refusal."""
+        if self._verifier is None:
+            return None
+        reason = self._verifier.spend(ms, key)
+        return None if reason is None else self._verifier.refuse("a front end", method, reason)
 
     def _frontend_quorum(self, raw: bytes) -> bytes | asyncio.Future:
         """A Quorum call a front end received (validated there): served as this process serves its own."""
