@@ -66,6 +66,7 @@ K_CHECKED_BEATS = ord("s")  # with a job secret: JSON [[ms, key, rid, t, (commit
 K_QUORUM = ord("q")  # call id, arrival time, nonce, raw LighthouseQuorumRequest
 K_HOLDERS = ord("r")  # call id, nonce
 K_WITHDRAW = ord("w")  # call id
+K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) since its last report: JSON count
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
 K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
@@ -238,6 +239,8 @@ class _OwnerLink(asyncio.Protocol):
                 elif kind == K_HOLDERS:
                     self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
                               _NONCE.unpack_from(payload, _CALL.size))
+                elif kind == K_REFUSED:
+                    self.pool.refused += int(json.loads(payload))
                 elif kind == K_CONFIG_ACK:
                     if not self.ready.done():
                         self.ready.set_result(json.loads(payload))
@@ -359,6 +362,7 @@ class FrontendPool:
         self.slots = [_Slot() for _ in range(count)]
         self.lag = LagStats()
         self.restarted = 0
+        self.refused = 0  # calls the front ends refused for their proofs (the owner counts replays itself)
         self._closing = False
         self._watchers: list[asyncio.Task] = []
 
@@ -513,6 +517,8 @@ class FrontEnd:
         self.checked: list[Beat] = []
         self.checked_futures: list[asyncio.Future] = []
         self.verdicts: collections.deque[list[asyncio.Future]] = collections.deque()
+        self.verifier: CallVerifier | None = None
+        self.reported_refused = 0
         self.loop = asyncio.get_running_loop()
         self.link = _FrontLink(self)
         self.config: asyncio.Future = self.loop.create_future()
@@ -599,6 +605,9 @@ class FrontEnd:
             parts.append(frame(K_CHECKED_BEATS, json.dumps(self.checked, separators=(",", ":")).encode()))
             self.verdicts.append(self.checked_futures)
             self.checked, self.checked_futures = [], []
+        if self.verifier is not None and self.verifier.refused > self.reported_refused:
+            parts.append(frame(K_REFUSED, str(self.verifier.refused - self.reported_refused).encode()))
+            self.reported_refused = self.verifier.refused
         parts += self.out
         self.out = []
         if parts and self.link.transport is not None:
@@ -639,11 +648,21 @@ class FrontEnd:
 
 
 class _ProofOnlyVerifier(CallVerifier):
-    """A front end checks each call's proof (HMAC, clock window) but leaves its nonce to the owner."""
+    """A front end checks each call's proof (HMAC, clock window) but leaves its nonce to the owner; its
+    refusals are reported to the owner (`LighthouseServer.refused_calls`) with the next batch."""
+
+    def __init__(self, secret: bytes, what: str, front: FrontEnd) -> None:
+        super().__init__(secret, what)
+        self.front = front
 
     def verify(self, method: str, token: str | bytes | None, now: float | None = None,
                spend: bool = True) -> str | None:
         return super().verify(method, token, now, spend=False)
+
+    def refuse(self, peer: str, method: str, reason: str) -> str:
+        message = super().refuse(peer, method, reason)
+        self.front._soon()
+        return message
 
 
 def _security_from(config: dict[str, Any]) -> Any:
@@ -668,7 +687,8 @@ async def _serve(fd: int) -> None:
     try:
         security = _security_from(config)
         front.secret = bool(security.secret)
-        verifier = _ProofOnlyVerifier(security.secret, "Lighthouse") if security.secret else None
+        verifier = _ProofOnlyVerifier(security.secret, "Lighthouse", front) if security.secret else None
+        front.verifier = verifier
         server = lite_server(grpc_lite.method_table("torchft.LighthouseService", {
             "Quorum": front.quorum, "Heartbeat": front.heartbeat, "RegentHolders": front.holders}), security,
             verifier)

@@ -474,7 +474,8 @@ class LighthouseServer:
     @property
     def refused_calls(self) -> int:
         """gRPC calls refused for a missing or wrong proof of the job secret (0 without a secret)."""
-        return self._verifier.refused if self._verifier is not None else 0
+        front_ends = self._pool.refused if self._pool is not None else 0
+        return (self._verifier.refused if self._verifier is not None else 0) + front_ends
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot: current quorum, waiting participants, heartbeats, and the next-quorum reason."""
