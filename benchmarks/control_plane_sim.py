@@ -123,7 +123,7 @@ def sim_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
     for groups in args.groups:
-        interval = 0.1 if groups <= 1000 else 1.0
+        interval = args.interval_ms / 1000 if args.interval_ms else (0.1 if groups <= 1000 else 1.0)
         base = dict(groups=groups, workers=args.workers, duration_s=args.seconds, heartbeat_interval_s=interval,
                     heartbeat_timeout_s=5.0, quorum_every_s=args.quorum_every, join_timeout_ms=60_000,
                     faults_per_s=args.faults_per_s, down_s=args.down, warmup_s=4.0, seed=args.seed)
@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torchft", action="store_true")
     parser.add_argument("--frontends", type=int, nargs="+", default=[0],
                         help="Regent rows once per value: 0 one process, N front-end processes (default 0)")
+    parser.add_argument("--interval-ms", type=float, default=0.0,
+                        help="heartbeat interval of every sim row (default: 100 ms up to 1,000 groups, 1 s past)")
     parser.add_argument("--frontend-batch-ms", type=float, default=2.0,
                         help="front ends' batching interval in the sim rows (0: once per loop turn)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
