@@ -20,7 +20,13 @@ link once per round and front end, then by reference.
 
 Liveness lag: a heartbeat counts from when its front end received it (front ends and owner share the host's
 monotonic clock), and reaches the owner's table `batch_ms` plus one owner loop turn later; the owner measures
-that delay for every heartbeat (`LighthouseServer.frontend_stats()`).
+that delay for every heartbeat (`LighthouseServer.frontend_stats()`). Without a job secret a front end answers a
+heartbeat at once (before the owner applied it).
+
+Job secret: a front end checks each call's proof (HMAC, clock window) and refuses bad ones itself; the owner spends
+every nonce (one replay table for all front ends: a recorded call replayed on a connection that lands on another
+front end is refused too). Heartbeats then go up one by one with their nonces and are answered after the owner's
+verdict (`K_VERDICT`, one per batch).
 
 Failures: a front end that dies is restarted by the owner (its clients reconnect, and the kernel sends new
 connections to the front ends still listening meanwhile; its callers' Quorum calls are withdrawn); a crash loop

@@ -8,7 +8,9 @@ Threading: all Lighthouse state lives on one asyncio loop in a background thread
 Quorum call costs no thread. gRPC is served by `regent.ft.grpc_lite` (a lean HTTP/2 server on that loop; a
 single-replica Quorum call costs a fraction of what grpcio's asyncio server spends), or by grpcio's asyncio
 server with `server="grpcio"` / `regent lighthouse --server grpcio`. The HTTP dashboard runs in its own
-threads and reads the state through the loop.
+threads and reads the state through the loop. With `frontends=N` (`regent lighthouse --frontends N`, Linux), N
+front-end processes serve the gRPC port instead and batch heartbeats and requests into this loop, which keeps every
+piece of state and the decision (`regent.ft.frontends`).
 
 Ports: gRPC listens on the bound port P; the dashboard listens on **P + 1** (so plain HTTP/1.1 never shares the
 gRPC port). With port 0 a free pair (P, P + 1) is chosen.
