@@ -17,6 +17,11 @@ Sections:
   at once (min_replicas = N); the time until all are answered and the Lighthouse process's CPU meanwhile, median
   of `--rounds`, full answers (TorchFT's, O(N^2) bytes) against compact ones (O(N)).
 
+`--frontends 0 4` runs every Regent row once per value: 0 is one process (as before), N > 0 is the Lighthouse
+with N front-end processes sharing its port (`regent.ft.frontends`); its CPU is then the owner's plus the front
+ends' (the owner's alone in its own column), and "into table" is how late the batched heartbeats reached the
+owner's liveness table (the simulator's lag then ends at the front end's answer).
+
 Writes benchmarks/results/control_plane_sim.json and, with matplotlib, control_plane_sim.png.
 """
 
@@ -51,21 +56,38 @@ def quorum_message(replica_id: str, step: int, compact: bool) -> bytes:
     return b"\x00" + len(body).to_bytes(4, "big") + body
 
 
-def join_round(kind: str, groups: int, rounds: int, compact: bool) -> dict:
-    """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU."""
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process and its children (the Lighthouse and its front ends)."""
+    total = cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in children:
+            try:
+                total += cpu_seconds(int(child))
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0) -> dict:
+    """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU
+    (with front ends: the owner's, and the owner's plus the front ends')."""
     port = free_port_pair()
-    proc = start_lighthouse(port, None, None, kind, min_replicas=groups)
+    proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends)
     try:
         conns = [H2Client(port) for _ in range(groups)]
         sel = selectors.DefaultSelector()
         for i, c in enumerate(conns):
             c.sock.setblocking(False)
             sel.register(c.sock, selectors.EVENT_READ, i)
-        walls, cpus, nbytes = [], [], 0
+        walls, cpus, owner_cpus, nbytes = [], [], [], 0
         for r in range(rounds):
             requests = [c.request(quorum_message(f"group{i}:x", r, compact), QUORUM_PATH) for i, c in enumerate(conns)]
             done = failed = 0
-            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            cpu0, owner0, t0 = tree_cpu_seconds(proc.pid), cpu_seconds(proc.pid), time.monotonic()
             for c, req in zip(conns, requests):
                 c.sock.sendall(req)
             while done < groups:
@@ -83,7 +105,8 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool) -> dict:
                     done += ok + bad
                     failed += bad
             walls.append(time.monotonic() - t0)
-            cpus.append(cpu_seconds(proc.pid) - cpu0)
+            cpus.append(tree_cpu_seconds(proc.pid) - cpu0)
+            owner_cpus.append(cpu_seconds(proc.pid) - owner0)
             if failed:
                 raise RuntimeError(f"{failed} quorum calls failed")
         for c in conns:
@@ -92,7 +115,7 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool) -> dict:
         stop_lighthouse(proc)
     mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
     return {"section": "round", "server": kind, "groups": groups, "compact": compact, "wall_ms": 1e3 * walls[mid],
-            "server_cpu_ms": 1e3 * cpus[mid], "all_wall_ms": [round(1e3 * w) for w in walls],
+            "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid], "frontends": frontends, "all_wall_ms": [round(1e3 * w) for w in walls],
             "bytes_per_answer": nbytes / rounds / groups}
 
 
@@ -100,11 +123,12 @@ def sim_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
     for groups in args.groups:
-        interval = 0.1 if groups <= 1000 else 1.0
+        interval = args.interval_ms / 1000 if args.interval_ms else (0.1 if groups <= 1000 else 1.0)
         base = dict(groups=groups, workers=args.workers, duration_s=args.seconds, heartbeat_interval_s=interval,
                     heartbeat_timeout_s=5.0, quorum_every_s=args.quorum_every, join_timeout_ms=60_000,
                     faults_per_s=args.faults_per_s, down_s=args.down, warmup_s=4.0, seed=args.seed)
-        servers = [("regent", SimConfig(**base, compact=True))]
+        servers = [("regent", SimConfig(**base, compact=True, frontends=n, frontend_batch_ms=args.frontend_batch_ms))
+                   for n in args.frontends]
         if torchft and groups <= 4096:
             servers.append(("torchft", SimConfig(**{**base, "quorum_every_s": base["quorum_every_s"]
                                                     if groups <= 1000 else 0.0})))
@@ -130,18 +154,20 @@ def plot(rows: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for server in ("regent", "torchft"):
-        pts = [(r["config"]["groups"], r["heartbeat_lag"]["p99_ms"]) for r in rows
-               if r["section"] == "sim" and r["server"] == server and "error" not in r]
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=f"{server} p99 heartbeat lag")
+    sims = [r for r in rows if r["section"] == "sim" and "error" not in r]
+    for server, fes in sorted({(r["server"], r["config"].get("frontends", 0)) for r in sims}):
+        pts = [(r["config"]["groups"], r["heartbeat_lag"]["p99_ms"]) for r in sims
+               if r["server"] == server and r["config"].get("frontends", 0) == fes]
+        name = f"{server}, {fes} front ends" if fes else server
+        a.plot(*zip(*pts), marker="o", label=f"{name} p99 heartbeat lag")
     a.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="ms", title="heartbeat lag (simulator)")
     a.legend()
-    for compact in (False, True):
-        pts = [(r["groups"], r["server_cpu_ms"]) for r in rows
-               if r["section"] == "round" and r["server"] == "regent" and r["compact"] == compact and "error" not in r]
-        if pts:
-            b.plot(*zip(*pts), marker="o", label="Regent, " + ("compact" if compact else "full (TorchFT's answer)"))
+    regent_rounds = [r for r in rows if r["section"] == "round" and r["server"] == "regent" and "error" not in r]
+    for compact, fes in sorted({(r["compact"], r.get("frontends", 0)) for r in regent_rounds}):
+        pts = [(r["groups"], r["server_cpu_ms"]) for r in regent_rounds
+               if r["compact"] == compact and r.get("frontends", 0) == fes]
+        b.plot(*zip(*pts), marker="o", label="Regent, " + ("compact" if compact else "full (TorchFT's answer)")
+               + (f", {fes} front ends" if fes else ""))
     pts = [(r["groups"], r["server_cpu_ms"]) for r in rows if r["section"] == "round" and r["server"] == "torchft"
            and "error" not in r]
     if pts:
@@ -170,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-torchft", action="store_true")
+    parser.add_argument("--frontends", type=int, nargs="+", default=[0],
+                        help="Regent rows once per value: 0 one process, N front-end processes (default 0)")
+    parser.add_argument("--interval-ms", type=float, default=0.0,
+                        help="heartbeat interval of every sim row (default: 100 ms up to 1,000 groups, 1 s past)")
+    parser.add_argument("--frontend-batch-ms", type=float, default=2.0,
+                        help="front ends' batching interval in the sim rows (0: once per loop turn)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
     sections = args.only or ["sim", "round"]
@@ -179,17 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     if "round" in sections:
         torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
         for groups in args.round_groups:
-            plans = [("regent", True)]
+            plans = [("regent", True, n) for n in args.frontends]
             if groups <= args.full_up_to:
-                plans.append(("regent", False))
+                plans += [("regent", False, n) for n in args.frontends]
             if torchft and groups <= args.torchft_rounds_up_to:
-                plans.append(("torchft", False))
-            for kind, compact in plans:
+                plans.append(("torchft", False, 0))
+            for kind, compact, n in plans:
                 try:
-                    row = join_round(kind, groups, args.rounds, compact)
+                    row = join_round(kind, groups, args.rounds, compact, n)
                 except Exception as err:  # noqa: BLE001 - recorded as a result
                     row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
-                           "error": f"{type(err).__name__}: {err}"}
+                           "frontends": n, "error": f"{type(err).__name__}: {err}"}
                 row["load_avg"] = os.getloadavg()[0]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -197,33 +229,38 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"\nload average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; rows in {out}")
-    print("\n| server | groups | heartbeats/s | lag p50 / p99 / max ms | late | rounds (p50 / max ms) | faults | "
-          "missed | false | Lighthouse CPU |")
-    print("|---|---:|---:|---|---:|---|---:|---:|---:|---:|")
+    print("\n| server | front ends | groups | heartbeats/s | lag p50 / p99 / max ms | late | rounds (p50 / max ms) | "
+          "faults | missed | false | Lighthouse CPU (owner) | into table mean / p99 / max ms |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---|")
     for r in rows:
         if r["section"] != "sim":
             continue
+        fes = r["config"].get("frontends", 0)
         if "error" in r:
-            print(f"| {r['server']} | {r['config']['groups']} | FAILED: {r['error']} |")
+            print(f"| {r['server']} | {fes} | {r['config']['groups']} | FAILED: {r['error']} |")
             continue
         lag, q = r["heartbeat_lag"], r["quorum"]
+        owner = "" if r.get("owner_cpu_share") is None else f" ({100 * r['owner_cpu_share']:.0f}%)"
+        apply = (r.get("frontends") or {}).get("heartbeat_apply_lag")
+        into = f"{apply['mean_ms']:.1f} / <={apply['p99_ms_le']:.0f} / {apply['max_ms']:.0f}" if apply else "-"
         rounds = f"{q['rounds']} ({q['p50_ms']:.0f} / {q['max_ms']:.0f})" if q.get("rounds") else "-"
         miss = "n/a" if r["missed_failures"] is None else len(r["missed_failures"])
         false = "n/a" if r["false_failures"] is None else len(r["false_failures"])
-        print(f"| {r['server']} | {r['config']['groups']} | {r['heartbeats_per_s']:.0f} | {lag['p50_ms']:.1f} / "
+        print(f"| {r['server']} | {fes} | {r['config']['groups']} | {r['heartbeats_per_s']:.0f} | {lag['p50_ms']:.1f} / "
               f"{lag['p99_ms']:.0f} / {lag['max_ms']:.0f} | {r['counters'].get('late', 0)} | {rounds} | {r['faults']} | "
-              f"{miss} | {false} | {100 * r['lighthouse_cpu_share']:.0f}% |")
-    print("\n| server | groups | answer | wall ms (rounds) | Lighthouse CPU ms | bytes per answer |")
-    print("|---|---:|---|---:|---:|---:|")
+              f"{miss} | {false} | {100 * r['lighthouse_cpu_share']:.0f}%{owner} | {into} |")
+    print("\n| server | front ends | groups | answer | wall ms (rounds) | Lighthouse CPU ms (owner) | bytes per answer |")
+    print("|---|---:|---:|---|---:|---:|---:|")
     for r in rows:
         if r["section"] != "round":
             continue
         kind = "compact" if r["compact"] else "full"
+        fes = r.get("frontends", 0)
         if "error" in r:
-            print(f"| {r['server']} | {r['groups']} | {kind} | FAILED: {r['error']} | | |")
+            print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | FAILED: {r['error']} | | |")
             continue
-        print(f"| {r['server']} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
-              f"{r['server_cpu_ms']:.0f} | {r['bytes_per_answer']:.0f} |")
+        print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
+              f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {r['bytes_per_answer']:.0f} |")
     if plot(rows, out.with_suffix(".png")):
         print(f"plot: {out.with_suffix('.png')}")
     return 0

@@ -167,9 +167,9 @@ def quorum_message(replica_id: str, step: int = 0) -> bytes:
 
 
 def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str = "regent",
-                     min_replicas: int = 1) -> subprocess.Popen:
+                     min_replicas: int = 1, frontends: int = 0) -> subprocess.Popen:
     """`kind`: regent (`regent lighthouse`, its default server), regent-grpcio (`--server grpcio`), torchft
-    (TorchFT's Rust `torchft_lighthouse`, the anchor)."""
+    (TorchFT's Rust `torchft_lighthouse`, the anchor). `frontends`: Regent's `--frontends N`."""
     env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="error")
     if src:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
@@ -184,6 +184,8 @@ def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str 
         cmd = [PYTHON, "-m", "regent.cli", "lighthouse", "--log-level", "WARNING", *flags]
         if kind == "regent-grpcio":
             cmd += ["--server", "grpcio"]
+        if frontends:
+            cmd += ["--frontends", str(frontends)]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -66,6 +66,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert (env REGENT_FT_TLS_KEY)")
     parser.add_argument("--tls-ca", default=None,
                         help="PEM CA bundle: require client certificates signed by it (env REGENT_FT_TLS_CA)")
+    parser.add_argument(
+        "--frontends", type=int, default=0,
+        help="serve gRPC from this many front-end processes sharing the port (Linux SO_REUSEPORT): heartbeats "
+             "and request decoding spread over cores, the quorum decision stays in this process (default 0: "
+             "one process)",
+    )
+    parser.add_argument(
+        "--frontend-batch-ms", type=float, default=2.0,
+        help="how often front ends forward their heartbeats and requests to this process (default 2 ms; "
+             "the added liveness lag)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.set_defaults(func=run_lighthouse)
     return parser
@@ -96,6 +107,8 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             server=args.server,
             secret=secret,
             tls=tls,
+            frontends=args.frontends,
+            frontend_batch_ms=args.frontend_batch_ms,
         )
     except (OSError, ValueError) as err:
         print(f"regent lighthouse: {err}", file=sys.stderr)

@@ -318,7 +318,7 @@ def trailers_block(code: StatusCode, message: str) -> bytes:
 class _Stream:
     __slots__ = (
         "id", "path", "deadline", "body", "send_window", "recv_unacked", "task", "timer", "pending", "trailers",
-        "expired", "ended", "opened_at", "stalled_at",
+        "expired", "ended", "opened_at", "stalled_at", "volatile",
     )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
@@ -336,6 +336,7 @@ class _Stream:
         self.ended = False  # the request is complete (END_STREAM received)
         self.opened_at = time.monotonic()
         self.stalled_at = 0.0  # when a response last waited for window (0: not waiting)
+        self.volatile: bytes | None = None  # the value of the server's `volatile_header` (the call's proof)
 
 
 class _ConnectionError(Exception):
@@ -634,6 +635,8 @@ class _Connection(asyncio.Protocol):
                     self._finish(stream, StatusCode.INVALID_ARGUMENT, f"bad grpc-timeout {value!r}")
                     return
                 stream.deadline = time.monotonic() + seconds
+            elif name == self._server.volatile_header:
+                stream.volatile = value
             elif name == b"grpc-encoding" and value != b"identity":
                 self._finish(stream, StatusCode.UNIMPLEMENTED, f"compression {value.decode(errors='replace')}")
                 return
@@ -787,6 +790,7 @@ class _Connection(asyncio.Protocol):
         if stream.deadline is not None and stream.deadline <= time.monotonic():
             self._finish(stream, StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
             return
+        self._server.current_volatile = stream.volatile
         try:
             result = handler(request, stream.deadline)
         except RpcStatusError as err:
@@ -1073,6 +1077,9 @@ class Server:
             self.add_unary(path, handler)
         self.max_message_bytes = max_message_bytes
         self._connections: set[_Connection] = set()
+        # While a handler runs: its call's `volatile_header` value (None without one). A handler that needs the
+        # proof itself (a Lighthouse front end forwards its nonce) reads it here, before it returns.
+        self.current_volatile: bytes | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping = False
 
@@ -1083,17 +1090,19 @@ class Server:
             raise ValueError(f"method path must look like /package.Service/Method, got {path!r}")
         self._handlers[path.encode()] = handler
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         """Listen on host:port (an empty host means every interface) and return the bound port. The IPv6
-        wildcard `::` is dual-stack (IPv4 clients connect too), as with grpcio and TorchFT's Lighthouse."""
+        wildcard `::` is dual-stack (IPv4 clients connect too), as with grpcio and TorchFT's Lighthouse.
+        `reuse_port`: share the port with other SO_REUSEPORT listeners (the Lighthouse's front ends)."""
         loop = asyncio.get_running_loop()
         if host == "::":
-            self._server = await loop.create_server(lambda: _Connection(self), sock=dual_stack_socket(port),
+            self._server = await loop.create_server(lambda: _Connection(self),
+                                                    sock=dual_stack_socket(port, reuse_port),
                                                     backlog=1024, ssl=self._ssl, **self._tls_kwargs())
         else:
             self._server = await loop.create_server(
                 lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024, ssl=self._ssl,
-                **self._tls_kwargs()
+                reuse_port=reuse_port or None, **self._tls_kwargs()
             )
         return self._server.sockets[0].getsockname()[1]
 
@@ -1158,12 +1167,14 @@ def _is_loopback(host: str) -> bool:
     return (mapped or addr).is_loopback
 
 
-def dual_stack_socket(port: int) -> socket.socket:
+def dual_stack_socket(port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to [::]:port that also accepts IPv4 (IPV6_V6ONLY off). asyncio's create_server turns
     IPV6_V6ONLY on for every IPv6 socket it makes, so `[::]` would refuse clients that dial 127.0.0.1."""
     sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(("::", port))
         sock.setblocking(False)

@@ -8,7 +8,9 @@ Threading: all Lighthouse state lives on one asyncio loop in a background thread
 Quorum call costs no thread. gRPC is served by `regent.ft.grpc_lite` (a lean HTTP/2 server on that loop; a
 single-replica Quorum call costs a fraction of what grpcio's asyncio server spends), or by grpcio's asyncio
 server with `server="grpcio"` / `regent lighthouse --server grpcio`. The HTTP dashboard runs in its own
-threads and reads the state through the loop.
+threads and reads the state through the loop. With `frontends=N` (`regent lighthouse --frontends N`, Linux), N
+front-end processes serve the gRPC port instead and batch heartbeats and requests into this loop, which keeps every
+piece of state and the decision (`regent.ft.frontends`).
 
 Ports: gRPC listens on the bound port P; the dashboard listens on **P + 1** (so plain HTTP/1.1 never shares the
 gRPC port). With port 0 a free pair (P, P + 1) is chosen.
@@ -101,6 +103,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 20_000),
 ]
 SERVER_KINDS = ("lite", "grpcio")
+FRONTENDS_ENV = "REGENT_LIGHTHOUSE_FRONTENDS"
 KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
 
@@ -275,35 +278,65 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
     )
 
 
+def decode_quorum_request(request: bytes) -> torchft_pb2.LighthouseQuorumRequest:
+    """A Quorum request, or INVALID_ARGUMENT: one definition for this process's server and the front ends'."""
+    try:
+        message = torchft_pb2.LighthouseQuorumRequest.FromString(request)
+    except DecodeError as err:
+        raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Quorum request: {err}") from None
+    if not message.HasField("requester"):
+        raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, "missing requester")
+    return message
+
+
+def decode_heartbeat_request(request: bytes) -> torchft_pb2.LighthouseHeartbeatRequest:
+    """A Heartbeat request, or INVALID_ARGUMENT (see `decode_quorum_request`)."""
+    try:
+        return torchft_pb2.LighthouseHeartbeatRequest.FromString(request)
+    except DecodeError as err:
+        raise grpc_lite.RpcStatusError(
+            grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
+        ) from None
+
+
+def decode_holders_request(request: bytes) -> torchft_pb2.RegentHoldersRequest:
+    """A RegentHolders request, or INVALID_ARGUMENT (see `decode_quorum_request`)."""
+    try:
+        return torchft_pb2.RegentHoldersRequest.FromString(request)
+    except DecodeError as err:
+        raise grpc_lite.RpcStatusError(
+            grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad RegentHolders request: {err}"
+        ) from None
+
+
+def lite_server(handlers: dict[str, grpc_lite.Handler], security: rpc_security.Security,
+                verifier: rpc_security.CallVerifier | None = None) -> grpc_lite.Server:
+    """The Lighthouse's `grpc_lite` server, with its secret check and TLS: the same in this process and in a
+    front end (`regent.ft.frontends`)."""
+    if verifier is None and security.secret:
+        verifier = rpc_security.CallVerifier(security.secret, "Lighthouse")
+    return grpc_lite.Server(
+        handlers,
+        authenticate=rpc_security.lite_authenticator(verifier) if verifier is not None else None,
+        ssl=security.tls.server_context() if security.tls.enabled else None,
+        volatile_header=rpc_security.AUTH_KEY_BYTES if verifier is not None else b"",
+        call_age=rpc_security.lite_call_age if verifier is not None else None)
+
+
 def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]:
     """`torchft.LighthouseService` for the lean server (the default): bytes in, bytes out."""
 
     def quorum(request: bytes, deadline: float | None) -> bytes | asyncio.Future:
-        try:
-            message = torchft_pb2.LighthouseQuorumRequest.FromString(request)
-        except DecodeError as err:
-            raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Quorum request: {err}") from None
-        if not message.HasField("requester"):
-            raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, "missing requester")
+        message = decode_quorum_request(request)
         return lighthouse._quorum(message.requester, _compact_ask(message))
 
     def heartbeat(request: bytes, deadline: float | None) -> bytes:
-        try:
-            message = torchft_pb2.LighthouseHeartbeatRequest.FromString(request)
-        except DecodeError as err:
-            raise grpc_lite.RpcStatusError(
-                grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
-            ) from None
+        message = decode_heartbeat_request(request)
         lighthouse._heartbeat(message.replica_id, message)
         return EMPTY_HEARTBEAT_RESPONSE
 
     def regent_holders(request: bytes, deadline: float | None) -> bytes:
-        try:
-            torchft_pb2.RegentHoldersRequest.FromString(request)
-        except DecodeError as err:
-            raise grpc_lite.RpcStatusError(
-                grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad RegentHolders request: {err}"
-            ) from None
+        decode_holders_request(request)
         return lighthouse._holders()
 
     return grpc_lite.method_table("torchft.LighthouseService", {
@@ -335,6 +368,8 @@ class LighthouseServer:
         tls: rpc_security.TLSFiles | None = None,
         expect_groups: list[str] | None = None,
         expect_within_s: float = 60.0,
+        frontends: int | None = None,
+        frontend_batch_ms: float = 2.0,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
@@ -348,9 +383,31 @@ class LighthouseServer:
 
         `expect_groups` (Regent, for launchers that know what they started, like `regent train`): the replica
         groups ("<group>" of "<group>:<uuid>" ids) the first quorum waits for, at most `expect_within_s` (see
-        `quorum.expect_first_groups`). Ignored by a Lighthouse restarted from its state file."""
+        `quorum.expect_first_groups`). Ignored by a Lighthouse restarted from its state file.
+
+        `frontends` (Regent, Linux): serve gRPC from this many front-end processes sharing the port
+        (`regent.ft.frontends`: heartbeats answered there, batched into this process every `frontend_batch_ms`;
+        the decision stays here). 0 serves gRPC from this process, as before; None takes
+        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0; ignored by `server="grpcio"`)."""
         if server not in SERVER_KINDS:
             raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
+        if frontends is None:  # the environment's default applies to the server that can take it
+            frontends = int(os.environ.get(FRONTENDS_ENV, "0") or 0) if server == "lite" else 0
+        if frontends < 0:
+            raise ValueError(f"frontends must be 0 (serve from this process) or more, got {frontends}")
+        if frontends and server != "lite":
+            raise ValueError("Lighthouse front ends serve with grpc_lite only; drop --server grpcio or --frontends")
+        if frontends:
+            from regent.ft.frontends import reuse_port_available
+
+            why = reuse_port_available()
+            if why is not None:
+                raise ValueError(f"{why}; run with --frontends 0 (one process) on this machine")
+
+        self._frontends = frontends
+        self._frontend_batch_ms = frontend_batch_ms
+        self._pool: Any = None
+        self._reserved: socket.socket | None = None
         self._server_kind = server
         self._security = rpc_security.Security.resolve(secret, tls)
         self._verifier = (rpc_security.CallVerifier(self._security.secret, "Lighthouse")
@@ -419,7 +476,8 @@ class LighthouseServer:
     @property
     def refused_calls(self) -> int:
         """gRPC calls refused for a missing or wrong proof of the job secret (0 without a secret)."""
-        return self._verifier.refused if self._verifier is not None else 0
+        front_ends = self._pool.refused if self._pool is not None else 0
+        return (self._verifier.refused if self._verifier is not None else 0) + front_ends
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot: current quorum, waiting participants, heartbeats, and the next-quorum reason."""
@@ -435,6 +493,22 @@ class LighthouseServer:
 
         async def read() -> set[str]:
             return healthy_replicas(time.monotonic(), self._state, self._opts)
+
+        return self._call_in_loop(read()).result(timeout=10)
+
+    def frontend_pids(self) -> list[int]:
+        """The front-end processes serving now (empty with `frontends=0`): for CPU accounting and tests."""
+        return self._pool.pids() if self._pool is not None else []
+
+    def frontend_stats(self) -> dict[str, Any]:
+        """Front ends: how many, restarts, and how late their batched heartbeats reached the liveness table
+        (`frontends.LagStats`: receipt at a front end to applied here). Empty with `frontends=0`. Thread-safe."""
+        if self._pool is None:
+            return {}
+
+        async def read() -> dict[str, Any]:
+            return {"frontends": self._pool.count, "pids": self._pool.pids(), "restarted": self._pool.restarted,
+                    "batch_ms": self._frontend_batch_ms, "heartbeat_apply_lag": self._pool.lag.summary()}
 
         return self._call_in_loop(read()).result(timeout=10)
 
@@ -522,13 +596,13 @@ class LighthouseServer:
 
     async def _create_grpc_server(self, port: int) -> None:
         security = self._security
+        if self._frontends:
+            from regent.ft.frontends import reserve_port
+
+            self._reserved = reserve_port(self._host, port)
+            return
         if self._server_kind == "lite":
-            lite = grpc_lite.Server(
-                _lite_handlers(self),
-                authenticate=rpc_security.lite_authenticator(self._verifier) if self._verifier is not None else None,
-                ssl=security.tls.server_context() if security.tls.enabled else None,
-                volatile_header=rpc_security.AUTH_KEY_BYTES if self._verifier is not None else b"",
-                call_age=rpc_security.lite_call_age if self._verifier is not None else None)
+            lite = lite_server(_lite_handlers(self), security, self._verifier)
             await lite.start(self._host, port)
             self._server = lite
             return
@@ -542,13 +616,35 @@ class LighthouseServer:
         self._server = server
 
     async def _start_serving(self) -> None:
-        if self._server_kind == "grpcio":
+        if self._frontends:
+            from regent.ft.frontends import FrontendPool
+
+            tls = self._security.tls
+            self._pool = FrontendPool(self, self._frontends, self._host, self._grpc_port, {
+                "batch_ms": self._frontend_batch_ms,
+                "secret": self._security.secret.hex() if self._security.secret else "",
+                "tls": [tls.cert, tls.key, tls.ca, tls.server_name]})
+            try:
+                await self._pool.start()
+            except BaseException:
+                await self._pool.stop()
+                self._close_reserved()
+                raise
+        elif self._server_kind == "grpcio":
             await self._server.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_forever())
 
+    def _close_reserved(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
+
     async def _stop_serving(self) -> None:
         self._tick_task.cancel()
-        if self._server_kind == "lite":
+        if self._pool is not None:
+            await self._pool.stop()
+            self._close_reserved()
+        elif self._server_kind == "lite":
             await self._server.stop()
         else:
             await self._server.stop(grace=0)
@@ -635,6 +731,38 @@ class LighthouseServer:
             for old in retired:
                 self._member_wire.pop(old, None)
             self._tick_soon()  # survivors waiting on the old incarnation may form a quorum now
+
+    def _frontend_beats(self, beats: list[list]) -> None:
+        """A front end's batch of heartbeats (`frontends.batch_beat` entries): committed reports first, as
+        `_heartbeat` does, then the liveness table (`frontends.apply_heartbeats`)."""
+        from regent.ft.frontends import apply_heartbeats
+
+        for beat in beats:
+            if len(beat) > 2:
+                step, lineage, loss, loss_lineage = (int(x) for x in beat[2:6])
+                self._note_committed(beat[0], step, lineage, (loss, loss_lineage) if loss else None)
+        now = time.monotonic()
+        retired = apply_heartbeats(self._state, beats, now)
+        self._pool.note_lag(beats, now)
+        if retired:
+            for rid, old_ids in retired.items():
+                logger.info("replica %s is a new incarnation; retired %s", rid, old_ids)
+                for old in old_ids:
+                    self._member_wire.pop(old, None)
+            self._tick_soon()
+
+    def _frontend_spend(self, method: str, ms: int, key: int) -> str | None:
+        """With a job secret: spend the nonce of a call a front end checked the proof of (one table for all
+        front ends, so a replay is refused whichever front end it reaches). None: run it; else the refusal."""
+        if self._verifier is None:
+            return None
+        reason = self._verifier.spend(ms, key)
+        return None if reason is None else self._verifier.refuse("a front end", method, reason)
+
+    def _frontend_quorum(self, raw: bytes) -> bytes | asyncio.Future:
+        """A Quorum call a front end received (validated there): served as this process serves its own."""
+        message = decode_quorum_request(raw)
+        return self._quorum(message.requester, _compact_ask(message))
 
     def forget_replicas(self, replica_ids: list[str]) -> list[str]:
         """Count `replica_ids` as failed now (their processes are known dead), not after their heartbeats time

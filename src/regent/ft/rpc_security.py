@@ -94,8 +94,10 @@ class CallVerifier:
         self.accepted = 0
         self.refused = 0
 
-    def verify(self, method: str, token: str | bytes | None, now: float | None = None) -> str | None:
-        """None when the call may run (its nonce is then spent), else why it is refused."""
+    def verify(self, method: str, token: str | bytes | None, now: float | None = None, spend: bool = True) -> str | None:
+        """None when the call may run (its nonce is then spent), else why it is refused. `spend=False` checks the
+        proof only, for a Lighthouse front end whose owner spends the nonce (`spend`): replays are then caught
+        across all front ends, not per process."""
         if token is None:
             return "no regent-auth metadata (the caller has no job secret)"
         if isinstance(token, bytes):
@@ -119,6 +121,11 @@ class CallVerifier:
                     f"(window {self.window_s:g} s): a replay or a skewed clock")
         if not hmac.compare_digest(mac, call_mac(self._secret, method, ms, nonce)):
             return "wrong proof (another job secret, or made for another method)"
+        return self.spend(ms, key, now) if spend else None
+
+    def spend(self, ms: int, key: int, now: float | None = None) -> str | None:
+        """Spend a checked proof's nonce (`proof_nonce`): None the first time, a refusal for a replay."""
+        now = time.time() if now is None else now
         cutoff = int((now - self.window_s) * 1000)
         with self._lock:
             order = self._order
@@ -154,6 +161,17 @@ class CallVerifier:
     def remembered(self) -> int:
         """Nonces held now (memory use: accepted calls within the window)."""
         return len(self._seen)
+
+
+def proof_nonce(token: bytes | None) -> tuple[int, int] | None:
+    """(timestamp ms, nonce key) of a well-formed `regent-auth` value, as `CallVerifier.spend` takes them."""
+    if token is None:
+        return None
+    parts = token.split(b":")
+    try:
+        return int(parts[1]), int(parts[2][:16], 16)
+    except (IndexError, ValueError):
+        return None
 
 
 def peer_host(peer: str) -> str:

@@ -88,6 +88,8 @@ class SimConfig:
     poll_s: float = 0.5  # how often the coordinator reads the Lighthouse's liveness table
     slack_s: float = 1.0  # allowance for a heartbeat in flight at a death, and for the poll itself
     compact: bool = False  # ask for the compact quorum answer (Regent extension)
+    frontends: int = 0  # Regent's Lighthouse with this many front-end processes (`regent.ft.frontends`)
+    frontend_batch_ms: float = 2.0  # their batching interval (0: once per loop turn)
     seed: int = 0
 
 
@@ -631,11 +633,16 @@ class _RegentLighthouse:
         self.server = LighthouseServer(
             bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=cfg.join_timeout_ms,
             quorum_tick_ms=cfg.quorum_tick_ms, heartbeat_timeout_ms=int(cfg.heartbeat_timeout_s * 1000),
-            secret=b"", tls=TLSFiles())
+            secret=b"", tls=TLSFiles(), frontends=cfg.frontends,
+            frontend_batch_ms=cfg.frontend_batch_ms)
         self.port = self.server.port
         self.thread_id = self.server._thread.native_id
 
     def cpu_s(self) -> float:
+        """The owner's loop thread and, with front ends, their processes: the whole Lighthouse."""
+        return self.owner_cpu_s() + sum(_process_cpu_s(pid) for pid in self.server.frontend_pids())
+
+    def owner_cpu_s(self) -> float:
         return _thread_cpu_s(self.thread_id)
 
     def counted_live(self) -> set[str] | None:
@@ -689,6 +696,7 @@ def run_simulation(cfg: SimConfig, server: str = "regent", log: Any = None) -> d
         polls = 0
         time.sleep(max(0.0, t0 - time.monotonic()))
         cpu0 = lighthouse.cpu_s()
+        owner0 = lighthouse.owner_cpu_s() if server != "torchft" else 0.0
         grace = cfg.heartbeat_interval_s + cfg.slack_s
         while time.monotonic() - t0 < cfg.duration_s - 0.1:
             time.sleep(cfg.poll_s)
@@ -704,6 +712,8 @@ def run_simulation(cfg: SimConfig, server: str = "regent", log: Any = None) -> d
             for rid in f:
                 false.setdefault(rid, t_before)
         cpu = lighthouse.cpu_s() - cpu0
+        owner_cpu = lighthouse.owner_cpu_s() - owner0 if server != "torchft" else None
+        frontend_stats = lighthouse.server.frontend_stats() if server != "torchft" else {}
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=60 + cfg.duration_s)
@@ -733,6 +743,10 @@ def run_simulation(cfg: SimConfig, server: str = "regent", log: Any = None) -> d
         "missed_failures": sorted(missed) if server != "torchft" else None,
         "false_failures": sorted(false) if server != "torchft" else None,
         "lighthouse_cpu_s": cpu, "lighthouse_cpu_share": cpu / cfg.duration_s,
+        # With front ends: the quorum owner's share of that CPU, and how late batched heartbeats reached its
+        # liveness table (the simulator's lag above then ends at the front end's answer).
+        "owner_cpu_share": None if owner_cpu is None else owner_cpu / cfg.duration_s,
+        "frontends": frontend_stats,
         "counters": counters,
     }
 
@@ -746,7 +760,18 @@ def format_report(r: dict[str, Any]) -> str:
               if q.get("rounds") else f"rounds 0 ({q.get('incomplete', 0)} incomplete)")
     return (f"{r['server']:<8} {r['config']['groups']:>6} groups  hb {r['heartbeats_per_s']:.0f}/s  lag p50 "
             f"{lag['p50_ms']:.2f} p99 {lag['p99_ms']:.1f} max {lag['max_ms']:.0f} ms  late {r['counters'].get('late', 0)}"
-            f"  {rounds}  faults {r['faults']}  {live}  LH CPU {100 * r['lighthouse_cpu_share']:.0f}%")
+            f"  {rounds}  faults {r['faults']}  {live}  LH CPU {100 * r['lighthouse_cpu_share']:.0f}%"
+            + _frontend_note(r))
+
+
+def _frontend_note(r: dict[str, Any]) -> str:
+    """With front ends: the owner's CPU and the batched heartbeats' delay into its liveness table."""
+    fe = r.get("frontends") or {}
+    if not fe:
+        return ""
+    apply = fe["heartbeat_apply_lag"]
+    return (f" ({fe['frontends']} front ends; owner {100 * r['owner_cpu_share']:.0f}%; into the table: mean "
+            f"{apply['mean_ms']:.1f} p99 <= {apply['p99_ms_le']:.0f} max {apply['max_ms']:.0f} ms)")
 
 
 # ---- CLI --------------------------------------------------------------------------------------------------------
@@ -769,6 +794,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--down", type=float, default=d.down_s, help="s a failed group stays down")
     parser.add_argument("--silent-fraction", type=float, default=d.silent_fraction)
     parser.add_argument("--compact", action="store_true", help="ask for the compact quorum answer")
+    parser.add_argument("--frontends", type=int, default=0,
+                        help="Regent's Lighthouse with this many front-end processes (default 0: one process)")
+    parser.add_argument("--frontend-batch-ms", type=float, default=d.frontend_batch_ms,
+                        help="front ends' batching interval, ms (0: once per loop turn)")
     parser.add_argument("--server", choices=("regent", "torchft"), action="append",
                         help="Lighthouse(s) to drive, one after the other (default regent)")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -782,7 +811,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                      heartbeat_interval_s=args.interval, heartbeat_timeout_s=args.heartbeat_timeout,
                      quorum_every_s=args.quorum_every, join_timeout_ms=args.join_timeout_ms,
                      faults_per_s=args.faults_per_s, down_s=args.down, silent_fraction=args.silent_fraction,
-                     compact=args.compact, seed=args.seed)
+                     compact=args.compact, frontends=args.frontends,
+                     frontend_batch_ms=args.frontend_batch_ms, seed=args.seed)
 
 
 def _cli(args: argparse.Namespace) -> int:
