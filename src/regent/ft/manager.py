@@ -61,6 +61,7 @@ from regent.ft.transfer import (
     StreamTransport,
     local_view,
 )
+from regent.ft.types import to_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         store_address = _one_of("store_address", store_address, "store_addr", store_addr)  # TorchFT: store_addr
         if store_address is None:
             raise TypeError("ManagerServer: store_address (TorchFT: store_addr) is required")
-        heartbeat_interval, connect_timeout = _secs(heartbeat_interval), _secs(connect_timeout)
+        heartbeat_interval, connect_timeout = to_seconds(heartbeat_interval), to_seconds(connect_timeout)
         self.replica_id = replica_id
         self.store_address = store_address
         self.world_size = world_size
@@ -530,9 +531,9 @@ class Manager:
         group_world_size = _one_of("group_world_size", group_world_size, "world_size", world_size)
         transport = _one_of("transport", transport, "checkpoint_transport", checkpoint_transport)
         self.world_size_mode = WorldSizeMode(world_size_mode)
-        self.timeout = env_timeout("timeout", _secs(timeout))
-        self.quorum_timeout = env_timeout("quorum_timeout", _secs(quorum_timeout))
-        self.connect_timeout = env_timeout("connect_timeout", _secs(connect_timeout))
+        self.timeout = env_timeout("timeout", to_seconds(timeout))
+        self.quorum_timeout = env_timeout("quorum_timeout", to_seconds(quorum_timeout))
+        self.connect_timeout = env_timeout("connect_timeout", to_seconds(connect_timeout))
         self.min_replica_size = min_replica_size
         self.use_async_quorum = use_async_quorum
         self.init_sync = init_sync
@@ -985,7 +986,7 @@ class Manager:
                      timeout: float | datetime.timedelta | None = None) -> None:
         """Begin the next step's quorum (see module docstring). Blocks only in sync mode. `timeout` (seconds or,
         as TorchFT takes it, a timedelta) defaults to the Manager's `quorum_timeout`."""
-        timeout = None if timeout is None else _secs(timeout)
+        timeout = None if timeout is None else to_seconds(timeout)
         if self._quorum_future is not None:
             try:
                 self._quorum_future.result()
@@ -1223,7 +1224,7 @@ class Manager:
                 self.report_error(err)
             out.set_result(value)
 
-        limit = self.timeout if timeout is None else _secs(timeout)
+        limit = self.timeout if timeout is None else to_seconds(timeout)
         timer = threading.Timer(limit, lambda: settle(default, TimeoutError(
             f"future not done within {limit:.3g} s (Manager.wrap_future)")))
         timer.daemon = True
@@ -1255,7 +1256,7 @@ class Manager:
     # ---- commit -----------------------------------------------------------------------------------------
     def should_commit(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
-        timeout = None if timeout is None else _secs(timeout)
+        timeout = None if timeout is None else to_seconds(timeout)
         try:
             self.wait_quorum()
         except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
@@ -1420,9 +1421,6 @@ def _state_nbytes(state: Any) -> int:
         return sum(_state_nbytes(v) for v in state)
     return 0
 
-
-def _secs(value: float | datetime.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
 
 
 def local_hostname() -> str:
