@@ -53,6 +53,7 @@ import torch
 
 from regent import auth
 from regent.contiguous import byte_span, spans_one_range
+from regent.dtensor import is_dtensor
 from regent.ft import wire
 from regent.ft.wire import MAX_HEADER_BYTES, WireFormatError
 
@@ -159,10 +160,6 @@ class _TensorLeaf:
 _TENSOR = _TensorLeaf()
 
 
-def _is_dtensor(t: Any) -> bool:
-    return hasattr(t, "to_local") and hasattr(t, "placements")
-
-
 def _is_sequence(node: Any) -> bool:
     """Lists and plain tuples are walked into; named tuples and torch.Size are kept whole (one rule for every
     walk here)."""
@@ -176,7 +173,7 @@ def _is_plain_tuple(node: Any) -> bool:
 def local_view(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (sharing its storage), or the tensor itself. Peers of the same group
     rank hold the same shard layout, so shards move between them as plain tensors."""
-    return t.to_local() if _is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def _tensors_by_path(state: Any) -> dict[str, torch.Tensor]:
@@ -209,7 +206,7 @@ def _flatten(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor], list
         if isinstance(node, torch.Tensor):
             originals.append(node)
             spec = None
-            if type(node) is not torch.Tensor and _is_dtensor(node):  # plain tensors skip the probe
+            if type(node) is not torch.Tensor and is_dtensor(node):  # plain tensors skip the probe
                 spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride()))
                 node = node.to_local()
             t = node.detach() if node.requires_grad else node
@@ -245,13 +242,13 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
     looking them up by path)."""
     if like_tensors is not None:
         mine_at: Any = like_tensors.__getitem__
-        any_mesh = next((t.device_mesh for t in like_tensors if type(t) is not torch.Tensor and _is_dtensor(t)), None)
+        any_mesh = next((t.device_mesh for t in like_tensors if type(t) is not torch.Tensor and is_dtensor(t)), None)
     else:
         own = _tensors_by_path(like) if like is not None else {}
         mine_at = lambda index: own.get(meta.tensors[index].path)  # noqa: E731
         # All of a trainer's DTensors live on its one FSDP mesh: a shard the receiver has no slot for yet (say,
         # outer-optimizer momentum on a fresh replica) is rebuilt on that mesh with the donor's layout.
-        any_mesh = next((t.device_mesh for t in own.values() if _is_dtensor(t)), None)
+        any_mesh = next((t.device_mesh for t in own.values() if is_dtensor(t)), None)
 
     def restore(index: int) -> torch.Tensor:
         t = tensors[index]
@@ -259,7 +256,7 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
         if tm.dtensor is None and any_mesh is None:
             return t
         mine = mine_at(index)
-        if mine is not None and type(mine) is not torch.Tensor and _is_dtensor(mine):
+        if mine is not None and type(mine) is not torch.Tensor and is_dtensor(mine):
             local = mine.to_local()
             if local.data_ptr() == t.data_ptr() and local.shape == t.shape:
                 return mine
