@@ -56,6 +56,7 @@ from regent.contiguous import byte_span, spans_one_range
 from regent.dtensor import is_dtensor
 from regent.ft import wire
 from regent.ft.wire import MAX_HEADER_BYTES, WireFormatError
+from regent.sockio import recv_exact, recv_into
 
 logger = logging.getLogger(__name__)
 
@@ -793,27 +794,12 @@ def _send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    _recv_into(sock, memoryview(buf))
-    return bytes(buf)
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:], min(len(view) - got, 1 << 24))
-        if n == 0:
-            raise ConnectionError("peer closed the connection mid-transfer")
-        got += n
-
-
 def _recv_frame(sock: socket.socket, max_bytes: int, what: str) -> bytes:
     """One length-prefixed frame, refused (before allocating) when it announces more than `max_bytes`."""
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    (n,) = _HEADER.unpack(recv_exact(sock, _HEADER.size))
     if n > max_bytes:
         raise WireFormatError(f"peer announced a {what} of {n} bytes; accepted: up to {max_bytes}")
-    return _recv_exact(sock, n)
+    return recv_exact(sock, n)
 
 
 def _cpu_bytes_view(t: torch.Tensor) -> memoryview:
@@ -1080,7 +1066,7 @@ class StreamTransport:
         """A connection to the donor, both ends authenticated (or, with no secret here, neither)."""
         sock = socket.create_connection((host, port), timeout=remaining)
         try:
-            greeting = _recv_exact(sock, len(_GREETING) + 1)
+            greeting = recv_exact(sock, len(_GREETING) + 1)
             if greeting[:len(_GREETING)] != _GREETING:
                 raise auth.AuthenticationError(f"{metadata} is not a regent state-transfer donor (bad greeting)")
             mode = greeting[len(_GREETING):]
@@ -1160,9 +1146,9 @@ class StreamTransport:
                     got = []
                     for i in mine:
                         view = _cpu_bytes_view(host_bufs[i])
-                        _recv_into(sock, view)
+                        recv_into(sock, view)
                         got.append(wire.tensor_digest(view))
-                    sent = _recv_exact(sock, wire.DIGEST_BYTES * len(mine))
+                    sent = recv_exact(sock, wire.DIGEST_BYTES * len(mine))
                     for k, (i, digest) in enumerate(zip(mine, got)):
                         theirs = sent[k * wire.DIGEST_BYTES:(k + 1) * wire.DIGEST_BYTES]
                         if digest != theirs:
