@@ -6,7 +6,6 @@ plain process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,6 +15,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from regent.integrity import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +398,7 @@ class TrainingSession:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
         torch.save(self._full_state(), tmp)
-        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": _sha256(tmp),
+        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": file_sha256(tmp)[0],
                     "lineage": self.manager.lineage()}
         with open(path + ".json.tmp", "w") as f:
             json.dump(manifest, f)
@@ -453,14 +454,6 @@ def _rss_mb() -> float | None:
         return None
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_checkpoint_file(path: str) -> None:
     """Refuse (ValueError naming the file) a checkpoint whose bytes are not the ones its manifest recorded."""
     try:
@@ -469,7 +462,7 @@ def verify_checkpoint_file(path: str) -> None:
         recorded = manifest["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"checkpoint {path}: its manifest {path}.json is missing or unreadable ({exc})") from exc
-    actual = _sha256(path)
+    actual, _ = file_sha256(path)
     if actual != recorded:
         raise ValueError(f"checkpoint {path} is damaged: sha256 {actual[:16]}... but its manifest recorded "
                          f"{str(recorded)[:16]}...; delete that step-N directory to restart from the one before")
