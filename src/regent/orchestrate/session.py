@@ -156,7 +156,7 @@ class TrainingSession:
                 # DiLoCo's committed state (last global parameters, outer optimizer, schedule and data position
                 # at the sync) does not change for a whole round: copy it beside training, and only the next
                 # outer step waits for the copy (it never does when the copy is shorter than a round).
-                self._backstop_state = lambda: {"committed": True, **self.manager._committed_tree()}
+                self._backstop_state = lambda: {"committed": True, **self.manager.committed_state()}
                 self.manager.before_committed_change(self.backstop.wait_copied)
             else:
                 # the full state changes at every optimizer step: its copy runs during the next forward and
@@ -378,7 +378,7 @@ class TrainingSession:
         step = self.manager.current_step()
         due = self.backstop.due()
         if self.world_size > 1:
-            store, key = self.manager._group_store, f"regent/backstop/{step}"
+            store, key = self.manager.group_store, f"regent/backstop/{step}"
             if self.rank == 0:
                 store.set(key, "1" if due else "0")
             else:
