@@ -22,6 +22,8 @@ import os
 import secrets
 import socket
 
+from regent.sockio import recv_exact
+
 SECRET_ENV = "REGENT_JOB_SECRET"
 SECRET_FILE_ENV = "REGENT_JOB_SECRET_FILE"
 NONCE = 32
@@ -75,13 +77,9 @@ def new_nonce() -> bytes:
 
 
 def _recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise AuthenticationError(f"{peer} closed the connection during the handshake (wrong job secret?)")
-        buf += chunk
-    return bytes(buf)
+    """`n` bytes of the handshake; a peer that closes first fails it (as an `AuthenticationError`)."""
+    return recv_exact(sock, n, lambda: AuthenticationError(
+        f"{peer} closed the connection during the handshake (wrong job secret?)"))
 
 
 def server_handshake(sock: socket.socket, secret: bytes, magic: bytes, client_role: bytes, server_role: bytes,

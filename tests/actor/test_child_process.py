@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from regent.actor._child_process import start_child
-from regent.actor._runtime import new_event_loop
+from regent.eventloop import new_event_loop
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -16,10 +16,10 @@ from regent.ft.transfer import (
     _MAX_REQUEST_BYTES,
     ANY_STEP,
     StreamTransport,
-    _recv_exact,
     _recv_frame,
     _send_frame,
 )
+from regent.sockio import recv_exact
 
 
 def _state(step: int, scale: float = 1.0) -> dict:
@@ -73,7 +73,7 @@ def test_withdraw_cuts_a_reader_that_stopped_reading(donor):
     frozen = socket.create_connection((host, int(port)))
     frozen.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
-        assert _recv_exact(frozen, len(_GREETING) + 1) == _GREETING + b"N"
+        assert recv_exact(frozen, len(_GREETING) + 1) == _GREETING + b"N"
         _send_frame(frozen, json.dumps({"what": "chunk", "step": 5, "chunk": 0, "of": 1}).encode())
         assert json.loads(_recv_frame(frozen, _MAX_REQUEST_BYTES, "answer")) == {"ok": True}
         time.sleep(0.5)  # the donor is now blocked sending into a full socket

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from regent.ft import manager as manager_mod
+from regent.ft import committed as committed_mod
 from regent.ft import wire
 from regent.ft.backstop import Backstop, BackstopCorruptError, complete_steps, read_record
 from regent.ft.lighthouse import LighthouseServer
@@ -106,7 +106,7 @@ def test_a_two_rank_backstop_with_one_damaged_rank_is_passed_over(tmp_path):
 
 def test_restore_falls_back_to_the_older_backstop_and_reports_it(tmp_path, monkeypatch):
     """The whole path: every holder is gone, the newest backstop is damaged, the Manager restores the older."""
-    monkeypatch.setattr(manager_mod, "HOLDER_GRACE_S", 0.3)
+    monkeypatch.setattr(committed_mod, "HOLDER_GRACE_S", 0.3)
     events = []
     b = Backstop(tmp_path, rank=0, world_size=1, every_s=3600, keep=5, on_event=lambda k, d: events.append((k, d)))
     _save(b, 8)

@@ -25,6 +25,7 @@ from regent.actor import Actor, endpoint
 from regent.ft import transfer, wire
 from regent.ft.transfer import _TENSOR, GroupTransport, StreamTransport, flatten_state
 from regent.ft.wire import UnsupportedStateError, WireFormatError
+from regent.sockio import recv_exact
 from tests.ft.ft_harness import gloo_groups
 
 SECRET = bytes(range(32))
@@ -276,7 +277,7 @@ def _raw_handshake(port: int, secret: bytes, replay: bytes | None = None) -> tup
     """Connect as a healer: answer the challenge (or send `replay`), then ask for the description. Returns
     what we sent as proof and everything the donor sent after its challenge."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        greeting = transfer._recv_exact(sock, 5 + auth.NONCE)
+        greeting = recv_exact(sock, 5 + auth.NONCE)
         assert greeting[:5] == b"RGFTA"
         sent = replay or auth.proof(secret, transfer._CLIENT_ROLE, greeting[5:]) + auth.new_nonce()
         sock.sendall(sent)
@@ -320,7 +321,7 @@ def test_healer_refuses_a_replayed_donor_proof():
             conn, _ = server.accept()
             with conn:
                 conn.sendall(b"RGFTA" + bytes(auth.NONCE))
-                answer = transfer._recv_exact(conn, auth.MAC + auth.NONCE)
+                answer = recv_exact(conn, auth.MAC + auth.NONCE)
                 if not recorded:  # first time: a real proof (as if relayed from the real donor)
                     recorded.append(auth.proof(SECRET, transfer._SERVER_ROLE, answer[auth.MAC:]))
                 conn.sendall(recorded[0])
@@ -470,9 +471,9 @@ def test_donor_refuses_hostile_requests(pair):
     for request in [struct.pack("!Q", 1 << 40), _framed(b"not json"), _framed({"what": "chunk", "step": 7}),
                     _framed({"what": "chunk", "step": 7, "chunk": 5, "of": 2}), _framed({"what": "x", "step": 7})]:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            greeting = transfer._recv_exact(sock, 5 + auth.NONCE)
+            greeting = recv_exact(sock, 5 + auth.NONCE)
             sock.sendall(auth.proof(SECRET, transfer._CLIENT_ROLE, greeting[5:]) + auth.new_nonce())
-            transfer._recv_exact(sock, auth.MAC)
+            recv_exact(sock, auth.MAC)
             sock.sendall(request)
             assert sock.recv(1 << 16) == b""  # closed, nothing served
     assert pair(secret=SECRET).recv_checkpoint(0, donor.metadata(), 7, 10)["step"] == 5  # still serving

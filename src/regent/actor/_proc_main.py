@@ -36,7 +36,8 @@ def main() -> None:
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
-    from regent.actor._runtime import Runtime, new_event_loop, set_runtime
+    from regent.actor._runtime import Runtime, set_runtime
+    from regent.eventloop import new_event_loop
 
     rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
                  advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))

@@ -60,6 +60,7 @@ from regent.actor._supervision import (  # noqa: F401 (the keys and the two stat
 )
 from regent.actor._transport import Connection, connect, listen, parse_address
 from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, job_secret_from_env
+from regent.eventloop import new_event_loop
 
 logger = logging.getLogger("regent.actor")
 
@@ -981,14 +982,3 @@ def exit_gracefully(code: int = 0) -> None:
         sys.stderr.flush()
     os._exit(code)
 
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed (faster sockets), else the default asyncio loop."""
-    if os.environ.get("REGENT_NO_UVLOOP") != "1":
-        try:
-            import uvloop
-
-            return uvloop.new_event_loop()
-        except ImportError:
-            pass
-    return asyncio.new_event_loop()

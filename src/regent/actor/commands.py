@@ -13,9 +13,10 @@ import os
 import signal
 import sys
 
-from regent.actor._runtime import Runtime, new_event_loop, new_id, remove_sock_dir, set_runtime
+from regent.actor._runtime import Runtime, new_id, remove_sock_dir, set_runtime
 from regent.actor._transport import inherited_listener, parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
+from regent.eventloop import new_event_loop
 
 logger = logging.getLogger("regent.actor.worker")
 

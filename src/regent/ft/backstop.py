@@ -34,7 +34,6 @@ logging an error and reporting `backstop_corrupt`; so a restore falls back inste
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -47,6 +46,8 @@ from typing import Any
 
 import torch
 
+from regent.integrity import file_sha256, self_digest
+
 logger = logging.getLogger(__name__)
 
 COPY_TIMEOUT_S = 60.0
@@ -57,20 +58,8 @@ class BackstopCorruptError(RuntimeError):
     """A backstop snapshot does not match its record (damaged, truncated, replaced or mislabelled): never loaded."""
 
 
-def file_sha256(path: Path) -> tuple[str, int]:
-    """(sha256 hex, size) of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
-
-
 def _record_digest(record: dict[str, Any]) -> str:
-    body = {k: v for k, v in record.items() if k != "record_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return self_digest(record, "record_sha256")
 
 
 def make_record(step: int, lineage: int | None, sha256: str, nbytes: int) -> str:

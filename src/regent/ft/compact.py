@@ -20,7 +20,9 @@ from regent.ft.proto import torchft_pb2
 from regent.ft.recovery import QuorumPlan, QuorumResult
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int (the wire's lengths and tags; also used by the load
+    simulator, `regent.ft.simulate`, which writes heartbeats by hand)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -30,8 +32,8 @@ def _varint(n: int) -> bytes:
 
 
 # Wire tags (field << 3 | LEN): LighthouseQuorumResponse.quorum = 1, Quorum.regent_compact = 1001.
-_RESPONSE_QUORUM_TAG = _varint(1 << 3 | 2)
-_QUORUM_COMPACT_TAG = _varint(1001 << 3 | 2)
+_RESPONSE_QUORUM_TAG = varint(1 << 3 | 2)
+_QUORUM_COMPACT_TAG = varint(1001 << 3 | 2)
 
 
 def compact_share(plan: QuorumPlan, replica_id: str, world_size: int, init_sync: bool) -> torchft_pb2.RegentCompactQuorum:
@@ -63,8 +65,8 @@ def encode_compact_response(common: bytes, share: torchft_pb2.RegentCompactQuoru
     id, created, watermark; encoded once per round) plus `share`: protobuf merges concatenated fields, so only
     the share is encoded per member."""
     body = share.SerializeToString()
-    quorum = common + _QUORUM_COMPACT_TAG + _varint(len(body)) + body
-    return _RESPONSE_QUORUM_TAG + _varint(len(quorum)) + quorum
+    quorum = common + _QUORUM_COMPACT_TAG + varint(len(body)) + body
+    return _RESPONSE_QUORUM_TAG + varint(len(quorum)) + quorum
 
 
 @dataclass(frozen=True)

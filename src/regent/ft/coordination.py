@@ -23,7 +23,7 @@ from regent.ft.lighthouse_client import (
     LighthouseClient,
     next_backoff,
 )
-from regent.ft.manager import ManagerServer, _result_from_proto, _rpc_error
+from regent.ft.manager_server import ManagerServer, _result_from_proto, _rpc_error
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.recovery import QuorumResult
 from regent.ft.rpc_security import Security, TLSFiles

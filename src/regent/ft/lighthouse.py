@@ -65,6 +65,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite, rpc_security
 from regent.ft.compact import compact_share, encode_compact_response
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
@@ -173,15 +174,6 @@ def save_quorum_id(path: Path, quorum_id: int, watermark: Watermark | None = Non
                                "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets},
                                "groups": sorted(groups or [])}))
     os.replace(tmp, path)
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (the `fast` extra): it shortens every gRPC call's hop through the loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class _DashboardHTTPServer(ThreadingHTTPServer):

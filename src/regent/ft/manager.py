@@ -20,6 +20,11 @@ Step lifecycle (what each call does, and what happens on every error path):
    `max_retries` consecutive failures it raises.
 
 Replica ids are `name:uuid4` per process start, so a restarted replica is a membership change.
+
+Where the rest lives: the group-local server of group rank 0 in `regent.ft.manager_server` (`ManagerServer`),
+the committed-state recovery (`recovery_plan`, `recover_committed`, `serve_committed`) in
+`regent.ft.committed`; their public names are re-exported here, so `from regent.ft.manager import ...` keeps
+working.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import enum
-import json
 import logging
 import os
 import socket
@@ -41,26 +45,40 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from regent.ft.committed import (  # noqa: F401 (HOLDER_GRACE_S, RECOVER_ATTEMPTS: re-exported)
+    HOLDER_GRACE_S,
+    RECOVER_ATTEMPTS,
+    CommittedStateRecovery,
+    StateLostError,
+    recovery_plan,
+    state_nbytes,
+)
 from regent.ft.config import env_timeout
+from regent.ft.manager_server import (  # noqa: F401 (the server's names: re-exported)
+    COMMIT_REPORT_TIMEOUT_S,
+    COMPACT_AUTO_MEMBERS,
+    LocalRpcError,
+    ManagerServer,
+    _LocalCall,
+    _one_of,
+    _result_from_proto,
+    _result_to_proto,
+    _rpc_error,
+)
 from regent.ft.process_group import ReplicatedGroup
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
-from regent.ft.quorum import group_name
-from regent.ft.recovery import (
-    ACCEPTED_LOSS_KEY,
-    LINEAGE_KEY,
-    QuorumResult,
-    compute_quorum_results,
-    state_version,
-)
-from regent.ft.rpc_security import Security, TLSFiles
+from regent.ft.recovery import QuorumResult
+from regent.ft.rpc_security import Security
 from regent.ft.transfer import (
-    ANY_STEP,
     CheckpointTransport,
     GroupTransport,
     RWLock,
     StreamTransport,
     local_view,
 )
+from regent.ft.types import to_seconds
+
+__all__ = ["Manager", "ManagerServer", "StateLostError", "WorldSizeMode", "local_hostname", "recovery_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +86,6 @@ EventCallback = Callable[[str, dict], None]
 
 _MANAGER_ADDR_KEY = "regent/manager_addr"
 _REPLICA_ID_KEY = "regent/replica_id"
-# A commit is reported to the Lighthouse before the ranks apply it; this bounds the wait on a slow Lighthouse.
-COMMIT_REPORT_TIMEOUT_S = 1.0
-# Above this many members a ManagerServer asks the Lighthouse for the compact quorum answer (REGENT_COMPACT_QUORUM)
-COMPACT_AUTO_MEMBERS = 64
 
 
 class WorldSizeMode(enum.Enum):
@@ -80,374 +94,6 @@ class WorldSizeMode(enum.Enum):
 
     DYNAMIC = 0
     FIXED_WITH_SPARES = 1
-
-
-# ---- the group-local server (hosted by group rank 0) ---------------------------------------------------
-
-
-class _Round:
-    """One barrier round: every group rank contributes, the last one triggers the result."""
-
-    def __init__(self) -> None:
-        self.arrived: dict[int, Any] = {}
-        self.done = False
-        self.result: Any = None
-        self.error: Exception | None = None
-
-
-class LocalRpcError(grpc.RpcError):
-    """What a `ManagerServer` handler raises when group rank 0 calls it in-process (see `_LocalCall`): the same
-    code()/details() as a gRPC error, so callers handle both paths alike."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-class _LocalCall:
-    """The stand-in for a gRPC servicer context when group rank 0 calls its own ManagerServer directly.
-
-    Why: rank 0 hosts the ManagerServer, and a gRPC round trip to itself (serialize, loopback, grpcio's thread
-    pool, deserialize) cost about 1 ms of every `start_quorum`; the direct call runs the same handler code."""
-
-    def __init__(self, timeout: float) -> None:
-        self._deadline = time.monotonic() + timeout
-
-    def time_remaining(self) -> float:
-        return max(0.0, self._deadline - time.monotonic())
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise LocalRpcError(code, details)
-
-
-class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
-    """TorchFT's ManagerService for one replica group: quorum aggregation, commit barrier, kill, heartbeats.
-
-    With a job secret (`secret=`, else `$REGENT_JOB_SECRET`) every call must carry a fresh proof of it
-    (`regent.ft.rpc_security`), checked before any handler runs; with TLS files (`tls=`, else
-    `$REGENT_FT_TLS_*`) it serves TLS. Its own Lighthouse client uses the same.
-
-    Args:
-        replica_id: this replica group's id, as the Lighthouse knows it.
-        lighthouse_addr: the Lighthouse's address.
-        hostname: the name peers reach this server by.
-        store_address: the group's TCPStore ("host:port"); TorchFT spells it `store_addr`.
-        world_size: the number of ranks in the group; a quorum request waits for all of them.
-        bind: the address to listen on ("[::]:0" picks a free port).
-        heartbeat_interval: how often the Lighthouse is told this group is alive.
-        connect_timeout: how long to keep trying to reach the Lighthouse.
-        quorum_retries: how many times a failed Lighthouse quorum call is retried.
-        secret: (Regent) the job secret; None takes the environment.
-        tls: (Regent) the TLS files; None takes the environment.
-    """
-
-    def __init__(
-        self,
-        replica_id: str,
-        lighthouse_addr: str,
-        hostname: str,
-        store_address: str | None = None,
-        world_size: int = 1,
-        bind: str | None = None,
-        heartbeat_interval: float | datetime.timedelta = 0.1,
-        connect_timeout: float | datetime.timedelta = 60.0,
-        quorum_retries: int = 0,
-        *,
-        store_addr: str | None = None,
-        secret: bytes | None = None,
-        tls: TLSFiles | None = None,
-    ) -> None:
-        from regent.ft.lighthouse_client import LighthouseClient
-
-        store_address = _one_of("store_address", store_address, "store_addr", store_addr)  # TorchFT: store_addr
-        if store_address is None:
-            raise TypeError("ManagerServer: store_address (TorchFT: store_addr) is required")
-        heartbeat_interval, connect_timeout = _secs(heartbeat_interval), _secs(connect_timeout)
-        self.replica_id = replica_id
-        self.store_address = store_address
-        self.world_size = world_size
-        self.quorum_retries = quorum_retries
-        # Ask the Lighthouse for the compact quorum answer (regent.ft.compact; a TorchFT Lighthouse answers in
-        # full anyway): "auto" once a quorum had more than COMPACT_AUTO_MEMBERS members (small runs keep the
-        # member list: events name the members and `peer_failed` checks membership exactly), "1" always, "0" never.
-        self.compact_quorum = os.environ.get("REGENT_COMPACT_QUORUM", "auto")
-        self._last_members = 0
-        self._lighthouse_addr = lighthouse_addr
-        self._connect_timeout = connect_timeout
-        self.security = Security.resolve(secret, tls)
-        self._client = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout,
-                                        secret=self.security.secret or b"", tls=self.security.tls)
-        self._cond = threading.Condition()
-        self._quorum_round = _Round()
-        self._commit_round = _Round()
-        self._metadata: dict[int, str] = {}
-        # quorum id of the last committed step (see `recovery.state_version`) and of the latest quorum
-        self._lineage = 0
-        self.heal_lineage = 0  # lineage of the up-to-date members of the latest quorum (see Manager._apply_pending_state)
-        self._round_quorum_id: int | None = None
-        # What the heartbeats report (Regent extension): the committed step (set at each commit, and by the
-        # Manager of group rank 0 when it loads state).
-        self.committed_step = 0
-        # The watermark (step, lineage) this replica accepts losing after restoring older state; None: none.
-        self.accepted: tuple[int, int] | None = None
-        self._committed_meta: dict[int, str] = {}
-        self._stopped = threading.Event()
-        self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
-        self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
-        self._server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr"),
-            interceptors=self.security.server_interceptors("ManagerServer"),
-        )
-        torchft_pb2_grpc.add_ManagerServiceServicer_to_server(self, self._server)
-        port = self.security.add_port(self._server, bind or f"{hostname}:0")
-        if port == 0:
-            raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'}; set hostname/port")
-        self._address = f"{hostname}:{port}"
-        self._server.start()
-        self._heartbeat_interval = heartbeat_interval
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="regent-heartbeat", daemon=True)
-        self._heartbeat_thread.start()
-        logger.info("ManagerServer %s for %s at %s (%s)", replica_id, lighthouse_addr, self._address,
-                    self.security.describe())
-
-    def address(self) -> str:
-        return self._address
-
-    def shutdown(self) -> None:
-        """Stop serving; calls waiting for group ranks or the Lighthouse end with CANCELLED now."""
-        self._stopped.set()
-        self._beat_now.set()
-        with self._cond:
-            self._cond.notify_all()
-        self._client.close()
-        self._server.stop(grace=0.5)
-
-    def _wait_round(self, rnd: _Round, context: Any, what: str) -> None:
-        """Wait (holding `_cond`) until `rnd` is done; abort on the call's deadline or a shutdown."""
-        if not self._cond.wait_for(lambda: rnd.done or self._stopped.is_set(), timeout=context.time_remaining()):
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, what)
-        if not rnd.done:
-            context.abort(grpc.StatusCode.CANCELLED, "ManagerServer shut down")
-
-    def _heartbeat_loop(self) -> None:
-        failing_since: float | None = None
-        while not self._stopped.is_set():
-            self._beat_now.wait(self._heartbeat_interval)
-            self._beat_now.clear()
-            if self._stopped.is_set():
-                break
-            try:
-                self.heartbeat_now(timeout=max(1.0, 10 * self._heartbeat_interval))
-                self._lighthouse_unreachable = False
-                if failing_since is not None:
-                    logger.info("heartbeats to the Lighthouse resumed")
-                failing_since = None
-            except Exception as err:  # noqa: BLE001 - reported once per outage; the heartbeat thread must keep beating
-                if failing_since is None:
-                    failing_since = time.monotonic()
-                    logger.warning("heartbeat to Lighthouse %s failed: %s", self._lighthouse_addr, err)
-
-    def heartbeat_now(self, timeout: float = 5.0) -> None:
-        """One heartbeat with this replica's committed state (also sent before a quorum after a restore)."""
-        self._client.heartbeat(self.replica_id, timeout=timeout,
-                               committed=(self.committed_step, self._lineage, *(self.accepted or (0, 0))))
-
-    @property
-    def lineage(self) -> int:
-        return self._lineage
-
-    @lineage.setter
-    def lineage(self, value: int) -> None:
-        self._lineage = int(value)
-
-    # gRPC handlers
-    def Quorum(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC name)
-        timeout = context.time_remaining()
-        if timeout is None or timeout > 1e8:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing timeout")
-        with self._cond:
-            self._metadata[request.group_rank] = request.checkpoint_metadata
-            if request.regent_committed_metadata:
-                self._committed_meta[request.group_rank] = request.regent_committed_metadata
-            rnd = self._quorum_round
-            rnd.arrived[request.group_rank] = request
-            leader = len(rnd.arrived) >= self.world_size
-            if leader:
-                self._quorum_round = _Round()
-        if leader:
-            self._run_lighthouse_quorum(rnd, timeout)
-        with self._cond:
-            self._wait_round(rnd, context, "quorum: not all group ranks arrived in time")
-        if rnd.error is not None:
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(rnd.error, TimeoutError) else grpc.StatusCode.INTERNAL
-            context.abort(code, f"Lighthouse quorum failed: {rnd.error}")
-        result = compute_quorum_results(self.replica_id, request.group_rank, rnd.result, request.init_sync)
-        return _result_to_proto(result)
-
-    def _run_lighthouse_quorum(self, rnd: _Round, timeout: float) -> None:
-        requests = list(rnd.arrived.values())
-        last = requests[-1]
-        # The compact answer (regent.ft.compact) is computed for one init_sync: ask for it when the group's ranks
-        # agree (they always do with one Manager config), else for the full member list.
-        init_syncs = {bool(r.init_sync) for r in requests}
-        wanted = self.compact_quorum == "1" or (self.compact_quorum == "auto"
-                                                  and self._last_members > COMPACT_AUTO_MEMBERS)
-        compact = init_syncs.pop() if wanted and len(init_syncs) == 1 else None
-        deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            try:
-                quorum = self._client.quorum(
-                    self.replica_id,
-                    timeout=max(0.01, deadline - time.monotonic()),
-                    address=self._address,
-                    store_address=self.store_address,
-                    step=max(r.step for r in requests),
-                    world_size=self.world_size,
-                    shrink_only=any(r.shrink_only for r in requests),
-                    commit_failures=max(r.commit_failures for r in requests),
-                    data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: list(self.accepted)}
-                                                           if self.accepted else {})},
-                    compact=compact,
-                )
-                rnd.result = quorum
-                self._round_quorum_id = int(quorum.quorum_id)
-                # the lineage of the up-to-date members: what this replica's state becomes if it heals now
-                self.heal_lineage = (quorum.compact.max_lineage if quorum.compact is not None
-                                     else max(state_version(m) for m in quorum.participants)[1])
-                self._last_members = (quorum.compact.msg.replica_world_size if quorum.compact is not None
-                                      else len(quorum.participants))
-                break
-            except Exception as err:  # noqa: BLE001 - retried; the last error is kept in rnd.error and sent back to the caller
-                attempt += 1
-                if attempt > self.quorum_retries or time.monotonic() >= deadline:
-                    rnd.error = err
-                    break
-                time.sleep(max(0.1, timeout / (self.quorum_retries + 1)))
-        del last
-        with self._cond:
-            rnd.done = True
-            self._cond.notify_all()
-
-    def CheckpointMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        with self._cond:
-            meta = self._metadata.get(request.rank)
-        if meta is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"group rank {request.rank} has not registered metadata")
-        return torchft_pb2.CheckpointMetadataResponse(
-            checkpoint_metadata=meta, regent_committed_metadata=self._committed_meta.get(request.rank, ""))
-
-    def ShouldCommit(self, request: Any, context: Any) -> Any:  # noqa: N802
-        with self._cond:
-            rnd = self._commit_round
-            rnd.arrived[request.group_rank] = request.should_commit
-            last = len(rnd.arrived) >= self.world_size
-            if last:
-                rnd.result = all(rnd.arrived.values())
-                if rnd.result:
-                    if self._round_quorum_id is not None:
-                        self._lineage = self._round_quorum_id  # this replica's state is now that quorum's
-                    self.committed_step = request.step + 1
-                    self.accepted = None
-                self._commit_round = _Round()
-        if last:
-            if rnd.result:
-                # The Lighthouse learns of the commit before any rank applies it, so its watermark never lags
-                # the state the replicas hold: if every replica then died, the loss is counted in full.
-                self._report_commit()
-            with self._cond:
-                rnd.done = True
-                self._cond.notify_all()
-        with self._cond:
-            self._wait_round(rnd, context, "should_commit: not all group ranks voted in time")
-        return torchft_pb2.ShouldCommitResponse(should_commit=bool(rnd.result))
-
-    def _report_commit(self) -> None:
-        """Tell the Lighthouse of a commit at once (bounded); while it is unreachable, the heartbeats retry."""
-        if self._lighthouse_unreachable:
-            self._beat_now.set()  # no per-step stall while the Lighthouse is down; the heartbeat loop reports it
-            return
-        try:
-            self.heartbeat_now(timeout=COMMIT_REPORT_TIMEOUT_S)
-        except Exception as err:  # noqa: BLE001 - reported; the heartbeats retry the report
-            self._lighthouse_unreachable = True
-            self._beat_now.set()
-            logger.warning("could not report commit of step %d to the Lighthouse (%s); the heartbeats retry",
-                           self.committed_step, err)
-
-    def Kill(self, request: Any, context: Any) -> Any:  # noqa: N802
-        logger.error("replica %s killed by request: %s; exiting with status 1", self.replica_id, request.msg)
-
-        def die() -> None:
-            time.sleep(0.05)  # let the response go out
-            logging.shutdown()
-            os._exit(1)
-
-        threading.Thread(target=die, daemon=True).start()
-        return torchft_pb2.KillResponse()
-
-
-def _result_to_proto(r: QuorumResult) -> Any:
-    msg = torchft_pb2.ManagerQuorumResponse(
-        quorum_id=r.quorum_id,
-        recover_src_manager_address=r.recover_src_manager_address,
-        recover_dst_replica_ranks=r.recover_dst_replica_ranks,
-        store_address=r.store_address,
-        max_step=r.max_step,
-        max_world_size=r.max_world_size,
-        replica_rank=r.replica_rank,
-        replica_world_size=r.replica_world_size,
-        heal=r.heal,
-        commit_failures=r.commit_failures,
-        replica_ids=r.replica_ids,
-        regent_committed_step=r.committed_step,
-        regent_members_digest=r.members_digest,
-        regent_recover_src_replica_id=r.recover_src_replica_id,
-    )
-    if r.recover_src_replica_rank is not None:
-        msg.recover_src_replica_rank = r.recover_src_replica_rank
-    if r.max_replica_rank is not None:
-        msg.max_replica_rank = r.max_replica_rank
-    return msg
-
-
-def _result_from_proto(m: Any) -> QuorumResult:
-    return QuorumResult(
-        quorum_id=m.quorum_id,
-        replica_rank=m.replica_rank,
-        replica_world_size=m.replica_world_size,
-        recover_src_manager_address=m.recover_src_manager_address,
-        recover_src_replica_rank=m.recover_src_replica_rank if m.HasField("recover_src_replica_rank") else None,
-        recover_dst_replica_ranks=list(m.recover_dst_replica_ranks),
-        store_address=m.store_address,
-        max_step=m.max_step,
-        max_replica_rank=m.max_replica_rank if m.HasField("max_replica_rank") else None,
-        max_world_size=m.max_world_size,
-        heal=m.heal,
-        commit_failures=m.commit_failures,
-        replica_ids=list(m.replica_ids),
-        committed_step=m.regent_committed_step,
-        members_digest=bytes(m.regent_members_digest),
-        recover_src_replica_id=m.regent_recover_src_replica_id,
-    )
-
-
-def _rpc_error(what: str, addr: str, err: grpc.RpcError) -> Exception:
-    code = err.code() if hasattr(err, "code") else None
-    detail = err.details() if hasattr(err, "details") else str(err)
-    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        # TorchFT's client words a deadline as a cancelled call ("status: Cancelled, message: ..."); code that
-        # matches on that text keeps working.
-        return TimeoutError(f'{what} via manager {addr} timed out (status: Cancelled, message: "Timeout expired"): '
-                            f"{detail}")
-    return RuntimeError(f"{what} via manager {addr} failed ({code}): {detail}")
 
 
 # ---- the per-rank Manager -------------------------------------------------------------------------------
@@ -459,7 +105,7 @@ def _completed(value: Any) -> torch.futures.Future:
     return fut
 
 
-class Manager:
+class Manager(CommittedStateRecovery):
     """Fault-tolerance manager for one trainer rank (see the module docstring for the lifecycle).
 
     Args:
@@ -530,9 +176,9 @@ class Manager:
         group_world_size = _one_of("group_world_size", group_world_size, "world_size", world_size)
         transport = _one_of("transport", transport, "checkpoint_transport", checkpoint_transport)
         self.world_size_mode = WorldSizeMode(world_size_mode)
-        self.timeout = env_timeout("timeout", _secs(timeout))
-        self.quorum_timeout = env_timeout("quorum_timeout", _secs(quorum_timeout))
-        self.connect_timeout = env_timeout("connect_timeout", _secs(connect_timeout))
+        self.timeout = env_timeout("timeout", to_seconds(timeout))
+        self.quorum_timeout = env_timeout("quorum_timeout", to_seconds(quorum_timeout))
+        self.connect_timeout = env_timeout("connect_timeout", to_seconds(connect_timeout))
         self.min_replica_size = min_replica_size
         self.use_async_quorum = use_async_quorum
         self.init_sync = init_sync
@@ -698,209 +344,6 @@ class Manager:
     def allow_state_dict_read(self) -> None:
         self._state_lock.release_write()
 
-    # ---- committed state: early heal and the durable backstop (Regent) ------------------------------------
-    def serve_committed(self, save: Callable[[], Any], load: Callable[[Any], None], live: bool = False) -> None:
-        """Serve this replica's committed state to restarted replicas while it keeps computing.
-
-        `save()` returns the committed state (tensors that do not change between two commits, e.g. DiLoCo's
-        last global parameters and outer optimizer); `load(state)` applies a peer's on a restarted replica.
-        Call `publish_committed()` after each commit and `withdraw_committed()` before the tensors change.
-
-        `live=True` (per-step training): the committed state is the live training state between two optimizer
-        steps, published after every step; a healer takes whatever step the holder serves when it asks (at
-        least the committed step it was told of), and a heal applied by a quorum is withdrawn and republished
-        here."""
-        self._committed_fns = (save, load)
-        self._committed_live = live
-        if self._committed_transport is None:
-            self._committed_transport = StreamTransport(host=self._hostname or "127.0.0.1", timeout=self.timeout)
-
-    def _committed_tree(self) -> dict[str, Any]:
-        assert self._committed_fns is not None
-        lineage = self._server.lineage if self._server is not None else 0
-        return {"user": self._committed_fns[0](), "regent": {**self.state_dict(), "lineage": lineage}}
-
-    def publish_committed(self) -> None:
-        if self._committed_transport is not None:
-            # served in place: no device-to-host copy of the committed state at every sync (see StreamTransport);
-            # live state (published at every step) is also described only when a healer asks
-            self._committed_transport.send_checkpoint([], self._step, self._committed_tree(), self.timeout,
-                                                      copy_to_host=False, lazy=self._committed_live)
-
-    def before_committed_change(self, fn: Callable[[], Any]) -> None:
-        """Call `fn` before the committed state changes (e.g. wait for a backstop copy of it to finish)."""
-        self._before_withdraw.append(fn)
-
-    def withdraw_committed(self) -> None:
-        for fn in self._before_withdraw:
-            fn()
-        if self._committed_transport is not None:
-            self._committed_transport.disallow_checkpoint(cut_readers=self._committed_live)
-
-    def recover_committed(self) -> str:
-        """Make sure this replica will not train on from less than the run has committed.
-
-        Called by a restarted replica before its first quorum, and after a quorum reported that no member holds
-        the committed watermark. Every group rank calls it at the same point; group rank 0 decides and the
-        others follow through the group store. Returns what happened:
-        - "none": nothing to do (nothing committed yet, this replica holds it, or the next quorum heals it);
-        - "early": pulled the committed state from a live holder now (`serve_committed` on both sides), without
-          waiting for the holders' next sync: the window in which only the holders have it closes here;
-        - "restored": no live replica holds it: restored the newest durable backstop, counted as a lineage
-          reset (`state_lost` event with what was lost); the Lighthouse is told, so the quorum goes on from it;
-        - "accepted" also when no live replica holds it but this replica's own committed state is at least as
-          new as the newest backstop: it goes on from that (`state_lost`, cause "own_state");
-        - when no backstop exists either: with `lost_state="raise"` raises `StateLostError` (`state_lost` with
-          fatal=True); with "accept" (the default, TorchFT's behaviour) goes on from what this replica holds,
-          counted as a lineage reset (`state_lost`, cause "no_holder") and logged as an error: "accepted".
-        """
-        self._recover_calls += 1
-        for attempt in range(RECOVER_ATTEMPTS * 2 if self._committed_live else RECOVER_ATTEMPTS):
-            key = f"regent/recover/{self._recover_calls}/{attempt}"
-            plan = self._share(f"{key}/plan", self._recover_plan if self.group_rank == 0 else None)
-            kind = plan["kind"]
-            if kind == "none":
-                return "none"
-            if kind == "keep":
-                if self._server is not None:
-                    self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
-                    self._server.heartbeat_now()  # the Lighthouse counts the reset and lowers its watermark
-                self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source="own",
-                           fatal=False, cause="own_state", reason=plan["reason"])
-                return "accepted"
-            if kind == "fatal" and self.lost_state == "accept":
-                logger.error("%s; going on from step %d (lost_state='accept'; pass lost_state='raise' to stop "
-                             "instead)", plan["reason"], self._step)
-                if self._server is not None:
-                    self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
-                    self._server.heartbeat_now()  # the Lighthouse counts the reset and lowers its watermark
-                self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source=None,
-                           fatal=False, cause="no_holder", reason=plan["reason"])
-                return "accepted"
-            if kind == "fatal":
-                self._emit("state_lost", lost_step=plan["watermark"], restored_step=None, source=None,
-                           fatal=True, reason=plan["reason"])
-                raise StateLostError(plan["reason"])
-            start = time.monotonic()
-            try:
-                state = self._fetch_early(plan) if kind == "early" else self.backstop.load(plan["path"],
-                                                                                            self.group_rank)
-                error = ""
-            except Exception as err:  # noqa: BLE001 - reported below; every rank agrees before anything is applied
-                state, error = None, f"{type(err).__name__}: {err}"
-            errors = self._gather(f"{key}/ok", error)
-            if any(errors):
-                logger.warning("recovering the committed state (%s, attempt %d) failed: %s", kind, attempt + 1,
-                               [e for e in errors if e])
-                self._emit("recover_failed", how=kind, attempt=attempt + 1, errors=[e for e in errors if e])
-                # a live holder refuses or cuts a read while it takes its optimizer step (tens of ms): ask again soon
-                time.sleep(min(1.0, 0.05 * 2 ** attempt) if self._committed_live else min(2.0, 0.25 * 2 ** attempt))
-                continue
-            if kind == "early":
-                self._committed_fns[1](state["user"])
-                self.load_state_dict(state["regent"])
-                if self._server is not None:
-                    self._server.lineage = int(state["regent"].get("lineage", 0))
-                self._emit("early_heal_done", donor=plan["donor"], manager_step=self._step,
-                           seconds=round(time.monotonic() - start, 4), bytes=_state_nbytes(state))
-                return "early"
-            if state.get("committed"):  # a backstop of the committed state alone (DiLoCo: see the session)
-                self._committed_fns[1](state["user"])
-                self.load_state_dict(state["regent"])
-                if self._server is not None:
-                    self._server.lineage = int(state["regent"].get("lineage", 0))
-            else:
-                self.load_full_state_dict(state)
-            if self._server is not None:
-                self._server.accepted = (int(plan["watermark"]), int(plan["lineage"]))
-                self._server.heartbeat_now()  # the Lighthouse lowers its watermark before our next quorum
-            self._emit("state_lost", lost_step=plan["watermark"], restored_step=self._step, source=plan["path"],
-                       fatal=False, cause="backstop_restore", seconds=round(time.monotonic() - start, 4), reason=plan["reason"])
-            return "restored"
-        logger.warning("could not recover the committed state early; the next quorum heals this replica")
-        return "none"
-
-    def accept_loss(self, source: str) -> None:
-        """This replica went back to older state on purpose (a checkpoint restart): if that is less than the
-        run has committed, count it (`state_lost`) and tell the Lighthouse, so the quorum goes on from here."""
-        if self._server is None:
-            return
-        watermark, lineage, _ = self._server._client.holders(self.replica_id, timeout=self.connect_timeout)
-        if watermark <= self._step:
-            return
-        self._server.accepted = (watermark, lineage)
-        self._server.heartbeat_now()
-        self._emit("state_lost", lost_step=watermark, restored_step=self._step, source=source, fatal=False,
-                   cause="checkpoint_restart", reason=f"restarted from {source}")
-
-    def _recover_plan(self) -> dict[str, Any]:
-        """Group rank 0: where the committed state comes from (see `recover_committed` and `recovery_plan`)."""
-        assert self._server is not None
-        client = self._server._client
-        deadline = time.monotonic() + HOLDER_GRACE_S
-        while True:
-            watermark, lineage, holders = client.holders(self.replica_id, timeout=self.connect_timeout)
-            give_up = time.monotonic() >= deadline
-            latest = self.backstop.latest() if self.backstop is not None and give_up else None
-            plan = recovery_plan(
-                watermark=watermark, lineage=lineage, holders=[(h.replica_id, h.address) for h in holders],
-                replica_id=self.replica_id, own_step=self._step, can_fetch=self._committed_transport is not None,
-                give_up=give_up, backstop=latest,
-                backstop_root=str(self.backstop.root) if self.backstop is not None else None)
-            if plan is not None:
-                return plan
-            time.sleep(0.5)
-
-    def _fetch_early(self, plan: dict[str, Any]) -> Any:
-        assert self._committed_transport is not None
-        with self._security.channel(plan["address"]) as channel:
-            stub = torchft_pb2_grpc.ManagerServiceStub(channel)
-            try:
-                reply = stub.CheckpointMetadata(
-                    torchft_pb2.CheckpointMetadataRequest(rank=self.group_rank), timeout=self.connect_timeout)
-            except grpc.RpcError as err:
-                raise _rpc_error("committed-state address", plan["address"], err) from None
-        if not reply.regent_committed_metadata:
-            raise RuntimeError(f"holder {plan['donor']} serves no committed state for group rank {self.group_rank}")
-        if not self._committed_live:
-            return self._committed_transport.recv_checkpoint(
-                0, reply.regent_committed_metadata, int(plan["watermark"]), self.timeout, into=self._committed_tree())
-        # live (per-step) state: the holder has moved on since the Lighthouse named it; take what it serves now,
-        # provided it is at least the committed step we were told of (a holder between its commit vote and its
-        # optimizer step still serves the step before: the next attempt gets the newer one)
-        state = self._committed_transport.recv_checkpoint(
-            0, reply.regent_committed_metadata, ANY_STEP, self.timeout, into=self._committed_tree())
-        served = int(state["regent"].get("step", -1))
-        if served < int(plan["watermark"]):
-            raise RuntimeError(f"holder {plan['donor']} serves step {served}, behind committed step {plan['watermark']}")
-        return state
-
-    def _share(self, key: str, decide: Callable[[], Any] | None) -> Any:
-        """Group rank 0's decision, seen by every group rank (through the group store)."""
-        if self.group_world_size == 1:
-            assert decide is not None
-            return decide()
-        if decide is not None:
-            try:
-                value = decide()
-            except Exception as err:  # the others must not wait for a decision that will never come
-                self._group_store.set(key, json.dumps({"kind": "error", "error": repr(err)}))
-                raise
-            self._group_store.set(key, json.dumps(value))
-            return value
-        value = json.loads(self._group_store.get(key).decode())
-        if value.get("kind") == "error":
-            raise RuntimeError(f"group rank 0 could not plan the recovery: {value['error']}")
-        return value
-
-    def _gather(self, key: str, error: str) -> list[str]:
-        """Every group rank's outcome (empty string: ok)."""
-        if self.group_world_size == 1:
-            return [error]
-        self._group_store.set(f"{key}/{self.group_rank}", error or "ok")
-        out = [self._group_store.get(f"{key}/{r}").decode() for r in range(self.group_world_size)]
-        return ["" if e == "ok" else e for e in out]
-
     # ---- events and errors ------------------------------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
         if self._on_event is None:
@@ -985,7 +428,7 @@ class Manager:
                      timeout: float | datetime.timedelta | None = None) -> None:
         """Begin the next step's quorum (see module docstring). Blocks only in sync mode. `timeout` (seconds or,
         as TorchFT takes it, a timedelta) defaults to the Manager's `quorum_timeout`."""
-        timeout = None if timeout is None else _secs(timeout)
+        timeout = None if timeout is None else to_seconds(timeout)
         if self._quorum_future is not None:
             try:
                 self._quorum_future.result()
@@ -1133,7 +576,7 @@ class Manager:
             into = self.full_state_dict()
         state = self._transport.recv_checkpoint(src, metadata, result.max_step, self.timeout, into=into)
         self._pending_state = state
-        nbytes = _state_nbytes(state)
+        nbytes = state_nbytes(state)
         self._emit(
             "heal_done", donor=donor, bytes=nbytes, seconds=round(time.monotonic() - start, 4), step=result.max_step
         )
@@ -1223,7 +666,7 @@ class Manager:
                 self.report_error(err)
             out.set_result(value)
 
-        limit = self.timeout if timeout is None else _secs(timeout)
+        limit = self.timeout if timeout is None else to_seconds(timeout)
         timer = threading.Timer(limit, lambda: settle(default, TimeoutError(
             f"future not done within {limit:.3g} s (Manager.wrap_future)")))
         timer.daemon = True
@@ -1255,7 +698,7 @@ class Manager:
     # ---- commit -----------------------------------------------------------------------------------------
     def should_commit(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Group-wide vote: commit this step only if no rank errored and enough replicas participated."""
-        timeout = None if timeout is None else _secs(timeout)
+        timeout = None if timeout is None else to_seconds(timeout)
         try:
             self.wait_quorum()
         except Exception as err:  # noqa: BLE001 - reported: report_error() logs it and this step will not commit
@@ -1337,6 +780,12 @@ class Manager:
     def pg(self) -> ReplicatedGroup:
         return self._pg
 
+    @property
+    def group_store(self) -> dist.TCPStore:
+        """The replica's group-local TCPStore (hosted by group rank 0): where the group's ranks agree on a
+        decision that group rank 0 makes (e.g. whether this step's backstop copy is due), so all act alike."""
+        return self._group_store
+
     def shutdown(self, wait: bool = True) -> None:
         """Stop the server, the heartbeats, the transport and the group."""
         self._channel.close()  # cancels an in-flight quorum call, so the quorum thread ends now
@@ -1347,82 +796,6 @@ class Manager:
         if self._committed_transport is not None:
             self._committed_transport.shutdown()
         self._pg.shutdown()
-
-
-def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
-    if value is not None and alias_value is not None:
-        raise TypeError(f"Manager: pass {name}= or {alias}=, not both")
-    return value if value is not None else alias_value
-
-
-class StateLostError(RuntimeError):
-    """No live replica and no durable backstop holds the committed state: training cannot go on without
-    silently losing it."""
-
-
-def recovery_plan(*, watermark: int, lineage: int, holders: list[tuple[str, str]], replica_id: str,
-                  own_step: int, can_fetch: bool, give_up: bool, backstop: tuple[int, str] | None,
-                  backstop_root: str | None) -> dict[str, Any] | None:
-    """Where a replica's committed state comes from (pure; `Manager.recover_committed` carries it out).
-
-    `holders`: (replica id, address) of the live replicas at the run's committed `watermark`, as the
-    Lighthouse names them (address "" when a restarted Lighthouse has not learned it yet). None: no holder is
-    known yet, ask again (until `give_up`). Otherwise a plan whose "kind" is:
-    - "none": nothing to do (this replica holds the watermark), or a live holder heals it at the next quorum
-      (no early copy here, or no address to copy from yet): the state is alive, nothing is lost;
-    - "early": copy it now from "donor" at "address";
-    - "keep": every holder is gone and this replica's own committed state is at least as new as the newest
-      `backstop` (step, path): go on from it, a counted loss;
-    - "restore": every holder is gone: restore the backstop, a counted loss;
-    - "fatal": every holder is gone and there is no backstop.
-    """
-    if watermark <= own_step:
-        return {"kind": "none"}
-    mine = group_name(replica_id)
-    others = [(rid, address) for rid, address in holders if group_name(rid) != mine and rid != replica_id]
-    reachable = [(rid, address) for rid, address in others if address]
-    if others and (not can_fetch or not reachable):
-        return {"kind": "none"}
-    if others:
-        donor, address = reachable[0]
-        return {"kind": "early", "watermark": watermark, "donor": donor, "address": address}
-    if not give_up:
-        return None
-    reason = f"no live replica holds committed step {watermark} (lineage {lineage}): every holder is gone"
-    if backstop is None:
-        where = f" and the backstop at {backstop_root} has none" if backstop_root is not None else ""
-        return {"kind": "fatal", "watermark": watermark, "lineage": lineage,
-                "reason": f"{reason}{where}; committed training would be lost. Restart from a checkpoint "
-                          "(regent train --recovery restart) or enable the durable backstop "
-                          "(regent train: ft.backstop_every_s; library: Manager(backstop=Backstop(...)))"}
-    step, path = backstop
-    if own_step >= step:
-        # going back to the backstop would lose more than the dead holders took with them
-        return {"kind": "keep", "watermark": watermark, "lineage": lineage,
-                "reason": f"{reason}; going on from this replica's own committed step {own_step} (the newest "
-                          f"backstop is step {step})"}
-    return {"kind": "restore", "watermark": watermark, "lineage": lineage, "path": path, "step": step,
-            "reason": f"{reason}; restoring the durable backstop of step {step}"}
-
-
-# How long a restarted replica looks for a live holder of the committed state before it concludes that none
-# is left (a restarted Lighthouse learns who holds what from the next heartbeats, 0.1 s apart by default).
-HOLDER_GRACE_S = 6.0
-RECOVER_ATTEMPTS = 4
-
-
-def _state_nbytes(state: Any) -> int:
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(_state_nbytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(_state_nbytes(v) for v in state)
-    return 0
-
-
-def _secs(value: float | datetime.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
 
 
 def local_hostname() -> str:

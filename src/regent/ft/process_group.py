@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent.ft.types import to_seconds
+
 logger = logging.getLogger(__name__)
 
 # Point-to-point messages per NCCL group when a batch is coalesced (REGENT_P2P_WINDOW overrides).
@@ -195,11 +197,11 @@ class ReplicatedGroup:
         self.backend = backend or default_backend()
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"unknown backend {self.backend!r}; use 'gloo' or 'nccl' (RCCL on ROCm is 'nccl')")
-        self.timeout = _seconds(timeout)
+        self.timeout = to_seconds(timeout)
         # Coalesce batched point-to-point messages where the backend can (NCCL); REGENT_P2P_COALESCE=0 turns
         # it off (for comparison, or for a NCCL build where it misbehaves).
         self.coalesce_p2p = os.environ.get("REGENT_P2P_COALESCE", "1") != "0"
-        self.connect_timeout = _seconds(connect_timeout)
+        self.connect_timeout = to_seconds(connect_timeout)
         self._lock = threading.Lock()
         # pinned host buffers for Gloo collectives on GPU tensors, by (dtype, numel), free ones only
         self._staging: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
@@ -551,7 +553,7 @@ class ReplicatedGroup:
 
     def set_timeout(self, timeout: float | datetime.timedelta) -> None:
         """The deadline of each later operation (the watchdog aborts the group past it)."""
-        self.timeout = _seconds(timeout)
+        self.timeout = to_seconds(timeout)
 
     def _gpu_done(self, work: Any) -> torch.futures.Future:
         """A future that completes when the collective has *finished on the GPU*.
@@ -839,9 +841,6 @@ def _abort_communicator(pg: Any) -> None:
     except Exception as err:  # noqa: BLE001 - the communicator may already be broken; we drop it anyway
         logger.debug("abort of old communicator failed: %s", err)
 
-
-def _seconds(value: float | datetime.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
 
 
 # ---- TorchFT's names ----------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from regent.ft.compact import varint
 from regent.ft.grpc_lite import (
     DATA,
     FLAG_ACK,
@@ -273,15 +274,6 @@ def round_summary(rounds: dict[int, RoundStats]) -> dict[str, Any]:
 # ---- the worker: many groups, one process -----------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _grpc_message(body: bytes) -> bytes:
     return b"\x00" + len(body).to_bytes(4, "big") + body
 
@@ -405,7 +397,7 @@ class _Worker:
         group.conn = conn
         group.rid = replica_id(group.index, group.incarnation, self.cfg.seed)
         rid = group.rid.encode()
-        group.hb_message = _grpc_message(b"\x0a" + _varint(len(rid)) + rid)
+        group.hb_message = _grpc_message(b"\x0a" + varint(len(rid)) + rid)
         group.alive = True
         group.hb_in_flight = group.quorum_in_flight = False
 

@@ -53,8 +53,10 @@ import torch
 
 from regent import auth
 from regent.contiguous import byte_span, spans_one_range
+from regent.dtensor import is_dtensor
 from regent.ft import wire
 from regent.ft.wire import MAX_HEADER_BYTES, WireFormatError
+from regent.sockio import recv_exact, recv_into
 
 logger = logging.getLogger(__name__)
 
@@ -159,10 +161,6 @@ class _TensorLeaf:
 _TENSOR = _TensorLeaf()
 
 
-def _is_dtensor(t: Any) -> bool:
-    return hasattr(t, "to_local") and hasattr(t, "placements")
-
-
 def _is_sequence(node: Any) -> bool:
     """Lists and plain tuples are walked into; named tuples and torch.Size are kept whole (one rule for every
     walk here)."""
@@ -176,7 +174,7 @@ def _is_plain_tuple(node: Any) -> bool:
 def local_view(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (sharing its storage), or the tensor itself. Peers of the same group
     rank hold the same shard layout, so shards move between them as plain tensors."""
-    return t.to_local() if _is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
 def _tensors_by_path(state: Any) -> dict[str, torch.Tensor]:
@@ -209,7 +207,7 @@ def _flatten(state: Any, step: int) -> tuple[StateMeta, list[torch.Tensor], list
         if isinstance(node, torch.Tensor):
             originals.append(node)
             spec = None
-            if type(node) is not torch.Tensor and _is_dtensor(node):  # plain tensors skip the probe
+            if type(node) is not torch.Tensor and is_dtensor(node):  # plain tensors skip the probe
                 spec = (tuple(node.placements), tuple(node.shape), tuple(node.stride()))
                 node = node.to_local()
             t = node.detach() if node.requires_grad else node
@@ -245,13 +243,13 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
     looking them up by path)."""
     if like_tensors is not None:
         mine_at: Any = like_tensors.__getitem__
-        any_mesh = next((t.device_mesh for t in like_tensors if type(t) is not torch.Tensor and _is_dtensor(t)), None)
+        any_mesh = next((t.device_mesh for t in like_tensors if type(t) is not torch.Tensor and is_dtensor(t)), None)
     else:
         own = _tensors_by_path(like) if like is not None else {}
         mine_at = lambda index: own.get(meta.tensors[index].path)  # noqa: E731
         # All of a trainer's DTensors live on its one FSDP mesh: a shard the receiver has no slot for yet (say,
         # outer-optimizer momentum on a fresh replica) is rebuilt on that mesh with the donor's layout.
-        any_mesh = next((t.device_mesh for t in own.values() if _is_dtensor(t)), None)
+        any_mesh = next((t.device_mesh for t in own.values() if is_dtensor(t)), None)
 
     def restore(index: int) -> torch.Tensor:
         t = tensors[index]
@@ -259,7 +257,7 @@ def unflatten_state(meta: StateMeta, tensors: list[torch.Tensor], like: Any = No
         if tm.dtensor is None and any_mesh is None:
             return t
         mine = mine_at(index)
-        if mine is not None and type(mine) is not torch.Tensor and _is_dtensor(mine):
+        if mine is not None and type(mine) is not torch.Tensor and is_dtensor(mine):
             local = mine.to_local()
             if local.data_ptr() == t.data_ptr() and local.shape == t.shape:
                 return mine
@@ -796,27 +794,12 @@ def _send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    _recv_into(sock, memoryview(buf))
-    return bytes(buf)
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:], min(len(view) - got, 1 << 24))
-        if n == 0:
-            raise ConnectionError("peer closed the connection mid-transfer")
-        got += n
-
-
 def _recv_frame(sock: socket.socket, max_bytes: int, what: str) -> bytes:
     """One length-prefixed frame, refused (before allocating) when it announces more than `max_bytes`."""
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    (n,) = _HEADER.unpack(recv_exact(sock, _HEADER.size))
     if n > max_bytes:
         raise WireFormatError(f"peer announced a {what} of {n} bytes; accepted: up to {max_bytes}")
-    return _recv_exact(sock, n)
+    return recv_exact(sock, n)
 
 
 def _cpu_bytes_view(t: torch.Tensor) -> memoryview:
@@ -1083,7 +1066,7 @@ class StreamTransport:
         """A connection to the donor, both ends authenticated (or, with no secret here, neither)."""
         sock = socket.create_connection((host, port), timeout=remaining)
         try:
-            greeting = _recv_exact(sock, len(_GREETING) + 1)
+            greeting = recv_exact(sock, len(_GREETING) + 1)
             if greeting[:len(_GREETING)] != _GREETING:
                 raise auth.AuthenticationError(f"{metadata} is not a regent state-transfer donor (bad greeting)")
             mode = greeting[len(_GREETING):]
@@ -1163,9 +1146,9 @@ class StreamTransport:
                     got = []
                     for i in mine:
                         view = _cpu_bytes_view(host_bufs[i])
-                        _recv_into(sock, view)
+                        recv_into(sock, view)
                         got.append(wire.tensor_digest(view))
-                    sent = _recv_exact(sock, wire.DIGEST_BYTES * len(mine))
+                    sent = recv_exact(sock, wire.DIGEST_BYTES * len(mine))
                     for k, (i, digest) in enumerate(zip(mine, got)):
                         theirs = sent[k * wire.DIGEST_BYTES:(k + 1) * wire.DIGEST_BYTES]
                         if digest != theirs:

@@ -291,7 +291,7 @@ class ReplicaActor(Actor):
             return
         try:
             stop = procs.stop() if graceful else procs.stop(timeout=0)
-            await asyncio.wait_for(_as_awaitable(stop), timeout=30)
+            await asyncio.wait_for(as_awaitable(stop), timeout=30)
         except Exception as exc:  # noqa: BLE001 - reported; a dead mesh may fail to stop cleanly, its processes are gone either way
             logger.warning("replica %d: stopping old mesh: %r", self.index, exc)
 
@@ -341,7 +341,7 @@ class ReplicaActor(Actor):
         if procs is None:
             return None
         try:
-            await asyncio.wait_for(_as_awaitable(procs.initialized), timeout=10)
+            await asyncio.wait_for(as_awaitable(procs.initialized), timeout=10)
         except Exception:  # noqa: BLE001 - a mesh that failed to start is supervision's to report; here: unknown
             return None
         return procs.spares_claimed
@@ -352,7 +352,7 @@ class ReplicaActor(Actor):
         deadline = time.time() + timeout
         while time.time() < deadline and gen == self.policy.generation and self.trainers is not None:
             try:
-                steps = await asyncio.wait_for(_as_awaitable(self.trainers.ping.call()), timeout=10)
+                steps = await asyncio.wait_for(as_awaitable(self.trainers.ping.call()), timeout=10)
             except asyncio.TimeoutError:
                 continue
             except Exception:  # noqa: BLE001 - the new mesh failed already: its failure reaches __supervise__ on its own
@@ -494,7 +494,7 @@ class ReplicaActor(Actor):
             target = trainers.slice(gpus=rank % self.cfg.procs_per_replica)
             seconds = float(self.cfg.faults.straggler_s)
             try:
-                where = await _as_awaitable(target.inject.call_one("straggler"))
+                where = await as_awaitable(target.inject.call_one("straggler"))
             except Exception:  # noqa: BLE001 - that trainer is failing already: its failure reaches __supervise__
                 return False
             if where["host"] == socket.gethostname():
@@ -604,7 +604,7 @@ class ReplicaActor(Actor):
                 await asyncio.sleep(0.5)
                 continue
             try:
-                vm = await asyncio.wait_for(_as_awaitable(trainers.final_state.call()), timeout=5)
+                vm = await asyncio.wait_for(as_awaitable(trainers.final_state.call()), timeout=5)
             except Exception as exc:  # noqa: BLE001 - retried until the deadline; the last error is reported below
                 last_error = exc
                 await asyncio.sleep(0.5)
@@ -665,8 +665,9 @@ def final_of_ranks(states: list[dict[str, Any]]) -> dict[str, Any]:
             "rank_parts": [s.get("parts") for s in states]}
 
 
-async def _as_awaitable(x: Any) -> Any:
-    """Await a regent Future (or anything awaitable); plain values pass through."""
+async def as_awaitable(x: Any) -> Any:
+    """Await a regent Future (or anything awaitable); plain values pass through. One helper for the replica
+    supervisor and the controller (`regent.orchestrate.run`), which both await what actor calls return."""
     if hasattr(x, "__await__"):
         return await x
     return x
@@ -720,7 +721,7 @@ class _Ping:
 async def _timed_ping(trainers: Any) -> tuple[Any, float]:
     """Every rank's step and the round-trip time, measured when the answer arrives (not at the next tick)."""
     t0 = time.monotonic()
-    steps = await _as_awaitable(trainers.ping.call())
+    steps = await as_awaitable(trainers.ping.call())
     return steps, time.monotonic() - t0
 
 

@@ -42,6 +42,7 @@ from regent.orchestrate.faults import (
     fault_record,
 )
 from regent.orchestrate.live import LiveDisplay, RunView
+from regent.orchestrate.replica import as_awaitable
 from regent.orchestrate.resume import (
     ATTACH_FILE,
     ControllerLease,
@@ -237,7 +238,7 @@ class OrchestrationManager:
             healed = None
             try:
                 if await replicas.slice(replicas=r).heal_at_end.call_one(why):
-                    healed = await asyncio.wait_for(_aw(replicas.slice(replicas=r).finish.call_one(wait)),
+                    healed = await asyncio.wait_for(as_awaitable(replicas.slice(replicas=r).finish.call_one(wait)),
                                                     timeout=wait + 60)
             except Exception as exc:  # noqa: BLE001 - reported; the replica then ends failed, left out below
                 logger.warning("healing diverged replica %d at the end: %r", r, exc)
@@ -391,7 +392,7 @@ class OrchestrationManager:
                 self._lh_task.cancel()
             for mesh in [m for m in (rep_procs or self._rep_procs, *self._lh_procs) if m is not None]:
                 try:
-                    await asyncio.wait_for(_aw(mesh.stop()), timeout=30)
+                    await asyncio.wait_for(as_awaitable(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
                     logger.warning("stopping %s: %r", mesh, exc)
             self.leaked_pids = await asyncio.to_thread(leaked_processes, marker)
@@ -912,7 +913,7 @@ class OrchestrationManager:
             # stop step early keeps serving its committed state to one still healing towards it. (Stopping each
             # replica as soon as it was done left a replica that was mid-heal on a GPU with no live donor: it
             # restored an old backstop, trained alone to the stop step and ended different.)
-            vm = await asyncio.wait_for(_aw(replicas.finish.call(wait)), timeout=wait + 60)
+            vm = await asyncio.wait_for(as_awaitable(replicas.finish.call(wait)), timeout=wait + 60)
             self.final_states = [v for _, v in vm.items()]
         except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
@@ -920,7 +921,7 @@ class OrchestrationManager:
         # the end of training: every figure runs to here (summary.training_end), not to the last metric record
         self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:
-            await asyncio.wait_for(_aw(replicas.release.call()), timeout=90)
+            await asyncio.wait_for(as_awaitable(replicas.release.call()), timeout=90)
         except Exception as exc:  # noqa: BLE001 - reported; run.py's teardown stops the meshes next either way
             logger.warning("releasing replicas: %r", exc)
 
@@ -1073,12 +1074,6 @@ def _replaced(holder: dict[str, Any]) -> None:
 
 def _event(kind: str, **details: Any) -> dict[str, Any]:
     return make_event(kind, **details)
-
-
-async def _aw(x: Any) -> Any:
-    if hasattr(x, "__await__"):
-        return await x
-    return x
 
 
 def run(cfg: RunConfig, resume: ResumePlan | None = None) -> int:

@@ -6,7 +6,6 @@ plain process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent.integrity import file_sha256
 from regent.train.coverage import LEDGER_FILE
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class TrainingSession:
                 # DiLoCo's committed state (last global parameters, outer optimizer, schedule and data position
                 # at the sync) does not change for a whole round: copy it beside training, and only the next
                 # outer step waits for the copy (it never does when the copy is shorter than a round).
-                self._backstop_state = lambda: {"committed": True, **self.manager._committed_tree()}
+                self._backstop_state = lambda: {"committed": True, **self.manager.committed_state()}
                 self.manager.before_committed_change(self.backstop.wait_copied)
             else:
                 # the full state changes at every optimizer step: its copy runs during the next forward and
@@ -433,7 +433,7 @@ class TrainingSession:
         step = self.manager.current_step()
         due = self.backstop.due()
         if self.world_size > 1:
-            store, key = self.manager._group_store, f"regent/backstop/{step}"
+            store, key = self.manager.group_store, f"regent/backstop/{step}"
             if self.rank == 0:
                 store.set(key, "1" if due else "0")
             else:
@@ -453,7 +453,7 @@ class TrainingSession:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
         torch.save(self._full_state(), tmp)
-        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": _sha256(tmp),
+        manifest = {"step": step, "replica": self.replica_index, "rank": self.rank, "sha256": file_sha256(tmp)[0],
                     "lineage": self.manager.lineage()}
         with open(path + ".json.tmp", "w") as f:
             json.dump(manifest, f)
@@ -534,14 +534,6 @@ def _rss_mb() -> float | None:
         return None
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_checkpoint_file(path: str) -> None:
     """Refuse (ValueError naming the file) a checkpoint whose bytes are not the ones its manifest recorded."""
     try:
@@ -550,7 +542,7 @@ def verify_checkpoint_file(path: str) -> None:
         recorded = manifest["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"checkpoint {path}: its manifest {path}.json is missing or unreadable ({exc})") from exc
-    actual = _sha256(path)
+    actual, _ = file_sha256(path)
     if actual != recorded:
         raise ValueError(f"checkpoint {path} is damaged: sha256 {actual[:16]}... but its manifest recorded "
                          f"{str(recorded)[:16]}...; delete that step-N directory to restart from the one before")

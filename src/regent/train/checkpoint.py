@@ -16,7 +16,6 @@ silently loading garbage. The lineage (the quorum id of the state under fault to
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from regent.integrity import file_sha256, self_digest
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "regent_checkpoint.json"
@@ -41,14 +42,6 @@ FORMAT_VERSION = 2  # 2: the manifest carries its own sha256 and the lineage (1 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupt, or does not match the model being loaded."""
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _data_files(directory: Path) -> list[str]:
@@ -63,7 +56,7 @@ def _my_share(names: list[str], group: dist.ProcessGroup | None) -> list[str]:
 
 
 def _digests(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    return {name: {"sha256": _file_digest(directory / name), "bytes": (directory / name).stat().st_size}
+    return {name: {"sha256": file_sha256(directory / name)[0], "bytes": (directory / name).stat().st_size}
             for name in names}
 
 
@@ -89,8 +82,7 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """The sha256 a manifest records of itself (canonical JSON of every other field)."""
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return self_digest(manifest, "manifest_sha256")
 
 
 def _finalize(tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, Any]) -> None:
@@ -224,7 +216,7 @@ class Checkpointer:
             expected, file = manifest["files"][name], directory / name
             if not file.is_file():
                 problems.append(f"file {name} is missing")
-            elif file.stat().st_size != expected["bytes"] or _file_digest(file) != expected["sha256"]:
+            elif file.stat().st_size != expected["bytes"] or file_sha256(file)[0] != expected["sha256"]:
                 problems.append(f"file {name} does not match its recorded sha256")
         found = _gather_dicts({str(i): p for i, p in enumerate(problems)} if not dist.is_initialized() else
                               {f"{dist.get_rank(self.group)}.{i}": p for i, p in enumerate(problems)}, self.group)

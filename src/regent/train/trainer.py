@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from regent import platform
 from regent.contiguous import make_contiguous
+from regent.dtensor import is_dtensor
 from regent.train.checkpoint import Checkpointer, CheckpointError
 from regent.train.config import TrainConfig
 from regent.train.data import build_batches, build_tokenizer
@@ -46,10 +47,6 @@ from regent.train.optim import (
 from regent.train.spec import ParallelContext, get_spec
 
 log = logging.getLogger(__name__)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return callable(getattr(t, "full_tensor", None))
 
 
 def compiled_loss(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -413,7 +410,7 @@ class Trainer:
         digest = hashlib.sha256()
         with torch.no_grad():
             for name, p in zip(self.param_names, self.params):
-                full = p.full_tensor() if _is_dtensor(p) else p
+                full = p.full_tensor() if is_dtensor(p) else p
                 digest.update(name.encode())
                 digest.update(full.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
