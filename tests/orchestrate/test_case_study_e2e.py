@@ -161,6 +161,7 @@ def test_run_level_properties(request, which):
         assert (run.dir / png).stat().st_size > 1000
 
 
+@pytest.mark.long  # the baseline mode, not Regent's recovery (make test's budget)
 def test_checkpoint_restart_baseline(tmp_path):
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 0, "kill", 1)])
     run = run_regent(tmp_path / "run", "--duration", "34s", "--recovery", "restart", "--checkpoint-every", "5",
@@ -286,7 +287,8 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     assert all(st["ranks"] == (1 if mode == "ddp" else 2) for st in s["final_states"])
 
 
-@pytest.mark.parametrize("mode", ["ddp", "diloco"])
+# ddp is long (make test's budget): its heal at the end is the plain early heal; DiLoCo's skips its join
+@pytest.mark.parametrize("mode", [pytest.param("ddp", marks=pytest.mark.long), "diloco"])
 def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     """No vote runs during the run (vote every 10,000 commits), so a flip is first seen by the final comparison,
     which is itself a vote: the differing replica is restarted at the stop step, pulls the committed state from
