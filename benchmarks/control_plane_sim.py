@@ -39,7 +39,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 from ft_bench import free_port_pair  # noqa: E402
-from scale_bench import QUORUM_PATH, H2Client, cpu_seconds, start_lighthouse, stop_lighthouse  # noqa: E402
+from scale_bench import (  # noqa: E402
+    QUORUM_PATH,
+    H2Client,
+    cpu_seconds,
+    send_and_collect,
+    start_lighthouse,
+    stop_lighthouse,
+)
 
 from regent.ft.simulate import SimConfig, format_report, run_simulation, torchft_lighthouse_exe  # noqa: E402
 
@@ -86,24 +93,9 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
         walls, cpus, owner_cpus, nbytes = [], [], [], 0
         for r in range(rounds):
             requests = [c.request(quorum_message(f"group{i}:x", r, compact), QUORUM_PATH) for i, c in enumerate(conns)]
-            done = failed = 0
             cpu0, owner0, t0 = tree_cpu_seconds(proc.pid), cpu_seconds(proc.pid), time.monotonic()
-            for c, req in zip(conns, requests):
-                c.sock.sendall(req)
-            while done < groups:
-                if time.monotonic() - t0 > 300:
-                    raise TimeoutError(f"{done}/{groups} answered after 300 s")
-                for key, _ in sel.select(timeout=0.05):
-                    try:
-                        data = conns[key.data].sock.recv(1 << 20)
-                    except BlockingIOError:
-                        continue
-                    if not data:
-                        raise ConnectionError("the Lighthouse closed a connection")
-                    nbytes += len(data)
-                    ok, bad = conns[key.data].feed(data)
-                    done += ok + bad
-                    failed += bad
+            _, failed, got = send_and_collect(conns, sel, requests, limit_s=300)
+            nbytes += got
             walls.append(time.monotonic() - t0)
             cpus.append(tree_cpu_seconds(proc.pid) - cpu0)
             owner_cpus.append(cpu_seconds(proc.pid) - owner0)

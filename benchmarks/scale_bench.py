@@ -356,6 +356,31 @@ def bench_incarnations(port: int, pid: int, n: int, profiling: bool = False) -> 
     return rows
 
 
+def send_and_collect(conns: list, sel: selectors.BaseSelector, requests: list[bytes],
+                     limit_s: float) -> tuple[int, int, int]:
+    """Send each connection its request at once and read until every one is answered: (ok, errors, bytes read).
+    `sel` has every connection's socket registered, non-blocking, with its index as data."""
+    t0 = time.monotonic()
+    for c, req in zip(conns, requests):
+        c.sock.sendall(req)
+    done = failed = nbytes = 0
+    while done < len(conns):
+        if time.monotonic() - t0 > limit_s:
+            raise TimeoutError(f"only {done}/{len(conns)} quorum answers after {limit_s:.0f} s")
+        for key, _ in sel.select(timeout=0.05):
+            try:
+                data = conns[key.data].sock.recv(1 << 20)
+            except BlockingIOError:
+                continue
+            if not data:
+                raise ConnectionError("the Lighthouse closed a connection")
+            nbytes += len(data)
+            ok, bad = conns[key.data].feed(data)
+            done += ok + bad
+            failed += bad
+    return done - failed, failed, nbytes
+
+
 def bench_join(port: int, pid: int, groups: int, rounds: int = 3) -> dict:
     """`groups` groups, one connection each, send their quorum request at once (the server wants all of them:
     min_replicas = groups); the time until every one has its answer, and the server CPU meanwhile. Several
@@ -370,25 +395,10 @@ def bench_join(port: int, pid: int, groups: int, rounds: int = 3) -> dict:
     walls, cpus, reply_bytes, failed = [], [], 0, 0
     for r in range(rounds):
         requests = [c.request(quorum_message(rid, step=r), QUORUM_PATH) for c, rid in zip(conns, ids)]
-        done = 0
         cpu0, t0 = cpu_seconds(pid), time.monotonic()
-        for c, req in zip(conns, requests):
-            c.sock.sendall(req)
-        deadline = t0 + 120
-        while done < groups:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {done}/{groups} quorum answers after 120 s")
-            for key, _ in sel.select(timeout=0.05):
-                try:
-                    data = conns[key.data].sock.recv(1 << 20)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    raise ConnectionError("the Lighthouse closed a connection")
-                reply_bytes += len(data)
-                ok, bad = conns[key.data].feed(data)
-                failed += bad  # an error status is a result (reported), and that group is answered
-                done += ok + bad
+        _, bad, nbytes = send_and_collect(conns, sel, requests, limit_s=120)
+        reply_bytes += nbytes
+        failed += bad  # an error status is a result (reported), and that group is answered
         walls.append(time.monotonic() - t0)
         cpus.append(cpu_seconds(pid) - cpu0)
     for c in conns:

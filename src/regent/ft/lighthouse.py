@@ -270,35 +270,29 @@ def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
     )
 
 
-def decode_quorum_request(request: bytes) -> torchft_pb2.LighthouseQuorumRequest:
-    """A Quorum request, or INVALID_ARGUMENT: one definition for this process's server and the front ends'."""
+def _decode(cls: Any, what: str, request: bytes) -> Any:
+    """`cls` parsed from `request`, or INVALID_ARGUMENT: one definition for this process's server and the front
+    ends'."""
     try:
-        message = torchft_pb2.LighthouseQuorumRequest.FromString(request)
+        return cls.FromString(request)
     except DecodeError as err:
-        raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Quorum request: {err}") from None
+        raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad {what} request: {err}") from None
+
+
+def decode_quorum_request(request: bytes) -> torchft_pb2.LighthouseQuorumRequest:
+    """A Quorum request with its requester, or INVALID_ARGUMENT."""
+    message = _decode(torchft_pb2.LighthouseQuorumRequest, "Quorum", request)
     if not message.HasField("requester"):
         raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, "missing requester")
     return message
 
 
 def decode_heartbeat_request(request: bytes) -> torchft_pb2.LighthouseHeartbeatRequest:
-    """A Heartbeat request, or INVALID_ARGUMENT (see `decode_quorum_request`)."""
-    try:
-        return torchft_pb2.LighthouseHeartbeatRequest.FromString(request)
-    except DecodeError as err:
-        raise grpc_lite.RpcStatusError(
-            grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad Heartbeat request: {err}"
-        ) from None
+    return _decode(torchft_pb2.LighthouseHeartbeatRequest, "Heartbeat", request)
 
 
 def decode_holders_request(request: bytes) -> torchft_pb2.RegentHoldersRequest:
-    """A RegentHolders request, or INVALID_ARGUMENT (see `decode_quorum_request`)."""
-    try:
-        return torchft_pb2.RegentHoldersRequest.FromString(request)
-    except DecodeError as err:
-        raise grpc_lite.RpcStatusError(
-            grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad RegentHolders request: {err}"
-        ) from None
+    return _decode(torchft_pb2.RegentHoldersRequest, "RegentHolders", request)
 
 
 def lite_server(handlers: dict[str, grpc_lite.Handler], security: rpc_security.Security,

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from regent.train.hf_stream import HFStreamBatches
+from regent.train.position import BatchPosition
 from regent.train.shards import ShardSet
 
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def shuffled_positions(positions: np.ndarray, n: int, seed: int, epoch: int) -> 
     return out.astype(np.int64)
 
 
-class ShardedBatches:
+class ShardedBatches(BatchPosition):
     """Packed next-token batches for one (replica, rank) shard, with resumable state.
 
     The stream (an array, memory-mapped or not, or a `ShardSet` of token files) is cut into sequences of
@@ -292,28 +293,6 @@ class ShardedBatches:
                                           epoch)
         window = torch.from_numpy(self._windows(sequence_ids * self.seq_len))
         return window[:, :-1], window[:, 1:]
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        result = self.batch(self.batches_consumed)
-        self.batches_consumed += 1
-        return result
-
-    def state_dict(self) -> dict:
-        return {"batches_consumed": self.batches_consumed, "fingerprint": self.fingerprint,
-                "seq_len": self.seq_len, "batch_size": self.batch_size, "num_shards": self.num_shards}
-
-    def check_compatible(self, state: dict) -> None:
-        """Raise ValueError if `state` was produced by a loader over different data or a different layout."""
-        for key in ("fingerprint", "seq_len", "batch_size", "num_shards"):
-            if key in state and state[key] != getattr(self, key):
-                raise ValueError(
-                    f"data state mismatch: checkpoint has {key}={state[key]!r}, this run has "
-                    f"{getattr(self, key)!r}; resume with the same data, seq_len, batch_size and replica/rank layout"
-                )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.check_compatible(state)
-        self.batches_consumed = int(state["batches_consumed"])
 
 
 def data_kind(data: str | None) -> str:

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from regent.train.position import BatchPosition
+
 EVAL_CACHE = 4  # batches 0..EVAL_CACHE-1 are kept once made: evaluate_loss reads them again and again
 RECENT = 4  # the last batches made are kept too: a step that does not commit gives its batch back
 
@@ -99,7 +101,7 @@ class _Reader:
         return buf[:length].copy()
 
 
-class HFStreamBatches:
+class HFStreamBatches(BatchPosition):
     """Next-token batches of one shard from a streamed dataset, with the same interface and state as
     `ShardedBatches` (batches_consumed; see the module docstring for the position)."""
 
@@ -154,23 +156,3 @@ class HFStreamBatches:
         for old in recent[:-RECENT]:
             del self._cache[old]
         return result
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        result = self.batch(self.batches_consumed)
-        self.batches_consumed += 1
-        return result
-
-    def state_dict(self) -> dict:
-        return {"batches_consumed": self.batches_consumed, "fingerprint": self.fingerprint,
-                "seq_len": self.seq_len, "batch_size": self.batch_size, "num_shards": self.num_shards}
-
-    def check_compatible(self, state: dict) -> None:
-        for key in ("fingerprint", "seq_len", "batch_size", "num_shards"):
-            if key in state and state[key] != getattr(self, key):
-                raise ValueError(f"data state mismatch: checkpoint has {key}={state[key]!r}, this run has "
-                                 f"{getattr(self, key)!r}; resume with the same data, seq_len, batch_size and "
-                                 "replica/rank layout")
-
-    def load_state_dict(self, state: dict) -> None:
-        self.check_compatible(state)
-        self.batches_consumed = int(state["batches_consumed"])
