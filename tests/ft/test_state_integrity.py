@@ -223,3 +223,34 @@ def test_transfer_refuses_tensor_bytes_altered_on_the_wire():
         proxy.close()
         donor.shutdown()
         healer.shutdown()
+
+
+def test_a_restore_takes_the_newest_backstop_a_vote_vouched_for(tmp_path):
+    """The writer may carry a flip its vote has not found yet: with votes, a restore takes the newest snapshot
+    whose ranks' recorded vote digests are that step's majority (`verdicts.json`, written by the controller),
+    passes over the rest (`backstop_unvouched`), and pruning spares the newest vouched one."""
+    from regent.ft.backstop import record_verdict
+    from regent.ft.digest import combine_rank_digests
+
+    events = []
+    ranks = [Backstop(tmp_path, rank=r, world_size=2, every_s=3600, keep=2, require_vouched=True,
+                      on_event=lambda k, d: events.append((k, d))) for r in range(2)]
+    for step in (10, 20, 30):
+        for r, b in enumerate(ranks):
+            _save(b, step, digest=f"d{step}-{r}")
+    assert complete_steps(tmp_path, 2) == [10, 20, 30]  # each prune ran before the other rank finished
+    # no vote vouched for any: the newest intact one, said plainly
+    assert ranks[0].latest() == (30, str(tmp_path / "step-00000030"))
+    assert events[-1] == ("backstop_unvouched", {"manager_step": 30, "passed_over": [], "unchecked": True})
+    record_verdict(tmp_path, 10, combine_rank_digests(["d10-0", "d10-1"]))
+    record_verdict(tmp_path, 30, combine_rank_digests(["flipped", "d30-1"]))  # the majority held another state
+    assert ranks[0].latest() == (10, str(tmp_path / "step-00000010"))
+    assert events[-1] == ("backstop_unvouched", {"manager_step": 10, "passed_over": [30, 20]})
+    for step in (40, 50):
+        for r, b in enumerate(ranks):
+            _save(b, step, digest=f"d{step}-{r}")
+    assert complete_steps(tmp_path, 2) == [10, 30, 40, 50]  # 20 pruned (keep=2); 10, the newest vouched, spared
+    record_verdict(tmp_path, 40, combine_rank_digests(["d40-0", "d40-1"]))
+    assert ranks[1].latest() == (40, str(tmp_path / "step-00000040"))
+    # without votes nothing needs vouching
+    assert Backstop(tmp_path, rank=0, world_size=2, every_s=3600).latest()[0] == 50

@@ -3,6 +3,7 @@ paths: pure tests first, then one real run with a Lighthouse kill and a hang."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from regent.orchestrate.faults import (
 )
 from regent.orchestrate.hang import HangDetector, HangRule, p99
 from regent.orchestrate.run import RUN_MARKER_ENV, _event, fixed_bind, leaked_processes
+from regent.orchestrate.vote import decide
 
 # -- the hang rule ---------------------------------------------------------------------------------------------
 
@@ -341,3 +343,52 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
 
     assert summary["replicas_consistent"] is True, summary.get("final_states")
     assert summary["run_failed"] is None and summary["leaked_pids"] == []
+
+
+def test_a_copy_of_a_state_a_vote_stopped_is_stopped_too(tmp_path, capsys):
+    """A tie while replica 2 restarts: both voters are stopped (backstop). Replica 2 healed from one of them
+    meanwhile: its copy is as untrusted as the original and is stopped as well, and so is a copy of that copy; a
+    heal from anyone else is left alone. A vote with a majority vouches for the backstop of its step."""
+    from regent.ft.backstop import read_verdicts
+    from regent.orchestrate.run import OrchestrationManager
+
+    cfg = parse_train_argv(["--run-dir", str(tmp_path / "r"), "--no-live", "--replicas", "3"])
+    m = OrchestrationManager(cfg)
+    stopped: list[tuple[int, int | None]] = []
+
+    async def stop(replica: int, generation: int | None, why: str) -> None:
+        stopped.append((replica, generation))
+
+    m._stop_diverged = stop  # the replica actors are not started here; this records what would be stopped
+    m._replicas = object()
+
+    async def scenario() -> None:
+        for r in (0, 1):
+            m.record_event(_event("commit", replica=r, generation=0, replica_id=f"replica_{r}:a", committed=True,
+                                  manager_step=100))
+        for r, digest in ((0, "flipped"), (1, "good")):
+            m.record_event({"kind": "state_digest", "replica": r, "generation": 0, "manager_step": 100, "rank": 0,
+                            "ranks": 1, "digest": digest})
+        # replica 2 was restarting; it healed from replica 0 (to step 100) before the vote is decided, and is live
+        # again: it holds no state of its own at step 100, so the vote does not wait for its ballot
+        m.record_event(_event("heal_done", replica=2, generation=1, replica_id="replica_2:b", donor="replica_0:a",
+                              manager_step=100))
+        m.healthy_since.update({0: 1.0, 1: 1.0, 2: 2.0})
+        m._decide_votes()
+        m.record_event(_event("heal_done", replica=0, generation=1, replica_id="replica_0:c", donor="replica_2:b",
+                              manager_step=100))
+        m.record_event(_event("heal_done", replica=1, generation=1, replica_id="replica_1:d", donor="replica_9:z",
+                              manager_step=90))
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert stopped[:2] == [(0, 0), (1, 0)]  # the tie: both voters
+    assert (2, 1) in stopped and (0, 1) in stopped  # the copy, and the copy of the copy
+    assert (1, 1) not in stopped and "replica_1:d" not in m._distrusted
+    assert "copied a state a vote stopped" in capsys.readouterr().out
+    events = [json.loads(x) for x in (tmp_path / "r" / "events.jsonl").read_text().splitlines()]
+    (vote,) = [e for e in events if e["kind"] == "state_vote"]
+    assert vote["diverged"] == [0, 1] and not vote["undecided"]
+    assert read_verdicts(tmp_path / "r" / "backstop") == {}  # a tie vouches for nothing
+    m._vouch_backstop(decide(104, {0: "x", 1: "x", 2: "x"}))
+    assert read_verdicts(tmp_path / "r" / "backstop") == {104: "x"}

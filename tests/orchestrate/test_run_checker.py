@@ -241,19 +241,40 @@ def test_votes_wait_for_a_majority_of_the_run():
     votes = StateVotes(3, wait_s=30)
     votes.add(4, 0, 0, 1, "a", 0, now=0.0)
     votes.add(4, 2, 0, 1, "b", 0, now=0.1)
-    # replica 1 is restarting: two that differ are no majority; wait for it
-    assert votes.due(live={0, 2}, expected={0, 1, 2}, now=1.0) == []
-    votes.add(4, 1, 0, 1, "a", 1, now=2.0)
+    # replica 1 is live but has not reported: two that differ are no majority; wait for it
+    assert votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=1.0) == []
+    votes.add(4, 1, 0, 1, "a", 0, now=2.0)
     (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=2.0)
     assert (v.diverged, v.action, v.generations[2]) == ([2], "heal", 0)
     # a late digest of a decided step is compared with its majority
     late = votes.add(4, 2, 0, 1, "c", 3, now=3.0)
     assert late is not None and late.late and late.diverged == [2]
-    # a tie that nobody can break in time is left undecided, not turned into a backstop restore
+    # a tie that a live replica's missing ballot could break, but not in time, is left undecided
     votes.add(8, 0, 0, 1, "a", 0, now=10.0)
     votes.add(8, 2, 0, 1, "b", 0, now=10.0)
-    (u,) = votes.due(live={0, 2}, expected={0, 1, 2}, now=41.0)
+    assert votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=20.0) == []
+    (u,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=41.0)
     assert u.undecided and not u.agreed and u.diverged == []
+
+
+def test_a_tie_while_the_third_replica_restarts_is_decided_at_once():
+    """The restarting replica holds no state of the step: whatever it holds next it copies from one of the two,
+    so it can never break the tie. Left open, a soak had it (and then the other tied replica) heal from the
+    flipped one before the next vote, and the flip was agreed on from then on."""
+    from regent.orchestrate.vote import StateVotes
+
+    votes = StateVotes(3, wait_s=30)
+    votes.add(100, 0, 0, 1, "flipped", 0, now=0.0)
+    votes.add(100, 2, 0, 1, "good", 0, now=0.1)
+    (b,) = votes.due(live={0, 2}, expected={0, 1, 2}, now=0.2)
+    assert (b.action, b.diverged, b.undecided) == ("backstop", [0, 2], False)
+    # with a majority among the live ones, the heal does not wait for the restarting replica either
+    four = StateVotes(4, wait_s=30)
+    for r, d in ((0, "x"), (1, "y"), (2, "y")):
+        four.add(104, r, 0, 1, d, 0, now=1.0)
+    (h,) = four.due(live={0, 1, 2}, expected={0, 1, 2, 3}, now=1.1)
+    assert (h.action, h.diverged) == ("heal", [0])
+
     # with only two replicas in the run, a tie is a backstop restore
     two = StateVotes(2)
     two.add(5, 0, 0, 2, "a0", 0, now=0.0)
@@ -369,3 +390,23 @@ def test_a_flip_copied_by_a_heal_lives_on_in_the_healer(tmp_path):
                       ev("failure_detected", 56.0, 0, error="killed"),
                       ev("early_heal_done", 56.5, 0, donor="replica_1:z", manager_step=52)]
     assert any("never found" in x for x in check_run(spread.write(tmp_path / "s")))
+
+
+def test_a_flip_saved_in_a_backstop_comes_back_with_its_restore(tmp_path):
+    """A carrier writes the backstop before its flip is found; every replica dies and restores that backstop: the
+    flip is back in all of them. The checker follows it there (a restore used to count as throwing it away)."""
+    run = clean()
+    run.events[0]["vote_every"] = 10
+    run.events += [ev("bitflip_applied", 50.0, 0, manager_step=49, tensor="/model/w", bit=20),
+                   ev("backstop_saved", 50.5, 0, manager_step=50, path="backstop/step-00000050")]
+    run.events += [ev("failure_detected", 51.0 + r, r, error="killed") for r in range(3)]
+    back = Run()
+    back.events, back.metrics, back.finals = list(run.events), run.metrics, run.finals
+    back.events += [ev("state_lost", 55.0 + r, r, generation=1, cause="backstop_restore", restored_step=50,
+                       lost_step=53) for r in range(3)]
+    assert any("never found" in x for x in check_run(back.write(tmp_path / "b")))
+    older = Run()  # an older, vouched backstop: the flip is gone
+    older.events, older.metrics, older.finals = list(run.events), run.metrics, run.finals
+    older.events += [ev("state_lost", 55.0 + r, r, generation=1, cause="backstop_restore", restored_step=40,
+                        lost_step=53) for r in range(3)]
+    assert check_run(older.write(tmp_path / "o")) == []

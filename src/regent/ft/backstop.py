@@ -30,6 +30,15 @@ differs from the recorded digest or size, or whose step disagrees with its direc
 checks every rank's snapshot of a candidate and passes over a damaged one to the next older complete one,
 logging an error and reporting `backstop_corrupt`; so a restore falls back instead of loading garbage.
 (Records of older Regent versions hold only the step: accepted, with a warning that nothing can be checked.)
+
+Vouching (`require_vouched`, on when the run votes on its state): a snapshot can be intact and still wrong. The
+writing replica may carry a flipped bit that its next state vote has not found yet; every replica that restores
+that snapshot then holds the same flip, and votes agree on it from then on. So with votes, saves fall on vote
+steps and each rank's record carries its vote digest (`digest`); the controller writes each vote's majority
+digest to `<root>/verdicts.json` (`record_verdict`); and `latest` takes the newest snapshot whose ranks'
+digests combine to that step's majority. One that no vote vouched for is passed over (`backstop_unvouched`);
+only when no vouched snapshot exists at all (the first minutes of a run) is the newest intact one taken, with
+an error saying so.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from typing import Any
 
 import torch
 
+from regent.ft.digest import combine_rank_digests
 from regent.integrity import file_sha256, self_digest
 
 logger = logging.getLogger(__name__)
@@ -62,10 +72,17 @@ def _record_digest(record: dict[str, Any]) -> str:
     return self_digest(record, "record_sha256")
 
 
-def make_record(step: int, lineage: int | None, sha256: str, nbytes: int) -> str:
-    """The text of `rank<r>.done`: what the snapshot is (step, lineage) and how to know it is intact."""
+VERDICTS = "verdicts.json"
+VERDICTS_KEPT = 512  # vote steps remembered; far more than the snapshots `keep` leaves on disk
+
+
+def make_record(step: int, lineage: int | None, sha256: str, nbytes: int, digest: str | None = None) -> str:
+    """The text of `rank<r>.done`: what the snapshot is (step, lineage), how to know it is intact, and the rank's
+    state-vote digest at that step (`digest`, when the run votes) by which a vote's majority vouches for it."""
     record: dict[str, Any] = {"format": RECORD_FORMAT, "step": step, "lineage": lineage, "sha256": sha256,
                               "bytes": nbytes}
+    if digest is not None:
+        record["digest"] = digest
     record["record_sha256"] = _record_digest(record)
     return json.dumps(record)
 
@@ -110,6 +127,30 @@ def host_copy(state: Any) -> Any:
     return state
 
 
+def read_verdicts(root: str | os.PathLike[str]) -> dict[int, str]:
+    """Committed step -> the majority digest of its state vote, as the controller recorded them ({} if none)."""
+    try:
+        raw = json.loads((Path(root) / VERDICTS).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        logger.error("backstop: %s is unreadable (%s); no snapshot can be vouched for", Path(root) / VERDICTS, err)
+        return {}
+    return {int(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def record_verdict(root: str | os.PathLike[str], step: int, majority: str) -> None:
+    """The controller's side of vouching: committed step `step`'s state vote found `majority` (atomic write)."""
+    path = Path(root) / VERDICTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    verdicts = read_verdicts(root)
+    verdicts[step] = majority
+    kept = dict(sorted(verdicts.items())[-VERDICTS_KEPT:])
+    tmp = path.with_name(f"{VERDICTS}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({str(k): v for k, v in kept.items()}))
+    os.replace(tmp, path)
+
+
 def complete_steps(root: Path, world_size: int) -> list[int]:
     """Steps under `root` that every rank finished writing, oldest first."""
     if not root.is_dir():
@@ -126,7 +167,8 @@ class Backstop:
     """Asynchronous durable checkpoints of one replica rank's committed state under `root`."""
 
     def __init__(self, root: str | os.PathLike[str], rank: int, world_size: int, every_s: float = 120.0,
-                 keep: int = 2, on_event: Callable[[str, dict], None] | None = None) -> None:
+                 keep: int = 2, on_event: Callable[[str, dict], None] | None = None,
+                 require_vouched: bool = False) -> None:
         if every_s <= 0:
             raise ValueError(f"backstop every_s={every_s}: must be > 0")
         if keep < 1:
@@ -137,6 +179,7 @@ class Backstop:
         self.every_s = every_s
         self.keep = keep
         self._on_event = on_event or (lambda kind, details: None)
+        self.require_vouched = require_vouched  # see "Vouching" in the module docstring
         # When the newest complete backstop was written (wall clock, from disk): a replica restarts far more
         # often than the interval under sustained faults, so a clock that started with the process would
         # never come due. No backstop yet: the first commit boundary saves one.
@@ -153,6 +196,7 @@ class Backstop:
         self.snapshot_seconds = 0.0  # time spent on the training thread, in total
         self.last_error: str | None = None
         self._verified: set[tuple[str, int, int, str]] = set()
+        self._any_saved = False
 
     def _newest_on_disk(self) -> float:
         complete = complete_steps(self.root, self.world_size)
@@ -163,6 +207,12 @@ class Backstop:
         except OSError:  # pruned meanwhile by another writer: a newer one exists
             return time.time()
 
+    def any_saved(self) -> bool:
+        """Whether a complete snapshot exists (remembered once true: snapshots are pruned, never all)."""
+        if not self._any_saved:
+            self._any_saved = bool(complete_steps(self.root, self.world_size))
+        return self._any_saved
+
     def due(self) -> bool:
         return time.time() - self._last >= self.every_s
 
@@ -170,11 +220,12 @@ class Backstop:
         return self._thread is not None and self._thread.is_alive()
 
     def maybe_save(self, step: int, state: Callable[[], Any], force: bool = False,
-                   lineage: int | None = None) -> bool:
+                   lineage: int | None = None, digest: str | None = None) -> bool:
         """At a commit boundary: start a save of `state()` (committed step `step`) if one is due (or `force`:
         the ranks of a replica agree on the boundary through their group rank 0, whose clock decides). Call
         `wait_copied()` before the tensors in `state()` next change. `lineage` is recorded with it (default:
-        the one `state()` carries under "regent", if any)."""
+        the one `state()` carries under "regent", if any), and `digest`, this rank's state-vote digest of the
+        same state, by which a vote vouches for the snapshot."""
         if not (force or self.due()):
             return False
         self._last = time.time()
@@ -188,7 +239,7 @@ class Backstop:
             lineage = _lineage_of(refs)
         self._abandoned.clear()
         self._copied.clear()
-        self._thread = threading.Thread(target=self._write, args=(step, refs, t0, lineage), daemon=True,
+        self._thread = threading.Thread(target=self._write, args=(step, refs, t0, lineage, digest), daemon=True,
                                         name="regent-backstop")
         self._thread.start()
         return True
@@ -209,7 +260,7 @@ class Backstop:
         self.snapshot_seconds += waited
         return waited
 
-    def _write(self, step: int, refs: Any, t0: float, lineage: int | None = None) -> None:
+    def _write(self, step: int, refs: Any, t0: float, lineage: int | None = None, digest: str | None = None) -> None:
         directory = self.root / f"step-{step:08d}"
         try:
             try:
@@ -229,7 +280,7 @@ class Backstop:
             os.replace(tmp, path)
             done = directory / f"rank{self.rank}.done"
             done_tmp = done.with_name(done.name + ".tmp")
-            done_tmp.write_text(make_record(step, lineage, sha256, nbytes))
+            done_tmp.write_text(make_record(step, lineage, sha256, nbytes, digest))
             os.replace(done_tmp, done)
             self.saves += 1
             self.last_error = None
@@ -251,9 +302,26 @@ class Backstop:
         if len(complete) <= self.keep:
             return
         oldest_kept = complete[-self.keep]
+        spare = None  # the newest vouched snapshot outlives `keep`: a restore needs it when newer ones are not
+        if self.require_vouched:
+            verdicts = read_verdicts(self.root)
+            spare = next((st for st in reversed(complete[:-self.keep]) if self.vouched(st, verdicts)), None)
         for d in self.root.iterdir():
-            if d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit() and int(d.name[5:]) < oldest_kept:
+            if d.is_dir() and d.name.startswith("step-") and d.name[5:].isdigit() and int(d.name[5:]) < oldest_kept \
+                    and int(d.name[5:]) != spare:
                 shutil.rmtree(d, ignore_errors=True)
+
+    def vouched(self, step: int, verdicts: dict[int, str] | None = None) -> bool:
+        """Whether the state vote at `step` found, as its majority, the state this snapshot's ranks recorded."""
+        verdicts = read_verdicts(self.root) if verdicts is None else verdicts
+        if step not in verdicts:
+            return False
+        directory = self.root / f"step-{step:08d}"
+        try:
+            digests = [read_record(directory / f"rank{r}.done").get("digest") for r in range(self.world_size)]
+        except BackstopCorruptError:
+            return False
+        return all(isinstance(d, str) for d in digests) and combine_rank_digests(digests) == verdicts[step]
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -262,7 +330,11 @@ class Backstop:
     # restore side (used by Manager.recover_committed)
     def latest(self) -> tuple[int, str] | None:
         """(step, directory) of the newest complete backstop whose every rank's snapshot checks out, or None.
-        A damaged one is passed over for the next older (logged as an error, reported as `backstop_corrupt`)."""
+        A damaged one is passed over for the next older (logged as an error, reported as `backstop_corrupt`).
+        With `require_vouched`, so is one no state vote vouched for (see the module docstring)."""
+        verdicts = read_verdicts(self.root) if self.require_vouched else {}
+        unvouched: list[int] = []
+        first_intact: tuple[int, str] | None = None
         for step in reversed(complete_steps(self.root, self.world_size)):
             directory = self.root / f"step-{step:08d}"
             try:
@@ -272,8 +344,20 @@ class Backstop:
                 logger.error("backstop: %s; falling back to an older backstop", err)
                 self._on_event("backstop_corrupt", {"manager_step": step, "path": str(directory), "error": str(err)})
                 continue
-            return step, str(directory)
-        return None
+            if not self.require_vouched or self.vouched(step, verdicts):
+                if unvouched:
+                    logger.warning("backstop: passing over step(s) %s, which no state vote vouched for; restoring "
+                                   "step %d, whose vote's majority held the recorded state", unvouched, step)
+                    self._on_event("backstop_unvouched", {"manager_step": step, "passed_over": unvouched})
+                return step, str(directory)
+            unvouched.append(step)
+            first_intact = first_intact or (step, str(directory))
+        if first_intact is not None:
+            logger.error("backstop: no snapshot was vouched for by a state vote (steps %s); restoring the newest "
+                         "intact one, step %d, unchecked against the other replicas", unvouched, first_intact[0])
+            self._on_event("backstop_unvouched", {"manager_step": first_intact[0], "passed_over": [],
+                                                  "unchecked": True})
+        return first_intact
 
     def verify(self, path: str | os.PathLike[str], rank: int) -> dict[str, Any]:
         """Check rank `rank`'s snapshot under `path` against its record (digest, size, step); returns the record.

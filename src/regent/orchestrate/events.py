@@ -34,6 +34,7 @@ EVENT_KINDS = (
     "backstop_saved",
     "backstop_failed",
     "backstop_corrupt",  # a damaged backstop was passed over for the next older one
+    "backstop_unvouched",  # a restore passed over backstops no state vote vouched for (or found none vouched)
     "replay_cut",  # a replayed fault file did not play to its end within the overrun past --duration
     "run_failed",
     "lighthouse_restarted",

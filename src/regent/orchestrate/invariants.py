@@ -295,10 +295,13 @@ def _donor_index(donor: Any) -> int | None:
 
 def flip_outcome(evs: list[dict[str, Any]], flip: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """Follow one bitflip through the run (events sorted by time): which replicas carry the flipped state. A
-    heal copies it to the healer when the donor carries it (and clears it when the donor does not); a failure,
-    give-up or restore throws a carrier's state away. ("found", the state_diverged that names a carrier), or
-    ("discarded", None) once no replica carries it, or ("lost", None): carried to the end, never found."""
+    heal copies it to the healer when the donor carries it (and clears it when the donor does not); a failure
+    or give-up throws a carrier's state away. A backstop saved by a carrier carries it too: a restore of that
+    step makes the restorer a carrier, a restore of another step clears it (a reset that keeps the replica's
+    own state changes nothing). ("found", the state_diverged that names a carrier), or ("discarded", None) when
+    no replica carries it at the end, or ("lost", None): carried to the end, never found."""
     carriers = {flip.get("replica")}
+    saved_flipped: set[int] = set()  # backstop steps written by a carrier
     seen = False
     for e in evs:
         if e is flip:
@@ -318,11 +321,18 @@ def flip_outcome(evs: list[dict[str, Any]], flip: dict[str, Any]) -> tuple[str, 
                 carriers.add(x)
             else:
                 carriers.discard(x)
+        elif kind == "backstop_saved" and x in carriers and e.get("manager_step") is not None:
+            saved_flipped.add(int(e["manager_step"]))
+        elif kind == "state_lost" and e.get("cause") == "backstop_restore":
+            if e.get("restored_step") in saved_flipped:
+                carriers.add(x)
+            else:
+                carriers.discard(x)
+        elif kind == "state_lost" and e.get("cause") in ("own_state", "no_holder"):
+            pass  # it went on from what it held
         elif kind in ("failure_detected", "gave_up", "ended_failed", "state_lost"):
             carriers.discard(x)
-        if not carriers:
-            return "discarded", None
-    return "lost", None
+    return ("lost", None) if carriers else ("discarded", None)
 
 
 def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> list[str]:

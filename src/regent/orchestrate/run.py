@@ -130,6 +130,11 @@ class OrchestrationManager:
         self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
         self._rep_procs: Any = None
         self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
+        # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
+        # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
+        self._distrusted: dict[str, str] = {}  # replica id -> why
+        self._heal_log: list[tuple[int, int | None, str, str, int]] = []  # (healer, its generation, its id, donor id,
+        #   committed step), in the order reported
 
     # -- event intake ---------------------------------------------------------------------------------
     def record_event(self, e: dict[str, Any]) -> None:
@@ -150,6 +155,7 @@ class OrchestrationManager:
             donor = donor_replica(e.get("donor"))
             if donor is not None:  # a copy is no witness in the next state vote (vote.decide)
                 self.votes.note_heal(r, donor, int(e["manager_step"]))
+            self._distrust_copies(e)
         if e["kind"] == "state_lost" and e.get("restored_step") is not None:
             self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
@@ -191,6 +197,7 @@ class OrchestrationManager:
         from regent.orchestrate.vote import verdict_event
 
         self.record_event(_event("state_vote", **verdict_event(v)))
+        self._vouch_backstop(v)
         if v.undecided:
             logger.warning("state vote at committed step %d: replicas %s disagree with no majority and not every "
                            "replica voted; left to the next vote", v.manager_step, v.voters)
@@ -204,10 +211,62 @@ class OrchestrationManager:
                                  action=v.action, voters=v.voters, majority=(v.majority or "")[:16], reason=why,
                                  differs={str(r): parts for r, parts in v.differs.items()}))
         print(f"[regent] STATE DIVERGED: replica(s) {v.diverged}: {why}; stopping them", flush=True)
+        what = f"replica(s) {v.diverged}'s state at committed step {v.manager_step} ({v.action})"
+        for r in v.diverged:
+            gen = v.generations.get(r)
+            for rid, g in self._replica_ids.get(r, {}).items():
+                if gen is not None and g == gen:
+                    self._distrusted[rid] = what
+        # copies made since the previous vote, which did not vote themselves, carry what the vote found wrong too
+        copies = []
+        since = self.votes.previous(v.manager_step)
+        for healer, gen, rid, donor, step in self._heal_log:
+            if step > since and donor in self._distrusted and rid not in self._distrusted and healer not in v.voters:
+                self._distrusted[rid] = f"a copy of {what}"
+                copies.append((healer, gen))
         if self._replicas is None:
             return
         for r in v.diverged:
             self._spawn(self._stop_diverged(r, v.generations.get(r), why))
+        for r, gen in copies:
+            print(f"[regent] replica {r} healed from a state the vote stopped; stopping it too", flush=True)
+            self._spawn(self._stop_diverged(r, gen, f"it copied {what}"))
+
+    def _distrust_copies(self, e: dict[str, Any]) -> None:
+        """A heal from a replica incarnation that a vote stopped (or is stopping) copied a state nobody can
+        trust: stop the healer too, and distrust its copy in turn. Without this, a replica that was restarting
+        when a tie was found healed from one of the tied replicas before they stopped, and the run went on from
+        that copy instead of its backstop. A heal from anyone else replaces a distrusted state."""
+        healer, donor = e.get("replica_id"), str(e.get("donor") or "")
+        if healer is None or e.get("replica") is None:
+            return
+        self._heal_log.append((int(e["replica"]), e.get("generation"), healer, donor, int(e.get("manager_step") or -1)))
+        if len(self._heal_log) > 4096:
+            del self._heal_log[:2048]
+        why = self._distrusted.get(donor)
+        if why is None:
+            self._distrusted.pop(healer, None)
+            return
+        r, gen = e.get("replica"), e.get("generation")
+        self._distrusted[healer] = f"a copy of {why}"
+        reason = f"it healed from {donor.partition(':')[0]}, whose state a state vote stopped: {why}"
+        print(f"[regent] replica {r} copied a state a vote stopped; stopping it too ({reason})", flush=True)
+        if self._replicas is not None and r is not None:
+            self._spawn(self._stop_diverged(int(r), gen, reason))
+
+    def _vouch_backstop(self, v: Any) -> None:
+        """Tell the backstop which state a vote's majority held (`<run>/backstop/verdicts.json`): a restore takes
+        the newest backstop whose recorded digest is a majority's (`Backstop.latest`). The writing replica may
+        hold a flip its vote had not found yet; restoring that would bring the flip back past every vote (all
+        replicas restore the same copy, so they agree on it)."""
+        if v.late or not v.majority or v.action == "backstop" or self.run_dir is None:
+            return
+        from regent.ft.backstop import record_verdict
+
+        try:
+            record_verdict(os.path.join(self.run_dir, "backstop"), v.manager_step, v.majority)
+        except OSError as err:  # reported; a restore then passes over this step's backstop (it cannot vouch)
+            logger.warning("recording the vote at committed step %d for the backstop: %s", v.manager_step, err)
 
     async def _final_vote(self, replicas: Any, wait: float = 300.0) -> None:
         """The final states are a last vote: a flip after the last vote of the run leaves one replica different at

@@ -78,7 +78,8 @@ class TrainingSession:
 
             self.backstop = Backstop(os.path.join(cfg.run_dir, "backstop"), rank=rank, world_size=world_size,
                                      every_s=ft.backstop_every_s, keep=ft.backstop_keep,
-                                     on_event=lambda kind, d: self._manager_event(kind, d))
+                                     on_event=lambda kind, d: self._manager_event(kind, d),
+                                     require_vouched=ft.vote_interval() > 0)
         self._in_step = False  # inside optimizer.step(): the trainer's step counter has not moved yet
         self.trainer.optimizer.register_step_pre_hook(lambda *_: self._set_in_step(True))
         self.manager = Manager(
@@ -180,6 +181,7 @@ class TrainingSession:
         self.inject_bitflip = False
         self.vote_every = ft.vote_interval()
         self._voted_step: int | None = None
+        self._digest_cache: tuple[int, str, dict[str, str]] | None = None
         self.build_marks.append(("wrap", time.time()))
         if on_ready is not None:
             on_ready(self)  # built and ready; what follows is waiting for the other replicas
@@ -378,9 +380,16 @@ class TrainingSession:
             return
         self._voted_step = step
         t0 = time.perf_counter()
-        digest, parts = self.state_digest()
+        digest, parts = self._digest_at(step)
         self.on_event("state_digest", {"manager_step": step, "digest": digest, "parts": parts,
                                        "ranks": self.world_size, "seconds": round(time.perf_counter() - t0, 6)})
+
+    def _digest_at(self, step: int) -> tuple[str, dict[str, str]]:
+        """This rank's digest of its agreed state at committed step `step`, computed once per step: the vote and
+        the backstop saved at the same boundary (which records it, to be vouched for) share it."""
+        if self._digest_cache is None or self._digest_cache[0] != step:
+            self._digest_cache = (step, *self.state_digest())
+        return self._digest_cache[1], self._digest_cache[2]
 
     def _flip_a_bit(self) -> None:
         """The `bitflip` fault: one bit of one element of one tensor the replicas agree on, in place on its device
@@ -400,6 +409,8 @@ class TrainingSession:
                 for k, v in tree.items():
                     walk(v, f"{path}/{k}")
 
+        if self.backstop is not None:
+            self.backstop.wait_copied()  # a save in flight copies the state it vouched for, not the flipped one
         state = self.agreed_state()
         walk(state.get("committed", state.get("trainer")), "")
         if not tensors:
@@ -431,7 +442,10 @@ class TrainingSession:
         if self.manager.participating_rank() != 0:
             return
         step = self.manager.current_step()
+        voting = bool(self.vote_every) and self.backstop.require_vouched
         due = self.backstop.due()
+        if due and voting and step % self.vote_every:
+            due = not self.backstop.any_saved()  # saves fall on vote steps to be vouched for; the first cannot wait
         if self.world_size > 1:
             store, key = self.manager.group_store, f"regent/backstop/{step}"
             if self.rank == 0:
@@ -439,7 +453,8 @@ class TrainingSession:
             else:
                 due = store.get(key) == b"1"
         if due:
-            self.backstop.maybe_save(step, self._backstop_state, force=True)
+            digest = self._digest_at(step)[0] if voting and step % self.vote_every == 0 else None
+            self.backstop.maybe_save(step, self._backstop_state, force=True, digest=digest)
 
     # -- checkpoint-restart baseline ------------------------------------------------------------------
     def _full_state(self) -> dict[str, Any]:

@@ -133,9 +133,15 @@ class StateVotes:
         `expected`: the replicas still in the run (not given up); `live`: those training now. A step is decided
         once every expected replica has reported; or once every live one has and the verdict needs nobody else
         (they agree, or a strict majority of the whole run agrees); or `wait_s` after its first digest, with
-        whoever reported. A tie among fewer voters than the run has is left undecided (action None): a
-        replica that was restarting may break it at the next vote, and stopping both would throw away the state
-        of the one that is right."""
+        whoever reported.
+
+        A replica that is not live (restarting, or failed) brings no ballot of its own for the step: its state
+        is gone, and whatever it holds next it copies from a peer (a copy is no witness, `decide`). So once
+        every live replica has reported, the verdict stands without it, a tie included: a tie that nobody can
+        break is a `backstop` (every voter is stopped; none can be trusted). Leaving it open let the restarting
+        replica, then a tied one, heal from the flipped replica before the next vote, and all of them agreed on
+        the flip from then on (a 60-minute soak, both modes). Only a tie that a live replica's missing ballot
+        could still break (it timed out waiting for it) is left undecided (action None)."""
         now = time.time() if now is None else now
         expected = set(range(self.replicas)) if expected is None else expected
         out = []
@@ -145,11 +151,11 @@ class StateVotes:
             digests = {r: _replica_digest(ballot.ranks[r]) for r in complete}
             verdict = decide(step, digests, self.copies(step))
             everyone = expected <= complete
-            # a heal verdict waits for everyone (or the wait): a missing replica's ballot could tie it
-            sure = live <= complete and verdict.agreed
-            if not (everyone or sure or now - ballot.first >= self.wait_s):
+            # only a live replica that has not healed since can still bring an independent ballot (the docstring)
+            missing_live = {r for r in (expected & live) - complete if not self.healed_since(r, step)}
+            if not (everyone or not missing_live or now - ballot.first >= self.wait_s):
                 continue
-            if verdict.action == "backstop" and not everyone:
+            if verdict.action == "backstop" and missing_live:
                 verdict = Verdict(step, verdict.voters, None, [], None, undecided=True)
             del self._open[step]
             verdict.generations = {r: ballot.generation.get(r) for r in complete}
@@ -174,8 +180,17 @@ class StateVotes:
     def copies(self, step: int) -> list[tuple[int, int]]:
         """(replica, donor) of the heals since the previous decided vote, up to committed step `step`, in the
         order they were reported."""
-        before = max((s for s in self._decided if s < step), default=-1)
+        before = self.previous(step)
         return [(r, d) for r, d, s in self._heals if before < s <= step and r != d]
+
+    def previous(self, step: int) -> int:
+        """The step of the decided vote before `step` (-1 when none)."""
+        return max((s for s in self._decided if s < step), default=-1)
+
+    def healed_since(self, replica: int, step: int) -> bool:
+        """Whether `replica` healed to committed step `step` or later: it holds a copy, and no state of its own
+        at `step` to vote with."""
+        return any(r == replica and s >= step for r, _, s in self._heals)
 
     def forget_after(self, step: int) -> None:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
