@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--start-file", default="", help="start training once this file exists")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds per inner step (a slower replica)")
     ap.add_argument("--lost-state", default="raise", choices=["raise", "accept"])
+    ap.add_argument("--join", action="store_true", help="after recovering, join the round in progress (join_now)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"[{args.name}] %(name)s %(message)s")
@@ -104,6 +105,11 @@ def main() -> None:
     record("recovered", {"how": how, "step": manager.current_step()})
     streak = 0
     inner_step = 0
+    if args.join:
+        diloco.on_contributor_step = lambda step: record("aligned", {"to": step})
+        diloco.round_step = lambda: inner_step
+        diloco.join_now()
+        record("joined", {"mid_round": diloco.joined_mid_round, "local_step": diloco.local_step})
     with diloco:
         while manager.current_step() < args.syncs or (args.until_participants and streak < 3):
             gen = torch.Generator().manual_seed(inner_step * 31 + zlib.crc32(args.name.encode()) % 101)
@@ -129,6 +135,7 @@ def main() -> None:
                 if sync["committed"]:
                     streak = streak + 1 if manager.num_participants() >= args.until_participants else 0
                 record("sync", {**sync, "hash": global_hash(diloco), "loss": loss.item(),
+                                "weight": diloco._pending_weight,
                                 "rolled_back": rolled_back, "participants": manager.num_participants(),
                                 "retried": diloco.retried_syncs})
                 if (backstop is not None and sync["committed"] and manager.replica_rank() == 0

@@ -130,6 +130,36 @@ def test_diloco_outer_step_math_single_replica(lighthouse):
         manager.shutdown()
 
 
+def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
+    """Alone in its quorum, a replica that joined mid-round (weight 2/5: two of five inner steps) gets its own
+    pseudo-gradient back from the weighted average, (w * pg) / w: with outer lr 1 the new global parameters are
+    its local ones. A pseudo-gradient sent unweighted, or averaged without dividing by the weight, is not."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=5) as diloco:
+            steps: list[int] = []
+            diloco.on_contributor_step = steps.append
+            diloco._round_info = {"at": time.time() - 0.25, "step_s": 0.1}  # a holder 3 steps into the round
+            assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 3, "period": 5}
+            assert steps == [3] and diloco.local_step == 3
+            start = {n: p.detach().clone() for n, p in model.named_parameters()}
+            for _ in range(2):
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            assert diloco.last_sync["committed"] and diloco._pending_weight == 2 / 5
+        # two identical inner SGD steps on a linear model (the sync ran inside the second)
+        for n, p in model.named_parameters():
+            grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
+            assert torch.allclose(p, start[n] - 0.2 * grad, atol=1e-6), n
+    finally:
+        manager.shutdown()
+
+
 def test_a_round_nobody_trained_in_takes_no_outer_step(lighthouse):
     """A replica that sits a round out (just healed) and ends up alone in its quorum commits the round without
     an outer step: with outer momentum, a step on zero pseudo-gradients would still move its parameters, and
@@ -186,3 +216,31 @@ def test_local_sgd_single_replica_keeps_params(lighthouse):
         assert not all(torch.equal(a, b) for a, b in zip(before, after))
     finally:
         manager.shutdown()
+
+
+def test_a_healed_replica_joins_the_round_in_progress(lighthouse, tmp_path):
+    """Issue 36 item 5: b starts while a is inside a round. b pulls the committed state from a (early heal),
+    estimates from a's round clock how many inner steps a has taken, takes the rest of the round, and syncs
+    with a at the round's end: its pseudo-gradient weighted by the share of the round it covered, a's by 1.
+    Both end with the same global state; sitting out, b would have added nothing to that round."""
+    a_out, b_out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--sync-every", "10", "--early-heal", "--step-sleep", "0.15", "--syncs", "3", "--until-participants", "2")
+    a = _spawn(lighthouse.address(), "a", a_out, *common)
+    _wait_for_sync(a_out, 2)
+    time.sleep(0.6)  # a few inner steps into the round
+    b = _spawn(lighthouse.address(), "b", b_out, *common, "--join", "--seed", "9")
+    assert wait_all([a, b], timeout=150) == [0, 0], logs(a_out) + logs(b_out)
+    (recovered,) = [r for r in records(b_out) if r["kind"] == "recovered"]
+    assert recovered["how"] == "early"
+    (joined,) = [r for r in records(b_out) if r["kind"] == "joined"]
+    pos = joined["mid_round"]["round_position"]
+    assert 1 <= pos <= 8 and joined["local_step"] == pos, joined
+    first = _syncs(b_out)[0]
+    assert first["committed"] and first["participants"] == 2, first
+    assert first["weight"] == (10 - pos) / 10  # the inner steps it took, of a round of 10
+    a_same = [s for s in _syncs(a_out) if s["step"] == first["step"]]
+    assert a_same and a_same[0]["weight"] == 1.0 and a_same[0]["hash"] == first["hash"]
+    # from the next round on it is a full member, in phase with a
+    assert all(s["weight"] == 1.0 for s in _syncs(b_out)[1:])
+    ha, hb = _committed_hashes(a_out), _committed_hashes(b_out)
+    assert all(ha[s] == hb[s] for s in hb), (ha, hb)

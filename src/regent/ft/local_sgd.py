@@ -21,7 +21,9 @@ parameters and the same fragment is retried at the next sync.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -172,15 +174,20 @@ class _Fragment:
             for name, p in self.params.items():
                 self.original[name].copy_(p.detach())
 
-    def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0) -> None:
+    def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0,
+                     weight: float = 1.0) -> None:
         """Pseudo-gradient = last global - local; launch its average (asynchronously).
 
         `sit_out`: this replica has no local steps of its own in this round (it has just healed or joined): it
         contributes zeros with weight 0, so the average is over the replicas that trained (a plain average
-        would shrink everyone's update by the sit-outs' share). `retry`: the previous attempt of this sync
-        failed; start again from the local parameters it had. `round_step`: the caller's step count at this
-        sync; the contributors' value is reported back (`contributor_step`) so that a sit-out can line up with
-        them (it did not take the round's steps)."""
+        would shrink everyone's update by the sit-outs' share). `weight` (0..1]: the share of the samples of a
+        full round this replica's pseudo-gradient covers (a replica that joined mid-round took only the inner
+        steps left); the average is weighted by it. `retry`: the previous attempt of this sync failed; start
+        again from the local parameters it had. `round_step`: the caller's step count at this sync; the value of
+        the replicas that took the whole round is reported back (`contributor_step`) so that a sit-out can line
+        up with them (it did not take the round's steps)."""
+        if not sit_out and not 0.0 < weight <= 1.0:
+            raise ValueError(f"weight={weight}: must be in (0, 1]")
         with torch.no_grad():
             if retry and self._local:
                 for name, p in self.params.items():
@@ -193,9 +200,13 @@ class _Fragment:
                 self._pseudo = {
                     name: self.original[name].to(p.device) - p.detach() for name, p in self.params.items()
                 }
+                if weight != 1.0:
+                    for t in self._pseudo.values():
+                        t.mul_(weight)
             device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
-            w = 0.0 if sit_out else 1.0
-            self._weight = torch.tensor([w, w * round_step], dtype=torch.float64, device=device)
+            w = 0.0 if sit_out else weight
+            full = 1.0 if w == 1.0 else 0.0
+            self._weight = torch.tensor([w, full * round_step, full], dtype=torch.float64, device=device)
         if self.bucket_bytes:
             self._futures = self._allreduce_bucketed(list(self._pseudo.values()))
         else:
@@ -227,8 +238,8 @@ class _Fragment:
         for f in self._futures:
             f.wait()
         self._futures = []
-        committed_weight, step_sum = self._weight.tolist() if self._weight is not None else (1.0, 0.0)
-        self.contributor_step = round(step_sum / committed_weight) if committed_weight > 0 else None
+        committed_weight, step_sum, full = self._weight.tolist() if self._weight is not None else (1.0, 0.0, 0.0)
+        self.contributor_step = round(step_sum / full) if full > 0 else None
         with torch.no_grad():
             # The local parameters mixed back in (alpha > 0) are the current ones, as in TorchFT: with a sync
             # delay they include the local steps taken while the average was in flight.
@@ -241,7 +252,8 @@ class _Fragment:
             self._manager.withdraw_committed()  # the committed state is about to change: stop serving it
             self._manager.disallow_state_dict_read()
             try:
-                # The mean over contributors, not over everyone (sit-outs sent zeros with weight 0). A round
+                # The mean over contributors weighted by the share of the round each covered, not over everyone
+                # (sit-outs sent zeros with weight 0; each pseudo-gradient came multiplied by its weight). A round
                 # nobody trained in (every member sat it out: a healed replica left alone, the initial sync)
                 # has nothing to average: no outer step, or the momentum alone would move the parameters of
                 # these members and not of the replicas that synced the round before (the same committed
@@ -349,6 +361,14 @@ class DiLoCo:
         self._local_step = 0
         self._pending: _Fragment | None = None
         self._sit_out = False
+        # Joining mid-round (`join_now`): inner steps taken since this replica joined, until its fragments carry
+        # a whole round of their own (None: they do); what its pseudo-gradients are weighted by until then
+        self._trained: int | None = None
+        self._pending_weight = 1.0
+        self._round_info: dict[str, Any] | None = None  # a holder's round clock, from an early heal
+        self._step_s: float | None = None  # inner-step seconds (moving average, syncs left out)
+        self._step_t: float | None = None
+        self.joined_mid_round: dict[str, Any] | None = None  # how the last join went (for the caller's events)
         self.sync_retries = sync_retries
         for fragment in self.fragments:
             fragment.keep_local = sync_retries > 0 and self._delay == 0
@@ -377,7 +397,12 @@ class DiLoCo:
         return self._local_step
 
     def _committed_state(self) -> dict[str, Any]:
-        return {"fragments": {str(f.index): f.state_dict() for f in self.fragments}, "extra": self.committed_extra()}
+        """The committed state as served and backed up. "round" is not state but this holder's round clock at
+        the commit (when, and how long an inner step takes): a replica healed from it estimates how far the
+        round has gone and takes the inner steps left (`join_now`). Replicas never agree on it: keep it out of
+        votes."""
+        return {"fragments": {str(f.index): f.state_dict() for f in self.fragments}, "extra": self.committed_extra(),
+                "round": {"at": time.time(), "step_s": self._step_s if self._step_s is not None else -1.0}}
 
     def _load_committed(self, state: dict[str, Any]) -> None:
         """A holder's committed state: the global parameters become this replica's parameters."""
@@ -387,11 +412,14 @@ class DiLoCo:
                 for name, p in f.params.items():
                     p.copy_(f.original[name])
         self.load_committed_extra(state["extra"])
+        self._round_info = dict(state.get("round") or {})
 
     def recover(self) -> str:
         """Before the first sync of a restarted replica: get the committed state now (see
-        `Manager.recover_committed`); the replica then sits out the round in progress (`join_now`)."""
+        `Manager.recover_committed`); the replica then joins the round in progress (`join_now`)."""
         how = self._manager.recover_committed()
+        if how != "early":
+            self._round_info = None  # a backstop's round clock is long stale: no mid-round join from it
         if how in ("early", "restored"):
             self._manager.publish_committed()  # it holds the committed state: it can serve it too
         return how
@@ -407,7 +435,8 @@ class DiLoCo:
             logger.warning("fragment %d sync failed; retrying with the replicas still alive (%d/%d)",
                            fragment.index, attempt, self.sync_retries)
             self._manager.start_quorum()
-            fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step())
+            fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step(),
+                                  weight=self._pending_weight)
             committed = fragment.perform_sync()
         fragment.drop_local()
         if committed and self._sit_out and fragment.contributor_step is not None:
@@ -417,14 +446,42 @@ class DiLoCo:
             self._manager.publish_committed()
         return committed
 
+    def rounds_left_estimate(self, now: float | None = None) -> int | None:
+        """After an early heal: how many inner steps the holders have taken since their last commit, estimated
+        from the holder's round clock (None when there is none: no early heal, or no step timed yet)."""
+        info, self._round_info = self._round_info, None
+        if not info or float(info.get("step_s", -1.0)) <= 0.0:
+            return None
+        elapsed = max(0.0, (time.time() if now is None else now) - float(info["at"]))
+        # rounded up: arriving at the sync a step early costs this replica one step of waiting; a step late,
+        # every other replica waits for it
+        return math.ceil(elapsed / float(info["step_s"]))
+
     def join_now(self) -> bool:
         """Take part in the replicas' current sync round right away (a replica that has just started).
 
-        The quorum heals this replica from a donor (global parameters, outer momentum, and the donor's local
-        parameters at its sync point), then it computes the same pseudo-gradient and joins the same
-        allreduce as the others, so from here on its local steps run in phase with theirs. At the very start
-        of training this is the initial weight sync (a no-op outer step). Returns whether a sync committed.
-        """
+        After an early heal (`recover` pulled the committed state from a holder) this replica joins the round
+        in progress: it takes the inner steps left in it (its step count and data position move past the ones
+        the holders took, `on_contributor_step`), syncs with everyone at the round's end, and its
+        pseudo-gradient counts by the share of the round it covered (`prepare_sync(weight=)`). Sitting the
+        round out cost a third of a 3-replica run's compute per fault; joining costs a few steps of waiting
+        when the estimate of how far the round has gone is off (`rounds_left_estimate`).
+
+        Otherwise (no holder: the run's start, or a backstop restore; or the round is nearly over) the quorum
+        heals it from a donor at the others' next sync point and it joins that allreduce with nothing of its own
+        (a sit-out), so from there its local steps run in phase with theirs. At the very start of training this
+        is the initial weight sync (a no-op outer step). Returns whether a sync committed now."""
+        taken = self.rounds_left_estimate()
+        self.joined_mid_round = None
+        if taken is not None and taken + 2 <= self._period - self._delay:
+            # at least two steps of its own before the allreduce starts, or sitting out costs less
+            self.on_contributor_step(self.round_step() + taken)
+            self._local_step = taken
+            self._trained = 0
+            self._sit_out = False
+            self._step_t = None
+            self.joined_mid_round = {"round_position": taken, "period": self._period}
+            return False
         self._manager.start_quorum()
         self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
@@ -438,13 +495,33 @@ class DiLoCo:
         self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
         return committed
 
+    def _weight_now(self) -> float:
+        """What this replica's next pseudo-gradient counts for: the share of a full round its fragments cover."""
+        if self._trained is None:
+            return 1.0
+        full = self._period * len(self.fragments)  # a fragment's local steps between two of its syncs
+        if self._trained >= full:
+            self._trained = None
+            return 1.0
+        return max(self._trained, 1) / full
+
     def _after_step(self) -> None:
+        now = time.monotonic()
+        if self._step_t is not None:
+            dt = now - self._step_t
+            self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
+        self._step_t = now
         self._local_step += 1
+        if self._trained is not None:
+            self._trained += 1
         if self._local_step == self._period - self._delay:
             self._manager.start_quorum()
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
-            self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step())
+            self._pending_weight = 1.0 if self._sit_out else self._weight_now()
+            self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step(),
+                                       weight=self._pending_weight)
+            self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None
             self._local_step = 0

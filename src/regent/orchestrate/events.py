@@ -29,6 +29,7 @@ EVENT_KINDS = (
     "ended_failed",  # a replica failed after the run decided to stop: not restarted, left out of the final check
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
     "early_heal_done",  # a restarted replica pulled the committed state from a live holder
+    "round_joined",  # DiLoCo: a healed replica trains in the round in progress (from `round_position` on)
     "trainer_built",  # a (re)started trainer is built: where its build time went ("phases")
     "recover_failed",
     "backstop_saved",

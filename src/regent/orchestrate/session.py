@@ -206,6 +206,10 @@ class TrainingSession:
                 # this sync and join no further round; the pulled committed state is the final one
                 return
             joined = self.diloco.join_now()
+            if self.diloco.joined_mid_round is not None:
+                # training again now, in the round in progress (its first commit comes at the round's end)
+                self.on_event("round_joined", {"manager_step": self.manager.current_step(),
+                                               **self.diloco.joined_mid_round})
             self._after_commit(joined)
             # the sync it joined is a commit like any other: it votes there too (without this, every replica
             # rejoining at a vote's sync left it, and a flip was found a vote late in a run with many restarts)
@@ -360,6 +364,7 @@ class TrainingSession:
         step at the sync). DiLoCo's inner optimizer state is each replica's own and is left out."""
         if self.diloco is not None:
             committed = self.diloco._committed_state()
+            committed.pop("round", None)  # the holder's round clock: not state, never the same on two replicas
             committed["extra"] = {k: v for k, v in committed["extra"].items() if k != "mid_step"}
             return {"committed": committed, "regent": self.manager.state_dict()}
         sd = self.trainer.state_dict()

@@ -54,6 +54,8 @@ def recovery_breakdowns(events: list[dict[str, Any]], open_out: list[dict[str, A
                 rec["t_quorum"] = e["time"]
             elif kind == "early_heal_done" and newer and "t_held" not in rec:
                 rec["t_held"] = e["time"]
+            elif kind == "round_joined" and newer and "t_training" not in rec:
+                rec["t_training"] = e["time"]
             elif kind == "heal_done" and newer and "t_heal" not in rec:
                 rec["t_heal"] = e["time"]
                 rec.setdefault("t_held", e["time"])
@@ -91,6 +93,9 @@ def _close(rec: dict[str, Any], t_commit: float) -> dict[str, Any]:
         "t_fault": rec["t_fault"],
         # when it held the committed state again by a pull (DiLoCo's global state holds until the next sync)
         "held": max(0.0, min(rec.get("t_held", t_commit), t_commit) - rec["t_fault"]),
+        # when it trained again in a way that counts: DiLoCo's mid-round join (its work commits at the round's
+        # end), else its first commit
+        "training": max(0.0, min(rec.get("t_training", t_commit), t_commit) - rec["t_fault"]),
     }
 
 
@@ -219,6 +224,10 @@ def compute_summary(
         **acct,
         "recovery_seconds": {"p50": percentile(totals, 0.5), "max": max(totals + open_totals, default=None),
                              "open": len(open_totals)},
+        # fault -> training again (DiLoCo: a mid-round join, `round_joined`; otherwise the first commit)
+        "back_to_training_seconds": {"p50": percentile([r["training"] for r in recs], 0.5),
+                                     "max": max([r["training"] for r in recs] + open_totals, default=None)},
+        "rounds_joined": sum(e["kind"] == "round_joined" for e in events),
         "recovery_breakdown": recs,
     }
     if isinstance(out.get("how"), dict):
