@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import socket
 
+from regent import settings
 from regent.sockio import recv_exact
 
-SECRET_ENV = "REGENT_JOB_SECRET"
-SECRET_FILE_ENV = "REGENT_JOB_SECRET_FILE"
+SECRET_ENV = settings.REGENT_JOB_SECRET.name
+SECRET_FILE_ENV = settings.REGENT_JOB_SECRET_FILE.name
 NONCE = 32
 MAC = 32
 
@@ -36,14 +36,14 @@ class AuthenticationError(Exception):
 
 def job_secret_from_env() -> bytes | None:
     """The job secret from `$REGENT_JOB_SECRET` (hex) or the file `$REGENT_JOB_SECRET_FILE`; None if neither."""
-    raw = os.environ.get(SECRET_ENV)
+    raw = settings.REGENT_JOB_SECRET.get()
     if raw:
         try:
             return bytes.fromhex(raw)
         except ValueError:
             raise ValueError("REGENT_JOB_SECRET must be hex; generate one with `python -c 'import secrets;"
                              " print(secrets.token_hex(32))'`") from None
-    path = os.environ.get(SECRET_FILE_ENV)
+    path = settings.REGENT_JOB_SECRET_FILE.get()
     if path:
         return read_secret_file(path)
     return None

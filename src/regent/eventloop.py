@@ -9,14 +9,15 @@ rule uvloop out when a loop misbehaves or to measure what it buys.
 from __future__ import annotations
 
 import asyncio
-import os
 
-NO_UVLOOP_ENV = "REGENT_NO_UVLOOP"
+from regent import settings
+
+NO_UVLOOP_ENV = settings.REGENT_NO_UVLOOP.name
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed and `$REGENT_NO_UVLOOP` is not "1", else the default asyncio loop."""
-    if os.environ.get(NO_UVLOOP_ENV) != "1":
+    """A uvloop loop when uvloop is installed and `$REGENT_NO_UVLOOP` is not set, else the default asyncio loop."""
+    if not settings.REGENT_NO_UVLOOP.get():
         try:
             import uvloop
         except ImportError:

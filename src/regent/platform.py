@@ -20,13 +20,15 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from regent import settings
+
 if TYPE_CHECKING:
     import torch
 
 Platform = Literal["cuda", "rocm", "cpu"]
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
-PLATFORM_ENV = "GPU_PLATFORM"
-PEAK_FLOPS_ENV = "REGENT_PEAK_FLOPS"
+PLATFORM_ENV = settings.GPU_PLATFORM.name
+PEAK_FLOPS_ENV = settings.REGENT_PEAK_FLOPS.name
 
 # Vendor datasheet dense (no sparsity) BF16 tensor throughput, FLOP/s. Order matters: the first substring
 # that appears in the device name wins, so more specific names come first.
@@ -42,16 +44,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def _override() -> Platform | None:
-    value = os.environ.get(PLATFORM_ENV)
-    if value is None or value == "":
-        return None
-    value = value.strip().lower()
-    if value not in PLATFORMS:
-        raise ValueError(
-            f"{PLATFORM_ENV}={os.environ[PLATFORM_ENV]!r} is not a known platform; "
-            f"set it to one of {', '.join(PLATFORMS)} or unset it to auto-detect"
-        )
-    return value  # type: ignore[return-value]
+    return settings.GPU_PLATFORM.get()
 
 
 def detect_platform() -> Platform:
@@ -107,17 +100,9 @@ def peak_bf16_flops(device_name: str | None = None) -> float | None:
 
     `REGENT_PEAK_FLOPS` (a number, e.g. 989e12) overrides the table for any device.
     """
-    override = os.environ.get(PEAK_FLOPS_ENV)
-    if override:
-        try:
-            value = float(override)
-        except ValueError:
-            raise ValueError(
-                f"{PEAK_FLOPS_ENV}={override!r} is not a number; set it to the device's peak FLOP/s, e.g. 989e12"
-            ) from None
-        if value <= 0:
-            raise ValueError(f"{PEAK_FLOPS_ENV} must be positive, got {value}")
-        return value
+    override = settings.REGENT_PEAK_FLOPS.get()
+    if override is not None:
+        return override
     if device_name is None:
         if device_type() == "cpu":
             return None
@@ -208,12 +193,7 @@ def child_visibility_env(gpu_index: int, environ: dict[str, str] | None = None) 
     if gpu_index < 0:
         raise ValueError(f"gpu_index must be >= 0, got {gpu_index}")
     env = dict(os.environ if environ is None else environ)
-    forced = env.get(PLATFORM_ENV, "").strip().lower()
-    if forced and forced not in PLATFORMS:
-        raise ValueError(
-            f"{PLATFORM_ENV}={env[PLATFORM_ENV]!r} is not a known platform; "
-            f"set it to one of {', '.join(PLATFORMS)} or unset it to auto-detect"
-        )
+    forced = settings.GPU_PLATFORM.get(env) or ""
     platform = forced or torch_build_platform()
     if platform == "cpu":
         return {}

@@ -1,4 +1,5 @@
-"""Runtime knobs. Each has a default, an environment variable, and can be set with `config.configure(...)`.
+"""Runtime knobs. Each has a default, an environment variable (declared in `regent.settings`), and can be set
+with `config.configure(...)`.
 
 Environment variables are read when a knob is first used, so a parent can configure its children by env;
 spawned processes inherit the parent's effective values through `child_env()`.
@@ -6,41 +7,9 @@ spawned processes inherit the parent's effective values through `child_env()`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
-
-def _env_float(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("none", "off", "inf"):
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
+from regent import settings
 
 
 @dataclass
@@ -75,15 +44,16 @@ class RuntimeConfig:
     @staticmethod
     def from_env() -> RuntimeConfig:
         cfg = RuntimeConfig()
-        cfg.orphan_timeout = _env_float("REGENT_ORPHAN_TIMEOUT", cfg.orphan_timeout)
-        cfg.max_frame_bytes = _env_int("REGENT_MAX_FRAME_BYTES", cfg.max_frame_bytes)
-        cfg.cleanup_timeout = _env_float("REGENT_CLEANUP_TIMEOUT", cfg.cleanup_timeout) or cfg.cleanup_timeout
-        cfg.stop_timeout = _env_float("REGENT_STOP_TIMEOUT", cfg.stop_timeout) or cfg.stop_timeout
-        cfg.spawn_timeout = _env_float("REGENT_SPAWN_TIMEOUT", cfg.spawn_timeout) or cfg.spawn_timeout
-        cfg.attach_timeout = _env_float("REGENT_ATTACH_TIMEOUT", cfg.attach_timeout) or cfg.attach_timeout
-        cfg.prefix_output = os.environ.get("REGENT_PREFIX_OUTPUT", "1") not in ("0", "false", "no")
-        monarch = _env_bool("HYPERACTOR_SHARED_ASYNCIO_RUNTIME", cfg.shared_asyncio_runtime)
-        cfg.shared_asyncio_runtime = _env_bool("REGENT_SHARED_ASYNCIO_RUNTIME", monarch)  # Regent's name wins
+        cfg.orphan_timeout = settings.REGENT_ORPHAN_TIMEOUT.get()
+        cfg.max_frame_bytes = settings.REGENT_MAX_FRAME_BYTES.get()
+        # 0 or none: the default (these cannot be turned off)
+        cfg.cleanup_timeout = settings.REGENT_CLEANUP_TIMEOUT.get() or cfg.cleanup_timeout
+        cfg.stop_timeout = settings.REGENT_STOP_TIMEOUT.get() or cfg.stop_timeout
+        cfg.spawn_timeout = settings.REGENT_SPAWN_TIMEOUT.get() or cfg.spawn_timeout
+        cfg.attach_timeout = settings.REGENT_ATTACH_TIMEOUT.get() or cfg.attach_timeout
+        cfg.prefix_output = settings.REGENT_PREFIX_OUTPUT.get()
+        # Regent's name wins over Monarch's HYPERACTOR_SHARED_ASYNCIO_RUNTIME (an alias of the setting)
+        cfg.shared_asyncio_runtime = settings.REGENT_SHARED_ASYNCIO_RUNTIME.get()
         return cfg
 
     def configure(self, **kwargs: object) -> None:
@@ -96,15 +66,14 @@ class RuntimeConfig:
     def child_env(self) -> dict[str, str]:
         """Environment that gives a child process this process's effective knobs."""
         return {
-            "REGENT_ORPHAN_TIMEOUT": "none" if self.orphan_timeout is None else repr(self.orphan_timeout),
-            "REGENT_MAX_FRAME_BYTES": str(self.max_frame_bytes),
-            "REGENT_CLEANUP_TIMEOUT": repr(self.cleanup_timeout),
-            "REGENT_STOP_TIMEOUT": repr(self.stop_timeout),
-            "REGENT_SPAWN_TIMEOUT": repr(self.spawn_timeout),
-            "REGENT_ATTACH_TIMEOUT": repr(self.attach_timeout),
-            "REGENT_PREFIX_OUTPUT": "1" if self.prefix_output else "0",
-            "REGENT_SHARED_ASYNCIO_RUNTIME": "1" if self.shared_asyncio_runtime else "0",
+            settings.REGENT_ORPHAN_TIMEOUT.name: "none" if self.orphan_timeout is None else repr(self.orphan_timeout),
+            settings.REGENT_MAX_FRAME_BYTES.name: str(self.max_frame_bytes),
+            settings.REGENT_CLEANUP_TIMEOUT.name: repr(self.cleanup_timeout),
+            settings.REGENT_STOP_TIMEOUT.name: repr(self.stop_timeout),
+            settings.REGENT_SPAWN_TIMEOUT.name: repr(self.spawn_timeout),
+            settings.REGENT_ATTACH_TIMEOUT.name: repr(self.attach_timeout),
+            settings.REGENT_PREFIX_OUTPUT.name: "1" if self.prefix_output else "0",
+            settings.REGENT_SHARED_ASYNCIO_RUNTIME.name: "1" if self.shared_asyncio_runtime else "0",
         }
-
 
 config = RuntimeConfig.from_env()

@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 
+from regent import settings
+
 
 def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the controller decides when procs stop.
@@ -27,10 +29,10 @@ def main() -> None:
     # the proc's prefix: how a stuck trainer is looked into on a cluster without py-spy or gdb
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`Runtime.orphan_watch`)
-    boot = json.loads(os.environ.pop("REGENT_BOOT"))
+    boot = json.loads(settings.REGENT_BOOT.take())
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
-    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=settings.REGENT_LOG_LEVEL.get(),
                         format="%(levelname)s %(name)s: %(message)s")
     install_log_prefix()
     for module in boot.get("preload", []):

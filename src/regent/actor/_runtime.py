@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from regent import settings
 from regent.actor import _future
 from regent.actor._config import config
 from regent.actor._directory import ActorDirectory
@@ -169,7 +170,7 @@ class Runtime:
         self.proc_id = proc_id
         self.is_controller = is_controller
         self.secret = secret or job_secret_from_env() or secrets.token_bytes(32)
-        self.tcp_host = tcp_host or os.environ.get("REGENT_LISTEN_HOST") or "127.0.0.1"
+        self.tcp_host = tcp_host or settings.REGENT_LISTEN_HOST.get()
         # the host peers dial when it differs from the one bound (a worker serving `tcp://name:p@tcp://0.0.0.0:p`)
         self.advertise_host = advertise_host
         self.tcp_port = tcp_port  # this process's TCP listener (0: any free port); procs pick their own
@@ -226,9 +227,7 @@ class Runtime:
         self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
         # how a cast to many actors is sent: "tree" (one message per host agent), "proc" (one per process) or
         # "actor" (one per actor, replies one by one: the design before tree casts; kept for comparison)
-        self.cast_mode = os.environ.get("REGENT_CAST", "tree")
-        if self.cast_mode not in ("tree", "proc", "actor"):
-            raise ValueError(f"REGENT_CAST={self.cast_mode!r}: use tree, proc or actor")
+        self.cast_mode = settings.REGENT_CAST.get()
         self.stats: collections.Counter = collections.Counter()  # message counts, for tests and benchmarks
         self.supervision = Supervision(self)
         from regent.actor._tree import TreeState  # imports this module

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from regent import settings
 from regent.actor._child_process import ChildProcess, start_child
 from regent.actor._config import config
 from regent.actor._errors import ActorError
@@ -122,9 +123,9 @@ class LocalSpawner:
         full_env = dict(os.environ)
         full_env.update(config.child_env())
         full_env.update(env)
-        full_env["REGENT_BOOT"] = json.dumps(boot)
-        full_env["REGENT_JOB_SECRET"] = rt.secret.hex()
-        full_env.pop("REGENT_JOB_SECRET_FILE", None)
+        full_env[settings.REGENT_BOOT.name] = json.dumps(boot)
+        full_env[settings.REGENT_JOB_SECRET.name] = rt.secret.hex()
+        full_env.pop(settings.REGENT_JOB_SECRET_FILE.name, None)
         full_env["PYTHONUNBUFFERED"] = "1"
         cmd = command or default_bootstrap_cmd().to_spec()
         full_env.update(cmd.get("env") or {})

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from regent import settings
 from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Supervision:
         self.controller_failures: dict[str, str] = {}  # get_or_spawn_controller singletons that failed
         # process exits reported within `exit_window_s` of each other make one supervision report per mesh
         # (still one MeshFailure per rank at the API)
-        self.exit_window_s = float(os.environ.get("REGENT_EXIT_WINDOW", "0.05"))
+        self.exit_window_s = settings.REGENT_EXIT_WINDOW.get()
         self._exits: list[tuple[str, str | None]] = []
         self._exits_timer: asyncio.TimerHandle | None = None
         self._exits_first = 0.0

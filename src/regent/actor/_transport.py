@@ -28,6 +28,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from regent import settings
 from regent.auth import MAC, NONCE, AuthenticationError, new_nonce
 from regent.auth import proof as _mac
 
@@ -62,13 +63,7 @@ decode_env = marshal.loads
 
 
 def _peer_timeout() -> float | None:
-    raw = os.environ.get("REGENT_PEER_TIMEOUT", "60").strip().lower()
-    if raw in ("", "0", "none", "off"):
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"REGENT_PEER_TIMEOUT={raw!r}: seconds, or 'none'") from None
+    return settings.REGENT_PEER_TIMEOUT.get()
 
 
 # A peer cut off by the network (a pulled cable, a partition, a host that lost power) sends no FIN or RST: a

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from regent import settings
 from regent.actor._runtime import Runtime, new_id, remove_sock_dir, set_runtime
 from regent.actor._transport import inherited_listener, parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
@@ -35,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=os.environ.get("REGENT_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=settings.REGENT_LOG_LEVEL.get(),
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         secret = read_secret_file(args.secret_file) if args.secret_file else job_secret_from_env()

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from regent import settings
+
 VOTE_STEPS = 30  # the default vote interval, in training steps (FTConfig.vote_every)
 
 
@@ -140,25 +142,15 @@ class FTConfig:
             raise ValueError(f"ft.tls_*: {err}") from None
 
 
-_ENV = {
-    "timeout": ("REGENT_FT_TIMEOUT_SEC", "TORCHFT_TIMEOUT_SEC"),
-    "quorum_timeout": ("REGENT_FT_QUORUM_TIMEOUT_SEC", "TORCHFT_QUORUM_TIMEOUT_SEC"),
-    "connect_timeout": ("REGENT_FT_CONNECT_TIMEOUT_SEC", "TORCHFT_CONNECT_TIMEOUT_SEC"),
+_ENV = {  # each also reads TorchFT's name (TORCHFT_TIMEOUT_SEC, ...) when Regent's is unset
+    "timeout": settings.REGENT_FT_TIMEOUT_SEC,
+    "quorum_timeout": settings.REGENT_FT_QUORUM_TIMEOUT_SEC,
+    "connect_timeout": settings.REGENT_FT_CONNECT_TIMEOUT_SEC,
 }
 
 
 def env_timeout(kind: str, default: float, environ: dict[str, str] | None = None) -> float:
     """Timeout `kind` ('timeout'|'quorum_timeout'|'connect_timeout'): env wins over the argument (as in
     TorchFT, because launchers like torchtitan cannot reach the Manager's arguments)."""
-    environ = os.environ if environ is None else environ
-    for name in _ENV[kind]:
-        raw = environ.get(name)
-        if raw:
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-            if value <= 0:
-                raise ValueError(f"{name}={raw!r} must be > 0 seconds")
-            return value
-    return float(default)
+    value = _ENV[kind].get(environ)
+    return float(default) if value is None else value

@@ -17,10 +17,11 @@ structure, dtypes, shapes and the non-tensor leaves (sha256).
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import torch
+
+from regent import settings
 
 # Weights repeat with this period (elements); a block of PERIOD elements gets its own odd factor. The digest does
 # not depend on how many blocks are reduced at once (CHUNK_BLOCKS, per device type), only on these constants.
@@ -104,7 +105,7 @@ def _triton_kernel() -> Any:
 
 def _fused_sums(words: torch.Tensor) -> torch.Tensor | None:
     """`tensor_sums` of 32-bit words on a CUDA device through the Triton kernel; None where it cannot run."""
-    if words.device.type != "cuda" or words.dtype != torch.int32 or os.environ.get("REGENT_DIGEST_TORCH"):
+    if words.device.type != "cuda" or words.dtype != torch.int32 or settings.REGENT_DIGEST_TORCH.get():
         return None
     kernel = _triton_kernel()
     if not kernel:

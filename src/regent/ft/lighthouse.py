@@ -65,6 +65,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from regent import settings
 from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite, rpc_security
 from regent.ft.compact import compact_share, encode_compact_response
@@ -104,7 +105,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 20_000),
 ]
 SERVER_KINDS = ("lite", "grpcio")
-FRONTENDS_ENV = "REGENT_LIGHTHOUSE_FRONTENDS"
+FRONTENDS_ENV = settings.REGENT_LIGHTHOUSE_FRONTENDS.name
 KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
 
@@ -378,7 +379,7 @@ class LighthouseServer:
         if server not in SERVER_KINDS:
             raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
         if frontends is None:  # the environment's default applies to the server that can take it
-            frontends = int(os.environ.get(FRONTENDS_ENV, "0") or 0) if server == "lite" else 0
+            frontends = settings.REGENT_LIGHTHOUSE_FRONTENDS.get() if server == "lite" else 0
         if frontends < 0:
             raise ValueError(f"frontends must be 0 (serve from this process) or more, got {frontends}")
         if frontends and server != "lite":

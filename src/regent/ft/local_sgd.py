@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
+from regent import settings
 from regent.contiguous import contiguous_copy
 from regent.ft.grad_sync import plan_buckets
 from regent.ft.manager import Manager
@@ -330,7 +330,7 @@ class DiLoCo:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
                                       "Regent; pass should_quantize=False")
-        if os.environ.get("TORCHFT_USE_BUCKETIZATION", "").lower() in ("1", "true"):
+        if settings.TORCHFT_USE_BUCKETIZATION.get():
             use_bucketization = True  # TorchFT's switch, honoured the same way
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb={bucket_cap_mb}: must be > 0")

@@ -45,6 +45,7 @@ import grpc
 import torch
 import torch.distributed as dist
 
+from regent import settings
 from regent.ft.committed import (  # noqa: F401 (HOLDER_GRACE_S, RECOVER_ATTEMPTS: re-exported)
     HOLDER_GRACE_S,
     RECOVER_ATTEMPTS,
@@ -188,10 +189,8 @@ class Manager(CommittedStateRecovery):
         self.group_world_size = int(
             group_world_size if group_world_size is not None else os.environ.get("WORLD_SIZE", 1)
         )
-        hostname = hostname or os.environ.get("REGENT_FT_HOSTNAME", "127.0.0.1")
-        lighthouse_addr = (
-            lighthouse_addr or os.environ.get("REGENT_FT_LIGHTHOUSE") or os.environ.get("TORCHFT_LIGHTHOUSE")
-        )
+        hostname = hostname or settings.REGENT_FT_HOSTNAME.get()
+        lighthouse_addr = lighthouse_addr or settings.REGENT_FT_LIGHTHOUSE.get()  # or TORCHFT_LIGHTHOUSE
         self._pg = pg if pg is not None else ReplicatedGroup(timeout=self.timeout, connect_timeout=self.connect_timeout)
         self._transport: CheckpointTransport = transport if transport is not None else GroupTransport(self._pg)
 
@@ -249,7 +248,7 @@ class Manager(CommittedStateRecovery):
                     "no Lighthouse address: pass lighthouse_addr= or set REGENT_FT_LIGHTHOUSE "
                     "(start one with `regent lighthouse --bind 127.0.0.1:29510 --min-replicas 1`)"
                 )
-            name = replica_id or os.environ.get("REGENT_FT_REPLICA_ID") or "replica"
+            name = replica_id or settings.REGENT_FT_REPLICA_ID.get()
             full_id = f"{name}:{uuid.uuid4()}"
             store_host = self._store_host
             if store_host.startswith("127.") and hostname and not hostname.startswith("127."):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from regent import settings
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.recovery import (
     ACCEPTED_LOSS_KEY,
@@ -134,7 +135,7 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         # Ask the Lighthouse for the compact quorum answer (regent.ft.compact; a TorchFT Lighthouse answers in
         # full anyway): "auto" once a quorum had more than COMPACT_AUTO_MEMBERS members (small runs keep the
         # member list: events name the members and `peer_failed` checks membership exactly), "1" always, "0" never.
-        self.compact_quorum = os.environ.get("REGENT_COMPACT_QUORUM", "auto")
+        self.compact_quorum = settings.REGENT_COMPACT_QUORUM.get()
         self._last_members = 0
         self._lighthouse_addr = lighthouse_addr
         self._connect_timeout = connect_timeout

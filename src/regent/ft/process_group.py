@@ -22,7 +22,6 @@ import datetime
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,12 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent import settings
 from regent.ft.types import to_seconds
 
 logger = logging.getLogger(__name__)
 
-# Point-to-point messages per NCCL group when a batch is coalesced (REGENT_P2P_WINDOW overrides).
-COALESCE_WINDOW = int(os.environ.get("REGENT_P2P_WINDOW", "64"))
+# Point-to-point messages per NCCL group when a batch is coalesced (REGENT_P2P_WINDOW overrides; read once).
+COALESCE_WINDOW = settings.REGENT_P2P_WINDOW.get()
 
 
 def default_backend() -> str:
@@ -200,7 +200,7 @@ class ReplicatedGroup:
         self.timeout = to_seconds(timeout)
         # Coalesce batched point-to-point messages where the backend can (NCCL); REGENT_P2P_COALESCE=0 turns
         # it off (for comparison, or for a NCCL build where it misbehaves).
-        self.coalesce_p2p = os.environ.get("REGENT_P2P_COALESCE", "1") != "0"
+        self.coalesce_p2p = settings.REGENT_P2P_COALESCE.get()
         self.connect_timeout = to_seconds(connect_timeout)
         self._lock = threading.Lock()
         # pinned host buffers for Gloo collectives on GPU tensors, by (dtype, numel), free ones only

@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from regent import auth
+from regent import auth, settings
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +58,12 @@ CLOCK_WINDOW_S = 30.0
 MAX_LOGGED_PEERS = 4096
 _LABEL = b"regent-grpc-call-v1 "
 
-TLS_CERT_ENV = "REGENT_FT_TLS_CERT"
-TLS_KEY_ENV = "REGENT_FT_TLS_KEY"
-TLS_CA_ENV = "REGENT_FT_TLS_CA"
-TLS_SERVER_NAME_ENV = "REGENT_FT_TLS_SERVER_NAME"
+TLS_CERT_ENV = settings.REGENT_FT_TLS_CERT.name
+TLS_KEY_ENV = settings.REGENT_FT_TLS_KEY.name
+TLS_CA_ENV = settings.REGENT_FT_TLS_CA.name
+TLS_SERVER_NAME_ENV = settings.REGENT_FT_TLS_SERVER_NAME.name
 # "0" turns the secret off for the control plane even when the process has a job secret.
-RPC_AUTH_ENV = "REGENT_FT_RPC_AUTH"
+RPC_AUTH_ENV = settings.REGENT_FT_RPC_AUTH.name
 
 
 def call_mac(secret: bytes, method: str, ms: int, nonce: str) -> str:
@@ -202,9 +202,8 @@ class TLSFiles:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> TLSFiles:
-        env = os.environ if environ is None else environ
-        return cls(env.get(TLS_CERT_ENV) or None, env.get(TLS_KEY_ENV) or None, env.get(TLS_CA_ENV) or None,
-                   env.get(TLS_SERVER_NAME_ENV) or None)
+        return cls(settings.REGENT_FT_TLS_CERT.get(environ), settings.REGENT_FT_TLS_KEY.get(environ),
+                   settings.REGENT_FT_TLS_CA.get(environ), settings.REGENT_FT_TLS_SERVER_NAME.get(environ))
 
     def validate(self) -> None:
         """Fail early with the fix: cert and key go together, and every named file must be readable."""
@@ -269,7 +268,7 @@ class Security:
     def resolve(cls, secret: bytes | None = None, tls: TLSFiles | None = None) -> Security:
         """Arguments win; None takes the environment (the job secret unless `REGENT_FT_RPC_AUTH=0`; the
         `REGENT_FT_TLS_*` files). `secret=b""` / `tls=TLSFiles()` turn either off explicitly."""
-        if secret is None and os.environ.get(RPC_AUTH_ENV, "1").strip().lower() not in ("0", "false", "off", "no"):
+        if secret is None and settings.REGENT_FT_RPC_AUTH.get():
             secret = auth.job_secret_from_env()
         tls = TLSFiles.from_env() if tls is None else tls
         tls.validate()

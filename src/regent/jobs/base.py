@@ -63,11 +63,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from regent import settings
 from regent.ports import free_port
 
 logger = logging.getLogger(__name__)
 
-SECRET_ENV = "REGENT_JOB_SECRET"
+SECRET_ENV = settings.REGENT_JOB_SECRET.name
 # Printed by launch_worker once the worker listens; backends without a shared filesystem parse it from logs.
 ADDRESS_MARKER = "REGENT_WORKER_READY"
 _MARKER_RE = re.compile(rf"{ADDRESS_MARKER} rank=(\d+) address=(tcp://\S+)")
@@ -134,8 +135,9 @@ def resolve_secret(secret: str | bytes | None) -> str:
     from_runtime = _runtime_secret()
     if from_runtime is not None:
         return normalize_secret(from_runtime)
-    if os.environ.get(SECRET_ENV):
-        return normalize_secret(os.environ[SECRET_ENV])
+    from_env = settings.REGENT_JOB_SECRET.get()
+    if from_env:
+        return normalize_secret(from_env)
     text = _secrets.token_hex(32)
     os.environ[SECRET_ENV] = text
     logger.debug("generated a job secret and exported it as %s", SECRET_ENV)

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from regent import settings
 from regent.jobs.base import validate_job_name
 from regent.jobs.kubernetes import (
     DEFAULT_PORT,
@@ -155,7 +156,7 @@ def build_controller_manifest(*, image: str, name: str, namespace: str, volume_c
     container: dict[str, Any] = {
         "name": "controller", "image": image,
         "command": ["sh", "-c", controller_script(f"{CONTROLLER_RUNS_DIR}/{name}", train_args)],
-        "env": [{"name": "REGENT_JOB_SECRET_FILE", "value": "/etc/regent/secret"},
+        "env": [{"name": settings.REGENT_JOB_SECRET_FILE.name, "value": "/etc/regent/secret"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "volumeMounts": [{"name": "regent-secret", "mountPath": "/etc/regent", "readOnly": True},
                          {"name": "runs", "mountPath": CONTROLLER_RUNS_DIR}],

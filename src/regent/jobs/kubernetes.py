@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from regent import settings
 from regent.jobs.base import Job, JobError, JobFailedError, JobTimeoutError, wait_until
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ FATAL_WAITING_REASONS = frozenset({
 
 def gpu_resource_name(platform: str | None = None) -> str:
     """`nvidia.com/gpu` or `amd.com/gpu` for a regent.platform name ("cuda"/"rocm"); default from $GPU_PLATFORM."""
-    chosen = (platform or os.environ.get("GPU_PLATFORM") or "cuda").lower()
+    chosen = (platform or settings.GPU_PLATFORM.get() or "cuda").lower()
     if chosen not in GPU_RESOURCE:
         raise ValueError(f"platform {chosen!r} has no Kubernetes GPU resource; use 'cuda' or 'rocm'")
     return GPU_RESOURCE[chosen]

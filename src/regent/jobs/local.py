@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from regent import settings
 from regent.actor import HostMesh, attach_to_workers
 from regent.actor._proc import release_workers
 from regent.actor._runtime import get_runtime
@@ -59,7 +60,7 @@ class ProcessJob:
         env = dict(os.environ)
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
-        env.pop("REGENT_JOB_SECRET", None)
+        env.pop(settings.REGENT_JOB_SECRET.name, None)
         meshes: dict[str, HostMesh] = {}
         try:
             for name, n in self.meshes.items():

@@ -17,10 +17,11 @@ line) and go to the backend's constructor, except these, which the orchestrator 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from regent import settings
 
 ORCHESTRATOR_OPTIONS = ("gpus_per_node", "gpus_per_host", "allocation_timeout")
 DEFAULT_ALLOCATION_TIMEOUT_S = 600.0
@@ -60,7 +61,7 @@ def plan_allocation(
                 explicit = value
     timeout = opts.pop("allocation_timeout", None)
     plan = AllocationPlan(timeout_s=_seconds(timeout) if timeout is not None else DEFAULT_ALLOCATION_TIMEOUT_S)
-    forced = (os.environ.get("GPU_PLATFORM", "") if platform_override is None else platform_override).strip().lower()
+    forced = (settings.GPU_PLATFORM.get() or "") if platform_override is None else platform_override.strip().lower()
     if explicit is not None and str(explicit).strip().lower() not in ("", "auto"):
         try:
             gpus = int(explicit)

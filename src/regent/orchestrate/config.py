@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 import sys
 import time
@@ -17,6 +16,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from regent import settings
 
 # Single-replica kinds hit one trainer (`node`: every process of one replica); `straggler` pauses one trainer for
 # `straggler_s`; `correlated` kills several whole replicas within a short window (a rack); `lighthouse` kills
@@ -453,6 +454,6 @@ def _validate_workers_job(cfg: RunConfig) -> None:
         parse_worker_addresses(cfg.job_options.get("addresses", ()))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if not (os.environ.get("REGENT_JOB_SECRET_FILE") or os.environ.get("REGENT_JOB_SECRET")):
+    if not (settings.REGENT_JOB_SECRET_FILE.is_set() or settings.REGENT_JOB_SECRET.is_set()):
         raise ConfigError("--job workers: set REGENT_JOB_SECRET_FILE to the secret file given to each `regent worker "
                           "--secret-file` (the controller must prove the same secret)")

@@ -26,6 +26,7 @@ import time
 import traceback
 from typing import Any
 
+from regent import settings
 from regent.actor import (
     Actor,
     Channel,
@@ -171,11 +172,11 @@ class ReplicaActor(Actor):
         env = {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
-            "REGENT_FT_STORE_PORT": str(free_port()),
+            settings.REGENT_FT_STORE_PORT.name: str(free_port()),
             "WORLD_SIZE": str(cfg.procs_per_replica),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            "REGENT_REPLICA": str(self.index),
-            "REGENT_GENERATION": str(gen),
+            settings.REGENT_REPLICA.name: str(self.index),
+            settings.REGENT_GENERATION.name: str(gen),
             **cfg.ft.rpc_env(),  # the control plane's secret check and TLS files (regent.ft.rpc_security)
         }
         from regent.orchestrate.trainer_actor import TrainerActor
@@ -685,7 +686,7 @@ def replica_gpu_env(replica_index: int, procs_per_replica: int, environ: dict[st
     """
     from regent import platform
 
-    forced = environ.get(platform.PLATFORM_ENV, "").strip().lower()
+    forced = settings.GPU_PLATFORM.get(environ) or ""
     if (forced or platform.torch_build_platform()) == "cpu":
         return {}
     names = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regent import settings
 from regent.orchestrate.config import ConfigError, RunConfig, apply_toml
 from regent.orchestrate.events import read_jsonl
 
@@ -243,10 +244,11 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
     try:
         if secret_file is not None:
             secret, source = read_secret_file(secret_file), secret_file
-        elif env.get(SECRET_ENV):
-            secret, source = bytes.fromhex(env[SECRET_ENV]), f"${SECRET_ENV}"
-        elif env.get(SECRET_FILE_ENV):
-            secret, source = read_secret_file(env[SECRET_FILE_ENV]), env[SECRET_FILE_ENV]
+        elif settings.REGENT_JOB_SECRET.is_set(env):
+            secret, source = bytes.fromhex(settings.REGENT_JOB_SECRET.get(env)), f"${SECRET_ENV}"
+        elif settings.REGENT_JOB_SECRET_FILE.is_set(env):
+            source = settings.REGENT_JOB_SECRET_FILE.get(env)
+            secret = read_secret_file(source)
         else:
             raise ResumeRefused(f"run {run} was started with the job secret from the environment; set "
                                 f"{SECRET_ENV} or {SECRET_FILE_ENV} as it was")

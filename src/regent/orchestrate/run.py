@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from regent import settings
 from regent.actor import ActorError, Channel, this_host
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 # Set in the controller's environment before anything is spawned: every process of this run inherits it, which
 # is how processes left behind are found at the end (`leaked_processes`).
-RUN_MARKER_ENV = "REGENT_RUN_MARKER"
+RUN_MARKER_ENV = settings.REGENT_RUN_MARKER.name
 # Exit codes of `regent train` (README "Exit codes"): a fatal `state_lost` or another reason the run could not go
 # on; 2 is a configuration error (before launch); the run finished but its checker found a violation (an
 # uncounted loss, replicas left out of or failing the final comparison, ...); 130 an interrupt.
@@ -524,12 +525,12 @@ class OrchestrationManager:
         where it is), the run marker. A fresh run's secret is written to controller/secret (0600) unless it
         came from the environment, where a successor must find it too."""
         from regent.actor._runtime import get_runtime, machine_id
-        from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint
+        from regent.auth import fingerprint
 
         rt = get_runtime()
         if self.resume is not None:
             secret = self.resume.attach.get("secret")
-        elif os.environ.get(SECRET_ENV) or os.environ.get(SECRET_FILE_ENV):
+        elif settings.REGENT_JOB_SECRET.is_set() or settings.REGENT_JOB_SECRET_FILE.is_set():
             secret = "env"
         else:
             write_secret(self.run_dir, rt.secret)
@@ -702,7 +703,7 @@ class OrchestrationManager:
     def _kill_leftovers(self) -> None:
         """Nothing of the run answered: whatever still carries its marker (a hung proc) must not heartbeat next
         to the new replicas."""
-        marker = os.environ[RUN_MARKER_ENV]
+        marker = settings.REGENT_RUN_MARKER.require()
         for pid in leaked_processes(marker, grace_s=0.0):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

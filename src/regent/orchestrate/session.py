@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regent import settings
 from regent.integrity import file_sha256
 from regent.train.coverage import LEDGER_FILE
 
@@ -51,7 +52,7 @@ class TrainingSession:
         self.world_size = world_size
         self.generation = generation
         self.on_event = on_event or (lambda kind, d: None)
-        torch.set_num_threads(int(os.environ.get("REGENT_TORCH_THREADS", "1")))
+        torch.set_num_threads(settings.REGENT_TORCH_THREADS.get())
         if world_size > 1 and not dist.is_initialized():
             from regent import platform
 
@@ -94,7 +95,7 @@ class TrainingSession:
             group_rank=rank,
             group_world_size=world_size,
             store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            store_port=int(os.environ["REGENT_FT_STORE_PORT"]) if "REGENT_FT_STORE_PORT" in os.environ else None,
+            store_port=settings.REGENT_FT_STORE_PORT.get(),
             lighthouse_addr=lighthouse_addr,
             replica_id=f"replica_{replica_index}",
             init_sync=ft.init_sync,

@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from regent import settings
 from regent.train.hf_stream import HFStreamBatches
 from regent.train.position import BatchPosition
 from regent.train.shards import ShardSet
@@ -127,9 +128,9 @@ def corpus_files(pattern: str | None) -> list[Path]:
 def token_cache_dir() -> Path | None:
     """Where tokenized corpora are kept: $REGENT_TOKEN_CACHE, else $XDG_CACHE_HOME/regent/tokens (or
     ~/.cache/regent/tokens); REGENT_TOKEN_CACHE=off turns the cache off."""
-    configured = os.environ.get("REGENT_TOKEN_CACHE")
-    if configured is not None:
-        return None if configured.lower() in ("", "0", "off", "none") else Path(configured).expanduser()
+    if settings.REGENT_TOKEN_CACHE.is_set():
+        configured = settings.REGENT_TOKEN_CACHE.get()
+        return None if configured is None else Path(configured)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "regent" / "tokens"
 
 
