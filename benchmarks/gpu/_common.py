@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from regent import platform
+from regent.train.launch import stop_processes
 
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service; these must stay off everywhere,
 # including in children that are started with their own environment.
@@ -154,16 +155,7 @@ def wait_workers(procs: list[subprocess.Popen], timeout: float) -> int:
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 15
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_processes(procs, grace_s=15)
 
 
 def init_default_group(rank: int, world_size: int, rendezvous: str, backend: str | None = None):

@@ -82,7 +82,7 @@ def run_no_ft(cfg: TrainConfig, procs: int, steps: int, run_dir: str) -> int:
     try:
         return _wait_all(children)
     except KeyboardInterrupt:
-        _stop(children)
+        stop_processes(children)
         return 130
 
 
@@ -93,18 +93,19 @@ def _wait_all(children: list[subprocess.Popen]) -> int:
         if failed:
             rank, code = failed[0]
             print(f"rank {rank} exited with code {code}; stopping the other ranks", file=sys.stderr, flush=True)
-            _stop(children)
+            stop_processes(children)
             return code
         if all(code == 0 for code in codes):
             return 0
         time.sleep(0.2)
 
 
-def _stop(children: list[subprocess.Popen]) -> None:
+def stop_processes(children: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Terminate the children still running, then kill those that have not exited `grace_s` later."""
     for child in children:
         if child.poll() is None:
             child.terminate()
-    deadline = time.time() + 10
+    deadline = time.time() + grace_s
     for child in children:
         try:
             child.wait(timeout=max(0.1, deadline - time.time()))
