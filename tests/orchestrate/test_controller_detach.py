@@ -166,6 +166,18 @@ def _events(run_dir: Path) -> list[dict]:
     return list(read_jsonl(run_dir / "events.jsonl"))
 
 
+def _start_detachable(run_dir: Path, log: Path, replicas: int, steps: int) -> subprocess.Popen:
+    """A fault-free DiLoCo run of `steps` steps whose replicas outlive its controller for 5 minutes."""
+    return _start(run_dir, log, "--replicas", str(replicas), "--procs-per-replica", "1", "--model", "debug",
+                  "--steps", str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+                  "--controller-grace", "5m")
+
+
+def _wait_trained(run_dir: Path, replicas: int, steps: int = 10) -> None:
+    _wait(lambda: len(_journal_steps(run_dir)) == replicas and min(_journal_steps(run_dir).values()) >= steps, 240,
+          f"every replica to train {steps} steps")
+
+
 def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_path):
     """Issue 33's end-to-end case: SIGKILL the controller, training goes on, a trainer killed while no controller
     is there stays down, `regent train --resume` re-attaches, restarts and heals it, and the run ends at its
@@ -174,13 +186,10 @@ def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_
 
     run_dir, log = tmp_path / "run", tmp_path / "controller.log"
     steps = 150
-    ctl = _start(run_dir, log, "--replicas", "3", "--procs-per-replica", "1", "--model", "debug", "--steps",
-                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
-                 "--controller-grace", "5m")
+    ctl = _start_detachable(run_dir, log, 3, steps)
     procs: list[int] = []
     try:
-        _wait(lambda: len(_journal_steps(run_dir)) == 3 and min(_journal_steps(run_dir).values()) >= 10, 240,
-              "every replica to train 10 steps")
+        _wait_trained(run_dir, 3)
         procs = _descendants(ctl.pid)
         os.kill(ctl.pid, signal.SIGKILL)
         ctl.wait()
@@ -240,13 +249,10 @@ def test_a_stopped_controller_is_replaced_by_resume_and_the_run_loses_nothing(tm
 
     run_dir, log = tmp_path / "run", tmp_path / "controller.log"
     steps = 120
-    ctl = _start(run_dir, log, "--replicas", "2", "--procs-per-replica", "1", "--model", "debug", "--steps",
-                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
-                 "--controller-grace", "5m")
+    ctl = _start_detachable(run_dir, log, 2, steps)
     procs: list[int] = []
     try:
-        _wait(lambda: len(_journal_steps(run_dir)) == 2 and min(_journal_steps(run_dir).values()) >= 10, 240,
-              "every replica to train 10 steps")
+        _wait_trained(run_dir, 2)
         procs = _descendants(ctl.pid)
         os.kill(ctl.pid, signal.SIGSTOP)
         at_stop = _journal_steps(run_dir)
