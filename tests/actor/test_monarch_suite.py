@@ -12,7 +12,8 @@
 - Monarch's error wording: a call to a rank whose process died says "failure on mesh ... with event: The actor
   ... and all its descendants have failed"; a stopped mesh "The actor mesh X has status: stopped"; proc_bind
   and concurrent_endpoint misuse; a missing private attribute of a mesh reads as Python's own;
-- `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
+- `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned);
+- a failed call reads "Actor call <mesh>.<endpoint> failed." (Monarch's `ActorError.message`).
 """
 
 import os
@@ -247,4 +248,36 @@ def test_monarchs_wording_for_dead_ranks_stopped_meshes_and_misuse():
                     pass
     finally:
         regent.actor.unhandled_fault_hook = old_hook
+        pm.stop(timeout=0).get(timeout=TIMEOUT)
+
+
+
+class Raises(Actor):
+    @endpoint
+    async def plain(self) -> None:
+        raise ValueError("plain boom")
+
+    @regent.actor.concurrent_endpoint
+    async def overlapping(self) -> None:
+        raise KeyError("concurrent boom")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+def test_a_failed_call_is_named_by_mesh_and_endpoint_as_in_monarch():
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        raises = pm.spawn("raiser", Raises)
+        with pytest.raises(regent.actor.ActorError, match=r"^Actor call raiser\.plain failed\.\n") as info:
+            raises.slice(gpus=1).plain.call_one().get(timeout=TIMEOUT)
+        assert info.value.message == "Actor call raiser.plain failed."
+        assert isinstance(info.value.exception, ValueError) and "plain boom" in str(info.value)
+        with pytest.raises(regent.actor.ActorError, match=r"^Actor call raiser\.overlapping failed\.") as info:
+            raises.slice(gpus=0).overlapping.call_one().get(timeout=TIMEOUT)
+        assert isinstance(info.value.exception, KeyError) and "concurrent boom" in str(info.value)
+        # the actors survive their endpoints' exceptions
+        assert raises.ping.call().get(timeout=TIMEOUT).item(gpus=1) == "pong"
+    finally:
         pm.stop(timeout=0).get(timeout=TIMEOUT)
