@@ -1037,6 +1037,7 @@ def attach_actor_mesh(ref: dict, proc_mesh: ProcMesh | None = None) -> ActorMesh
         mstate.owner_key = owner_key
         mstate.mesh = mesh
         mstate.display.update(display)
+        rt.supervision.set_controller(mstate, None)  # supervised here from now on
 
     rt.run_on_loop(own)
     actor_mesh_refs[(id(rt), mesh_id)] = aref
