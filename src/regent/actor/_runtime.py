@@ -208,6 +208,7 @@ class Runtime:
         self.on_detach: list[Callable[[str], None]] = []  # called with the reason when the owner is lost
         self.on_attach: list[Callable[[], None]] = []  # called when a (new) owner is connected again
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
+        self.host_python: str | None = None  # procs: the interpreter of `with_python_executable` they were spawned by
         self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
         self.shared_sync_thread: Any = None  # regent.actor._cell.SharedSyncThread, with shared_asyncio_runtime
         self.handlers: dict[str, Callable] = {}
