@@ -2,7 +2,8 @@
 
 - an async actor whose `__init__` blocks does not freeze its process; calls to it wait for construction;
 - a pickled mesh handed to a program with another job secret raises at once, naming the fix; with the
-  same secret (REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) it works;
+  same secret (REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) it works, and a program the client starts itself
+  shares its secret without one set;
 - `initialized` of host and proc meshes resolves to True (and fails for an unreachable host);
 - `creator` of a client-spawned actor is the root instance, named "root";
 - an empty log message inside an actor stays empty;
@@ -165,6 +166,45 @@ def test_second_client_sharing_the_secret_file_uses_the_mesh(tmp_path):
     env = {"REGENT_JOB_SECRET_FILE": str(secret)}
     out = _two_clients(tmp_path, env, env)
     assert out.split("\n")[:2] == ["echo 2", "spawned 3"], out
+
+
+STARTS_A_CHILD = '''
+import multiprocessing, os, subprocess, sys
+from regent.actor import this_host
+from conf_actors import Echo
+
+def child(queue, am):
+    queue.put(am.echo.call_one(5).get(timeout=60))
+
+if __name__ == "__main__":
+    assert not any(k.startswith("REGENT_JOB_SECRET") for k in os.environ)
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    am = pm.spawn("echo", Echo)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    p = ctx.Process(target=child, args=(queue, am))
+    p.start()
+    print("child", queue.get(timeout=60))
+    p.join(60)
+    print("exit", p.exitcode)
+    # the secret itself is not in the environment programs started here inherit, only a private file's path
+    shown = subprocess.run(["env"], capture_output=True, text=True).stdout
+    from regent.actor._runtime import get_runtime
+    print("leaked", get_runtime().secret.hex() in shown)
+    pm.stop().get(timeout=60)
+'''
+
+
+def test_a_program_the_client_starts_joins_its_job_without_a_secret_set(tmp_path):
+    """A client that made up its own job secret hands it to the programs it starts (as to its procs), so a
+    `multiprocessing` child given one of its meshes uses it (Monarch's test_client_hard_exit_cleanup)."""
+    (tmp_path / "conf_actors.py").write_text(ACTORS)
+    (tmp_path / "first.py").write_text(STARTS_A_CHILD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    out = subprocess.run([sys.executable, str(tmp_path / "first.py")], env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT * 2)
+    assert out.stdout.split("\n")[:3] == ["child 5", "exit 0", "leaked False"], out.stdout + out.stderr
 
 
 # ------------------------------------------------------------------------------------ same name, same behaviour

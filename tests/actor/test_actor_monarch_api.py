@@ -2,7 +2,8 @@
 
 - `spawn_procs(bootstrap_command=...)` starts each proc with that argv (a wrapper script that then execs
   Regent's command, a per-Point function); `default_bootstrap_cmd()` is Regent's own, `.with_env` adds env;
-- `HostMesh.with_python_executable(path)` makes procs run under that interpreter; `is_fake_in_process`,
+- `HostMesh.with_python_executable(path)` makes procs run under that interpreter (and the procs they spawn
+  from their own `this_host()`); `is_fake_in_process`,
   `stream_logs`;
 - a graceful `ProcMesh.stop()` runs the procs' atexit handlers and `weakref.finalize` callbacks;
 - `ProcMesh.logging_option`: stream_to_client on/off, the procs' root logger level, aggregation windows;
@@ -47,6 +48,15 @@ class Probe(Actor):
     def info(self) -> dict:
         return {"pid": os.getpid(), "ppid": os.getppid(), "executable": sys.executable,
                 "rank": current_rank().rank, "env": {k: v for k, v in os.environ.items() if k.startswith("T_")}}
+
+    @endpoint
+    def spawned_info(self) -> dict:
+        """`info` of a proc this proc spawns from its own `this_host()`."""
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            return pm.spawn("inner", Probe).info.call_one().get(timeout=TIMEOUT)
+        finally:
+            pm.stop().get(timeout=TIMEOUT)
 
     @endpoint
     def say(self, text: str, err: bool = False) -> None:
@@ -111,6 +121,28 @@ def test_with_python_executable_runs_procs_under_that_interpreter(tmp_path):
         assert info["executable"] == str(python) and info["ppid"] == os.getpid()
     finally:
         pm.stop().get(timeout=TIMEOUT)
+
+
+def test_procs_of_a_python_executable_spawn_their_own_procs_under_it(tmp_path):
+    """As Monarch's host mesh keeps its bootstrap command, a proc's own `this_host()` spawns under the interpreter
+    the proc was given: a wrapper that stamps its pid runs again for the proc's child (not inherited env)."""
+    wrapper = tmp_path / "python_wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexport T_WRAPPER_PID=$$\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    pm = this_host().with_python_executable(str(wrapper)).spawn_procs(per_host={"gpus": 1})
+    try:
+        probe = pm.spawn("p", Probe)
+        info = probe.info.call_one().get(timeout=TIMEOUT)
+        inner = probe.spawned_info.call_one().get(timeout=TIMEOUT)
+    finally:
+        pm.stop().get(timeout=TIMEOUT)
+    assert info["env"]["T_WRAPPER_PID"] == str(info["pid"])  # the wrapper exec'd the proc
+    assert inner["env"]["T_WRAPPER_PID"] == str(inner["pid"]) and inner["ppid"] == info["pid"]
+    plain = this_host().spawn_procs(per_host={"gpus": 1}, env={"T_WRAPPER_PID": ""})
+    try:  # a proc of a plain host mesh spawns with Regent's default command
+        assert plain.spawn("p", Probe).spawned_info.call_one().get(timeout=TIMEOUT)["env"]["T_WRAPPER_PID"] == ""
+    finally:
+        plain.stop().get(timeout=TIMEOUT)
 
 
 # ------------------------------------------------------------------------------------ graceful stop

@@ -12,7 +12,10 @@
 - Monarch's error wording: a call to a rank whose process died says "failure on mesh ... with event: The actor
   ... and all its descendants have failed"; a stopped mesh "The actor mesh X has status: stopped"; proc_bind
   and concurrent_endpoint misuse; a missing private attribute of a mesh reads as Python's own;
-- `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned).
+- `Shape.at` with a negative index raises OverflowError (Monarch's index is unsigned);
+- a failed call reads "Actor call <mesh>.<endpoint> failed." (Monarch's `ActorError.message`);
+- a mesh whose owning actor's process died stops, and a reference to it held elsewhere fails its calls with
+  Monarch's "timed out reaching controller ... for mesh X. Assuming controller's proc is dead".
 """
 
 import os
@@ -248,3 +251,85 @@ def test_monarchs_wording_for_dead_ranks_stopped_meshes_and_misuse():
     finally:
         regent.actor.unhandled_fault_hook = old_hook
         pm.stop(timeout=0).get(timeout=TIMEOUT)
+
+
+
+class Raises(Actor):
+    @endpoint
+    async def plain(self) -> None:
+        raise ValueError("plain boom")
+
+    @regent.actor.concurrent_endpoint
+    async def overlapping(self) -> None:
+        raise KeyError("concurrent boom")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+def test_a_failed_call_is_named_by_mesh_and_endpoint_as_in_monarch():
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        raises = pm.spawn("raiser", Raises)
+        with pytest.raises(regent.actor.ActorError, match=r"^Actor call raiser\.plain failed\.\n") as info:
+            raises.slice(gpus=1).plain.call_one().get(timeout=TIMEOUT)
+        assert info.value.message == "Actor call raiser.plain failed."
+        assert isinstance(info.value.exception, ValueError) and "plain boom" in str(info.value)
+        with pytest.raises(regent.actor.ActorError, match=r"^Actor call raiser\.overlapping failed\.") as info:
+            raises.slice(gpus=0).overlapping.call_one().get(timeout=TIMEOUT)
+        assert isinstance(info.value.exception, KeyError) and "concurrent boom" in str(info.value)
+        # the actors survive their endpoints' exceptions
+        assert raises.ping.call().get(timeout=TIMEOUT).item(gpus=1) == "pong"
+    finally:
+        pm.stop(timeout=0).get(timeout=TIMEOUT)
+
+
+class Owned(Actor):
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+class Owner(Actor):
+    def __init__(self, procs) -> None:
+        self.owned = procs.spawn("owned", Owned)
+
+    @endpoint
+    async def get(self):
+        return self.owned
+
+    @endpoint
+    async def die(self) -> None:
+        os._exit(1)
+
+
+class Names(Actor):
+    @endpoint
+    def running(self) -> list[str]:
+        return sorted(cell.name for cell in get_runtime().actors.running())
+
+
+def test_a_mesh_whose_owner_process_died_is_stopped_and_its_references_say_the_controller_is_lost():
+    old_hook = regent.actor.unhandled_fault_hook
+    regent.actor.unhandled_fault_hook = lambda failure: None
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    pm2 = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = pm.spawn("owner", Owner, pm2)
+        owned = owner.get.call_one().get(timeout=TIMEOUT)
+        assert owned.pid.call_one().get(timeout=TIMEOUT) > 0  # a reference works while the owner lives
+        names = pm2.spawn("names", Names)
+        assert "owned" in names.running.call_one().get(timeout=TIMEOUT)
+        with pytest.raises(regent.actor.SupervisionError):
+            owner.die.call_one().get(timeout=TIMEOUT)
+        with pytest.raises(regent.actor.SupervisionError,
+                           match=r'failure on mesh "owned" with event: .*timed out reaching controller \S+ for mesh '
+                                 r"owned\. Assuming controller's proc is dead \(Exited\(1\)\)"):
+            owned.pid.call_one().get(timeout=TIMEOUT)
+        # the owned actor stops on its proc, which lives on (it belongs to this client, not to the dead owner)
+        assert _wait_for(lambda: names.running.call_one().get(timeout=TIMEOUT) == ["names"])
+    finally:
+        regent.actor.unhandled_fault_hook = old_hook
+        pm.stop(timeout=0).get(timeout=TIMEOUT)
+        pm2.stop(timeout=0).get(timeout=TIMEOUT)

@@ -13,6 +13,7 @@ import pytest
 
 import regent.actor
 from regent.actor import Actor, SupervisionError, endpoint, this_host
+from regent.actor._directory import ActorDirectory
 from regent.actor._supervision import ROOT_KEY, MeshState, Supervision
 from tests.actor.fakes import FakeLoop
 
@@ -34,6 +35,7 @@ class _Cell:
     """An owner actor: records what it is asked to supervise."""
 
     alive = True
+    owner = ("client", ROOT_KEY)  # spawned by a client (not stopped when a proc is lost)
 
     def __init__(self):
         self.seen = []
@@ -48,7 +50,7 @@ class _FakeRuntime:
     def __init__(self):
         self.loop = _Loop()
         self.stats = collections.Counter()
-        self.actors = {}
+        self.actors = ActorDirectory()
         self.ports = {}
         self.owned_proc_meshes = {}
         self.controllers = {}
@@ -74,7 +76,8 @@ def _mesh(rt, owner, procs=("p0", "p0", "p1", "p1")):
 
 def test_procs_lost_together_are_one_report_but_one_failure_per_rank():
     rt = _FakeRuntime()
-    owner = rt.actors["owner"] = _Cell()
+    owner = _Cell()
+    rt.actors.add("owner", owner)
     _mesh(rt, "owner")
     rt.supervision.procs_gone([("p0", "Killed(sig=9)"), ("p1", "Killed(sig=9)")])
     assert [f.crashed_ranks for f in owner.seen] == [[0], [1], [2], [3]]
@@ -84,7 +87,8 @@ def test_procs_lost_together_are_one_report_but_one_failure_per_rank():
 
 def test_a_rank_failure_reaches_its_owner_at_once():
     rt = _FakeRuntime()
-    owner = rt.actors["owner"] = _Cell()
+    owner = _Cell()
+    rt.actors.add("owner", owner)
     _mesh(rt, "owner")
     rt.supervision.rank_failed("m1", 2, "Supervision event: actor kids[2] failed: boom")
     assert [f.crashed_ranks for f in owner.seen] == [[2]]  # no quiet spell to wait out

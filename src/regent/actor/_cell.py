@@ -541,7 +541,8 @@ class Cell:
         if reply is None:
             self.fail(exc)
             return
-        message = f"Actor call {self.display}.{method} failed."
+        # Monarch's wording: the actor's (mesh) name, not its class and rank (the traceback names the code)
+        message = f"Actor call {self.name}.{method} failed."
         self.rt.send_reply(reply, ERROR, (exc, message, format_remote_traceback(exc)))
 
     def fail(self, exc: BaseException | None, current_reply: tuple | None = None, text: str | None = None,

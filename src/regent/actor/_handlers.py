@@ -253,6 +253,7 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
     sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
     rt.owner_proc_id = cfg["owner"]
     rt.root_info = cfg.get("root")
+    rt.host_python = cfg.get("python")  # `this_host()` here spawns under the interpreter this proc was given
     if cfg.get("detach_grace") is not None:
         rt.detach_grace = float(cfg["detach_grace"])
         if cfg.get("detach_log_dir"):

@@ -22,6 +22,7 @@ from regent.actor._messages import Deliver, ReplyMsg, StopActor, encode
 from regent.actor._pickle import dumps, loads
 from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
+from regent.actor._supervision import CONTROLLERS_KEY, ROOT_KEY
 from regent.actor._tree import send_cast
 
 logger = logging.getLogger("regent.actor")
@@ -351,13 +352,28 @@ def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, ow
                         referrer=None) -> ActorMesh:
     rt = get_runtime()
     learn_addresses(rt, infos, referrer, "ActorMesh")
+    owner = tuple(owner)
     ref = actor_mesh_refs.get((id(rt), mesh_id))
     if ref is None:
-        state = MeshState(mesh_id, name, "actor", list(rank_procs), None)
+        state = MeshState(mesh_id, name, "actor", list(rank_procs), None, _controller(rt, owner))
         state = _register_state(rt, state)
         ref = ActorMeshRef(mesh_id, name, cls, Extent(labels, sizes), list(rank_procs), owner, state)
         actor_mesh_refs[(id(rt), mesh_id)] = ref
+    elif ref.owner != owner and ref.state.owner_key is None:
+        # a reference from the mesh's new owner (it took the mesh over, `attach_actor_mesh`): supervised by it
+        ref.owner = owner
+        rt.run_on_loop(rt.supervision.set_controller, ref.state, _controller(rt, owner))
     return ActorMesh(ref, shape)
+
+
+def _controller(rt: Runtime, owner: tuple[str, str]) -> tuple[str, str] | None:
+    """The owner of a referenced mesh whose loss leaves the reference unsupervised: an actor of another
+    process. A client owner (the root, or its `get_or_spawn_controller` singletons) is not: its loss is the
+    procs' orphan timeout or detach grace (`HostMesh.spawn_procs(detach_grace=...)`), which a new controller
+    may end by adopting the meshes."""
+    if owner[0] == rt.proc_id or owner[1] in (ROOT_KEY, CONTROLLERS_KEY):
+        return None
+    return owner
 
 
 def _register_state(rt: Runtime, state: MeshState) -> MeshState:

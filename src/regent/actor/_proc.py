@@ -240,7 +240,8 @@ class HostMesh(MeshTrait):
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
                             "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
                             "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None,
-                            "detach_grace": detach_grace, "detach_log_dir": detach_log_dir},
+                            "detach_grace": detach_grace, "detach_log_dir": detach_log_dir,
+                            "python": self._python},
                 })
             specs_by_host.append((host_rank, specs))
 
@@ -1037,6 +1038,7 @@ def attach_actor_mesh(ref: dict, proc_mesh: ProcMesh | None = None) -> ActorMesh
         mstate.owner_key = owner_key
         mstate.mesh = mesh
         mstate.display.update(display)
+        rt.supervision.set_controller(mstate, None)  # supervised here from now on
 
     rt.run_on_loop(own)
     actor_mesh_refs[(id(rt), mesh_id)] = aref
@@ -1081,8 +1083,12 @@ def this_proc() -> ProcMesh:
 
 
 def this_host() -> HostMesh:
-    """The host of the current proc, as a 0-dimensional HostMesh (spawns children of this process)."""
-    return local_host_mesh()
+    """The host of the current proc, as a 0-dimensional HostMesh (spawns children of this process). In a proc
+    spawned from `with_python_executable(python)`, it spawns under that interpreter too, as the host mesh the
+    proc came from does (Monarch keeps the bootstrap command on the host mesh a proc gets as `this_host()`)."""
+    host = local_host_mesh()
+    python = get_runtime().host_python
+    return host if python is None else host.with_python_executable(python)
 
 
 def attach_to_workers(workers: list[str | Future] | None = None, name: str | None = None,

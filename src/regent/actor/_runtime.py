@@ -147,11 +147,50 @@ def get_runtime() -> Runtime:
         return rt
     with _runtime_lock:
         if _runtime is None:
-            rt = Runtime(proc_id=new_id("client"), is_controller=True, tcp_host=_transport.get("host"),
-                         advertise_host=_transport.get("advertise"), tcp_port=_transport.get("port", 0))
+            from_env = job_secret_from_env()
+            rt = Runtime(proc_id=new_id("client"), is_controller=True, secret=from_env or inherited_secret(),
+                         tcp_host=_transport.get("host"), advertise_host=_transport.get("advertise"),
+                         tcp_port=_transport.get("port", 0))
+            if from_env is None:
+                share_secret_with_children(rt)
             rt.start_in_thread()
             _runtime = rt
         return _runtime
+
+
+# A client without REGENT_JOB_SECRET(_FILE) makes up its job secret; the programs it starts (a `multiprocessing`
+# child given one of its meshes, as in Monarch's test_client_hard_exit_cleanup) find it through this variable: the
+# path of a file only this user can read, in the client's private socket directory (gone when the client is).
+INHERITED_SECRET_ENV = "REGENT_JOB_SECRET_INHERITED_FILE"
+
+
+def share_secret_with_children(rt: Runtime) -> None:
+    """Let the programs this client starts join its job, as its procs do (they get the secret itself): they
+    inherit the path of a 0600 file holding it, not the secret. Only a `regent.actor` client reads it
+    (`inherited_secret`): a `regent worker` still needs an explicit secret, and the ft layers' RPC and transfer
+    authentication still follow REGENT_JOB_SECRET(_FILE) alone."""
+    path = os.path.join(rt.sock_dir, "job-secret")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(rt.secret.hex())
+    except OSError as exc:  # a program this client starts then has to be given the secret explicitly
+        logger.debug("could not leave the job secret for child programs: %s", exc)
+        return
+    os.environ[INHERITED_SECRET_ENV] = path
+
+
+def inherited_secret() -> bytes | None:
+    """The job secret of the client that started this program (`share_secret_with_children`) while that client
+    runs; None when there is none (or its file is gone: the client ended, or this program runs elsewhere)."""
+    path = os.environ.get(INHERITED_SECRET_ENV)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return bytes.fromhex(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def set_runtime(rt: Runtime) -> None:
@@ -209,6 +248,7 @@ class Runtime:
         self.on_detach: list[Callable[[str], None]] = []  # called with the reason when the owner is lost
         self.on_attach: list[Callable[[], None]] = []  # called when a (new) owner is connected again
         self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
+        self.host_python: str | None = None  # procs: the interpreter of `with_python_executable` they were spawned by
         self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
         self.shared_sync_thread: Any = None  # regent.actor._cell.SharedSyncThread, with shared_asyncio_runtime
         self.handlers: dict[str, Callable] = {}

@@ -29,15 +29,17 @@ _fault_exit_lock = threading.Lock()
 
 ROOT_KEY = "<root>"
 CONTROLLERS_KEY = "<controllers>"
+GRACEFUL_TEXT = "actor mesh is stopped due to proc mesh shutdown"  # why the ranks of a stopped proc are gone
 
 
 class MeshState:
     """What this process knows about one actor or proc mesh: failed ranks, stop status, ownership."""
 
     __slots__ = ("mesh_id", "name", "kind", "failed", "stopped", "owner_key", "rank_procs", "dispatched",
-                 "display", "mesh")
+                 "display", "mesh", "controller", "controller_lost")
 
-    def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None) -> None:
+    def __init__(self, mesh_id: str, name: str, kind: str, rank_procs: list[str], owner_key: str | None,
+                 controller: tuple[str, str] | None = None) -> None:
         self.mesh_id = mesh_id
         self.name = name
         self.kind = kind
@@ -48,17 +50,33 @@ class MeshState:
         self.dispatched: set[int] = set()
         self.display: dict[int, str] = {}
         self.mesh: Any = None  # the mesh object, in the owner's process
+        # a reference to a mesh owned by an actor of another process: that owner `(proc_id, actor key)`, whose
+        # process's loss leaves the mesh without its controller (`controller_lost` then says so)
+        self.controller = controller
+        self.controller_lost: str | None = None
 
     def problem(self, ranks: list[int]) -> str | None:
         """Why a message to these ranks cannot succeed, or None."""
         if self.stopped is not None:
             return self.stopped
+        if self.controller_lost is not None:
+            return self.controller_lost
         if self.failed:
             bad = [r for r in ranks if r in self.failed]
             if bad:
                 event = death_text(self.display.get(bad[0], f"{self.name}[{bad[0]}]"), self.failed[bad[0]])
                 return f'failure on mesh "{self.name}" at {ranks_text(bad)} with event: {event}'
         return None
+
+
+def controller_lost_text(name: str, controller: tuple[str, str], reason: str) -> str:
+    """Monarch's wording for a reference whose mesh lost its owner (its "controller"), which programs match on:
+    "timed out reaching controller <owner> for mesh <name>. Assuming controller's proc is dead". Monarch says
+    so after `supervision_watchdog_timeout` of silence; Regent as soon as the owner's process is known gone,
+    and adds why."""
+    owner = f"{controller[1]}@{controller[0]}"
+    return (f'failure on mesh "{name}" with event: Supervision event: actor {owner} failed: timed out reaching '
+            f"controller {owner} for mesh {name}. Assuming controller's proc is dead ({reason})")
 
 
 def death_text(who: str, reason: str) -> str:
@@ -173,12 +191,40 @@ class Supervision:
         if existing is not None:
             return existing
         self.mesh_states[state.mesh_id] = state
+        self._check_controller(state)
         if state.kind == "actor":
             for rank, proc_id in enumerate(state.rank_procs):
                 self.ranks_on_proc[proc_id].add((state.mesh_id, rank))
                 if proc_id in self.dead and rank not in state.failed:
                     state.failed[rank] = f"the process this actor was running on failed: {self.dead[proc_id]}"
         return state
+
+    def _check_controller(self, state: MeshState) -> None:
+        """A reference whose owner's process failed (not a graceful stop, after which the owner has stopped
+        its meshes itself) can no longer be supervised: its calls fail with Monarch's "timed out reaching
+        controller" (`controller_lost_text`)."""
+        if state.controller is None or state.owner_key is not None or state.controller_lost is not None:
+            return
+        proc_id = state.controller[0]
+        reason = self.dead.get(proc_id)
+        if reason is not None and reason != GRACEFUL_TEXT:
+            state.controller_lost = controller_lost_text(state.name, state.controller, reason)
+
+    def set_controller(self, state: MeshState, controller: tuple[str, str] | None) -> None:
+        """Loop thread: the mesh of `state` now has this owner (a reference from a new owner, or this process
+        took it over): whether its previous one was lost no longer matters."""
+        state.controller = controller
+        state.controller_lost = None
+        self._check_controller(state)
+
+    def _stop_orphaned_actors(self, proc_id: str, reason: str) -> None:
+        """Actors here that an actor of the failed process `proc_id` owned stop: a mesh does not outlive its
+        owner, and nobody is left to stop them. Actors of a client (its root, its `get_or_spawn_controller`
+        singletons) are not stopped here: a lost client is the orphan timeout or the detach grace."""
+        for cell in list(self.rt.actors.running()):
+            owner_proc, owner_key = cell.owner
+            if owner_proc == proc_id and owner_key not in (ROOT_KEY, CONTROLLERS_KEY):
+                cell.post(("stop", None, f"its owner {owner_key}@{owner_proc} failed: {reason}"))
 
     def exit_future(self, proc_id: str) -> asyncio.Future:
         """Resolves when `proc_id` is known to be gone."""
@@ -195,12 +241,17 @@ class Supervision:
         if proc_id in self.dead:
             return
         graceful = reason is None or proc_id in self.graceful
-        text = "actor mesh is stopped due to proc mesh shutdown" if graceful else reason
+        text = GRACEFUL_TEXT if graceful else reason
         self.dead[proc_id] = text
         fut = self.exit_futures.get(proc_id)
         if fut is not None and not fut.done():
             fut.set_result(text)
         self.rt.forget_proc(proc_id)
+        if not graceful:  # before any waiting call fails: what its caller does next must see the loss
+            for state in self.mesh_states.values():
+                if state.controller is not None and state.controller[0] == proc_id:
+                    self._check_controller(state)
+            self._stop_orphaned_actors(proc_id, reason)
         self._fail_pending_for_proc(proc_id)
         owned_actor_mesh_on_proc = False
         for mesh_id, rank in sorted(self.ranks_on_proc.get(proc_id, ())):
