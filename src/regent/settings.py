@@ -321,6 +321,10 @@ GPU_PLATFORM = _declare(
 
 # ---- internal: set by Regent for the processes it starts --------------------------------------------------
 
+REGENT_JOB_SECRET_INHERITED_FILE = _declare(
+    "REGENT_JOB_SECRET_INHERITED_FILE", "path", None,
+    "A 0600 file holding the made-up job secret of the client that started this program (a `regent.actor` "
+    "client only reads it).", internal=True)
 REGENT_BOOT = _declare(
     "REGENT_BOOT", "str", None,
     "A spawned proc's boot record (JSON: id, parent address, sys.path, modules to preload).", internal=True)

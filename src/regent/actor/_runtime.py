@@ -161,7 +161,7 @@ def get_runtime() -> Runtime:
 # A client without REGENT_JOB_SECRET(_FILE) makes up its job secret; the programs it starts (a `multiprocessing`
 # child given one of its meshes, as in Monarch's test_client_hard_exit_cleanup) find it through this variable: the
 # path of a file only this user can read, in the client's private socket directory (gone when the client is).
-INHERITED_SECRET_ENV = "REGENT_JOB_SECRET_INHERITED_FILE"
+INHERITED_SECRET_ENV = settings.REGENT_JOB_SECRET_INHERITED_FILE.name
 
 
 def share_secret_with_children(rt: Runtime) -> None:
@@ -183,13 +183,13 @@ def share_secret_with_children(rt: Runtime) -> None:
 def inherited_secret() -> bytes | None:
     """The job secret of the client that started this program (`share_secret_with_children`) while that client
     runs; None when there is none (or its file is gone: the client ended, or this program runs elsewhere)."""
-    path = os.environ.get(INHERITED_SECRET_ENV)
+    path = settings.REGENT_JOB_SECRET_INHERITED_FILE.get()
     if not path:
         return None
     try:
         with open(path) as f:
             return bytes.fromhex(f.read().strip())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # the client ended (its socket directory is gone) or it is not ours: no secret
         return None
 
 
