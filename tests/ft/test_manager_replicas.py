@@ -88,9 +88,11 @@ def test_crash_and_rejoin_heals_from_donor(lighthouse_patient, tmp_path):
     assert len(common) >= 3, (ha, hb)
     assert all(ha[s] == hb[s] for s in common), (ha, hb)
     assert max(ha) == max(hb) and ha[max(ha)] == hb[max(hb)]
-    # a saw the crash as a failed (or lonely) step and reconfigured into a new quorum.
+    # a saw the crash as a failed (or lonely) step and reconfigured into a new quorum: one without b (then one with
+    # b2), or straight one with b2 when b2's heartbeat came back before a's next quorum formed (seen on an idle
+    # box: quorums [1, 2])
     quorum_ids = [r["quorum_id"] for r in records(a_out) if r["kind"] == "quorum"]
-    assert len(quorum_ids) >= 3 and quorum_ids == sorted(quorum_ids)
+    assert len(set(quorum_ids)) >= 2 and quorum_ids == sorted(quorum_ids), quorum_ids
 
 
 def _wait_for_step(path, step: int, timeout: float = 60) -> None:
