@@ -446,7 +446,7 @@ class DiLoCo:
             self._manager.publish_committed()
         return committed
 
-    def rounds_left_estimate(self, now: float | None = None) -> int | None:
+    def round_position_estimate(self, now: float | None = None) -> int | None:
         """After an early heal: how many inner steps the holders have taken since their last commit, estimated
         from the holder's round clock (None when there is none: no early heal, or no step timed yet)."""
         info, self._round_info = self._round_info, None
@@ -465,13 +465,13 @@ class DiLoCo:
         the holders took, `on_contributor_step`), syncs with everyone at the round's end, and its
         pseudo-gradient counts by the share of the round it covered (`prepare_sync(weight=)`). Sitting the
         round out cost a third of a 3-replica run's compute per fault; joining costs a few steps of waiting
-        when the estimate of how far the round has gone is off (`rounds_left_estimate`).
+        when the estimate of how far the round has gone is off (`round_position_estimate`).
 
         Otherwise (no holder: the run's start, or a backstop restore; or the round is nearly over) the quorum
         heals it from a donor at the others' next sync point and it joins that allreduce with nothing of its own
         (a sit-out), so from there its local steps run in phase with theirs. At the very start of training this
         is the initial weight sync (a no-op outer step). Returns whether a sync committed now."""
-        taken = self.rounds_left_estimate()
+        taken = self.round_position_estimate()
         self.joined_mid_round = None
         if taken is not None and taken + 2 <= self._period - self._delay:
             # at least two steps of its own before the allreduce starts, or sitting out costs less

@@ -218,20 +218,14 @@ class OrchestrationManager:
             for rid, g in self._replica_ids.get(r, {}).items():
                 if gen is not None and g == gen:
                     self._distrusted[rid] = what
+        if self._replicas is not None:
+            for r in v.diverged:
+                self._spawn(self._stop_diverged(r, v.generations.get(r), why))
         # copies made since the previous vote, which did not vote themselves, carry what the vote found wrong too
-        copies = []
         since = self.votes.previous(v.manager_step)
         for healer, gen, rid, donor, step in self._heal_log:
             if step > since and donor in self._distrusted and rid not in self._distrusted and healer not in v.voters:
-                self._distrusted[rid] = f"a copy of {what}"
-                copies.append((healer, gen))
-        if self._replicas is None:
-            return
-        for r in v.diverged:
-            self._spawn(self._stop_diverged(r, v.generations.get(r), why))
-        for r, gen in copies:
-            print(f"[regent] replica {r} healed from a state the vote stopped; stopping it too", flush=True)
-            self._spawn(self._stop_diverged(r, gen, f"it copied {what}"))
+                self._stop_copy(healer, gen, rid, donor)
 
     def _distrust_copies(self, e: dict[str, Any]) -> None:
         """A heal from a replica incarnation that a vote stopped (or is stopping) copied a state nobody can
@@ -244,16 +238,19 @@ class OrchestrationManager:
         self._heal_log.append((int(e["replica"]), e.get("generation"), healer, donor, int(e.get("manager_step") or -1)))
         if len(self._heal_log) > 4096:
             del self._heal_log[:2048]
-        why = self._distrusted.get(donor)
-        if why is None:
+        if donor in self._distrusted:
+            self._stop_copy(int(e["replica"]), e.get("generation"), healer, donor)
+        else:
             self._distrusted.pop(healer, None)
-            return
-        r, gen = e.get("replica"), e.get("generation")
-        self._distrusted[healer] = f"a copy of {why}"
+
+    def _stop_copy(self, replica: int, generation: int | None, rid: str, donor: str) -> None:
+        """Replica incarnation `rid` healed from distrusted `donor`: distrust it in turn and stop it."""
+        why = self._distrusted[donor]
+        self._distrusted[rid] = f"a copy of {why}"
         reason = f"it healed from {donor.partition(':')[0]}, whose state a state vote stopped: {why}"
-        print(f"[regent] replica {r} copied a state a vote stopped; stopping it too ({reason})", flush=True)
-        if self._replicas is not None and r is not None:
-            self._spawn(self._stop_diverged(int(r), gen, reason))
+        print(f"[regent] replica {replica} copied a state a vote stopped; stopping it too ({reason})", flush=True)
+        if self._replicas is not None:
+            self._spawn(self._stop_diverged(replica, generation, reason))
 
     def _vouch_backstop(self, v: Any) -> None:
         """Tell the backstop which state a vote's majority held (`<run>/backstop/verdicts.json`): a restore takes
