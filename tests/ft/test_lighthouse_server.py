@@ -20,6 +20,7 @@ import pytest
 from regent.cli import build_parser
 from regent.ft.lighthouse import LighthouseServer, parse_bind
 from regent.ft.lighthouse_client import LighthouseClient, normalize_address
+from regent.ports import free_port_pair
 
 REPO = Path(__file__).resolve().parents[2]
 HOUR_MS = 60 * 60 * 1000
@@ -53,19 +54,6 @@ def post(url: str) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def free_port_pair() -> int:
-    """A port P with P and P+1 free (gRPC + dashboard)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair")
 
 
 def test_single_replica_quorum_and_status(lighthouse):
