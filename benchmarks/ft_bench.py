@@ -474,7 +474,7 @@ def _gpu_transfer_rank(rank: int, port: int, sizes_gb: list[float], timeout: flo
                 print(f"rank {rank}: {out[-1]}", flush=True)
         del state, flat
         torch.cuda.empty_cache()
-    # The hung-peer check on NCCL lives in tests/ft/nccl_hang_check.py (run through the device tool).
+    # The hung-peer check on NCCL lives in tests/support/nccl_hang_check.py (run through the device tool).
     hang: dict = {}
     results.put((rank, out, hang))
     group.shutdown()

@@ -17,7 +17,7 @@ from regent import settings
 from regent.settings import Setting, SettingError
 
 SRC = Path(regent.__file__).resolve().parent
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # REGENT_-prefixed strings in src/regent that are not environment variables
 NOT_VARIABLES = {"REGENT_WORKER_READY"}  # the line a worker prints once it listens (regent.jobs.base)
 

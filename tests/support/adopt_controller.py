@@ -1,4 +1,4 @@
-"""Controller A of tests/actor/test_adopt.py: spawns procs running counters, writes their references to a JSON
+"""Controller A of tests/e2e/actor/test_adopt.py: spawns procs running counters, writes their references to a JSON
 file, then waits to be stopped or killed. Started as `python -c "import adopt_controller; ..."` (not as a
 script), so that the actor class is `adopt_controller:Counter` and the adopting controller can import it."""
 

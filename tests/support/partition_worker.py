@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from ft_worker import state_hash  # the sibling worker's hash (this file runs as a script from tests/ft)
+from ft_worker import state_hash  # the sibling worker's hash (this file runs as a script from tests/support)
 
 from regent.ft import Manager, ProcessGroupGloo
 

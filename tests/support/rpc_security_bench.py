@@ -1,5 +1,5 @@
 """What the control plane's secret, TLS and the transfer's checksums cost, and what hostile input does to each
-port (run by hand: `python -m tests.ft.rpc_security_bench`; the numbers are in benchmarks/RESULTS.md).
+port (run by hand: `python -m tests.support.rpc_security_bench`; the numbers are in benchmarks/RESULTS.md).
 
 Per call: sequential heartbeats from one `LighthouseClient` to a Lighthouse (lite and grpcio) without a secret,
 with one, and with the secret over mutual TLS. Transfer: a 60 MB state over `StreamTransport` with the per-tensor

@@ -87,7 +87,7 @@ class SkyApiStub:
     # --- the fake `sky` module -----------------------------------------------------------------------
     def _build_module(self) -> types.ModuleType:
         sky = types.ModuleType("sky")
-        sky.__doc__ = "SkyApiStub: a stub of SkyPilot's Python API for tests (tests/jobs/sky_api_stub.py)"
+        sky.__doc__ = "SkyApiStub: a stub of SkyPilot's Python API for tests (tests/support/sky_api_stub.py)"
         sky.ClusterStatus = ClusterStatus
         sky.Task = StubTask
         sky.exceptions = types.SimpleNamespace(ResourcesUnavailableError=ResourcesUnavailableError,

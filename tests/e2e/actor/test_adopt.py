@@ -27,9 +27,9 @@ from regent.actor import (
 )
 from regent.actor._runtime import get_runtime
 from regent.auth import fingerprint
-from tests.actor.test_actor_lifecycle import pid_alive, wait_for
+from tests.e2e.actor.test_actor_lifecycle import pid_alive, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "support")
 TIMEOUT = 30
 
 

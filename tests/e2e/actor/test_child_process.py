@@ -16,7 +16,7 @@ import pytest
 from regent.actor._child_process import start_child
 from regent.eventloop import new_event_loop
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
 def test_spawning_procs_runs_no_after_fork_hook_in_the_child(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.actor.test_actor_lifecycle import pid_alive, wait_for
+from tests.e2e.actor.test_actor_lifecycle import pid_alive, wait_for
 
 CONTROLLER = textwrap.dedent("""
     import json, os, sys, threading, time

@@ -15,7 +15,7 @@ import regent.actor
 from regent.actor import Actor, SupervisionError, endpoint, this_host
 from regent.actor._directory import ActorDirectory
 from regent.actor._supervision import ROOT_KEY, MeshState, Supervision
-from tests.actor.fakes import FakeLoop
+from tests.support.fakes import FakeLoop
 
 TIMEOUT = 60
 

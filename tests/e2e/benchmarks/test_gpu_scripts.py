@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))  # the scripts import their `_common` as a sibling
 spec = importlib.util.spec_from_file_location("profile_step_under_test", REPO / "benchmarks/gpu/profile_step.py")
 profile_step = importlib.util.module_from_spec(spec)

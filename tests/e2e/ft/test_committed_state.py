@@ -27,8 +27,8 @@ from regent.ft.quorum import (
     restart_grace,
 )
 from regent.ft.types import QuorumMember
-from tests.ft.ft_harness import logs, records, wait_all
-from tests.ft.test_diloco_recovery import _committed_hashes, _spawn, _syncs, _wait_for_sync
+from tests.e2e.ft.test_diloco_recovery import _committed_hashes, _spawn, _syncs, _wait_for_sync
+from tests.support.ft_harness import logs, records, wait_all
 
 # ---- pure rules ------------------------------------------------------------------------------------------
 

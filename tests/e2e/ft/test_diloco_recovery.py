@@ -15,9 +15,9 @@ import torch
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.local_sgd import DiLoCo, LocalSGD
 from regent.ft.manager import Manager
-from tests.ft.ft_harness import logs, records, wait_all
+from tests.support.ft_harness import logs, records, wait_all
 
-WORKER = Path(__file__).with_name("diloco_worker.py")
+WORKER = Path(__file__).resolve().parents[2] / "support" / "diloco_worker.py"
 
 
 def _spawn(lighthouse: str, name: str, out: Path, *extra: str) -> subprocess.Popen:

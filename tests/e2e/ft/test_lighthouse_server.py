@@ -22,7 +22,7 @@ from regent.ft.lighthouse import LighthouseServer, parse_bind
 from regent.ft.lighthouse_client import LighthouseClient, normalize_address
 from regent.ports import free_port_pair
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HOUR_MS = 60 * 60 * 1000
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
-from tests.ft.ft_harness import free_port, hashes, logs, records, spawn, wait_all
+from tests.support.ft_harness import free_port, hashes, logs, records, spawn, wait_all
 
 
 def _lighthouse(min_replicas: int) -> LighthouseServer:

@@ -1,4 +1,4 @@
-"""Network partitions, for real: replicas in network namespaces on a bridge whose links are cut (`tests/netns.py`).
+"""Network partitions, for real: replicas in network namespaces on a bridge whose links are cut (`tests/support/netns.py`).
 
 Each scenario is a real run: a Lighthouse process in the hub namespace and three replica processes
 (`partition_worker.py`, `regent.ft.Manager` over Gloo), each in its own namespace with its own address. A cut
@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from tests.netns import Host, NetLab, lab_or_skip
+from tests.support.netns import Host, NetLab, lab_or_skip
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "support"  # the workers' folder
 WORKER = HERE / "partition_worker.py"
 CONTROLLER = HERE / "partition_controller.py"
 LIGHTHOUSE_PORT = 29510  # inside the hub namespace: nothing else can hold it

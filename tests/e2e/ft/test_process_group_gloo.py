@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from regent.ft.process_group import ReplicatedGroup, _Watchdog, parse_store_address
-from tests.ft.ft_harness import gloo_groups
+from tests.support.ft_harness import gloo_groups
 
-PEER = Path(__file__).with_name("pg_peer.py")
+PEER = Path(__file__).resolve().parents[2] / "support" / "pg_peer.py"
 
 
 def test_parse_store_address():

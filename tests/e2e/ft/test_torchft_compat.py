@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from regent.ft.lighthouse import LighthouseServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "ft_custom_loop.py"
-STYLE_WORKER = Path(__file__).with_name("torchft_style_worker.py")
+STYLE_WORKER = Path(__file__).resolve().parents[2] / "support" / "torchft_style_worker.py"
 
 
 def test_torchft_module_layout_and_names_import():

@@ -26,7 +26,7 @@ from regent.ft import transfer, wire
 from regent.ft.transfer import _TENSOR, GroupTransport, StreamTransport, flatten_state
 from regent.ft.wire import UnsupportedStateError, WireFormatError
 from regent.sockio import recv_exact
-from tests.ft.ft_harness import gloo_groups
+from tests.support.ft_harness import gloo_groups
 
 SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
@@ -370,7 +370,7 @@ _DONOR = textwrap.dedent("""
     import sys, time, torch
     from regent.ft.transfer import StreamTransport
     sys.path.insert(0, ".")
-    from tests.ft.test_transfer_security import _state
+    from tests.e2e.ft.test_transfer_security import _state
     donor = StreamTransport(timeout=10)  # secret from REGENT_JOB_SECRET
     donor.send_checkpoint([1], 7, _state(1), 10)
     print(donor.metadata(), flush=True)
@@ -535,8 +535,8 @@ def test_group_transfer_round_trips_every_type():
 
 # ---- early heal between real replicas, authenticated --------------------------------------------------------
 
-from tests.ft.test_committed_state import lighthouse  # noqa: E402, F401 - the fixture
-from tests.ft.test_committed_state import (  # noqa: E402
+from tests.e2e.ft.test_committed_state import lighthouse  # noqa: E402, F401 - the fixture
+from tests.e2e.ft.test_committed_state import (  # noqa: E402
     test_restarted_replica_heals_early_from_a_live_holder as _early_heal_scenario,
 )
 

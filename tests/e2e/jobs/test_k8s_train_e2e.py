@@ -1,5 +1,5 @@
 """`regent train --job k8s` end to end against RecordedKubeApiStub (a recorded-response stub of the Kubernetes
-REST API; tests/jobs/kube_api_stub.py), whose "kubelet" runs each worker pod as local processes.
+REST API; tests/support/kube_api_stub.py), whose "kubelet" runs each worker pod as local processes.
 
 No Kubernetes cluster runs here. What is real: the `regent train` command, the official `kubernetes` client
 talking HTTP, KubernetesJob's create/poll/problem/delete logic, the pod's `regent worker` command line with the
@@ -27,8 +27,8 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from regent.jobs.base import pick_free_port
-from tests.jobs.kube_api_stub import RecordedKubeApiStub
-from tests.run_watch import committed_after, read_events, wait_for_events
+from tests.support.kube_api_stub import RecordedKubeApiStub
+from tests.support.run_watch import committed_after, read_events, wait_for_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(540)]  # make test-long
 

@@ -1,5 +1,5 @@
 """KubernetesJob's client path, driven through the official `kubernetes` client against
-`RecordedKubeApiStub` (tests/jobs/kube_api_stub.py), a recorded-response stub of the Kubernetes REST API:
+`RecordedKubeApiStub` (tests/support/kube_api_stub.py), a recorded-response stub of the Kubernetes REST API:
 create/read/delete of Secrets, Services and Jobs, listing Pods by label, the Job controller's pods, and in
 "run" mode a tiny kubelet that runs each pod's container command as a local process.
 
@@ -21,7 +21,7 @@ pytest.importorskip("kubernetes")
 
 from regent.jobs.base import JobError, JobFailedError, JobTimeoutError, pick_free_port
 from regent.jobs.kubernetes import JOB_LABEL, KubernetesJob
-from tests.jobs.kube_api_stub import RecordedKubeApiStub
+from tests.support.kube_api_stub import RecordedKubeApiStub
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`regent train --job workers` across three "hosts": network namespaces with their own IPs (tests/netns.py).
+"""`regent train --job workers` across three "hosts": network namespaces with their own IPs (tests/support/netns.py).
 
 Each host is a namespace on the lab's bridge with its own address and host name, running `regent worker`
 (started with `ip netns exec`) that reads the job secret from a 0600 file. The controller runs in the root
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import Host, lab_or_skip
-from tests.run_watch import committed_after, read_events, wait_for_events
+from tests.support.netns import Host, lab_or_skip
+from tests.support.run_watch import committed_after, read_events, wait_for_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(480)]  # make test-long
 

@@ -1,5 +1,5 @@
 """SkyPilotJob's pure parts (the task), its run step on a "node", and the launch flow through SkyPilot's Python
-API against SkyApiStub (tests/jobs/sky_api_stub.py), a stub of the `sky` module named as such.
+API against SkyApiStub (tests/support/sky_api_stub.py), a stub of the `sky` module named as such.
 
 SkyPilot and cloud credentials are not available here: the real API server and a cloud are not exercised."""
 
@@ -128,7 +128,7 @@ def test_run_step_serves_a_worker_as_it_would_on_a_node(tmp_path: Path) -> None:
 
 @pytest.fixture
 def sky_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
-    from tests.jobs.sky_api_stub import SkyApiStub
+    from tests.support.sky_api_stub import SkyApiStub
 
     api, records = getattr(request, "param", ("requests", "dict"))
     stub = SkyApiStub(tmp_path / "cloud", api=api, records=records)

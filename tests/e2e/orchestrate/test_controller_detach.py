@@ -71,7 +71,7 @@ def _wait(pred, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.long  # its parts: tests/actor/test_detach.py (grace, stop after it) and the resume case below
+@pytest.mark.long  # its parts: tests/e2e/actor/test_detach.py (grace, stop after it) and the resume case below
 def test_replicas_train_on_without_the_controller_and_stop_after_the_grace(tmp_path):
     run_dir = tmp_path / "run"
     grace = 45
@@ -129,7 +129,7 @@ def test_replicas_train_on_without_the_controller_and_stop_after_the_grace(tmp_p
         print((tmp_path / "controller.log").read_text()[-3000:])
 
 
-@pytest.mark.long  # the rule itself: tests/actor/test_actor_lifecycle.py (procs without a grace end with their parent)
+@pytest.mark.long  # the rule itself: tests/e2e/actor/test_actor_lifecycle.py (procs without a grace end with their parent)
 def test_controller_grace_zero_keeps_the_old_rule(tmp_path):
     """`--controller-grace 0`: the replicas stop with the controller at once (nothing trains unsupervised)."""
     run_dir = tmp_path / "run"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from regent.jobs.slurm import unavailable_reason
-from tests.run_watch import committed_after, read_events, wait_for_events
+from tests.support.run_watch import committed_after, read_events, wait_for_events
 
 _REASON = unavailable_reason()
 pytestmark = [pytest.mark.skipif(_REASON is not None, reason=f"real SLURM e2e: {_REASON}"), pytest.mark.slow,

@@ -19,7 +19,7 @@ from regent.orchestrate.commands import TITAN_TRAINER, parse_train_argv
 from regent.orchestrate.config import ConfigError
 from regent.orchestrate.titan_engine import TitanUnavailable, check_available
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _titan_missing() -> str | None:

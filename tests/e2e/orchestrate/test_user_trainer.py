@@ -16,7 +16,7 @@ from regent.orchestrate.commands import parse_train_argv
 from regent.orchestrate.config import ConfigError
 from regent.orchestrate.user_trainer import ExternalTrainer, TrainerContext, load_factory
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _ctx(**options) -> TrainerContext:

@@ -15,7 +15,7 @@ from regent.train.config import TrainConfig
 from regent.train.launch import run_no_ft, validate_launch
 from regent.train.metrics import read_metrics
 
-WORKER = Path(__file__).with_name("fsdp_worker.py")
+WORKER = Path(__file__).resolve().parents[2] / "support" / "fsdp_worker.py"
 
 
 def _free_port() -> int:

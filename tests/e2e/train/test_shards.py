@@ -28,7 +28,7 @@ from regent.train.data import (
 )
 from regent.train.shards import ShardError, ShardSet, prepare_shards
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
 def write_corpus(root: Path, docs: int = 12, seed: int = 0) -> str:

@@ -18,7 +18,7 @@ from regent.train.config import TrainConfig
 from regent.train.spec import get_spec
 from regent.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = "examples.tiny_lm_spec:SPEC"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from regent.actor._directory import ActorDirectory
 from regent.actor._handlers import ProcHandlers
 from regent.actor._runtime import DEAD
-from tests.actor.fakes import FakeLoop
+from tests.support.fakes import FakeLoop
 
 
 class _Cell:

@@ -8,7 +8,7 @@ from regent.actor._messages import ReplyBatch, ReplyMsg, decode
 from regent.actor._pickle import loads
 from regent.actor._runtime import DEAD, OK
 from regent.actor._tree import GAP_TIMEOUT_S, Batch, TreeState
-from tests.actor.fakes import FakeLoop
+from tests.support.fakes import FakeLoop
 
 
 class _FakeRuntime:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from regent.ft.grad_sync import OverlappedAllreduce, plan_buckets
 from regent.ft.process_group import ReplicatedGroup
-from tests.ft.ft_harness import gloo_groups
+from tests.support.ft_harness import gloo_groups
 
 CPU = torch.device("cpu")
 

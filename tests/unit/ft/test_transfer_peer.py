@@ -20,7 +20,7 @@ from regent.ft.transfer import (
     flatten_state,
     unflatten_state,
 )
-from tests.ft.ft_harness import gloo_groups
+from tests.support.ft_harness import gloo_groups
 
 
 def _state(seed: int) -> dict:

@@ -9,7 +9,7 @@ import re
 
 from regent.orchestrate.invariants import check_run
 from regent.orchestrate.report import _dict_text, _mark_state_votes, key_figures, write_report
-from tests.orchestrate.test_run_checker import Run, clean, ev
+from tests.unit.orchestrate.test_run_checker import Run, clean, ev
 
 LONG_FLOAT = re.compile(r"\d\.\d{5,}")  # a figure dumped unrounded, e.g. 8.312522888183594
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.long
 
 def test_prepare_and_load_300_mib_in_bounded_memory(tmp_path):
     spec = importlib.util.spec_from_file_location(
-        "data_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "data_bench.py")
+        "data_bench", Path(__file__).resolve().parents[3] / "benchmarks" / "data_bench.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
