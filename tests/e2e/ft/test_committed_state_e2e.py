@@ -11,7 +11,7 @@ import pytest
 
 from regent.ft.backstop import complete_steps
 from regent.ft.lighthouse import LighthouseServer
-from tests.e2e.ft.test_diloco_recovery import _committed_hashes, _spawn, _syncs, _wait_for_sync
+from tests.e2e.ft.test_diloco_recovery_e2e import _committed_hashes, _spawn, _syncs, _wait_for_sync
 from tests.support.ft_harness import logs, records, wait_all
 
 
