@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from regent.ft.lighthouse import LighthouseServer
+from regent.ft.local_sgd import ARRIVE_EARLY_STEPS
 from tests.support.ft_harness import logs, records, wait_all
 from tests.unit.ft.test_diloco_recovery import lighthouse  # noqa: F401 - the fixture
 
@@ -108,7 +109,7 @@ def test_a_healed_replica_joins_the_round_in_progress(lighthouse, tmp_path):  # 
     assert recovered["how"] == "early"
     (joined,) = [r for r in records(b_out) if r["kind"] == "joined"]
     pos = joined["mid_round"]["round_position"]
-    assert 1 <= pos <= 28 and joined["local_step"] == pos, joined
+    assert 1 + ARRIVE_EARLY_STEPS <= pos <= 28 and joined["local_step"] == pos, joined
     first = _syncs(b_out)[0]
     assert first["committed"] and first["participants"] == 2, first
     assert first["weight"] == (30 - pos) / 30  # the inner steps it took, of a round of 30

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.local_sgd import DiLoCo, LocalSGD
+from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD
 from regent.ft.manager import Manager
 
 
@@ -52,31 +52,34 @@ def test_diloco_outer_step_math_single_replica(lighthouse):
 
 
 def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
-    """Alone in its quorum, a replica that joined mid-round (weight 2/5: two of five inner steps) gets its own
+    """Alone in its quorum, a replica that joined mid-round (weight 5/10: five of ten inner steps) gets its own
     pseudo-gradient back from the weighted average, (w * pg) / w: with outer lr 1 the new global parameters are
-    its local ones. A pseudo-gradient sent unweighted, or averaged without dividing by the weight, is not."""
+    its local ones. A pseudo-gradient sent unweighted, or averaged without dividing by the weight, is not. The
+    holder is 3 steps into the round; the joiner starts ARRIVE_EARLY_STEPS (2) further on, to reach the sync
+    before the holders' quorum forms."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     manager = _solo_manager(lighthouse, model)
     try:
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         outer = torch.optim.SGD(model.parameters(), lr=1.0)
-        with DiLoCo(manager, [model], inner, outer, sync_every=5) as diloco:
+        with DiLoCo(manager, [model], inner, outer, sync_every=10) as diloco:
             steps: list[int] = []
             diloco.on_contributor_step = steps.append
             diloco._round_info = {"at": time.time() - 0.25, "step_s": 0.1}  # a holder 3 steps into the round
-            assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 3, "period": 5}
-            assert steps == [3] and diloco.local_step == 3
+            assert ARRIVE_EARLY_STEPS == 2
+            assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 5, "period": 10}
+            assert steps == [5] and diloco.local_step == 5
             start = {n: p.detach().clone() for n, p in model.named_parameters()}
-            for _ in range(2):
+            for _ in range(5):
                 inner.zero_grad()
                 model(torch.ones(3, 4)).sum().backward()
                 inner.step()
-            assert diloco.last_sync["committed"] and diloco._pending_weight == 2 / 5
-        # two identical inner SGD steps on a linear model (the sync ran inside the second)
+            assert diloco.last_sync["committed"] and diloco._pending_weight == 5 / 10
+        # five identical inner SGD steps on a linear model (the sync ran inside the fifth)
         for n, p in model.named_parameters():
             grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
-            assert torch.allclose(p, start[n] - 0.2 * grad, atol=1e-6), n
+            assert torch.allclose(p, start[n] - 0.5 * grad, atol=1e-6), n
     finally:
         manager.shutdown()
 

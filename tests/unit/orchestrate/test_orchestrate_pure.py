@@ -392,3 +392,14 @@ def test_first_random_fault_waits_for_every_replica_to_train_bounded():
     s2 = RandomFaultSchedule(["kill"], every=10, warmup=5, holdoff=0, procs_per_replica=1, seed=0)
     assert s2.pick(5 + FIRST_FAULT_GRACE_S - 1, {0: 0.0, 1: None}) is None
     assert s2.pick(5 + FIRST_FAULT_GRACE_S, {0: 0.0, 1: None}).replica == 0
+
+
+def test_left_behind_waits_for_the_grace_then_names_each_pending_replica_once():
+    """The end of a run: once a replica has reported its final state for the grace, the ones still without one
+    missed the last sync and are caught up, each once."""
+    from regent.orchestrate.policy import left_behind
+
+    assert left_behind({}, [0, 1], now=100.0, grace_s=30.0, caught_up=set()) == []  # nobody has finished
+    assert left_behind({0: 80.0}, [1, 2], now=100.0, grace_s=30.0, caught_up=set()) == []  # within the grace
+    assert left_behind({0: 80.0, 2: 60.0}, [3, 1], now=100.0, grace_s=30.0, caught_up=set()) == [1, 3]
+    assert left_behind({0: 60.0}, [1, 3], now=100.0, grace_s=30.0, caught_up={1}) == [3]
