@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from regent.ft.compact import CompactQuorum, compact_share
+from regent.ft.compact import CompactQuorum, RoundShares, compact_share
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
@@ -76,6 +76,29 @@ def test_plan_and_compact_share_match_the_rules_for_every_member_and_group_rank(
                         full.replica_ids[full.recover_src_replica_rank] if full.heal else "")
 
 
+def test_round_shares_from_the_full_answer_match_the_owners_for_every_member() -> None:
+    """A front end builds its shares from the round's full answer; the owner from its own members: the same
+    bytes for every member, group size and init_sync (incl. lineage, healers and step 0)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    rng = random.Random(1)
+    for trial in range(30):
+        members = random_members(rng, rng.randint(1, 13))
+        committed = torchft_pb2.RegentCommitted(step=rng.choice([0, 4, 5]), lineage=rng.randrange(3), resets=1)
+        created = Timestamp(seconds=1_700_000_000 + trial, nanos=rng.randrange(10**9))
+        full = torchft_pb2.LighthouseQuorumResponse(quorum=torchft_pb2.Quorum(
+            quorum_id=trial + 1, participants=[m.to_proto() for m in members], created=created,
+            regent_committed=committed)).SerializeToString()
+        owner = RoundShares(trial + 1, members, committed, created)
+        front = RoundShares.from_full(full)
+        for m in members:
+            for world_size, init_sync in ((1, False), (4, True), (m.world_size, rng.random() < 0.5)):
+                assert front.answer(m.replica_id, world_size, init_sync) == owner.answer(
+                    m.replica_id, world_size, init_sync)
+        with pytest.raises(KeyError):
+            front.answer("not-a-member", 1, False)
+
+
 def test_digest_follows_membership_only() -> None:
     a = QuorumPlan(1, [SimpleNamespace(replica_id=r, step=1, data={}, commit_failures=0) for r in ("x:1", "y:1")])
     b = QuorumPlan(2, [SimpleNamespace(replica_id=r, step=9, data={}, commit_failures=0) for r in ("y:1", "x:1")])
@@ -94,9 +117,11 @@ def _ask_raw(address: str, requests: list[torchft_pb2.LighthouseQuorumRequest]) 
             return list(pool.map(lambda r: call(r, timeout=20), requests))
 
 
-def test_lighthouse_answers_torchft_requests_in_full_and_regent_requests_compactly() -> None:
+@pytest.mark.parametrize("frontends", [0, 2])
+def test_lighthouse_answers_torchft_requests_in_full_and_regent_requests_compactly(frontends: int) -> None:
+    """The same bytes from the single process and from front ends (which compute the share themselves)."""
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=60000, quorum_tick_ms=20,
-                              secret=b"")
+                              secret=b"", frontends=frontends)
     try:
         members = [torchft_pb2.QuorumMember(replica_id=f"r{i}:1", address=f"mgr{i}", store_address=f"st{i}",
                                             step=[3, 5, 5][i], world_size=2) for i in range(3)]
@@ -115,6 +140,8 @@ def test_lighthouse_answers_torchft_requests_in_full_and_regent_requests_compact
         compact = torchft_pb2.LighthouseQuorumResponse.FromString(raw[2]).quorum
         assert compact.HasField("regent_compact") and not compact.participants
         assert len(raw[2]) < len(raw[0])
+        # what a front end computes from the round's full answer is what the owner would have sent
+        assert raw[2] == RoundShares.from_full(raw[0]).answer("r2:1", 2, True)
         quorum = Quorum.from_proto(full.quorum)
         share = CompactQuorum("r2:1", compact.quorum_id, compact.regent_committed.step, True, compact.regent_compact)
         for g in range(2):

@@ -15,6 +15,9 @@ being None tells the client (it then computes the plan from the members itself).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from regent.ft.proto import torchft_pb2
 from regent.ft.recovery import QuorumPlan, QuorumResult
@@ -67,6 +70,35 @@ def encode_compact_response(common: bytes, share: torchft_pb2.RegentCompactQuoru
     body = share.SerializeToString()
     quorum = common + _QUORUM_COMPACT_TAG + varint(len(body)) + body
     return _RESPONSE_QUORUM_TAG + varint(len(quorum)) + quorum
+
+
+class RoundShares:
+    """One round's compact answers: the plan (`QuorumPlan`, built once) and the members-less head (`common`,
+    encoded once), then one share per member asking. The Lighthouse makes one per issued quorum; each of its
+    front ends (`regent.ft.frontends`) makes one from the round's full answer, which crosses the link once per
+    round, so the owner's work per compact join stays the membership update and the shares are computed on the
+    front ends' cores. Both give the same bytes (`from_full` decodes what the owner built its plan from)."""
+
+    def __init__(self, quorum_id: int, participants: list[Any], committed: torchft_pb2.RegentCommitted,
+                 created: Timestamp) -> None:
+        self.quorum_id = int(quorum_id)
+        self.plan = QuorumPlan(self.quorum_id, participants, committed.step)
+        head = torchft_pb2.Quorum(quorum_id=self.quorum_id, regent_committed=committed)
+        head.created.CopyFrom(created)
+        self.common = head.SerializeToString()
+
+    @classmethod
+    def from_full(cls, response: bytes) -> RoundShares:
+        """From a serialized full `LighthouseQuorumResponse` (TorchFT's answer: every member)."""
+        from regent.ft.types import QuorumMember
+
+        quorum = torchft_pb2.LighthouseQuorumResponse.FromString(response).quorum
+        return cls(quorum.quorum_id, [QuorumMember.from_proto(m) for m in quorum.participants],
+                   quorum.regent_committed, quorum.created)
+
+    def answer(self, replica_id: str, world_size: int, init_sync: bool) -> bytes:
+        """`replica_id`'s serialized compact `LighthouseQuorumResponse` (KeyError if it is not a member)."""
+        return encode_compact_response(self.common, compact_share(self.plan, replica_id, world_size, init_sync))
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from regent.ft.compact import RoundShares
 from regent.ft.quorum import LighthouseState, note_heartbeat
 from regent.ft.rpc_security import CallVerifier
 
@@ -75,10 +76,11 @@ K_WITHDRAW = ord("w")  # call id
 K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) since its last report: JSON count
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
-K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
+K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob; SHARE: a share of it), payload (response, or a status message)
 K_BLOB = ord("b")  # a response many calls share (a full quorum answer): the next K_ANSWERs with REF use it
 K_VERDICT = ord("v")  # per K_CHECKED_BEATS batch, in order: JSON [[index, refusal message], ...] (refused only)
 REF = 255
+SHARE = 254  # the caller's compact share of the last blob (a full answer), computed by the front end
 BLOB_MIN_BYTES = 1024
 MAX_LINK_FRAME = 1 << 30
 QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
@@ -177,6 +179,40 @@ class LagStats:
                 "p99_ms_le": self.percentile_ms(0.99), "max_ms": 1e3 * self.max_s}
 
 
+@dataclass(frozen=True)
+class ShareOf:
+    """The owner's answer to a front end's compact Quorum call: "your share of this round". The front end
+    computes it (`compact.RoundShares`) from the round's full answer (`full()`), sent once per round and link."""
+
+    full: Callable[[], bytes]
+
+
+@dataclass
+class FrontJoin:
+    """A front end's Quorum call waiting in the owner for the next issued quorum (`LighthouseServer._tick`
+    answers them all in one pass). No future and no task per call: at 12,800 joins a round, their scheduling
+    was a large share of the owner's time; `reply` writes the answer to the link, `cancel` withdraws the call."""
+
+    replica_id: str
+    wire: Any  # its torchft_pb2.QuorumMember
+    member: Any  # its QuorumMember
+    participant: Any  # its current quorum.Participant (a new one each round it is left out of)
+    ask: tuple[int, bool] | None  # the compact answer's (group size, init_sync), or None for the full answer
+    reply: Callable[[bytes | ShareOf], None]
+    withdraw: Callable[[FrontJoin], None]
+    done: bool = False
+
+    def answer(self, result: bytes | ShareOf) -> None:
+        self.done = True
+        self.reply(result)
+
+    def cancel(self) -> None:
+        """The caller stopped waiting (deadline, cancel, its front end's link lost)."""
+        if not self.done:
+            self.done = True
+            self.withdraw(self)
+
+
 def reuse_port_available() -> str | None:
     """None where front ends can share a port, else why not: they need Linux's SO_REUSEPORT, which spreads
     connections over the sockets (macOS and the BSDs have the option, but give every connection to one)."""
@@ -194,7 +230,7 @@ class Owner:
     """What the pool needs from the quorum owner (`LighthouseServer` implements it)."""
 
     def _frontend_beats(self, beats: list[Beat]) -> None: ...
-    def _frontend_quorum(self, raw: bytes) -> bytes | asyncio.Future: ...
+    def _frontend_quorum(self, raw: bytes, reply: Callable[[bytes | ShareOf], None]) -> FrontJoin: ...
     def _holders(self) -> bytes: ...
     def _frontend_spend(self, method: str, ms: int, key: int) -> str | None: ...
 
@@ -209,7 +245,7 @@ class _OwnerLink(asyncio.Protocol):
         self.buffer = bytearray()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.calls: dict[int, asyncio.Future] = {}
+        self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
         self.blob: bytes | None = None
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -237,11 +273,15 @@ class _OwnerLink(asyncio.Protocol):
                     call_id, _ = _CALL_AT.unpack_from(payload)
                     nonce = _NONCE.unpack_from(payload, _CALL_AT.size)
                     body = payload[_CALL_AT.size + _NONCE.size:]
-                    self._run(call_id, lambda b=body: owner._frontend_quorum(b), QUORUM_METHOD, nonce)
+                    if self._spent(call_id, QUORUM_METHOD, nonce):
+                        try:
+                            self.calls[call_id] = owner._frontend_quorum(body, lambda r, c=call_id: self._reply(c, r))
+                        except Exception as err:  # noqa: BLE001 - answered to the caller as the single process would
+                            self._answer_error(call_id, err)
                 elif kind == K_WITHDRAW:
                     task = self.calls.pop(_CALL.unpack(payload)[0], None)
                     if task is not None:
-                        task.cancel()  # its done callback withdraws the participant (`LighthouseServer._quorum`)
+                        task.cancel()  # withdraws the participant (`FrontJoin.cancel`, or the task's done callback)
                 elif kind == K_HOLDERS:
                     self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
                               _NONCE.unpack_from(payload, _CALL.size))
@@ -273,15 +313,25 @@ class _OwnerLink(asyncio.Protocol):
             owner._frontend_beats(beats)
         self._send(frame(K_VERDICT, json.dumps(refused).encode()))
 
+    def _spent(self, call_id: int, method: str, nonce: tuple[int, int]) -> bool:
+        """Spend the call's nonce in the owner (with a job secret); False: refused, and answered so."""
+        refusal = self.pool.owner._frontend_spend(method, *nonce)
+        if refusal is None:
+            return True
+        from regent.ft.grpc_lite import StatusCode
+
+        self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
+        return False
+
+    def _reply(self, call_id: int, result: bytes | ShareOf) -> None:
+        """The owner's answer to a waiting front-end join (`FrontJoin.reply`)."""
+        if self.calls.pop(call_id, None) is not None:
+            self.answer(call_id, result)
+
     def _run(self, call_id: int, call: Callable[[], bytes | asyncio.Future], method: str = "",
              nonce: tuple[int, int] = (0, 0)) -> None:
-        if method:
-            refusal = self.pool.owner._frontend_spend(method, *nonce)
-            if refusal is not None:
-                from regent.ft.grpc_lite import StatusCode
-
-                self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
-                return
+        if method and not self._spent(call_id, method, nonce):
+            return
         try:
             result = call()
         except Exception as err:  # noqa: BLE001 - answered to the caller as the single-process server would
@@ -313,7 +363,14 @@ class _OwnerLink(asyncio.Protocol):
             code, message = int(StatusCode.UNKNOWN), f"{type(err).__name__}: {err}"
         self._send(frame(K_ANSWER, _ANSWER.pack(call_id, code) + message.encode()))
 
-    def answer(self, call_id: int, response: bytes) -> None:
+    def answer(self, call_id: int, response: bytes | ShareOf) -> None:
+        if isinstance(response, ShareOf):
+            full = response.full()  # one encoding per round, cached by the owner
+            if full is not self.blob:
+                self.blob = full
+                self._send(frame(K_BLOB, full))
+            self._send(frame(K_ANSWER, _ANSWER.pack(call_id, SHARE)))
+            return
         if len(response) >= BLOB_MIN_BYTES:
             if response is not self.blob:
                 self.blob = response
@@ -535,6 +592,9 @@ class FrontEnd:
         self.calls: dict[int, asyncio.Future] = {}
         self.next_call = 0
         self.blob = b""
+        self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
+        self.shares: RoundShares | None = None  # made from `blob` on its first SHARE answer
+        self.shares_of = b""
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
     def heartbeat(self, request: bytes, deadline: float | None) -> bytes:
@@ -563,12 +623,16 @@ class FrontEnd:
         return proof_nonce(self.server.current_volatile if self.server is not None else None) or (0, 0)
 
     def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
-        from regent.ft.lighthouse import decode_quorum_request
+        from regent.ft.lighthouse import _compact_ask, decode_quorum_request
 
-        decode_quorum_request(request)  # refuse what the owner would refuse, here
+        message = decode_quorum_request(request)  # refuse what the owner would refuse, here
         # The heartbeats received so far go first in the batch: the owner sees them before this join.
         nonce = _NONCE.pack(*self._nonce())
-        return self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
+        future = self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
+        ask = _compact_ask(message)
+        if ask is not None:
+            self.asks[self.next_call] = (message.requester.replica_id, *ask)
+        return future
 
     def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
         from regent.ft.lighthouse import decode_holders_request
@@ -589,6 +653,7 @@ class FrontEnd:
         return future
 
     def _ended(self, call_id: int, future: asyncio.Future) -> None:
+        self.asks.pop(call_id, None)
         if self.calls.pop(call_id, None) is not None and future.cancelled():
             self.out.append(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
             self._soon()
@@ -619,6 +684,19 @@ class FrontEnd:
         if parts and self.link.transport is not None:
             self.link.transport.write(b"".join(parts))
 
+    def _share(self, call_id: int, future: asyncio.Future) -> None:
+        """Answer a compact call with its share of the round (the last blob), building the round's plan once."""
+        try:
+            if self.shares is None or self.shares_of is not self.blob:
+                self.shares, self.shares_of = RoundShares.from_full(self.blob), self.blob
+            rid, world_size, init_sync = self.asks[call_id]
+            future.set_result(self.shares.answer(rid, world_size, init_sync))
+        except Exception as err:  # answered to the caller (INTERNAL), as a failed owner call would be
+            from regent.ft.grpc_lite import RpcStatusError, StatusCode
+
+            logger.exception("front end: computing a compact quorum share failed")
+            future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
+
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == K_ANSWER:
             call_id, code = _ANSWER.unpack_from(payload)
@@ -630,6 +708,8 @@ class FrontEnd:
                 future.set_result(body)
             elif code == REF:
                 future.set_result(self.blob)
+            elif code == SHARE:
+                self._share(call_id, future)
             else:
                 from regent.ft.grpc_lite import RpcStatusError
 
