@@ -16,7 +16,11 @@ item of a batch, one write holding:
   of Quorum calls that ended on the client's side (deadline, cancel, disconnect).
 The owner answers each call by id (the bytes the single-process Lighthouse would send: byte-identical, since
 the same code makes them); a full answer shared by many members (TorchFT's, one encoding per round) crosses the
-link once per round and front end, then by reference.
+link once per round and front end, then by reference. A compact answer (`regent.ft.compact`) is not made by the
+owner: it sends the round's full answer once per front end, then the ids of the calls it answers (one K_SHARES
+frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_full`) and encodes
+each caller's share itself. The owner's work per join is then the membership update (`FrontJoin`: no future, no
+task per call), which is what a 12,800-group round in under 200 ms needs (issue 37, item 2).
 
 Liveness lag: a heartbeat counts from when its front end received it (front ends and owner share the host's
 monotonic clock), and reaches the owner's table `batch_ms` plus one owner loop turn later; the owner measures
@@ -76,11 +80,11 @@ K_WITHDRAW = ord("w")  # call id
 K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) since its last report: JSON count
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
-K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob; SHARE: a share of it), payload (response, or a status message)
+K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
+K_SHARES = ord("m")  # call ids (>Q each) answered with their compact share of the last blob, one frame a turn
 K_BLOB = ord("b")  # a response many calls share (a full quorum answer): the next K_ANSWERs with REF use it
 K_VERDICT = ord("v")  # per K_CHECKED_BEATS batch, in order: JSON [[index, refusal message], ...] (refused only)
 REF = 255
-SHARE = 254  # the caller's compact share of the last blob (a full answer), computed by the front end
 BLOB_MIN_BYTES = 1024
 MAX_LINK_FRAME = 1 << 30
 QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
@@ -247,6 +251,7 @@ class _OwnerLink(asyncio.Protocol):
         self.flush_pending = False
         self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
         self.blob: bytes | None = None
+        self.share_ids: list[int] = []  # calls answered with their share since the last flush (K_SHARES)
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -367,9 +372,11 @@ class _OwnerLink(asyncio.Protocol):
         if isinstance(response, ShareOf):
             full = response.full()  # one encoding per round, cached by the owner
             if full is not self.blob:
+                self._shares_out()  # shares of the previous blob go before the new one
                 self.blob = full
                 self._send(frame(K_BLOB, full))
-            self._send(frame(K_ANSWER, _ANSWER.pack(call_id, SHARE)))
+            self.share_ids.append(call_id)  # one K_SHARES frame for all of them (`_flush`)
+            self._send(b"")
             return
         if len(response) >= BLOB_MIN_BYTES:
             if response is not self.blob:
@@ -385,8 +392,14 @@ class _OwnerLink(asyncio.Protocol):
             self.flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _shares_out(self) -> None:
+        if self.share_ids:
+            ids, self.share_ids = self.share_ids, []
+            self.out.append(frame(K_SHARES, struct.pack(f">{len(ids)}Q", *ids)))
+
     def _flush(self) -> None:
         self.flush_pending = False
+        self._shares_out()
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out))
@@ -593,7 +606,7 @@ class FrontEnd:
         self.next_call = 0
         self.blob = b""
         self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
-        self.shares: RoundShares | None = None  # made from `blob` on its first SHARE answer
+        self.shares: RoundShares | None = None  # made from `blob` on its first K_SHARES
         self.shares_of = b""
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
@@ -708,12 +721,15 @@ class FrontEnd:
                 future.set_result(body)
             elif code == REF:
                 future.set_result(self.blob)
-            elif code == SHARE:
-                self._share(call_id, future)
             else:
                 from regent.ft.grpc_lite import RpcStatusError
 
                 future.set_exception(RpcStatusError(code, body.decode(errors="replace")))
+        elif kind == K_SHARES:
+            for (call_id,) in struct.iter_unpack(">Q", payload):
+                future = self.calls.pop(call_id, None)
+                if future is not None and not future.done():
+                    self._share(call_id, future)
         elif kind == K_VERDICT:
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
             from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE
