@@ -118,11 +118,13 @@ def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
     """The quorum owner's own CPU for a round of N front-end joins, without the link or any client: N raw compact
     requests go straight into `LighthouseServer._frontend_quorum` on its loop (what a front end's link frames
     become), timed on that thread until the tick has answered every one (the full answer for the front ends'
-    plans included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do."""
+    plans included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do.
+    The collector is tuned as in `regent lighthouse` (`lighthouse.tune_gc`)."""
     import asyncio
 
-    from regent.ft.lighthouse import LighthouseServer
+    from regent.ft.lighthouse import LighthouseServer, tune_gc
 
+    tune_gc()  # as `regent lighthouse` does in its process
     rows = []
     for groups in groups_list:
         server = LighthouseServer(bind="127.0.0.1:0", min_replicas=groups, secret=b"", frontends=0)

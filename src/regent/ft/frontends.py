@@ -809,8 +809,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m regent.ft.frontends FD`: one front end, started by `FrontendPool` with its link on FD."""
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [lighthouse front end] %(message)s")
-    from regent.ft.lighthouse import new_event_loop
+    from regent.ft.lighthouse import new_event_loop, tune_gc
 
+    tune_gc()  # a front end decodes and encodes a share per join: the same allocation pattern as the owner
     loop = new_event_loop()
     try:
         loop.run_until_complete(_serve(int(args[0])))
