@@ -117,8 +117,8 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
 def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
     """The quorum owner's own CPU for a round of N front-end joins, without the link or any client: N raw compact
     requests go straight into `LighthouseServer._frontend_quorum` on its loop (what a front end's link frames
-    become), timed on that thread until the tick has answered every one (the full answer for the front ends'
-    plans included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do.
+    become), timed on that thread until the tick has answered every one (the plan sent to the front ends,
+    `compact.encode_plan`, included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do.
     The collector is tuned as in `regent lighthouse` (`lighthouse.tune_gc`)."""
     import asyncio
 
@@ -146,8 +146,8 @@ def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
                     for raw in raws:
                         server._frontend_quorum(raw, reply)
                     await done
-                    for result in answered:  # what the link does per answer: the full answer, once per round
-                        getattr(result, "full", lambda: b"")()
+                    for result in answered:  # what the link does per answer: the round's plan, encoded once
+                        getattr(result, "plan", lambda: b"")()
                     return time.thread_time() - t0
 
                 cpu = server._call_in_loop(one_round()).result(timeout=300)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from regent.ft.compact import CompactQuorum, RoundShares, compact_share
+from regent.ft.compact import CompactQuorum, RoundShares, compact_share, encode_plan
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
@@ -76,21 +76,20 @@ def test_plan_and_compact_share_match_the_rules_for_every_member_and_group_rank(
                         full.replica_ids[full.recover_src_replica_rank] if full.heal else "")
 
 
-def test_round_shares_from_the_full_answer_match_the_owners_for_every_member() -> None:
-    """A front end builds its shares from the round's full answer; the owner from its own members: the same
-    bytes for every member, group size and init_sync (incl. lineage, healers and step 0)."""
+def test_round_shares_from_the_plan_match_the_owners_for_every_member() -> None:
+    """A front end builds its shares from the round's plan (`encode_plan`); the owner from its own members: the
+    same bytes for every member, group size and init_sync (incl. lineage, odd `data`, healers and step 0)."""
     from google.protobuf.timestamp_pb2 import Timestamp
 
     rng = random.Random(1)
     for trial in range(30):
         members = random_members(rng, rng.randint(1, 13))
+        if trial % 5 == 0:  # user data beside the lineage, and a lineage that is not an int (counts as 0)
+            members[0] = QuorumMember(**{**members[0].__dict__, "data": {LINEAGE_KEY: "x", "user": [1, 2]}})
         committed = torchft_pb2.RegentCommitted(step=rng.choice([0, 4, 5]), lineage=rng.randrange(3), resets=1)
         created = Timestamp(seconds=1_700_000_000 + trial, nanos=rng.randrange(10**9))
-        full = torchft_pb2.LighthouseQuorumResponse(quorum=torchft_pb2.Quorum(
-            quorum_id=trial + 1, participants=[m.to_proto() for m in members], created=created,
-            regent_committed=committed)).SerializeToString()
         owner = RoundShares(trial + 1, members, committed, created)
-        front = RoundShares.from_full(full)
+        front = RoundShares.from_plan(encode_plan(trial + 1, members, committed, created))
         for m in members:
             for world_size, init_sync in ((1, False), (4, True), (m.world_size, rng.random() < 0.5)):
                 assert front.answer(m.replica_id, world_size, init_sync) == owner.answer(
@@ -140,8 +139,10 @@ def test_lighthouse_answers_torchft_requests_in_full_and_regent_requests_compact
         compact = torchft_pb2.LighthouseQuorumResponse.FromString(raw[2]).quorum
         assert compact.HasField("regent_compact") and not compact.participants
         assert len(raw[2]) < len(raw[0])
-        # what a front end computes from the round's full answer is what the owner would have sent
-        assert raw[2] == RoundShares.from_full(raw[0]).answer("r2:1", 2, True)
+        # the front ends' shares are the bytes the owner makes from the members (the full answer's)
+        q = full.quorum
+        assert raw[2] == RoundShares(q.quorum_id, [QuorumMember.from_proto(m) for m in q.participants],
+                                     q.regent_committed, q.created).answer("r2:1", 2, True)
         quorum = Quorum.from_proto(full.quorum)
         share = CompactQuorum("r2:1", compact.quorum_id, compact.regent_committed.step, True, compact.regent_compact)
         for g in range(2):

@@ -17,8 +17,8 @@ item of a batch, one write holding:
 The owner answers each call by id (the bytes the single-process Lighthouse would send: byte-identical, since
 the same code makes them); a full answer shared by many members (TorchFT's, one encoding per round) crosses the
 link once per round and front end, then by reference. A compact answer (`regent.ft.compact`) is not made by the
-owner: it sends the round's full answer once per front end, then the ids of the calls it answers (one K_SHARES
-frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_full`) and encodes
+owner: it sends the round's plan (`compact.encode_plan`) once per front end, then the ids of the calls it answers (one K_SHARES
+frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_plan`) and encodes
 each caller's share itself. The owner's work per join is then the membership update (`FrontJoin`: no future, no
 task per call), which is what a 12,800-group round in under 200 ms needs (issue 37, item 2).
 
@@ -81,7 +81,8 @@ K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) sinc
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
 K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
-K_SHARES = ord("m")  # call ids (>Q each) answered with their compact share of the last blob, one frame a turn
+K_SHARES = ord("m")  # call ids (>Q each) answered with their compact share of the last plan, one frame a turn
+K_PLAN = ord("p")  # a round's plan (`compact.encode_plan`): the next K_SHARES are shares of it
 K_BLOB = ord("b")  # a response many calls share (a full quorum answer): the next K_ANSWERs with REF use it
 K_VERDICT = ord("v")  # per K_CHECKED_BEATS batch, in order: JSON [[index, refusal message], ...] (refused only)
 REF = 255
@@ -186,9 +187,9 @@ class LagStats:
 @dataclass(frozen=True)
 class ShareOf:
     """The owner's answer to a front end's compact Quorum call: "your share of this round". The front end
-    computes it (`compact.RoundShares`) from the round's full answer (`full()`), sent once per round and link."""
+    computes it (`compact.RoundShares`) from the round's plan (`plan()`, cached), sent once per round and link."""
 
-    full: Callable[[], bytes]
+    plan: Callable[[], bytes]
 
 
 @dataclass
@@ -252,6 +253,7 @@ class _OwnerLink(asyncio.Protocol):
         self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
         self.blob: bytes | None = None
         self.share_ids: list[int] = []  # calls answered with their share since the last flush (K_SHARES)
+        self.plan_sent: bytes | None = None
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -370,11 +372,11 @@ class _OwnerLink(asyncio.Protocol):
 
     def answer(self, call_id: int, response: bytes | ShareOf) -> None:
         if isinstance(response, ShareOf):
-            full = response.full()  # one encoding per round, cached by the owner
-            if full is not self.blob:
-                self._shares_out()  # shares of the previous blob go before the new one
-                self.blob = full
-                self._send(frame(K_BLOB, full))
+            plan = response.plan()  # one encoding per round, cached by the owner
+            if plan is not self.plan_sent:
+                self._shares_out()  # shares of the previous plan go before the new one
+                self.plan_sent = plan
+                self._send(frame(K_PLAN, plan))
             self.share_ids.append(call_id)  # one K_SHARES frame for all of them (`_flush`)
             self._send(b"")
             return
@@ -606,8 +608,7 @@ class FrontEnd:
         self.next_call = 0
         self.blob = b""
         self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
-        self.shares: RoundShares | None = None  # made from `blob` on its first K_SHARES
-        self.shares_of = b""
+        self.shares: RoundShares | None = None  # the last K_PLAN's
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
     def heartbeat(self, request: bytes, deadline: float | None) -> bytes:
@@ -698,10 +699,10 @@ class FrontEnd:
             self.link.transport.write(b"".join(parts))
 
     def _share(self, call_id: int, future: asyncio.Future) -> None:
-        """Answer a compact call with its share of the round (the last blob), building the round's plan once."""
+        """Answer a compact call with its share of the round (the last K_PLAN's)."""
         try:
-            if self.shares is None or self.shares_of is not self.blob:
-                self.shares, self.shares_of = RoundShares.from_full(self.blob), self.blob
+            if self.shares is None:
+                raise RuntimeError("the owner answered a compact call before sending the round's plan")
             rid, world_size, init_sync = self.asks[call_id]
             future.set_result(self.shares.answer(rid, world_size, init_sync))
         except Exception as err:  # answered to the caller (INTERNAL), as a failed owner call would be
@@ -745,6 +746,12 @@ class FrontEnd:
                     future.set_result(EMPTY_HEARTBEAT_RESPONSE)
         elif kind == K_BLOB:
             self.blob = payload
+        elif kind == K_PLAN:
+            try:
+                self.shares = RoundShares.from_plan(payload)
+            except Exception:  # the round's K_SHARES then fail with INTERNAL (`_share`), the front end lives on
+                logger.exception("front end: a round's plan could not be decoded")
+                self.shares = None
         elif kind == K_CONFIG and not self.config.done():
             self.config.set_result(json.loads(payload))
 

@@ -71,7 +71,7 @@ from grpc import aio
 from regent import settings
 from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite, rpc_security
-from regent.ft.compact import RoundShares
+from regent.ft.compact import RoundShares, encode_plan
 from regent.ft.frontends import FrontJoin, ShareOf
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
@@ -234,20 +234,29 @@ class _Issued:
                                                       resets=watermark.resets)
         self._full: bytes | None = None
         self._shares: RoundShares | None = None
+        self._plan: bytes | None = None
 
     def answer(self, replica_id: str, ask: tuple[int, bool] | None) -> bytes:
         if ask is None:
             return self.full()
         if self._shares is None:
-            created = Timestamp()
-            created.FromDatetime(self.quorum.created)
-            self._shares = RoundShares(self.quorum_id, self.quorum.participants, self._committed, created)
+            self._shares = RoundShares(self.quorum_id, self.quorum.participants, self._committed, self._created())
         return self._shares.answer(replica_id, *ask)
 
     def for_frontend(self, ask: tuple[int, bool] | None) -> bytes | ShareOf:
         """A front end's caller's answer: the full one, or `ShareOf` this round (the front end computes the
-        share from the full answer, sent to it once per round)."""
-        return self.full() if ask is None else ShareOf(self.full)
+        share from the round's plan, `compact.encode_plan`, sent to it once per round)."""
+        return self.full() if ask is None else ShareOf(self.plan)
+
+    def plan(self) -> bytes:
+        if self._plan is None:
+            self._plan = encode_plan(self.quorum_id, self.quorum.participants, self._committed, self._created())
+        return self._plan
+
+    def _created(self) -> Timestamp:
+        created = Timestamp()
+        created.FromDatetime(self.quorum.created)
+        return created
 
     def full(self) -> bytes:
         if self._full is None:
