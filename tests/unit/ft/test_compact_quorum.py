@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from regent.ft.compact import CompactQuorum, compact_share
+from regent.ft.compact import CompactQuorum, RoundShares, compact_share, encode_plan
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
@@ -76,54 +76,33 @@ def test_plan_and_compact_share_match_the_rules_for_every_member_and_group_rank(
                         full.replica_ids[full.recover_src_replica_rank] if full.heal else "")
 
 
+def test_round_shares_from_the_plan_match_the_owners_for_every_member() -> None:
+    """A front end builds its shares from the round's plan (`encode_plan`); the owner from its own members: the
+    same bytes for every member, group size and init_sync (incl. lineage, odd `data`, healers and step 0)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    rng = random.Random(1)
+    for trial in range(30):
+        members = random_members(rng, rng.randint(1, 13))
+        if trial % 5 == 0:  # user data beside the lineage, and a lineage that is not an int (counts as 0)
+            members[0] = QuorumMember(**{**members[0].__dict__, "data": {LINEAGE_KEY: "x", "user": [1, 2]}})
+        committed = torchft_pb2.RegentCommitted(step=rng.choice([0, 4, 5]), lineage=rng.randrange(3), resets=1)
+        created = Timestamp(seconds=1_700_000_000 + trial, nanos=rng.randrange(10**9))
+        owner = RoundShares(trial + 1, members, committed, created)
+        front = RoundShares.from_plan(encode_plan(trial + 1, members, committed, created))
+        for m in members:
+            for world_size, init_sync in ((1, False), (4, True), (m.world_size, rng.random() < 0.5)):
+                assert front.answer(m.replica_id, world_size, init_sync) == owner.answer(
+                    m.replica_id, world_size, init_sync)
+        with pytest.raises(KeyError):
+            front.answer("not-a-member", 1, False)
+
+
 def test_digest_follows_membership_only() -> None:
     a = QuorumPlan(1, [SimpleNamespace(replica_id=r, step=1, data={}, commit_failures=0) for r in ("x:1", "y:1")])
     b = QuorumPlan(2, [SimpleNamespace(replica_id=r, step=9, data={}, commit_failures=0) for r in ("y:1", "x:1")])
     c = QuorumPlan(1, [SimpleNamespace(replica_id=r, step=1, data={}, commit_failures=0) for r in ("x:1", "y:2")])
     assert a.digest == b.digest != c.digest
-
-
-def _ask_raw(address: str, requests: list[torchft_pb2.LighthouseQuorumRequest]) -> list[bytes]:
-    """Send Quorum calls at once and return the raw answer bytes (no decoding on the way)."""
-    target = address.replace("http://", "")
-    with grpc.insecure_channel(target) as channel:
-        call = channel.unary_unary("/torchft.LighthouseService/Quorum",
-                                   request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=lambda b: b)
-        with ThreadPoolExecutor(len(requests)) as pool:
-            return list(pool.map(lambda r: call(r, timeout=20), requests))
-
-
-def test_lighthouse_answers_torchft_requests_in_full_and_regent_requests_compactly() -> None:
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=60000, quorum_tick_ms=20,
-                              secret=b"")
-    try:
-        members = [torchft_pb2.QuorumMember(replica_id=f"r{i}:1", address=f"mgr{i}", store_address=f"st{i}",
-                                            step=[3, 5, 5][i], world_size=2) for i in range(3)]
-        requests = [torchft_pb2.LighthouseQuorumRequest(requester=m) for m in members]
-        requests[2].regent_compact.init_sync = True
-        requests[2].regent_compact.SetInParent()
-        raw = _ask_raw(server.address(), requests)
-        full = torchft_pb2.LighthouseQuorumResponse.FromString(raw[0])
-        # byte for byte TorchFT's answer (plus the watermark field TorchFT skips), the same for both full askers
-        assert raw[0] == raw[1]
-        expected = torchft_pb2.LighthouseQuorumResponse(quorum=torchft_pb2.Quorum(
-            quorum_id=full.quorum.quorum_id, participants=members, created=full.quorum.created,
-            regent_committed=full.quorum.regent_committed))
-        assert raw[0] == expected.SerializeToString()
-        assert not full.quorum.HasField("regent_compact")
-        compact = torchft_pb2.LighthouseQuorumResponse.FromString(raw[2]).quorum
-        assert compact.HasField("regent_compact") and not compact.participants
-        assert len(raw[2]) < len(raw[0])
-        quorum = Quorum.from_proto(full.quorum)
-        share = CompactQuorum("r2:1", compact.quorum_id, compact.regent_committed.step, True, compact.regent_compact)
-        for g in range(2):
-            want = compute_quorum_results("r2:1", g, quorum, True)
-            got = share.result("r2:1", g, True)
-            assert got == type(want)(**{**want.__dict__, "replica_ids": []})
-        assert share.result("r2:1", 1, True).recover_dst_replica_ranks == [0]  # r0 (step 3) heals from r2 at rank 1
-    finally:
-        server.shutdown()
 
 
 def test_regent_client_asks_compact_and_falls_back_against_torchft() -> None:
