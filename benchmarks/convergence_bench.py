@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from regent.orchestrate import convergence as conv  # noqa: E402 (after the path: runs from a checkout)
+from regent.orchestrate.config import parse_duration  # noqa: E402
 from regent.orchestrate.events import read_jsonl  # noqa: E402
 
 SMALL_FILES = ("summary.json", "config.json", "report.html", "loss.png", "progress.png", "active_replicas.png",
@@ -67,6 +69,8 @@ def train_command(run_dir: Path, args: argparse.Namespace, seed: int, every: str
 def launch(runs: list[tuple[str, int, str | None]], runs_dir: Path, args: argparse.Namespace) -> dict[str, int]:
     """Start the runs (all at once with --parallel, else one after another); name -> exit code."""
     env = dict(os.environ, OMP_NUM_THREADS="1", REGENT_TORCH_THREADS="1", PYTHONUNBUFFERED="1")
+    if args.device == "cpu":  # a GPU machine's host CPUs: keep the trainers off its GPU (regent.platform)
+        env.update(GPU_PLATFORM="cpu", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
     codes: dict[str, int] = {}
     running: list[tuple[str, subprocess.Popen, Any]] = []
@@ -80,15 +84,32 @@ def launch(runs: list[tuple[str, int, str | None]], runs_dir: Path, args: argpar
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         running.append((name, proc, log))
         if not args.parallel:
-            codes[name] = proc.wait()
+            codes[name] = bounded_wait(proc, time.time() + parse_duration(args.duration) + args.grace)
             log.close()
             print(f"  {name}: exit {codes[name]}", flush=True)
+    deadline = time.time() + parse_duration(args.duration) + args.grace
     for name, proc, log in running:
         if name not in codes:
-            codes[name] = proc.wait()
+            codes[name] = bounded_wait(proc, deadline)
             log.close()
             print(f"  {name}: exit {codes[name]}", flush=True)
     return codes
+
+
+def bounded_wait(proc: subprocess.Popen, deadline: float) -> int:
+    """The run's exit code; past `deadline`, SIGINT (regent train's orderly stop: replicas stopped, summary
+    written), and SIGKILL a minute later. A run stopped so reads as failed (its code, or 124)."""
+    try:
+        return proc.wait(timeout=max(deadline - time.time(), 1.0))
+    except subprocess.TimeoutExpired:
+        print(f"  pid {proc.pid} still running past its duration + grace: SIGINT", flush=True)
+        proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    return code or 124
 
 
 def check(run_dir: Path, python: str) -> tuple[bool, str]:
@@ -152,7 +173,11 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=100_000,
                     help="the cosine schedule's length: far past the run, so the learning rate at a sample count is "
                          "the same in every run whatever its pace")
+    ap.add_argument("--device", choices=["cpu", "auto"], default="cpu",
+                    help="cpu: trainers on CPU even where a GPU is (GPU_PLATFORM=cpu); auto: regent's detection")
     ap.add_argument("--parallel", action="store_true", help="run the four at once (a host with 16+ cores)")
+    ap.add_argument("--grace", type=float, default=120.0,
+                    help="seconds past --duration before a run still going is stopped (and counted as failed)")
     ap.add_argument("--window", type=float, default=0.0,
                     help="smoothing window in samples (0: --window-fraction of the common range)")
     ap.add_argument("--window-fraction", type=float, default=0.04)
