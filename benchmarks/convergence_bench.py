@@ -132,7 +132,7 @@ def auto_window(curves: list[conv.Curve], fraction: float, global_batch: int) ->
     return max(10.0 * global_batch, fraction * upto)
 
 
-def run_row(name: str, run_dir: Path, code: int, holds: bool, check_out: str) -> dict[str, Any]:
+def run_row(name: str, run_dir: Path, code: int, holds: bool, check_out: str, incomplete: int) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     samples = summary.get("samples") or {}
     return {"run": name, "exit": code, "steps_committed": summary.get("steps_committed"),
@@ -140,12 +140,13 @@ def run_row(name: str, run_dir: Path, code: int, holds: bool, check_out: str) ->
             "faults_injected": summary.get("faults_injected"), "recoveries": summary.get("recoveries"),
             "steps_lost": summary.get("steps_lost"), "lineage_resets": summary.get("lineage_resets"),
             "extra_micro_batches": summary.get("extra_micro_batches"), "final_loss": summary.get("final_loss"),
+            "steps_without_full_loss": incomplete,
             "check": "holds" if holds else "VIOLATED", "check_output": check_out[-4000:]}
 
 
 def runs_table(rows: list[dict[str, Any]]) -> str:
     keys = ["run", "steps_committed", "samples_committed", "samples_skipped", "faults_injected", "recoveries",
-            "steps_lost", "lineage_resets", "extra_micro_batches", "check"]
+            "steps_lost", "lineage_resets", "extra_micro_batches", "steps_without_full_loss", "check"]
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join("-" if r.get(k) is None else str(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -156,7 +157,8 @@ def verdict_lines(result: dict[str, Any]) -> str:
     for name, s in result["faulted"].items():
         share, worst = s["within_share"], s["worst_gap_over_noise"]
         out.append(f"- {name}: within noise at {100 * share:.0f}% of {result['dense_points']} sample counts up to "
-                   f"{result['upto_samples']:.0f}; worst gap / noise {worst:.2f}, mean {s['mean_gap_over_noise']:.2f}"
+                   f"{result['upto_samples']:.0f}; worst gap / noise {worst:.2g} (mean {s['mean_gap_over_noise']:.2g}); "
+                   f"largest gap {s['max_gap']:.2g}"
                    if share is not None else f"- {name}: no common sample range")
     return "\n".join(out) + "\n"
 
@@ -202,9 +204,9 @@ def main() -> int:
     for name, _, every in runs:
         run_dir = runs_dir / slug(name)
         holds, check_out = check(run_dir, args.python)
-        rows.append(run_row(name, run_dir, codes[name], holds, check_out))
-        failed |= not holds or codes[name] != 0
         metrics, ledger, events = load(run_dir)
+        rows.append(run_row(name, run_dir, codes[name], holds, check_out, conv.incomplete_steps(metrics, ledger)))
+        failed |= not holds or codes[name] != 0
         curves[name] = conv.loss_curve(metrics, ledger)
         if every:
             faults[name] = conv.fault_samples(events, metrics, ledger)

@@ -37,9 +37,21 @@ def test_a_step_loss_is_its_global_batch_mean_counted_once():
         {"step": 2, "loss": 1.0, "replica": 1, "generation": 1, "rank": 0},
         {"step": 3, "replica": 0, "rank": 0},  # no loss
     ]
-    assert conv.loss_by_step(metrics) == {1: 4.0, 2: 1.0}
+    assert conv.loss_by_step(metrics) == {1: (4.0, 3.0), 2: (1.0, 1.0)}
     ledger = [line(s, r, [r]) for s in (1, 2) for r in range(R)]
-    assert conv.loss_curve(metrics, ledger) == [(float(SPAN), 4.0), (float(2 * SPAN), 1.0)]
+    # step 2's records cover one of its three micro-batches (the others' writers died): not a point of the curve
+    assert conv.loss_curve(metrics, ledger) == [(float(SPAN), 4.0)]
+    assert conv.incomplete_steps(metrics, ledger) == 1
+
+
+def test_a_healing_replica_s_loss_is_not_a_participant_s():
+    # step 1: replica 0 heals (it reports a committed step, on a batch replica 1 covers); 1 and 2 participate
+    metrics = [{"step": 1, "loss": 9.0, "replica": 0, "generation": 1, "rank": 0},
+               {"step": 1, "loss": 3.0, "replica": 1, "generation": 0, "rank": 0, "micro_batches": 2},
+               {"step": 1, "loss": 6.0, "replica": 2, "generation": 0, "rank": 0}]
+    ledger = [line(1, 1, [0, 2], 2), line(1, 2, [1], 2)]
+    assert conv.participants(ledger) == {1: {1, 2}}
+    assert conv.loss_curve(metrics, ledger) == [(float(SPAN), 4.0)]
 
 
 def test_smoothing_is_a_trailing_mean_and_interpolation_stays_inside():
@@ -50,7 +62,8 @@ def test_smoothing_is_a_trailing_mean_and_interpolation_stays_inside():
 
 
 def test_fault_times_land_at_the_samples_consumed_when_they_struck():
-    metrics = [{"step": s, "loss": 1.0, "time": 10.0 + s, "replica": 0, "rank": 0} for s in (1, 2, 3)]
+    metrics = [{"step": s, "loss": 1.0, "time": 10.0 + s, "replica": 0, "rank": 0, "micro_batches": R}
+               for s in (1, 2, 3)]
     ledger = [line(s, r, [r]) for s in (1, 2, 3) for r in range(R)]
     events = [{"kind": "fault_injected", "time": 12.5, "fault_kind": "kill"},
               {"kind": "fault_injected", "time": 5.0, "fault_kind": "hang"}, {"kind": "commit", "time": 12.0}]

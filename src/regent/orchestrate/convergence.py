@@ -41,14 +41,20 @@ def samples_by_step(ledger: list[dict[str, Any]]) -> dict[int, int]:
     return out
 
 
-def loss_by_step(metrics: list[dict[str, Any]]) -> dict[int, float]:
-    """Committed step -> the loss over its global batch: the mean of the committed records' losses, each weighted
-    by the micro-batches it averaged (a survivor covering missing replicas' shards reports one loss over several).
-    A record resent after a controller change is counted once."""
+def loss_by_step(metrics: list[dict[str, Any]],
+                 participants: dict[int, set[Any]] | None = None) -> dict[int, tuple[float, float]]:
+    """Committed step -> (the loss over what its records cover, the micro-batches they cover): the mean of the
+    committed records' losses, each weighted by the micro-batches it averaged (a survivor covering missing
+    replicas' shards reports one loss over several). A record resent after a controller change is counted once.
+
+    With `participants` (step -> replicas, from the ledger), only theirs: a replica healing in that step reports
+    a committed step too, but its loss is of a batch a participant covered, and its gradient was not counted."""
     seen: set[tuple[Any, ...]] = set()
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for m in metrics:
         if m.get("loss") is None or m.get("step") is None or not m.get("committed", True):
+            continue
+        if participants is not None and m.get("replica") not in participants.get(int(m["step"]), ()):
             continue
         key = (m.get("replica"), m.get("generation"), m.get("rank"), m["step"])
         if key in seen:
@@ -58,13 +64,40 @@ def loss_by_step(metrics: list[dict[str, Any]]) -> dict[int, float]:
         acc = sums[int(m["step"])]
         acc[0] += w * float(m["loss"])
         acc[1] += w
-    return {s: a / w for s, (a, w) in sorted(sums.items()) if w > 0}
+    return {s: (a / w, w) for s, (a, w) in sorted(sums.items()) if w > 0}
 
 
 def loss_curve(metrics: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> Curve:
-    """(samples consumed, loss) at every committed step that both files know."""
-    samples = samples_by_step(ledger)
-    return [(float(samples[s]), loss) for s, loss in loss_by_step(metrics).items() if s in samples]
+    """(samples consumed, loss) at every committed step whose loss records cover its whole global batch.
+
+    A replica killed just after a commit may never report that step's loss: the mean of the others is the loss of
+    part of the batch, not a point of the curve (`incomplete_steps` counts those left out)."""
+    samples, shards = samples_by_step(ledger), shards_by_step(ledger)
+    return [(float(samples[s]), loss) for s, (loss, covered) in loss_by_step(metrics, participants(ledger)).items()
+            if s in samples and covered >= shards[s]]
+
+
+def participants(ledger: list[dict[str, Any]]) -> dict[int, set[Any]]:
+    """Committed step -> the replicas whose ledger lines say they trained on its global batch."""
+    return {step: {x.get("replica") for x in lines} for step, lines in effective_ledger(ledger).items()}
+
+
+def shards_by_step(ledger: list[dict[str, Any]]) -> dict[int, int]:
+    """Committed step -> the micro-batches of its global batch that were trained on (replicas x ranks, less
+    recorded skips): what its loss records must cover."""
+    out = {}
+    for step, lines in effective_ledger(ledger).items():
+        ranks = int(lines[0].get("ranks") or 1)
+        skipped = max(int(x.get("skipped") or 0) for x in lines)
+        out[step] = (int(lines[0].get("replicas") or 0) - skipped) * ranks
+    return out
+
+
+def incomplete_steps(metrics: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> int:
+    """Committed steps whose loss records cover only part of the global batch (left out of the curve)."""
+    shards = shards_by_step(ledger)
+    return sum(1 for s, (_, covered) in loss_by_step(metrics, participants(ledger)).items()
+               if s in shards and covered < shards[s])
 
 
 def step_times(metrics: list[dict[str, Any]]) -> list[tuple[float, int]]:
@@ -161,6 +194,7 @@ def compare(reference: Curve, other_seed: Curve, faulted: dict[str, Curve], *, w
     for n, grid in (("rows", common_grid(curves, rows + 1)[1:]), ("dense", common_grid(curves, dense))):
         noise = noise_band(sa, sb, grid, window)
         stats: dict[str, list[float]] = {name: [] for name in sf}
+        gaps: dict[str, list[float]] = {name: [] for name in sf}
         for x, band in zip(grid, noise):
             ref = value_at(sa, x)
             row: dict[str, Any] = {"samples": round(x), "loss_a": ref, "loss_b": value_at(sb, x), "noise": band}
@@ -169,6 +203,8 @@ def compare(reference: Curve, other_seed: Curve, faulted: dict[str, Curve], *, w
                 gap = abs(v - ref) if v is not None and ref is not None else None
                 within = gap is not None and gap <= band
                 row[name] = {"loss": v, "gap": gap, "within": within}
+                if gap is not None:
+                    gaps[name].append(gap)
                 if gap is not None and band == band:  # not NaN
                     stats[name].append(gap / band if band > 0 else (0.0 if gap == 0 else float("inf")))
             if n == "rows":
@@ -178,7 +214,8 @@ def compare(reference: Curve, other_seed: Curve, faulted: dict[str, Curve], *, w
                 out["faulted"][name] = {
                     "within_share": sum(r <= 1.0 for r in ratios) / len(ratios) if ratios else None,
                     "worst_gap_over_noise": max(ratios) if ratios else None,
-                    "mean_gap_over_noise": sum(ratios) / len(ratios) if ratios else None}
+                    "mean_gap_over_noise": sum(ratios) / len(ratios) if ratios else None,
+                    "max_gap": max(gaps[name]) if gaps[name] else None}
     return out
 
 
@@ -192,11 +229,14 @@ def markdown_table(result: dict[str, Any], names: list[str]) -> str:
     def f(v: Any) -> str:
         return "-" if v is None else f"{v:.4f}"
 
+    def gap(v: Any) -> str:  # float-level gaps (a faulted run replays the same batches) need more than 4 places
+        return f"{v:.1e}" if v is not None and 0 < v < 5e-4 else f(v)
+
     for r in result["rows"]:
         cells = [str(r["samples"]), f(r["loss_a"]), f(r["loss_b"]), f(r["noise"])]
         for n in names:
             c = r[n]
-            cells += [f(c["loss"]), f(c["gap"]), "yes" if c["within"] else "NO"]
+            cells += [f(c["loss"]), gap(c["gap"]), "yes" if c["within"] else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -224,15 +264,17 @@ def plot_convergence(curves: dict[str, Curve], faults: dict[str, list[tuple[floa
         color = colors.get(name) or next(palette)
         colors[name] = color
         ls = "--" if name == other_seed else "-"
-        ax.plot([p[0] for p in c], [p[1] for p in c], color=color, lw=1.4, ls=ls, label=name)
+        lw = 2.6 if name == reference else 1.1  # the faulted runs ride on the reference: keep it visible below
+        ax.plot([p[0] for p in c], [p[1] for p in c], color=color, lw=lw, ls=ls, label=name)
     for i, (name, marks) in enumerate(faults.items()):
         ys = (0.02 + 0.05 * i, 0.06 + 0.05 * i)
         for x, _ in marks:
             ax.axvline(x, ymin=ys[0], ymax=ys[1], color=colors.get(name, "red"), lw=1.2)
         if marks:
-            ax.plot([], [], color=colors.get(name, "red"), lw=1.2, label=f"faults of {name} ({len(marks)})")
+            ax.plot([], [], color=colors.get(name, "red"), lw=1.2, label=f"{name}: its {len(marks)} faults")
     ax.set_ylabel(f"loss (trailing mean, {window:g} samples)")
-    ax.set_title(title or "Loss against samples consumed (ticks at the bottom: injected faults)")
+    ax.set_title("Loss against samples consumed (ticks at the bottom: injected faults)"
+                 + (f"\n{title}" if title else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
     ax2.plot(grid, noise, color="0.5", lw=1.4, label="noise band (seed A vs seed B)")
     for name, c in smoothed.items():
