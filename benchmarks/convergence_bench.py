@@ -198,6 +198,8 @@ def main() -> int:
     t0 = time.time()
     codes = {name: 0 for name, _, _ in runs} if args.reuse else launch(runs, runs_dir, args)
     wall = time.time() - t0
+    if args.reuse and (out / "convergence.json").exists():  # keep the wall time of the runs analysed again
+        wall = json.loads((out / "convergence.json").read_text()).get("wall_s", wall)
 
     rows, curves, faults, failed = [], {}, {}, False
     global_batch = 0

@@ -22,6 +22,7 @@ Curve = list[tuple[float, float]]  # (samples consumed, loss), by increasing sam
 
 FIGURE = "convergence.png"  # in a run directory: report.html shows it when present
 TABLE = "convergence.md"
+GAP_FLOOR = 1e-10  # where the figure's log axis draws a gap of exactly 0
 
 
 def samples_by_step(ledger: list[dict[str, Any]]) -> dict[int, int]:
@@ -282,10 +283,11 @@ def plot_convergence(curves: dict[str, Curve], faults: dict[str, list[tuple[floa
             continue
         gaps = [abs(v - r) if v is not None and r is not None else None
                 for v, r in zip((value_at(c, x) for x in grid), ref)]
-        ax2.plot(grid, [g if g is not None else float("nan") for g in gaps], color=colors[name], lw=1.1,
-                 label=f"|{name} - {reference}|")
+        ax2.plot(grid, [max(g, GAP_FLOOR) if g is not None else float("nan") for g in gaps], color=colors[name],
+                 lw=1.1, label=f"|{name} - {reference}|")
+    ax2.set_yscale("log")  # a replayed run's gap is float rounding, orders of magnitude under the band
     ax2.set_xlabel("samples consumed (sequences, from the sample ledger)")
-    ax2.set_ylabel("loss gap")
+    ax2.set_ylabel(f"loss gap (log; 0 drawn at {GAP_FLOOR:g})")
     ax2.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
