@@ -218,19 +218,29 @@ def main() -> int:
         print(f"  {name}: {len(curves[name])} committed steps, check {'holds' if holds else 'VIOLATED'}", flush=True)
     names = [n for n, _, e in runs if e]
     ref, other = runs[0][0], runs[1][0]
-    window = args.window or auto_window(list(curves.values()), args.window_fraction, global_batch)
-    dense = 200
-    result = conv.compare(curves[ref], curves[other], {n: curves[n] for n in names}, window=window,
-                          rows=args.rows, dense=dense)
-    result["dense_points"] = dense
-    seq_len = json.loads((runs_dir / slug(ref) / "config.json").read_text())["train"]["seq_len"]
+    cfg_file = runs_dir / slug(ref) / "config.json"
+    seq_len = json.loads(cfg_file.read_text())["train"]["seq_len"] if cfg_file.exists() else None
     title = (f"{args.replicas} replicas x {args.procs_per_replica}, {args.model}, constant global batch "
              f"{global_batch} x {seq_len} tokens, {args.duration} each{' (' + args.label + ')' if args.label else ''}")
-    conv.plot_convergence(curves, faults, out / conv.FIGURE, window=window, reference=ref, other_seed=other,
-                          title=title)
-    md = (f"### Convergence: {title}\n\nLoss (trailing mean over {window:.0f} samples) at equal samples consumed; "
-          f"noise band = the largest |seed A - seed B| within one window; gap = |faulted - seed A|.\n\n"
-          + conv.markdown_table(result, names) + "\n" + verdict_lines(result) + "\n" + runs_table(rows))
+    result: dict[str, Any] | None = None
+    (out / conv.FIGURE).unlink(missing_ok=True)  # never a figure of an earlier invocation
+    try:
+        empty = [n for n, c in curves.items() if not c]
+        if empty:
+            raise ValueError(f"no committed step with both a loss and a ledger line in {empty}")
+        window = args.window or auto_window(list(curves.values()), args.window_fraction, global_batch)
+        dense = 200
+        result = conv.compare(curves[ref], curves[other], {n: curves[n] for n in names}, window=window,
+                              rows=args.rows, dense=dense)
+        result["dense_points"] = dense
+        conv.plot_convergence(curves, faults, out / conv.FIGURE, window=window, reference=ref, other_seed=other,
+                              title=title)
+        md = (f"### Convergence: {title}\n\nLoss (trailing mean over {window:.0f} samples) at equal samples "
+              f"consumed; noise band = the largest |seed A - seed B| within one window; gap = |faulted - seed A|.\n\n"
+              + conv.markdown_table(result, names) + "\n" + verdict_lines(result) + "\n" + runs_table(rows))
+    except (ValueError, IndexError) as exc:  # a run with no committed step: the runs' table still says which
+        failed = True
+        md = f"### Convergence: {title}\n\nNo comparison: {exc!r}\n\n" + runs_table(rows)
     (out / conv.TABLE).write_text(md)
     record = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "cpus": os.cpu_count(),
               "label": args.label, "python": sys.version.split()[0], "command": " ".join(sys.argv),
@@ -239,7 +249,7 @@ def main() -> int:
     (out / "convergence.json").write_text(json.dumps(record, default=str))
     for name, _, every in runs:
         run_dir = runs_dir / slug(name)
-        if every:  # the faulted run's report shows the comparison (report.py picks the files up)
+        if every and (out / conv.FIGURE).exists():  # the faulted run's report shows it (report.py picks it up)
             shutil.copy(out / conv.FIGURE, run_dir / conv.FIGURE)
             (run_dir / conv.TABLE).write_text(md)
         try:
@@ -259,7 +269,7 @@ def main() -> int:
             (keep / "train.log.tail").write_text("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
     print()
     print(md)
-    print(f"wall {wall:.0f} s; written: {out / conv.TABLE}, {out / conv.FIGURE}, {out / 'convergence.json'}")
+    print(f"wall {wall:.0f} s; written in {out}: {', '.join(sorted(p.name for p in out.iterdir() if p.is_file()))}")
     return 1 if failed else 0
 
 
