@@ -1,14 +1,16 @@
 """The convergence benchmark (issue 36 item 4): does a run with faults follow the fault-free loss curve?
 
-    .venv/bin/python benchmarks/convergence_bench.py --duration 6m --parallel          # 16-core host, ~7 min
-    .venv/bin/python benchmarks/convergence_bench.py --duration 150s                   # 2-core box, sequential
-    .venv/bin/python benchmarks/convergence_bench.py --duration 30s --fault-every 8s --faults.warmup 6s  # smoke
+    .venv/bin/python benchmarks/convergence_bench.py --duration 330s --parallel    # 16-core host, ~7 min
+    .venv/bin/python benchmarks/convergence_bench.py --duration 150s               # 2-core box, one by one, ~12 min
+    .venv/bin/python benchmarks/convergence_bench.py --duration 45s --fault-every 8s \
+        --faults.warmup 5s --faults.holdoff 5s                                     # smoke (the long test), ~3 min
 
 Method:
 1. Four runs of one config (`regent train`, per-step mode, `--ft.constant-batch`, 3 replicas of 1 process, the
-   debug Llama 3 on the built-in corpus, torch threads 1), each for `--duration`: fault-free with seed A,
-   fault-free with seed B, and with seed A a fault every 30 s and every 15 s (`--fault-every`, the default fault
-   kinds: kill, exception, comm, hang). `--parallel` runs them at once (a many-core host: 12 busy trainers).
+   debug Llama 3 on the built-in corpus, torch threads 1, trainers on CPU unless `--device auto`), each for
+   `--duration`: fault-free with seed A, fault-free with seed B, and with seed A a fault every 30 s and every
+   15 s (`--fault-every`, the default fault kinds: kill, exception, comm, hang). `--parallel` runs them at once
+   (a many-core host: 12 busy trainers).
 2. Loss against samples consumed: the loss of each committed step (the mean over its global batch) at the
    samples the sample ledger says were consumed up to it, smoothed by a trailing mean over `--window` samples.
 3. The yardstick: at each sample count, the largest gap between the two fault-free seeds' smoothed curves within
@@ -16,7 +18,8 @@ Method:
    larger (`regent.orchestrate.convergence`).
 4. Exactly-once: `regent check` on every run (the sample ledger check included) must hold.
 Writes OUT/convergence.{json,md,png}, small copies of each run (summary, check, report) under OUT/runs/, and the
-figure and table into each faulted run's directory, where `regent report` shows them. Exit 1 when a check fails.
+figure and table into each faulted run's directory, where `regent report` shows them. Exit 1 when a run failed,
+ran past `--duration` + `--grace`, or `regent check` did not hold on it. Other flags go to every `regent train`.
 """
 
 from __future__ import annotations
