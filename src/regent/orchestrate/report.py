@@ -386,7 +386,7 @@ table.inner td,table.inner th{{font-size:11px;padding:1px 4px}}</style></head><b
 <h2>Accounting</h2><table><tr><th>figure</th><th>value</th><th>how it was made</th></tr>{accounting}</table>
 <h2>Summary</h2><table>{rows}</table>
 <h2>Active replicas</h2><img src="active_replicas.png">
-<h2>Loss</h2><img src="loss.png">
+<h2>Loss</h2><img src="loss.png">{convergence_html(run)}
 <h2>Quorum id</h2><img src="quorum_ids.png">
 <h2>Recovery time</h2><img src="recovery.png">
 <h2>Events</h2><table><tr><th>t (s)</th><th>kind</th><th>replica</th><th>gen</th><th>quorum</th><th>step</th>
@@ -394,6 +394,18 @@ table.inner td,table.inner th{{font-size:11px;padding:1px 4px}}</style></head><b
     out = run / "report.html"
     out.write_text(page)
     return out
+
+
+def convergence_html(run: Path) -> str:
+    """The convergence benchmark's figure and table, when benchmarks/convergence_bench.py left them in this run
+    directory (regent.orchestrate.convergence): this run's loss against fault-free runs' at equal samples."""
+    from regent.orchestrate.convergence import FIGURE, TABLE
+
+    if not (run / FIGURE).exists():
+        return ""
+    table = (run / TABLE).read_text() if (run / TABLE).exists() else ""
+    return (f'<h2>Convergence against fault-free runs</h2><img src="{FIGURE}">'
+            f"<pre>{html.escape(table)}</pre>")
 
 
 def verdict_html(violations: list[str]) -> str:
