@@ -14,7 +14,7 @@ the control plane needs none of them.
 
 Security (both optional): `authenticate(path, headers, peer)` runs on every call's request headers before the
 request is even read; a non-None answer ends the call with UNAUTHENTICATED and that message, and the handler
-never runs (`regent.ft.rpc_security.lite_authenticator` checks the job secret's proof). `ssl` (an
+never runs (`regent.ft.rpc_security.CallVerifier` checks the job secret's proof). `ssl` (an
 `ssl.SSLContext` with ALPN "h2", `TLSFiles.server_context()`) serves TLS through asyncio's own TLS transport.
 """
 
