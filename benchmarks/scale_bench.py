@@ -29,7 +29,8 @@ Sections:
 Every section runs against each server of `--servers`, one after the other in the same run: `regent` (the
 default `regent lighthouse`, served by `grpc_lite`), `regent-grpcio` (`--server grpcio`: grpcio's asyncio server,
 removed from Regent after commit 1ba06ef, so it needs `--src` of a tree from before; kept to re-measure the
-decision) and `torchft` (TorchFT's Rust Lighthouse, the anchor; used by default when torchft-nightly is installed).
+decision), `regent-h2` (the same Lighthouse with the `h2` library's HTTP/2 connection in place of `grpc_lite`'s
+own: `h2_connection.py`, needs `pip install h2`) and `torchft` (TorchFT's Rust Lighthouse, the anchor; used by default when torchft-nightly is installed).
 
 The server is `regent lighthouse` (the CLI users run) in its own process; `--src DIR` puts DIR first on its
 PYTHONPATH, so an older checkout (`git archive <rev> src | tar -x -C /tmp/before`) is measured the same way.
@@ -64,7 +65,7 @@ DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 HEARTBEAT_PATH = b"/torchft.LighthouseService/Heartbeat"
 QUORUM_PATH = b"/torchft.LighthouseService/Quorum"
-SERVERS = ("regent", "regent-grpcio", "torchft")
+SERVERS = ("regent", "regent-h2", "regent-grpcio", "torchft")
 
 
 # ---- a minimal gRPC-over-HTTP/2 client ----------------------------------------------------------------------------
@@ -180,6 +181,8 @@ def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str 
              "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000"]
     if profile and kind == "regent":
         cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-profiled", str(port), profile]
+    elif kind == "regent-h2":
+        cmd = [PYTHON, str(Path(__file__).resolve().parent / "h2_connection.py"), "--serve", str(port)]
     elif kind == "torchft":
         exe = shutil.which("torchft_lighthouse") or str(Path(PYTHON).parent / "torchft_lighthouse")
         cmd = [exe, *flags]

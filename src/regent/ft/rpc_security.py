@@ -85,10 +85,16 @@ class CallVerifier:
     the dashboard's kill): checks `regent-auth` values (thread-safe) and remembers accepted nonces (no replays).
     Called as `verifier(path, headers, peer)` it is `grpc_lite.Server`'s `authenticate` hook."""
 
-    def __init__(self, secret: bytes, what: str = "server", window_s: float = CLOCK_WINDOW_S) -> None:
+    def __init__(self, secret: bytes, what: str = "server", window_s: float = CLOCK_WINDOW_S,
+                 spend_nonces: bool = True, on_refuse: Callable[[], None] | None = None) -> None:
+        """`spend_nonces=False`: `check` and the hook check proofs only, for a Lighthouse front end whose owner
+        spends the nonces (`spend`), so replays are caught across all front ends. `on_refuse`: called after each
+        refusal (a front end reports its count to the owner)."""
         self._secret = secret
         self._what = what
         self.window_s = window_s
+        self._spend_nonces = spend_nonces
+        self._on_refuse = on_refuse
         self._lock = threading.Lock()
         # Accepted nonces (their first 64 bits, as ints: about 100 bytes each with the queue entry; a false
         # "replay" needs two of the calls inside one window to share 64 random bits) in arrival order.
@@ -153,12 +159,14 @@ class CallVerifier:
         log = logger.warning if first else logger.debug
         log("%s refused %s from %s: %s%s", self._what, method, host, reason,
             "; further refusals from this host are logged at DEBUG" if first else "")
+        if self._on_refuse is not None:
+            self._on_refuse()
         return (f"{self._what} requires the job secret: {reason}; set {auth.SECRET_ENV} or {auth.SECRET_FILE_ENV} "
                 "to the job's secret")
 
     def check(self, method: str, token: str | bytes | None, peer: str) -> str | None:
         """`verify`, and `refuse` on failure: None or the UNAUTHENTICATED message."""
-        reason = self.verify(method, token)
+        reason = self.verify(method, token, spend=self._spend_nonces)
         return None if reason is None else self.refuse(peer, method, reason)
 
     def __call__(self, path: bytes, headers: list[tuple[bytes, bytes]], peer: str) -> str | None:
