@@ -180,7 +180,7 @@ class ManagerServer:
         self._stopped = threading.Event()
         self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
         self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
-        self._in_flight = 0  # calls being served over gRPC (under `_cond`): shutdown lets them end first
+        self._calls: set[asyncio.Future] = set()  # calls being served over gRPC (loop thread): shutdown lets them end
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8,
                                                            thread_name_prefix="regent-mgr")
         self._loop = new_event_loop()
@@ -222,15 +222,21 @@ class ManagerServer:
         self._beat_now.set()
         with self._cond:
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._in_flight == 0, timeout=SHUTDOWN_GRACE_S)
         self._client.close()
         if self._loop.is_running():
-            stopped = asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop)
+            stopped = asyncio.run_coroutine_threadsafe(self._stop_serving(), self._loop)
             try:
                 stopped.result(timeout=5)
             except (concurrent.futures.TimeoutError, RuntimeError) as err:  # a wedged loop: the process is ending it anyway
                 logger.warning("ManagerServer %s: gRPC server did not stop cleanly: %s", self.replica_id, err)
         self._stop_loop()
+
+    async def _stop_serving(self) -> None:
+        """Let the calls woken by the shutdown send their answers (CANCELLED), then stop the server."""
+        if self._calls:
+            await asyncio.wait(set(self._calls), timeout=SHUTDOWN_GRACE_S)
+        await asyncio.sleep(0)  # the server's own done-callbacks (which write the answers) run first
+        await self._server.stop()
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
@@ -244,7 +250,10 @@ class ManagerServer:
         """A `grpc_lite` handler that runs the blocking `handler(message, context)` in a worker thread."""
 
         def serve(request: bytes, deadline: float | None) -> asyncio.Future:
-            return self._loop.run_in_executor(self._pool, self._serve, handler, request_type, request, deadline)
+            call = self._loop.run_in_executor(self._pool, self._serve, handler, request_type, request, deadline)
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+            return call
 
         return serve
 
@@ -254,16 +263,10 @@ class ManagerServer:
             message = request_type.FromString(request)
         except DecodeError as err:
             raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad request: {err}") from None
-        with self._cond:
-            self._in_flight += 1
         try:
             return handler(message, _LocalCall.until(deadline)).SerializeToString()
         except LocalRpcError as err:
             raise grpc_lite.RpcStatusError(err.code().value[0], err.details()) from None
-        finally:
-            with self._cond:
-                self._in_flight -= 1
-                self._cond.notify_all()
 
     def _wait_round(self, rnd: _Round, context: Any, what: str) -> None:
         """Wait (holding `_cond`) until `rnd` is done; abort on the call's deadline or a shutdown."""
