@@ -197,10 +197,13 @@ class ManagerServer:
         host, port = parse_bind(bind or f"{hostname}:0")
         try:
             port = asyncio.run_coroutine_threadsafe(self._server.start(host, port), self._loop).result()
-        except BaseException as err:
+        except OSError as err:
             self._stop_loop()
             raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'} ({err}); set hostname/port") \
                 from err
+        except BaseException:
+            self._stop_loop()
+            raise
         self._address = f"{hostname}:{port}"
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="regent-heartbeat", daemon=True)
