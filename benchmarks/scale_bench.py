@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/scale_bench.py --groups 1024 4096 --ids 10000
     .venv/bin/python benchmarks/scale_bench.py --src /tmp/before/src    # the same against another source tree
     .venv/bin/python benchmarks/scale_bench.py --profile /tmp/lh.prof   # cProfile of the server's loop thread
-    .venv/bin/python benchmarks/scale_bench.py --only join --servers regent regent-grpcio torchft
+    .venv/bin/python benchmarks/scale_bench.py --only join --servers regent torchft
+    .venv/bin/python benchmarks/scale_bench.py --only steady --groups 1024 --servers regent regent-grpcio torchft \
+        --src /tmp/before/src                                           # grpcio's server: a tree before 1ba06ef+1
 
 Why a raw HTTP/2 client: the quantity measured is the server's CPU, and the machine may be shared, so the client
 must be cheap and must not share the server's GIL. It speaks just enough HTTP/2 to send unary gRPC calls the way
@@ -25,8 +27,10 @@ Sections:
   so their size grows with N squared; the client only counts frames.
 
 Every section runs against each server of `--servers`, one after the other in the same run: `regent` (the
-default `regent lighthouse`), `regent-grpcio` (`--server grpcio`) and `torchft` (TorchFT's Rust Lighthouse, the
-anchor; used by default when torchft-nightly is installed).
+default `regent lighthouse`, served by `grpc_lite`), `regent-grpcio` (`--server grpcio`: grpcio's asyncio server,
+removed from Regent after commit 1ba06ef, so it needs `--src` of a tree from before; kept to re-measure the
+decision), `regent-h2` (the same Lighthouse with the `h2` library's HTTP/2 connection in place of `grpc_lite`'s
+own: `h2_connection.py`, needs `pip install h2`) and `torchft` (TorchFT's Rust Lighthouse, the anchor; used by default when torchft-nightly is installed).
 
 The server is `regent lighthouse` (the CLI users run) in its own process; `--src DIR` puts DIR first on its
 PYTHONPATH, so an older checkout (`git archive <rev> src | tar -x -C /tmp/before`) is measured the same way.
@@ -61,7 +65,7 @@ DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 HEARTBEAT_PATH = b"/torchft.LighthouseService/Heartbeat"
 QUORUM_PATH = b"/torchft.LighthouseService/Quorum"
-SERVERS = ("regent", "regent-grpcio", "torchft")
+SERVERS = ("regent", "regent-h2", "regent-grpcio", "torchft")
 
 
 # ---- a minimal gRPC-over-HTTP/2 client ----------------------------------------------------------------------------
@@ -168,7 +172,7 @@ def quorum_message(replica_id: str, step: int = 0) -> bytes:
 
 def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str = "regent",
                      min_replicas: int = 1, frontends: int = 0) -> subprocess.Popen:
-    """`kind`: regent (`regent lighthouse`, its default server), regent-grpcio (`--server grpcio`), torchft
+    """`kind`: regent (`regent lighthouse`), regent-grpcio (`--server grpcio`, trees up to 1ba06ef), torchft
     (TorchFT's Rust `torchft_lighthouse`, the anchor). `frontends`: Regent's `--frontends N`."""
     env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="error")
     if src:
@@ -177,6 +181,8 @@ def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str 
              "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000"]
     if profile and kind == "regent":
         cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-profiled", str(port), profile]
+    elif kind == "regent-h2":
+        cmd = [PYTHON, str(Path(__file__).resolve().parent / "h2_connection.py"), "--serve", str(port)]
     elif kind == "torchft":
         exe = shutil.which("torchft_lighthouse") or str(Path(PYTHON).parent / "torchft_lighthouse")
         cmd = [exe, *flags]

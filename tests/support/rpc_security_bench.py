@@ -1,7 +1,7 @@
 """What the control plane's secret, TLS and the transfer's checksums cost, and what hostile input does to each
 port (run by hand: `python -m tests.support.rpc_security_bench`; the numbers are in benchmarks/RESULTS.md).
 
-Per call: sequential heartbeats from one `LighthouseClient` to a Lighthouse (lite and grpcio) without a secret,
+Per call: sequential heartbeats from one `LighthouseClient` to a Lighthouse (`grpc_lite`) without a secret,
 with one, and with the secret over mutual TLS. Transfer: a 60 MB state over `StreamTransport` with the per-tensor
 checksums and with them stubbed out (both ends sending zeros). Hostile: raw bytes, HTTP/1.1 and a TLS hello on the gRPC
 port, unauthenticated and replayed calls; the Lighthouse must stay up and unchanged.
@@ -40,14 +40,14 @@ def _certs(d: str) -> TLSFiles:
     return TLSFiles(f"{d}/cert.pem", f"{d}/key.pem", f"{d}/cert.pem")
 
 
-def per_call_us(configs: dict[str, tuple[str, bytes, TLSFiles]], calls: int = 1000,
+def per_call_us(configs: dict[str, tuple[bytes, TLSFiles]], calls: int = 1000,
                 rounds: int = 9) -> dict[str, float]:
-    """For each config (server kind, secret, TLS): the median over `rounds` of the mean time of one heartbeat
+    """For each config (secret, TLS): the median over `rounds` of the mean time of one heartbeat
     (client and server together), microseconds. Rounds of the configs alternate, so a busy box slows all alike."""
-    servers = {name: LighthouseServer(min_replicas=1, server=kind, secret=secret, tls=tls)
-               for name, (kind, secret, tls) in configs.items()}
-    clients = {name: LighthouseClient(servers[name].address(), connect_timeout=10, secret=configs[name][1],
-                                      tls=configs[name][2]) for name in configs}
+    servers = {name: LighthouseServer(min_replicas=1, secret=secret, tls=tls)
+               for name, (secret, tls) in configs.items()}
+    clients = {name: LighthouseClient(servers[name].address(), connect_timeout=10, secret=configs[name][0],
+                                      tls=configs[name][1]) for name in configs}
     try:
         for client in clients.values():
             for _ in range(200):
@@ -115,9 +115,9 @@ def checksum_only_s(fn: object, mb: int = 60, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
-def hostile(server: str) -> dict[str, str]:
+def hostile() -> dict[str, str]:
     """Throw what an outsider might at the gRPC port; report what came back and whether anything changed."""
-    lh = LighthouseServer(min_replicas=1, server=server, secret=SECRET, tls=NO_TLS)
+    lh = LighthouseServer(min_replicas=1, secret=SECRET, tls=NO_TLS)
     out: dict[str, str] = {}
     host, port = normalize_address(lh.address()).rsplit(":", 1)
     try:
@@ -162,12 +162,11 @@ def main() -> None:
     d = tempfile.mkdtemp()
     try:
         tls = _certs(d) if shutil.which("openssl") else None
-        for server in ("lite", "grpcio"):
-            configs = {"plain": (server, b"", NO_TLS), "secret": (server, SECRET, NO_TLS)}
-            if tls is not None:
-                configs["secret+mTLS"] = (server, SECRET, tls)
-            results[f"{server}_per_call_us"] = per_call_us(configs)
-            results[f"{server}_hostile"] = hostile(server)
+        configs = {"plain": (b"", NO_TLS), "secret": (SECRET, NO_TLS)}
+        if tls is not None:
+            configs["secret+mTLS"] = (SECRET, tls)
+        results["lite_per_call_us"] = per_call_us(configs)
+        results["lite_hostile"] = hostile()
     finally:
         shutil.rmtree(d, ignore_errors=True)
     results["crc32_60MB_s"] = round(checksum_only_s(zlib.crc32), 4)

@@ -54,10 +54,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="save the last quorum id here so a restarted Lighthouse keeps ids increasing (recommended)",
     )
     parser.add_argument(
-        "--server", choices=("lite", "grpcio"), default="lite",
-        help="gRPC server: lite (Regent's lean HTTP/2 server, default) or grpcio (grpcio's asyncio server)",
-    )
-    parser.add_argument(
         "--secret-file", default=None,
         help="file holding the job secret every call must prove (default: $REGENT_JOB_SECRET or "
              "$REGENT_JOB_SECRET_FILE; none: calls are not authenticated)",
@@ -105,7 +101,6 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             state_file=args.state_file,
-            server=args.server,
             secret=secret,
             tls=tls,
             frontends=args.frontends,

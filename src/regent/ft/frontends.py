@@ -756,24 +756,6 @@ class FrontEnd:
             self.config.set_result(json.loads(payload))
 
 
-class _ProofOnlyVerifier(CallVerifier):
-    """A front end checks each call's proof (HMAC, clock window) but leaves its nonce to the owner; its
-    refusals are reported to the owner (`LighthouseServer.refused_calls`) with the next batch."""
-
-    def __init__(self, secret: bytes, what: str, front: FrontEnd) -> None:
-        super().__init__(secret, what)
-        self.front = front
-
-    def verify(self, method: str, token: str | bytes | None, now: float | None = None,
-               spend: bool = True) -> str | None:
-        return super().verify(method, token, now, spend=False)
-
-    def refuse(self, peer: str, method: str, reason: str) -> str:
-        message = super().refuse(peer, method, reason)
-        self.front._soon()
-        return message
-
-
 def _security_from(config: dict[str, Any]) -> Any:
     from regent.ft import rpc_security
 
@@ -796,7 +778,10 @@ async def _serve(fd: int) -> None:
     try:
         security = _security_from(config)
         front.secret = bool(security.secret)
-        verifier = _ProofOnlyVerifier(security.secret, "Lighthouse", front) if security.secret else None
+        # A front end checks each call's proof (HMAC, clock window) but leaves its nonce to the owner; its
+        # refusals are reported to the owner (`LighthouseServer.refused_calls`) with the next batch.
+        verifier = (CallVerifier(security.secret, "Lighthouse", spend_nonces=False, on_refuse=front._soon)
+                    if security.secret else None)
         front.verifier = verifier
         server = lite_server(grpc_lite.method_table("torchft.LighthouseService", {
             "Quorum": front.quorum, "Heartbeat": front.heartbeat, "RegentHolders": front.holders}), security,

@@ -14,7 +14,7 @@ the control plane needs none of them.
 
 Security (both optional): `authenticate(path, headers, peer)` runs on every call's request headers before the
 request is even read; a non-None answer ends the call with UNAUTHENTICATED and that message, and the handler
-never runs (`regent.ft.rpc_security.lite_authenticator` checks the job secret's proof). `ssl` (an
+never runs (`regent.ft.rpc_security.CallVerifier` checks the job secret's proof). `ssl` (an
 `ssl.SSLContext` with ALPN "h2", `TLSFiles.server_context()`) serves TLS through asyncio's own TLS transport.
 """
 
@@ -1100,10 +1100,20 @@ class Server:
                                                     sock=dual_stack_socket(port, reuse_port),
                                                     backlog=1024, ssl=self._ssl, **self._tls_kwargs())
         else:
-            self._server = await loop.create_server(
-                lambda: _Connection(self), host or None, port, reuse_address=True, backlog=1024, ssl=self._ssl,
-                reuse_port=reuse_port or None, **self._tls_kwargs()
-            )
+            def listen(at: int) -> Awaitable[asyncio.AbstractServer]:
+                return loop.create_server(
+                    lambda: _Connection(self), host or None, at, reuse_address=True, backlog=1024, ssl=self._ssl,
+                    reuse_port=reuse_port or None, **self._tls_kwargs()
+                )
+
+            self._server = await listen(port)
+            bound = self._server.sockets[0].getsockname()[1]
+            if port == 0 and any(s.getsockname()[1] != bound for s in self._server.sockets):
+                # A name with several addresses ('localhost': 127.0.0.1 and ::1) got a port each; clients dial
+                # the name with one port, so every address must have it (grpcio binds them so too).
+                self._server.close()
+                await self._server.wait_closed()
+                self._server = await listen(bound)
         return self._server.sockets[0].getsockname()[1]
 
     def _tls_kwargs(self) -> dict[str, float]:

@@ -6,8 +6,8 @@ broadcasts its results.
 
 Threading: all Lighthouse state lives on one asyncio loop in a background thread, so no lock is needed and a
 Quorum call costs no thread. gRPC is served by `regent.ft.grpc_lite` (a lean HTTP/2 server on that loop; a
-single-replica Quorum call costs a fraction of what grpcio's asyncio server spends), or by grpcio's asyncio
-server with `server="grpcio"` / `regent lighthouse --server grpcio`. The HTTP dashboard runs in its own
+heartbeat costs a seventh of the CPU grpcio's asyncio server spent, which also failed calls at 1,024 groups:
+benchmarks/RESULTS.md), the one server stack of the control plane. The HTTP dashboard runs in its own
 threads and reads the state through the loop. With `frontends=N` (`regent lighthouse --frontends N`, Linux), N
 front-end processes serve the gRPC port instead and batch heartbeats and requests into this loop, which keeps every
 piece of state and the decision (`regent.ft.frontends`).
@@ -66,7 +66,6 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc import aio
 
 from regent import settings
 from regent.eventloop import new_event_loop
@@ -97,18 +96,6 @@ from regent.ft.types import Quorum, QuorumMember
 
 logger = logging.getLogger(__name__)
 
-SERVER_OPTIONS: list[tuple[str, Any]] = [
-    # A second Lighthouse on the same port must fail loudly, not share the port.
-    ("grpc.so_reuseport", 0),
-    # Accept TorchFT's client keepalive (a ping every 60 s, also while idle) without GOAWAY.
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    # Notice clients whose host vanished while they wait in a Quorum call.
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-]
-SERVER_KINDS = ("lite", "grpcio")
 FRONTENDS_ENV = settings.REGENT_LIGHTHOUSE_FRONTENDS.name
 KILL_TIMEOUT_S = 10.0
 PORT_PAIR_ATTEMPTS = 50
@@ -269,39 +256,6 @@ class _Issued:
         return self._full
 
 
-def _service_handler(lighthouse: LighthouseServer) -> grpc.GenericRpcHandler:
-    """`torchft.LighthouseService` for grpcio's server (`server="grpcio"`), with pre-serialized responses: an
-    issued quorum is encoded once, not once per waiting replica."""
-
-    async def quorum(request: torchft_pb2.LighthouseQuorumRequest, context: aio.ServicerContext) -> bytes:
-        if not request.HasField("requester"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing requester")
-        result = lighthouse._quorum(request.requester, _compact_ask(request))
-        return result if isinstance(result, bytes) else await result
-
-    async def heartbeat(request: torchft_pb2.LighthouseHeartbeatRequest, context: aio.ServicerContext) -> bytes:
-        lighthouse._heartbeat(request.replica_id, request)
-        return EMPTY_HEARTBEAT_RESPONSE
-
-    async def regent_holders(request: torchft_pb2.RegentHoldersRequest, context: aio.ServicerContext) -> bytes:
-        return lighthouse._holders()
-
-    return grpc.method_handlers_generic_handler(
-        "torchft.LighthouseService",
-        {
-            "Quorum": grpc.unary_unary_rpc_method_handler(
-                quorum, request_deserializer=torchft_pb2.LighthouseQuorumRequest.FromString
-            ),
-            "Heartbeat": grpc.unary_unary_rpc_method_handler(
-                heartbeat, request_deserializer=torchft_pb2.LighthouseHeartbeatRequest.FromString
-            ),
-            "RegentHolders": grpc.unary_unary_rpc_method_handler(
-                regent_holders, request_deserializer=torchft_pb2.RegentHoldersRequest.FromString
-            ),
-        },
-    )
-
-
 def _decode(cls: Any, what: str, request: bytes) -> Any:
     """`cls` parsed from `request`, or INVALID_ARGUMENT: one definition for this process's server and the front
     ends'."""
@@ -329,20 +283,13 @@ def decode_holders_request(request: bytes) -> torchft_pb2.RegentHoldersRequest:
 
 def lite_server(handlers: dict[str, grpc_lite.Handler], security: rpc_security.Security,
                 verifier: rpc_security.CallVerifier | None = None) -> grpc_lite.Server:
-    """The Lighthouse's `grpc_lite` server, with its secret check and TLS: the same in this process and in a
-    front end (`regent.ft.frontends`)."""
-    if verifier is None and security.secret:
-        verifier = rpc_security.CallVerifier(security.secret, "Lighthouse")
-    return grpc_lite.Server(
-        handlers,
-        authenticate=rpc_security.lite_authenticator(verifier) if verifier is not None else None,
-        ssl=security.tls.server_context() if security.tls.enabled else None,
-        volatile_header=rpc_security.AUTH_KEY_BYTES if verifier is not None else b"",
-        call_age=rpc_security.lite_call_age if verifier is not None else None)
+    """The Lighthouse's gRPC server, with its secret check and TLS: the same in this process and in a front end
+    (`regent.ft.frontends`)."""
+    return security.server(handlers, "Lighthouse", verifier)
 
 
 def _lite_handlers(lighthouse: LighthouseServer) -> dict[str, grpc_lite.Handler]:
-    """`torchft.LighthouseService` for the lean server (the default): bytes in, bytes out."""
+    """`torchft.LighthouseService` for `grpc_lite`: bytes in, bytes out."""
 
     def quorum(request: bytes, deadline: float | None) -> bytes | asyncio.Future:
         message = decode_quorum_request(request)
@@ -370,7 +317,7 @@ class LighthouseServer:
         join_timeout_ms: how long a quorum waits for groups that were in the last one.
         quorum_tick_ms: how often the quorum rules are evaluated.
         heartbeat_timeout_ms: how long without a heartbeat before a group counts as gone.
-        state_file, server, secret, tls, expect_groups, expect_within_s: Regent's additions (see __init__).
+        state_file, secret, tls, expect_groups, expect_within_s, frontends: Regent's additions (see __init__).
     """
 
     def __init__(
@@ -381,7 +328,6 @@ class LighthouseServer:
         quorum_tick_ms: int = 100,
         heartbeat_timeout_ms: int = 5000,
         state_file: str | os.PathLike[str] | None = None,
-        server: str = "lite",
         secret: bytes | None = None,
         tls: rpc_security.TLSFiles | None = None,
         expect_groups: list[str] | None = None,
@@ -393,9 +339,6 @@ class LighthouseServer:
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
         again at 1, and managers could meet an id they already used (a stale rendezvous prefix).
 
-        `server` picks the gRPC implementation: "lite" (default, `regent.ft.grpc_lite`, the fast one) or
-        "grpcio" (grpcio's asyncio server, kept for comparison). Both serve TLS and check the secret.
-
         `secret` / `tls`: who may call and over what (see the module docstring); None takes the environment,
         `b""` / `TLSFiles()` turn them off.
 
@@ -406,15 +349,11 @@ class LighthouseServer:
         `frontends` (Regent, Linux): serve gRPC from this many front-end processes sharing the port
         (`regent.ft.frontends`: heartbeats answered there, batched into this process every `frontend_batch_ms`;
         the decision stays here). 0 serves gRPC from this process, as before; None takes
-        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0; ignored by `server="grpcio"`)."""
-        if server not in SERVER_KINDS:
-            raise ValueError(f"unknown Lighthouse server {server!r}; pick one of {', '.join(SERVER_KINDS)}")
-        if frontends is None:  # the environment's default applies to the server that can take it
-            frontends = settings.REGENT_LIGHTHOUSE_FRONTENDS.get() if server == "lite" else 0
+        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0)."""
+        if frontends is None:
+            frontends = settings.REGENT_LIGHTHOUSE_FRONTENDS.get()
         if frontends < 0:
             raise ValueError(f"frontends must be 0 (serve from this process) or more, got {frontends}")
-        if frontends and server != "lite":
-            raise ValueError("Lighthouse front ends serve with grpc_lite only; drop --server grpcio or --frontends")
         if frontends:
             from regent.ft.frontends import reuse_port_available
 
@@ -426,7 +365,6 @@ class LighthouseServer:
         self._frontend_batch_ms = frontend_batch_ms
         self._pool: Any = None
         self._reserved: socket.socket | None = None
-        self._server_kind = server
         self._security = rpc_security.Security.resolve(secret, tls)
         self._verifier = (rpc_security.CallVerifier(self._security.secret, "Lighthouse")
                           if self._security.secret else None)
@@ -582,7 +520,7 @@ class LighthouseServer:
                 continue
             try:
                 self._call_in_loop(self._create_grpc_server(grpc_port)).result()
-            except Exception as err:  # noqa: BLE001 - grpcio reports a taken port as RuntimeError: try another pair, and the last error is raised below
+            except OSError as err:  # the port is taken: try another pair, and the last error is raised below
                 http.server_close()
                 last_error = err
                 continue
@@ -621,18 +559,8 @@ class LighthouseServer:
 
             self._reserved = reserve_port(self._host, port)
             return
-        if self._server_kind == "lite":
-            lite = lite_server(_lite_handlers(self), security, self._verifier)
-            await lite.start(self._host, port)
-            self._server = lite
-            return
-        interceptors = ([rpc_security.AioCheckingInterceptor(self._verifier)] if self._verifier is not None
-                        else [])
-        server = aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-        server.add_generic_rpc_handlers((_service_handler(self),))
-        bound = security.add_port(server, format_hostport(self._host, port))
-        if bound != port:
-            raise OSError(f"gRPC bound port {bound}, wanted {port}")
+        server = lite_server(_lite_handlers(self), security, self._verifier)
+        await server.start(self._host, port)
         self._server = server
 
     async def _start_serving(self) -> None:
@@ -650,8 +578,6 @@ class LighthouseServer:
                 await self._pool.stop()
                 self._close_reserved()
                 raise
-        elif self._server_kind == "grpcio":
-            await self._server.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_forever())
 
     def _close_reserved(self) -> None:
@@ -664,10 +590,8 @@ class LighthouseServer:
         if self._pool is not None:
             await self._pool.stop()
             self._close_reserved()
-        elif self._server_kind == "lite":
-            await self._server.stop()
         else:
-            await self._server.stop(grace=0)
+            await self._server.stop()
 
     # ---- quorum -------------------------------------------------------------------------------------------
 

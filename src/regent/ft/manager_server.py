@@ -6,10 +6,16 @@ the result (`regent.ft.recovery.compute_quorum_results`), holds the group-wide c
 Lighthouse with the replica's committed (step, lineage), and reports each commit to it before any rank applies
 it. The per-rank `regent.ft.manager.Manager` is its only client in Regent; TorchFT's `ManagerClient`
 (`regent.ft.coordination`) speaks to it too.
+
+Serving: `regent.ft.grpc_lite` (the control plane's one gRPC server, built by `Security.server`) on an asyncio
+loop in its own thread. The handlers block (each waits, on a condition, for the group's other ranks), so each
+call runs in a worker thread of a pool sized for the group: two calls per rank can wait at once (a Quorum and a
+ShouldCommit) plus the CheckpointMetadata calls of healing peers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import datetime
 import logging
@@ -19,9 +25,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from regent import settings
-from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
+from regent.eventloop import new_event_loop
+from regent.ft import grpc_lite
+from regent.ft.proto import torchft_pb2
 from regent.ft.recovery import (
     ACCEPTED_LOSS_KEY,
     LINEAGE_KEY,
@@ -41,6 +50,9 @@ logger = logging.getLogger(__name__)
 COMMIT_REPORT_TIMEOUT_S = 1.0
 # Above this many members a ManagerServer asks the Lighthouse for the compact quorum answer (REGENT_COMPACT_QUORUM)
 COMPACT_AUTO_MEMBERS = 64
+# At shutdown, calls in flight get this long to end (their waits are woken with CANCELLED) before the server
+# answers the rest with UNAVAILABLE.
+SHUTDOWN_GRACE_S = 0.5
 
 
 class _Round:
@@ -70,22 +82,31 @@ class LocalRpcError(grpc.RpcError):
 
 
 class _LocalCall:
-    """The stand-in for a gRPC servicer context when group rank 0 calls its own ManagerServer directly.
+    """A handler's view of its call: the deadline, and `abort`. The same object serves calls that came over
+    gRPC (`ManagerServer._serve`) and group rank 0's direct calls to its own ManagerServer.
 
-    Why: rank 0 hosts the ManagerServer, and a gRPC round trip to itself (serialize, loopback, grpcio's thread
-    pool, deserialize) cost about 1 ms of every `start_quorum`; the direct call runs the same handler code."""
+    Why the direct call: rank 0 hosts the ManagerServer, and a gRPC round trip to itself (serialize, loopback,
+    a worker thread, deserialize) cost about 1 ms of every `start_quorum`; it runs the same handler code."""
 
-    def __init__(self, timeout: float) -> None:
-        self._deadline = time.monotonic() + timeout
+    def __init__(self, timeout: float | None) -> None:
+        self._deadline = None if timeout is None else time.monotonic() + timeout
 
-    def time_remaining(self) -> float:
-        return max(0.0, self._deadline - time.monotonic())
+    @classmethod
+    def until(cls, deadline: float | None) -> _LocalCall:
+        """A call that ends at `deadline` (`time.monotonic()` seconds; None: no deadline)."""
+        call = cls(None)
+        call._deadline = deadline
+        return call
+
+    def time_remaining(self) -> float | None:
+        """Seconds left (None without a deadline, as grpcio says it)."""
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise LocalRpcError(code, details)
 
 
-class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
+class ManagerServer:
     """TorchFT's ManagerService for one replica group: quorum aggregation, commit barrier, kill, heartbeats.
 
     With a job secret (`secret=`, else `$REGENT_JOB_SECRET`) every call must carry a fresh proof of it
@@ -159,16 +180,31 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         self._stopped = threading.Event()
         self._lighthouse_unreachable = False  # set when a commit report failed, cleared by the next heartbeat
         self._beat_now = threading.Event()  # set at a commit: tell the Lighthouse now, not at the next beat
-        self._server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8, thread_name_prefix="regent-mgr"),
-            interceptors=self.security.server_interceptors("ManagerServer"),
-        )
-        torchft_pb2_grpc.add_ManagerServiceServicer_to_server(self, self._server)
-        port = self.security.add_port(self._server, bind or f"{hostname}:0")
-        if port == 0:
-            raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'}; set hostname/port")
+        self._calls: set[asyncio.Future] = set()  # calls being served over gRPC (loop thread): shutdown lets them end
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2 * world_size + 8,
+                                                           thread_name_prefix="regent-mgr")
+        self._loop = new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="regent-mgr-rpc", daemon=True)
+        self._loop_thread.start()
+        self._server = self.security.server(grpc_lite.method_table("torchft.ManagerService", {
+            "Quorum": self._method(self.Quorum, torchft_pb2.ManagerQuorumRequest),
+            "CheckpointMetadata": self._method(self.CheckpointMetadata, torchft_pb2.CheckpointMetadataRequest),
+            "ShouldCommit": self._method(self.ShouldCommit, torchft_pb2.ShouldCommitRequest),
+            "Kill": self._method(self.Kill, torchft_pb2.KillRequest),
+        }), "ManagerServer")
+        from regent.ft.lighthouse import parse_bind
+
+        host, port = parse_bind(bind or f"{hostname}:0")
+        try:
+            port = asyncio.run_coroutine_threadsafe(self._server.start(host, port), self._loop).result()
+        except OSError as err:
+            self._stop_loop()
+            raise OSError(f"ManagerServer could not bind {bind or hostname + ':0'} ({err}); set hostname/port") \
+                from err
+        except BaseException:
+            self._stop_loop()
+            raise
         self._address = f"{hostname}:{port}"
-        self._server.start()
         self._heartbeat_interval = heartbeat_interval
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="regent-heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -190,7 +226,50 @@ class ManagerServer(torchft_pb2_grpc.ManagerServiceServicer):
         with self._cond:
             self._cond.notify_all()
         self._client.close()
-        self._server.stop(grace=0.5)
+        if self._loop.is_running():
+            stopped = asyncio.run_coroutine_threadsafe(self._stop_serving(), self._loop)
+            try:
+                stopped.result(timeout=5)
+            except (concurrent.futures.TimeoutError, RuntimeError) as err:  # a wedged loop: the process is ending it anyway
+                logger.warning("ManagerServer %s: gRPC server did not stop cleanly: %s", self.replica_id, err)
+        self._stop_loop()
+
+    async def _stop_serving(self) -> None:
+        """Let the calls woken by the shutdown send their answers (CANCELLED), then stop the server."""
+        if self._calls:
+            await asyncio.wait(set(self._calls), timeout=SHUTDOWN_GRACE_S)
+        await asyncio.sleep(0)  # the server's own done-callbacks (which write the answers) run first
+        await self._server.stop()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()
+        self._pool.shutdown(wait=False)
+
+    def _method(self, handler: Any, request_type: Any) -> grpc_lite.Handler:
+        """A `grpc_lite` handler that runs the blocking `handler(message, context)` in a worker thread."""
+
+        def serve(request: bytes, deadline: float | None) -> asyncio.Future:
+            call = self._loop.run_in_executor(self._pool, self._serve, handler, request_type, request, deadline)
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+            return call
+
+        return serve
+
+    def _serve(self, handler: Any, request_type: Any, request: bytes, deadline: float | None) -> bytes:
+        """One call over gRPC, in a worker thread: decode, run the handler, encode; an abort becomes the status."""
+        try:
+            message = request_type.FromString(request)
+        except DecodeError as err:
+            raise grpc_lite.RpcStatusError(grpc_lite.StatusCode.INVALID_ARGUMENT, f"bad request: {err}") from None
+        try:
+            return handler(message, _LocalCall.until(deadline)).SerializeToString()
+        except LocalRpcError as err:
+            raise grpc_lite.RpcStatusError(err.code().value[0], err.details()) from None
 
     def _wait_round(self, rnd: _Round, context: Any, what: str) -> None:
         """Wait (holding `_cond`) until `rnd` is done; abort on the call's deadline or a shutdown."""

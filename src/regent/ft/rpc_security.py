@@ -2,7 +2,9 @@
 
 Why: the Lighthouse and every replica's ManagerServer take calls that change training (join a quorum, vote a
 commit, kill a replica). On a shared network anyone who can reach the port could do that. Two independent
-defences, each optional:
+defences, each optional, applied by one server stack and one authenticator: every control-plane server is
+`regent.ft.grpc_lite` built by `Security.server`, which checks calls with `CallVerifier`. grpcio remains the
+client library (`Security.channel`): Regent's clients and TorchFT's stubs call through it.
 
 **The job secret** (`regent.auth`: `$REGENT_JOB_SECRET` or `$REGENT_JOB_SECRET_FILE`; `regent train` gives one
 to every process, so it is on there by default). Every call carries the metadata entry
@@ -42,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from grpc import aio
 
 from regent import auth, settings
+from regent.ft import grpc_lite
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +81,20 @@ def make_token(secret: bytes, method: str, now: float | None = None) -> str:
 
 
 class CallVerifier:
-    """Server side: checks `regent-auth` values (thread-safe) and remembers accepted nonces (no replays)."""
+    """The one authenticator of every control-plane server (the Lighthouse, its front ends, each ManagerServer,
+    the dashboard's kill): checks `regent-auth` values (thread-safe) and remembers accepted nonces (no replays).
+    Called as `verifier(path, headers, peer)` it is `grpc_lite.Server`'s `authenticate` hook."""
 
-    def __init__(self, secret: bytes, what: str = "server", window_s: float = CLOCK_WINDOW_S) -> None:
+    def __init__(self, secret: bytes, what: str = "server", window_s: float = CLOCK_WINDOW_S,
+                 spend_nonces: bool = True, on_refuse: Callable[[], None] | None = None) -> None:
+        """`spend_nonces=False`: `check` and the hook check proofs only, for a Lighthouse front end whose owner
+        spends the nonces (`spend`), so replays are caught across all front ends. `on_refuse`: called after each
+        refusal (a front end reports its count to the owner)."""
         self._secret = secret
         self._what = what
         self.window_s = window_s
+        self._spend_nonces = spend_nonces
+        self._on_refuse = on_refuse
         self._lock = threading.Lock()
         # Accepted nonces (their first 64 bits, as ints: about 100 bytes each with the queue entry; a false
         # "replay" needs two of the calls inside one window to share 64 random bits) in arrival order.
@@ -149,13 +159,36 @@ class CallVerifier:
         log = logger.warning if first else logger.debug
         log("%s refused %s from %s: %s%s", self._what, method, host, reason,
             "; further refusals from this host are logged at DEBUG" if first else "")
+        if self._on_refuse is not None:
+            self._on_refuse()
         return (f"{self._what} requires the job secret: {reason}; set {auth.SECRET_ENV} or {auth.SECRET_FILE_ENV} "
                 "to the job's secret")
 
     def check(self, method: str, token: str | bytes | None, peer: str) -> str | None:
         """`verify`, and `refuse` on failure: None or the UNAUTHENTICATED message."""
-        reason = self.verify(method, token)
+        reason = self.verify(method, token, spend=self._spend_nonces)
         return None if reason is None else self.refuse(peer, method, reason)
+
+    def __call__(self, path: bytes, headers: list[tuple[bytes, bytes]], peer: str) -> str | None:
+        """`grpc_lite.Server`'s `authenticate` hook: None to serve the call, else the UNAUTHENTICATED message."""
+        token = None
+        for name, value in headers:
+            if name == AUTH_KEY_BYTES:
+                token = value
+                break
+        return self.check(path.decode("ascii", "replace"), token, peer)
+
+    @staticmethod
+    def call_age(headers: list[tuple[bytes, bytes]], now: float | None = None) -> float | None:
+        """`grpc_lite.Server`'s `call_age` hook: seconds since the caller signed this call (its proof's
+        timestamp; the proof was checked before this is asked), or None without a well-formed proof."""
+        for name, value in headers:
+            if name == AUTH_KEY_BYTES:
+                parts = value.split(b":")
+                if len(parts) == 4 and parts[1].isdigit():
+                    return (time.time() if now is None else now) - int(parts[1]) / 1000.0
+                return None
+        return None
 
     @property
     def remembered(self) -> int:
@@ -219,13 +252,6 @@ class TLSFiles:
             return None
         with open(path, "rb") as f:
             return f.read()
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """grpcio server credentials; a CA means client certificates are required (mutual TLS)."""
-        self._need_server_pair()
-        ca = self._read(self.ca)
-        return grpc.ssl_server_credentials([(self._read(self.key), self._read(self.cert))], root_certificates=ca,
-                                           require_client_auth=ca is not None)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self._read(self.ca), private_key=self._read(self.key),
@@ -303,17 +329,18 @@ class Security:
         """Metadata for one call (for code that calls without `channel`); empty without a secret."""
         return [(AUTH_KEY, make_token(self.secret, method))] if self.secret else []
 
-    # -- grpcio servers --
-    def server_interceptors(self, what: str) -> list[grpc.ServerInterceptor]:
-        """For a grpcio (threads) server: the secret's check, or nothing without a secret. An asyncio server
-        takes `AioCheckingInterceptor(CallVerifier(...))`."""
-        return [CheckingInterceptor(CallVerifier(self.secret, what))] if self.secret else []
-
-    def add_port(self, server: Any, address: str) -> int:
-        """Bind `server` (grpcio, sync or asyncio) to `address`, with TLS when configured."""
-        if self.tls.enabled:
-            return server.add_secure_port(address, self.tls.server_credentials())
-        return server.add_insecure_port(address)
+    # -- servers --
+    def server(self, handlers: dict[str, grpc_lite.Handler], what: str,
+               verifier: CallVerifier | None = None) -> grpc_lite.Server:
+        """The one way a control-plane gRPC server is built (`what`: 'Lighthouse', 'ManagerServer', for logs):
+        `grpc_lite` with the secret's check (`verifier`, else a new `CallVerifier` when a secret is set) and TLS
+        when configured."""
+        if verifier is None and self.secret:
+            verifier = CallVerifier(self.secret, what)
+        return grpc_lite.Server(
+            handlers, authenticate=verifier, ssl=self.tls.server_context() if self.tls.enabled else None,
+            volatile_header=AUTH_KEY_BYTES if verifier is not None else b"",
+            call_age=verifier.call_age if verifier is not None else None)
 
 
 class _SignedUnaryUnary:
@@ -380,76 +407,6 @@ class SigningChannel(grpc.Channel):
     def __exit__(self, *exc: object) -> bool:
         self.close()
         return False
-
-
-def _token_of(metadata: Any) -> str | None:
-    for item in metadata or ():
-        key, value = item
-        if key == AUTH_KEY:
-            return value
-    return None
-
-
-class CheckingInterceptor(grpc.ServerInterceptor):
-    """grpcio (threads): refuse unauthenticated calls before their handler; the request is never parsed."""
-
-    def __init__(self, verifier: CallVerifier) -> None:
-        self.verifier = verifier
-
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        reason = self.verifier.verify(details.method, _token_of(details.invocation_metadata))
-        if reason is None:
-            return continuation(details)
-        verifier, method = self.verifier, details.method
-
-        def refuse(request: bytes, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, verifier.refuse(context.peer(), method, reason))
-
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-
-class AioCheckingInterceptor(aio.ServerInterceptor):
-    """grpcio (asyncio): as `CheckingInterceptor`."""
-
-    def __init__(self, verifier: CallVerifier) -> None:
-        self.verifier = verifier
-
-    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        reason = self.verifier.verify(details.method, _token_of(details.invocation_metadata))
-        if reason is None:
-            return await continuation(details)
-        verifier, method = self.verifier, details.method
-
-        async def refuse(request: bytes, context: aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, verifier.refuse(context.peer(), method, reason))
-
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-
-def lite_authenticator(verifier: CallVerifier) -> Callable[[bytes, list[tuple[bytes, bytes]], str], str | None]:
-    """The `authenticate` hook of `regent.ft.grpc_lite.Server`: (path, headers, peer) -> None or the refusal."""
-
-    def authenticate(path: bytes, headers: list[tuple[bytes, bytes]], peer: str) -> str | None:
-        token = None
-        for name, value in headers:
-            if name == AUTH_KEY_BYTES:
-                token = value
-                break
-        return verifier.check(path.decode("ascii", "replace"), token, peer)
-
-    return authenticate
-
-
-def lite_call_age(headers: list[tuple[bytes, bytes]], now: float | None = None) -> float | None:
-    """The `call_age` hook of `regent.ft.grpc_lite.Server`: seconds since the caller signed this call (its
-    proof's timestamp; the proof was checked before this is asked), or None without a well-formed proof."""
-    for name, value in headers:
-        if name == AUTH_KEY_BYTES:
-            parts = value.split(b":")
-            if len(parts) == 4 and parts[1].isdigit():
-                return (time.time() if now is None else now) - int(parts[1]) / 1000.0
-            return None
-    return None
 
 
 # ---- the dashboard's one action ----------------------------------------------------------------------------

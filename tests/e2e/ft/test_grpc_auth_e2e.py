@@ -24,7 +24,7 @@ from regent.ft.lighthouse import LighthouseServer
 from regent.ft.lighthouse_client import LighthouseClient
 from regent.ft.manager import ManagerServer
 from regent.ft.rpc_security import TLSFiles
-from tests.unit.ft.test_grpc_auth import SECRET, SERVERS, _heartbeating, _raw_heartbeat
+from tests.unit.ft.test_grpc_auth import SECRET, _heartbeating, _raw_heartbeat
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +50,8 @@ def certs(tmp_path_factory):
     return TLSFiles(str(d / "cert.pem"), str(d / "key.pem"), str(d / "cert.pem"))
 
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_tls_round_trip_and_plaintext_refused(server, certs):
-    lh = LighthouseServer(min_replicas=1, server=server, secret=SECRET, tls=certs)
+def test_tls_round_trip_and_plaintext_refused(certs):
+    lh = LighthouseServer(min_replicas=1, secret=SECRET, tls=certs)
     try:
         assert lh.address().startswith("https://") and lh.dashboard_url().startswith("https://")
         with LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=certs) as client:

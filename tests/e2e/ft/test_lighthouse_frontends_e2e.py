@@ -44,8 +44,6 @@ def test_front_ends_are_refused_clearly_without_linux_reuseport(monkeypatch: pyt
     monkeypatch.setattr(frontends.sys, "platform", "darwin")
     with pytest.raises(ValueError, match="SO_REUSEPORT.*--frontends 0"):
         LighthouseServer(frontends=2, secret=b"", tls=TLSFiles())
-    with pytest.raises(ValueError, match="grpc_lite only"):
-        LighthouseServer(frontends=2, server="grpcio", secret=b"", tls=TLSFiles())
 
 
 @linux_only

@@ -1,5 +1,5 @@
-"""Nobody gets into the control plane: every gRPC call to the Lighthouse (both server implementations) and to a
-ManagerServer proves the job secret, or is refused with UNAUTHENTICATED before it changes anything; replays,
+"""Nobody gets into the control plane: every gRPC call to the Lighthouse and to a ManagerServer (one server stack,
+one authenticator: `Security.server`, `CallVerifier`) proves the job secret, or is refused with UNAUTHENTICATED before it changes anything; replays,
 proofs for another method and stale proofs are refused; refusals are logged once per peer host; TLS (and
 mutual TLS) round trips; without a secret, plain TorchFT-style clients work as before. Real sockets; one test
 runs the Lighthouse as its own process (`regent lighthouse`) with the secret in its environment."""
@@ -27,7 +27,6 @@ from regent.ft.rpc_security import AUTH_KEY, CallVerifier, Security, TLSFiles, m
 
 SECRET = bytes(range(32))
 OTHER = bytes(range(1, 33))
-SERVERS = ("lite", "grpcio")
 HEARTBEAT = "/torchft.LighthouseService/Heartbeat"
 QUORUM = "/torchft.LighthouseService/Quorum"
 
@@ -48,9 +47,8 @@ def _heartbeating(lh: LighthouseServer) -> set[str]:
     return {h["replica_id"] for h in lh.status()["heartbeats"]}
 
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_lighthouse_accepts_the_secret_and_refuses_everything_else(server, caplog):
-    lh = LighthouseServer(min_replicas=1, server=server, secret=SECRET, tls=TLSFiles())
+def test_lighthouse_accepts_the_secret_and_refuses_everything_else(caplog):
+    lh = LighthouseServer(min_replicas=1, secret=SECRET, tls=TLSFiles())
     try:
         client = LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles())
         client.heartbeat("good")
@@ -101,9 +99,8 @@ def test_lighthouse_accepts_the_secret_and_refuses_everything_else(server, caplo
         lh.shutdown()
 
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_without_a_secret_torchft_clients_work_and_regent_clients_too(server):
-    lh = LighthouseServer(min_replicas=1, server=server, secret=b"", tls=TLSFiles())
+def test_without_a_secret_torchft_clients_work_and_regent_clients_too():
+    lh = LighthouseServer(min_replicas=1, secret=b"", tls=TLSFiles())
     try:
         # a client that has a secret talks to a server that has none (the extra metadata is ignored)
         with LighthouseClient(lh.address(), connect_timeout=5, secret=SECRET, tls=TLSFiles()) as client:
@@ -278,6 +275,25 @@ def test_a_quorum_request_that_outlived_its_deadline_in_flight_is_not_counted():
 
 def test_call_age_reads_the_proofs_timestamp():
     token = make_token(SECRET, QUORUM, now=1000.0).encode()
-    assert rpc_security.lite_call_age([(b"x", b"y"), (rpc_security.AUTH_KEY_BYTES, token)], now=1003.5) == 3.5
-    assert rpc_security.lite_call_age([(b"x", b"y")]) is None
-    assert rpc_security.lite_call_age([(rpc_security.AUTH_KEY_BYTES, b"v1:abc:x:y")]) is None
+    assert CallVerifier.call_age([(b"x", b"y"), (rpc_security.AUTH_KEY_BYTES, token)], now=1003.5) == 3.5
+    assert CallVerifier.call_age([(b"x", b"y")]) is None
+    assert CallVerifier.call_age([(rpc_security.AUTH_KEY_BYTES, b"v1:abc:x:y")]) is None
+
+
+def test_the_verifier_is_the_servers_authenticate_hook():
+    """The one authenticator: called with what `grpc_lite` hands it (path, raw headers, peer), it serves a call
+    with a fresh proof for that path and refuses one without, with another method's proof, or replayed."""
+    v = CallVerifier(SECRET, "TestServer")
+    token = make_token(SECRET, HEARTBEAT).encode()
+    headers = [(b":path", HEARTBEAT.encode()), (rpc_security.AUTH_KEY_BYTES, token)]
+    assert v(HEARTBEAT.encode(), headers, "127.0.0.1:5000") is None
+    assert "replayed" in v(HEARTBEAT.encode(), headers, "127.0.0.1:5000")
+    assert "TestServer requires the job secret" in v(QUORUM.encode(), [(rpc_security.AUTH_KEY_BYTES,
+                                                                          make_token(SECRET, HEARTBEAT).encode())],
+                                                      "127.0.0.1:5001")
+    assert "no regent-auth" in v(HEARTBEAT.encode(), [(b":path", HEARTBEAT.encode())], "10.0.0.1:1")
+    assert (v.accepted, v.refused) == (1, 3)
+    # a Security with a secret builds servers that use it; without one, servers that check nothing
+    server = Security(SECRET).server({}, "TestServer")
+    assert isinstance(server.authenticate, CallVerifier) and server.call_age is not None
+    assert Security(None).server({}, "TestServer").authenticate is None
