@@ -28,7 +28,7 @@ def main() -> None:
     # `kill -USR1 <pid>` prints every thread's Python stack to this proc's stderr, which its owner routes with
     # the proc's prefix: how a stuck trainer is looked into on a cluster without py-spy or gdb
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`Runtime.orphan_watch`)
+    parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`ActorRuntime.orphan_watch`)
     boot = json.loads(settings.REGENT_BOOT.take())
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
@@ -38,11 +38,11 @@ def main() -> None:
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
-    from regent.actor._runtime import Runtime, set_runtime
+    from regent.actor._process import new_runtime, set_runtime
     from regent.eventloop import new_event_loop
 
-    rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
-                 advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
+    rt = new_runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
+                     advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
     set_runtime(rt)
     parent = boot["parent"]
     rt.owner_proc_id = parent["id"]
