@@ -17,6 +17,10 @@ import signal
 import sys
 
 from regent import settings
+from regent.actor._config import config
+from regent.actor._context import _current
+from regent.actor._process import new_runtime, set_runtime
+from regent.eventloop import new_event_loop
 
 
 def main() -> None:
@@ -38,9 +42,6 @@ def main() -> None:
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
-    from regent.actor._process import new_runtime, set_runtime
-    from regent.eventloop import new_event_loop
-
     rt = new_runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
                      advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
     set_runtime(rt)
@@ -59,9 +60,6 @@ def main() -> None:
 def install_log_prefix() -> None:
     """Log records emitted inside an actor get `[actor=<...>]` in front (config knob
     `prefix_python_logs_with_actor`)."""
-    from regent.actor._config import config
-    from regent.actor._context import _current
-
     make_record = logging.getLogRecordFactory()
 
     def factory(*args: object, **kwargs: object) -> logging.LogRecord:
