@@ -1,7 +1,8 @@
-"""The per-process runtime: one asyncio loop, a listener, direct connections to peers, and bookkeeping.
+"""The routing of the per-process runtime: one asyncio loop, a listener, direct connections to peers, reply ports.
 
-Every process of a job (the controller, each proc, each `regent worker`) has exactly one `Runtime`. It
-owns all sockets; all per-process state is reached from it and touched only on its event loop thread. Other
+Every process of a job (the controller, each proc, each `regent worker`) has exactly one runtime (a
+`_process.ActorRuntime`, built on `Runtime`). It owns all sockets; all per-process state is reached from it and
+touched only on its event loop thread. Other
 threads (the user's main thread, sync actors' threads) hand work over with `run_on_loop`, which batches
 wake-ups so a burst of calls costs one loop wake-up, not one per call.
 
