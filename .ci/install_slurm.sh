@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install SLURM + munge from Debian packages and start a single-node cluster on this machine, so the real
-# SLURM test (tests/jobs/test_slurm_real.py) can submit jobs. Idempotent: re-running it leaves a healthy
+# SLURM test (tests/e2e/jobs/test_slurm_real.py) can submit jobs. Idempotent: re-running it leaves a healthy
 # cluster alone, and restarts only the daemons that are not answering.
 #
 # Needs root and a Debian/Ubuntu machine. No systemd is assumed (CI containers have none): the daemons

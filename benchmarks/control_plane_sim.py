@@ -22,6 +22,9 @@ with N front-end processes sharing its port (`regent.ft.frontends`); its CPU is 
 ends' (the owner's alone in its own column), and "into table" is how late the batched heartbeats reached the
 owner's liveness table (the simulator's lag then ends at the front end's answer).
 
+- owner: the quorum owner's own CPU for a round of N front-end joins (`--round-groups`), in process, without
+  link or clients: the part of a round with front ends that stays on one core.
+
 Writes benchmarks/results/control_plane_sim.json and, with matplotlib, control_plane_sim.png.
 """
 
@@ -111,6 +114,56 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
             "bytes_per_answer": nbytes / rounds / groups}
 
 
+def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
+    """The quorum owner's own CPU for a round of N front-end joins, without the link or any client: N raw compact
+    requests go straight into `LighthouseServer._frontend_quorum` on its loop (what a front end's link frames
+    become), timed on that thread until the tick has answered every one (the plan sent to the front ends,
+    `compact.encode_plan`, included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do.
+    The collector is tuned as in `regent lighthouse` (`lighthouse.tune_gc`)."""
+    import asyncio
+
+    from regent.ft.lighthouse import LighthouseServer, tune_gc
+
+    tune_gc()  # as `regent lighthouse` does in its process
+    rows = []
+    for groups in groups_list:
+        server = LighthouseServer(bind="127.0.0.1:0", min_replicas=groups, secret=b"", frontends=0)
+        try:
+            cpus = []
+            for r in range(rounds + 1):  # the first round (the table filling up) is a warm-up
+                raws = [quorum_message(f"group{i}:x", r, True)[5:] for i in range(groups)]
+
+                async def one_round(raws: list[bytes] = raws, server: LighthouseServer = server) -> float:
+                    done = asyncio.get_running_loop().create_future()
+                    answered = []
+
+                    def reply(result: object) -> None:
+                        answered.append(result)
+                        if len(answered) == len(raws):
+                            done.set_result(None)
+
+                    t0 = time.thread_time()
+                    for raw in raws:
+                        server._frontend_quorum(raw, reply)
+                    await done
+                    for result in answered:  # what the link does per answer: the round's plan, encoded once
+                        getattr(result, "plan", lambda: b"")()
+                    return time.thread_time() - t0
+
+                cpu = server._call_in_loop(one_round()).result(timeout=300)
+                if r:
+                    cpus.append(cpu)
+        finally:
+            server.shutdown()
+        cpus.sort()
+        row = {"section": "owner", "groups": groups, "owner_cpu_ms": 1e3 * cpus[len(cpus) // 2],
+               "us_per_join": 1e6 * cpus[len(cpus) // 2] / groups, "all_ms": [round(1e3 * c, 1) for c in cpus],
+               "load_avg": os.getloadavg()[0]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def sim_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     torchft = torchft_lighthouse_exe() is not None and not args.no_torchft
@@ -175,7 +228,7 @@ def plot(rows: list[dict], path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("sim", "round"), action="append")
+    parser.add_argument("--only", choices=("sim", "round", "owner"), action="append")
     parser.add_argument("--groups", type=int, nargs="+", default=[1000, 4000, 12800])
     parser.add_argument("--round-groups", type=int, nargs="+", default=[1024, 4096, 12800])
     parser.add_argument("--full-up-to", type=int, default=4096, help="largest round measured with full answers")
@@ -196,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="front ends' batching interval in the sim rows (0: once per loop turn)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
-    sections = args.only or ["sim", "round"]
+    sections = args.only or ["sim", "round", "owner"]
     rows: list[dict] = []
     if "sim" in sections:
         rows += sim_rows(args)
@@ -217,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["load_avg"] = os.getloadavg()[0]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if "owner" in sections:
+        rows += owner_join_rows(args.round_groups, args.rounds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -253,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
               f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {r['bytes_per_answer']:.0f} |")
+    print("\n| quorum owner alone: groups | CPU ms per round (rounds) | us per join |")
+    print("|---:|---:|---:|")
+    for r in rows:
+        if r["section"] == "owner":
+            print(f"| {r['groups']} | {r['owner_cpu_ms']:.0f} {r['all_ms']} | {r['us_per_join']:.1f} |")
     if plot(rows, out.with_suffix(".png")):
         print(f"plot: {out.with_suffix('.png')}")
     return 0

@@ -31,6 +31,9 @@ from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))  # regent from this checkout
+from regent.ports import free_port_pair  # noqa: E402 (after the path; scale_bench and control_plane_sim import it from here)
+
 PYTHON = sys.executable
 os.environ.setdefault("RUST_LOG", "error")  # TorchFT's Rust clients log every connection at INFO otherwise
 
@@ -38,19 +41,6 @@ os.environ.setdefault("RUST_LOG", "error")  # TorchFT's Rust clients log every c
 # ---- helpers shared by sections ---------------------------------------------------------------------------------
 
 
-def free_port_pair() -> int:
-    """A port P with P and P+1 free (Regent's Lighthouse serves its dashboard on P+1)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
 
 
 def wait_for_port(port: int, timeout: float = 60.0) -> None:
@@ -484,7 +474,7 @@ def _gpu_transfer_rank(rank: int, port: int, sizes_gb: list[float], timeout: flo
                 print(f"rank {rank}: {out[-1]}", flush=True)
         del state, flat
         torch.cuda.empty_cache()
-    # The hung-peer check on NCCL lives in tests/ft/nccl_hang_check.py (run through the device tool).
+    # The hung-peer check on NCCL lives in tests/support/nccl_hang_check.py (run through the device tool).
     hang: dict = {}
     results.put((rank, out, hang))
     group.shutdown()

@@ -53,3 +53,18 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P with P and P+1 both free now: the Lighthouse serves gRPC on P and its dashboard on P+1."""
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind((host, 0))
+            port = int(a.getsockname()[1])
+            with socket.socket() as b:
+                try:
+                    b.bind((host, port + 1))
+                except OSError:
+                    continue  # P+1 taken: another P
+            return port
+    raise RuntimeError(f"no free port pair on {host}")

@@ -1,7 +1,7 @@
 """This process as an actor runtime: routing (`_runtime.Runtime`) together with the state that lives on its loop,
 and the process's life as a proc; and the one runtime of each process (`get_runtime`).
 
-The process layer of `regent.actor` (tests/actor/test_layers.py): above routing, below cells, handlers, meshes
+The process layer of `regent.actor` (tests/unit/actor/test_layers.py): above routing, below cells, handlers, meshes
 and procs. What it needs from those layers is handed to it as `ProcessParts` (`install_parts`, called once by the
 package's `__init__`, the composition root): the handler table, how this process is made a `ProcMesh`, how a
 `get_or_spawn_controller` singleton is spawned, this machine as a host mesh, and the client's fault hook. The state it holds (see

@@ -10,7 +10,7 @@ Routing is by process id: `send(proc_id, ...)` uses the connection to that proce
 socket on the same machine, TCP otherwise) if needed and queueing meanwhile. Messages between two
 processes always take one connection, which is what gives per-sender FIFO order.
 
-This module is the routing layer of `regent.actor` (tests/actor/test_layers.py): it imports only the wire
+This module is the routing layer of `regent.actor` (tests/unit/actor/test_layers.py): it imports only the wire
 (`_transport`, `_messages`) and plain values below it. What it needs from the layers above is given to it when
 built: the handler table of the other message kinds, and `faults` (`PeerFaults`: who is gone, and whom to tell
 when a peer is lost; `_supervision.Supervision`). `_process.ActorRuntime` builds on it with the state that lives

@@ -88,7 +88,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s [lighthouse] %(message)s",
     )
     from regent.auth import read_secret_file
-    from regent.ft.lighthouse import LighthouseServer
+    from regent.ft.lighthouse import LighthouseServer, tune_gc
     from regent.ft.rpc_security import TLSFiles
 
     try:
@@ -97,6 +97,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
         if args.tls_cert or args.tls_key or args.tls_ca:
             env = TLSFiles.from_env()
             tls = TLSFiles(args.tls_cert or env.cert, args.tls_key or env.key, args.tls_ca or env.ca, env.server_name)
+        tune_gc()  # this process serves the Lighthouse only
         server = LighthouseServer(
             bind=args.bind,
             min_replicas=args.min_replicas,

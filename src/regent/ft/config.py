@@ -33,7 +33,7 @@ class FTConfig:
     quorum_timeout_s: float = 60.0
     connect_timeout_s: float = 60.0
     lighthouse: str = ""
-    backend: str | None = None  # None: regent.platform decides (nccl/rccl on GPU, gloo on CPU)
+    backend: Literal["gloo", "nccl", "rccl"] | None = None  # None: regent.platform decides (nccl/rccl on GPU, gloo on CPU)
     init_sync: bool = True
     max_retries: int | None = None
     # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after

@@ -16,7 +16,11 @@ item of a batch, one write holding:
   of Quorum calls that ended on the client's side (deadline, cancel, disconnect).
 The owner answers each call by id (the bytes the single-process Lighthouse would send: byte-identical, since
 the same code makes them); a full answer shared by many members (TorchFT's, one encoding per round) crosses the
-link once per round and front end, then by reference.
+link once per round and front end, then by reference. A compact answer (`regent.ft.compact`) is not made by the
+owner: it sends the round's plan (`compact.encode_plan`) once per front end, then the ids of the calls it answers (one K_SHARES
+frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_plan`) and encodes
+each caller's share itself. The owner's work per join is then the membership update (`FrontJoin`: no future, no
+task per call), which is what a 12,800-group round in under 200 ms needs (issue 37, item 2).
 
 Liveness lag: a heartbeat counts from when its front end received it (front ends and owner share the host's
 monotonic clock), and reaches the owner's table `batch_ms` plus one owner loop turn later; the owner measures
@@ -52,6 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from regent.ft.compact import RoundShares
 from regent.ft.quorum import LighthouseState, note_heartbeat
 from regent.ft.rpc_security import CallVerifier
 
@@ -76,6 +81,8 @@ K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) sinc
 # Kinds, owner -> front end
 K_CONFIG = ord("c")  # JSON config (first frame)
 K_ANSWER = ord("a")  # call id, status code (0 OK; REF: the last blob), payload (response, or a status message)
+K_SHARES = ord("m")  # call ids (>Q each) answered with their compact share of the last plan, one frame a turn
+K_PLAN = ord("p")  # a round's plan (`compact.encode_plan`): the next K_SHARES are shares of it
 K_BLOB = ord("b")  # a response many calls share (a full quorum answer): the next K_ANSWERs with REF use it
 K_VERDICT = ord("v")  # per K_CHECKED_BEATS batch, in order: JSON [[index, refusal message], ...] (refused only)
 REF = 255
@@ -177,6 +184,40 @@ class LagStats:
                 "p99_ms_le": self.percentile_ms(0.99), "max_ms": 1e3 * self.max_s}
 
 
+@dataclass(frozen=True)
+class ShareOf:
+    """The owner's answer to a front end's compact Quorum call: "your share of this round". The front end
+    computes it (`compact.RoundShares`) from the round's plan (`plan()`, cached), sent once per round and link."""
+
+    plan: Callable[[], bytes]
+
+
+@dataclass
+class FrontJoin:
+    """A front end's Quorum call waiting in the owner for the next issued quorum (`LighthouseServer._tick`
+    answers them all in one pass). No future and no task per call: at 12,800 joins a round, their scheduling
+    was a large share of the owner's time; `reply` writes the answer to the link, `cancel` withdraws the call."""
+
+    replica_id: str
+    wire: Any  # its torchft_pb2.QuorumMember
+    member: Any  # its QuorumMember
+    participant: Any  # its current quorum.Participant (a new one each round it is left out of)
+    ask: tuple[int, bool] | None  # the compact answer's (group size, init_sync), or None for the full answer
+    reply: Callable[[bytes | ShareOf], None]
+    withdraw: Callable[[FrontJoin], None]
+    done: bool = False
+
+    def answer(self, result: bytes | ShareOf) -> None:
+        self.done = True
+        self.reply(result)
+
+    def cancel(self) -> None:
+        """The caller stopped waiting (deadline, cancel, its front end's link lost)."""
+        if not self.done:
+            self.done = True
+            self.withdraw(self)
+
+
 def reuse_port_available() -> str | None:
     """None where front ends can share a port, else why not: they need Linux's SO_REUSEPORT, which spreads
     connections over the sockets (macOS and the BSDs have the option, but give every connection to one)."""
@@ -194,7 +235,7 @@ class Owner:
     """What the pool needs from the quorum owner (`LighthouseServer` implements it)."""
 
     def _frontend_beats(self, beats: list[Beat]) -> None: ...
-    def _frontend_quorum(self, raw: bytes) -> bytes | asyncio.Future: ...
+    def _frontend_quorum(self, raw: bytes, reply: Callable[[bytes | ShareOf], None]) -> FrontJoin: ...
     def _holders(self) -> bytes: ...
     def _frontend_spend(self, method: str, ms: int, key: int) -> str | None: ...
 
@@ -209,8 +250,10 @@ class _OwnerLink(asyncio.Protocol):
         self.buffer = bytearray()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.calls: dict[int, asyncio.Future] = {}
+        self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
         self.blob: bytes | None = None
+        self.share_ids: list[int] = []  # calls answered with their share since the last flush (K_SHARES)
+        self.plan_sent: bytes | None = None
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -237,11 +280,15 @@ class _OwnerLink(asyncio.Protocol):
                     call_id, _ = _CALL_AT.unpack_from(payload)
                     nonce = _NONCE.unpack_from(payload, _CALL_AT.size)
                     body = payload[_CALL_AT.size + _NONCE.size:]
-                    self._run(call_id, lambda b=body: owner._frontend_quorum(b), QUORUM_METHOD, nonce)
+                    if self._spent(call_id, QUORUM_METHOD, nonce):
+                        try:
+                            self.calls[call_id] = owner._frontend_quorum(body, lambda r, c=call_id: self._reply(c, r))
+                        except Exception as err:  # noqa: BLE001 - answered to the caller as the single process would
+                            self._answer_error(call_id, err)
                 elif kind == K_WITHDRAW:
                     task = self.calls.pop(_CALL.unpack(payload)[0], None)
                     if task is not None:
-                        task.cancel()  # its done callback withdraws the participant (`LighthouseServer._quorum`)
+                        task.cancel()  # withdraws the participant (`FrontJoin.cancel`, or the task's done callback)
                 elif kind == K_HOLDERS:
                     self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
                               _NONCE.unpack_from(payload, _CALL.size))
@@ -273,15 +320,25 @@ class _OwnerLink(asyncio.Protocol):
             owner._frontend_beats(beats)
         self._send(frame(K_VERDICT, json.dumps(refused).encode()))
 
+    def _spent(self, call_id: int, method: str, nonce: tuple[int, int]) -> bool:
+        """Spend the call's nonce in the owner (with a job secret); False: refused, and answered so."""
+        refusal = self.pool.owner._frontend_spend(method, *nonce)
+        if refusal is None:
+            return True
+        from regent.ft.grpc_lite import StatusCode
+
+        self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
+        return False
+
+    def _reply(self, call_id: int, result: bytes | ShareOf) -> None:
+        """The owner's answer to a waiting front-end join (`FrontJoin.reply`)."""
+        if self.calls.pop(call_id, None) is not None:
+            self.answer(call_id, result)
+
     def _run(self, call_id: int, call: Callable[[], bytes | asyncio.Future], method: str = "",
              nonce: tuple[int, int] = (0, 0)) -> None:
-        if method:
-            refusal = self.pool.owner._frontend_spend(method, *nonce)
-            if refusal is not None:
-                from regent.ft.grpc_lite import StatusCode
-
-                self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
-                return
+        if method and not self._spent(call_id, method, nonce):
+            return
         try:
             result = call()
         except Exception as err:  # noqa: BLE001 - answered to the caller as the single-process server would
@@ -313,7 +370,16 @@ class _OwnerLink(asyncio.Protocol):
             code, message = int(StatusCode.UNKNOWN), f"{type(err).__name__}: {err}"
         self._send(frame(K_ANSWER, _ANSWER.pack(call_id, code) + message.encode()))
 
-    def answer(self, call_id: int, response: bytes) -> None:
+    def answer(self, call_id: int, response: bytes | ShareOf) -> None:
+        if isinstance(response, ShareOf):
+            plan = response.plan()  # one encoding per round, cached by the owner
+            if plan is not self.plan_sent:
+                self._shares_out()  # shares of the previous plan go before the new one
+                self.plan_sent = plan
+                self._send(frame(K_PLAN, plan))
+            self.share_ids.append(call_id)  # one K_SHARES frame for all of them (`_flush`)
+            self._send(b"")
+            return
         if len(response) >= BLOB_MIN_BYTES:
             if response is not self.blob:
                 self.blob = response
@@ -328,8 +394,14 @@ class _OwnerLink(asyncio.Protocol):
             self.flush_pending = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _shares_out(self) -> None:
+        if self.share_ids:
+            ids, self.share_ids = self.share_ids, []
+            self.out.append(frame(K_SHARES, struct.pack(f">{len(ids)}Q", *ids)))
+
     def _flush(self) -> None:
         self.flush_pending = False
+        self._shares_out()
         out, self.out = self.out, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out))
@@ -535,6 +607,8 @@ class FrontEnd:
         self.calls: dict[int, asyncio.Future] = {}
         self.next_call = 0
         self.blob = b""
+        self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
+        self.shares: RoundShares | None = None  # the last K_PLAN's
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
     def heartbeat(self, request: bytes, deadline: float | None) -> bytes:
@@ -563,12 +637,16 @@ class FrontEnd:
         return proof_nonce(self.server.current_volatile if self.server is not None else None) or (0, 0)
 
     def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
-        from regent.ft.lighthouse import decode_quorum_request
+        from regent.ft.lighthouse import _compact_ask, decode_quorum_request
 
-        decode_quorum_request(request)  # refuse what the owner would refuse, here
+        message = decode_quorum_request(request)  # refuse what the owner would refuse, here
         # The heartbeats received so far go first in the batch: the owner sees them before this join.
         nonce = _NONCE.pack(*self._nonce())
-        return self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
+        future = self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
+        ask = _compact_ask(message)
+        if ask is not None:
+            self.asks[self.next_call] = (message.requester.replica_id, *ask)
+        return future
 
     def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
         from regent.ft.lighthouse import decode_holders_request
@@ -589,6 +667,7 @@ class FrontEnd:
         return future
 
     def _ended(self, call_id: int, future: asyncio.Future) -> None:
+        self.asks.pop(call_id, None)
         if self.calls.pop(call_id, None) is not None and future.cancelled():
             self.out.append(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
             self._soon()
@@ -619,6 +698,19 @@ class FrontEnd:
         if parts and self.link.transport is not None:
             self.link.transport.write(b"".join(parts))
 
+    def _share(self, call_id: int, future: asyncio.Future) -> None:
+        """Answer a compact call with its share of the round (the last K_PLAN's)."""
+        try:
+            if self.shares is None:
+                raise RuntimeError("the owner answered a compact call before sending the round's plan")
+            rid, world_size, init_sync = self.asks[call_id]
+            future.set_result(self.shares.answer(rid, world_size, init_sync))
+        except Exception as err:  # answered to the caller (INTERNAL), as a failed owner call would be
+            from regent.ft.grpc_lite import RpcStatusError, StatusCode
+
+            logger.exception("front end: computing a compact quorum share failed")
+            future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
+
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == K_ANSWER:
             call_id, code = _ANSWER.unpack_from(payload)
@@ -634,6 +726,11 @@ class FrontEnd:
                 from regent.ft.grpc_lite import RpcStatusError
 
                 future.set_exception(RpcStatusError(code, body.decode(errors="replace")))
+        elif kind == K_SHARES:
+            for (call_id,) in struct.iter_unpack(">Q", payload):
+                future = self.calls.pop(call_id, None)
+                if future is not None and not future.done():
+                    self._share(call_id, future)
         elif kind == K_VERDICT:
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
             from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE
@@ -649,6 +746,12 @@ class FrontEnd:
                     future.set_result(EMPTY_HEARTBEAT_RESPONSE)
         elif kind == K_BLOB:
             self.blob = payload
+        elif kind == K_PLAN:
+            try:
+                self.shares = RoundShares.from_plan(payload)
+            except Exception:  # the round's K_SHARES then fail with INTERNAL (`_share`), the front end lives on
+                logger.exception("front end: a round's plan could not be decoded")
+                self.shares = None
         elif kind == K_CONFIG and not self.config.done():
             self.config.set_result(json.loads(payload))
 
@@ -713,8 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m regent.ft.frontends FD`: one front end, started by `FrontendPool` with its link on FD."""
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [lighthouse front end] %(message)s")
-    from regent.ft.lighthouse import new_event_loop
+    from regent.ft.lighthouse import new_event_loop, tune_gc
 
+    tune_gc()  # a front end decodes and encodes a share per join: the same allocation pattern as the owner
     loop = new_event_loop()
     try:
         loop.run_until_complete(_serve(int(args[0])))

@@ -24,7 +24,7 @@ or that vanished, and a deleted or failed Job: the replica then gets a fresh all
 
 Testing: the manifest builders are pure and unit-tested, and `regent k8s manifest` output validates against the
 Kubernetes 1.30 schemas. The client path (create, poll pods, problem, delete) and `regent train --job k8s` run
-against tests/jobs/kube_api_stub.py, a recorded-response stub of the REST API whose "kubelet" runs pods as
+against tests/support/kube_api_stub.py, a recorded-response stub of the REST API whose "kubelet" runs pods as
 local processes. No real cluster was available, so scheduling, image pulls, the readiness probe and the way a
 live API server reports failures are untested.
 """

@@ -19,7 +19,7 @@ on the SkyPilot API server); older releases returned the result directly. Both a
 The controller must reach the nodes' private IPs (same VPC or network), as with Monarch's SkyPilot example.
 
 Testing: `build_task` is unit-tested, its run step is executed locally with the variables SkyPilot sets on a
-node, and the launch flow runs against tests/jobs/sky_api_stub.py, a stub of the `sky` API (named as such)
+node, and the launch flow runs against tests/support/sky_api_stub.py, a stub of the `sky` API (named as such)
 whose "nodes" are local processes. SkyPilot itself and a cloud were not available, so the real API server,
 provisioning and `sky.tail_logs` output format on a live cluster are untested.
 """

@@ -7,43 +7,30 @@ fails here, before anything is launched, with a message that names the fix.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import re
 import sys
 import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from regent import settings
+from regent.config_values import ConfigError, check_fields, coerce, field_types, parse_duration
+from regent.ft.config import FTConfig
+from regent.train.config import TrainConfig
+
+__all__ = ["ConfigError", "FaultConfig", "LighthouseConfig", "RunConfig", "parse_duration", "set_option",
+           "apply_toml", "load_toml", "validate", "known_options", "FAULT_KINDS", "DEFAULT_FAULT_KINDS"]
 
 # Single-replica kinds hit one trainer (`node`: every process of one replica); `straggler` pauses one trainer for
 # `straggler_s`; `correlated` kills several whole replicas within a short window (a rack); `lighthouse` kills
 # the Lighthouse and starts it again on the same address; `bitflip` flips one bit of one replica's parameters or
 # optimizer state in place (silent corruption, found by the state vote). `regent train --chaos` turns every kind on.
-FAULT_KINDS = ("exception", "segfault", "kill", "exit", "comm", "hang", "node", "straggler", "correlated",
-               "lighthouse", "bitflip")
+FaultKind = Literal["exception", "segfault", "kill", "exit", "comm", "hang", "node", "straggler", "correlated",
+                    "lighthouse", "bitflip"]
+FAULT_KINDS: tuple[str, ...] = typing.get_args(FaultKind)
 DEFAULT_FAULT_KINDS = ("kill", "exception", "comm", "hang")
-
-
-class ConfigError(ValueError):
-    """A configuration problem found before launch. The message names the fix."""
-
-
-def parse_duration(text: str | float | int) -> float:
-    """'180s', '3m', '1h', '1m30s' or a plain number of seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    s = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", s):
-        return float(s)
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)", s)
-    if not parts or "".join(a + b for a, b in parts) != s.replace(" ", ""):
-        raise ConfigError(f"cannot read duration {text!r}; write it like 180s, 3m, 1h30m or 90")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    return sum(float(v) * scale[u] for v, u in parts)
 
 
 @dataclass
@@ -52,7 +39,7 @@ class FaultConfig:
 
     enabled: bool = True
     every: float = 30.0  # seconds between injections
-    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_FAULT_KINDS))
+    kinds: list[FaultKind] = field(default_factory=lambda: list(DEFAULT_FAULT_KINDS))
     warmup: float = 25.0  # seconds before the first injection
     holdoff: float = 20.0  # seconds a replica is left alone after its restart
     file: str | None = None  # replay this schedule (JSON lines: {"at": s, "replica": r, "kind": k, "rank": i};
@@ -98,8 +85,8 @@ class RunConfig:
     procs_per_replica: int = 2
     steps: int | None = None
     duration: float | None = 180.0
-    recovery: str = "peer"  # peer | restart
-    job: str = "local"  # local | slurm | k8s | skypilot | workers
+    recovery: Literal["peer", "restart"] = "peer"
+    job: Literal["local", "slurm", "k8s", "skypilot", "workers"] = "local"
     run_dir: str = ""
     seed: int = 0
     no_ft: bool = False
@@ -129,20 +116,16 @@ class RunConfig:
     trainer: str = ""
     trainer_options: dict[str, Any] = field(default_factory=dict)
     wandb_project: str = ""  # mirror the metrics to this Weights & Biases project (needs the wandb extra)
-    train: Any = None
-    ft: Any = None
+    train: TrainConfig | None = None  # None: the embedded demo's (set in __post_init__)
+    ft: FTConfig | None = None
     faults: FaultConfig = field(default_factory=FaultConfig)
     lighthouse: LighthouseConfig = field(default_factory=LighthouseConfig)
 
     def __post_init__(self) -> None:
         if self.train is None:
-            from regent.train.config import TrainConfig
-
             # the embedded demo: small enough that 8 trainer processes make progress on a laptop CPU
             self.train = TrainConfig(seq_len=64, batch_size=4, data_max_bytes=4_000_000)
         if self.ft is None:
-            from regent.ft.config import FTConfig
-
             # A DiLoCo quorum waits for the slowest replica's whole local phase; a restarted replica waits
             # in it for the next sync boundary. Give it minutes, not seconds.
             self.ft = FTConfig(quorum_timeout_s=600.0, timeout_s=20.0)
@@ -153,46 +136,8 @@ class RunConfig:
 SECTIONS = ("train", "ft", "faults", "lighthouse")
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Turn a string (from argv) or a TOML value into the field's type."""
-    if isinstance(annotation, str):
-        annotation = {"int": int, "float": float, "str": str, "bool": bool}.get(annotation.split("|")[0].strip(), Any)
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        non_none = [a for a in args if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
-        return _coerce(value, non_none[0] if non_none else Any, where)
-    if annotation is Any or annotation is None:
-        return value
-    if origin in (list, tuple):
-        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
-        inner = args[0] if args else Any
-        return [_coerce(v, inner, where) for v in items]
-    try:
-        if annotation is bool:
-            if isinstance(value, bool):
-                return value
-            s = str(value).lower()
-            if s in ("1", "true", "yes", "on"):
-                return True
-            if s in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        if annotation is float and isinstance(value, str) and re.search(r"[a-z]$", value.strip().lower()):
-            return parse_duration(value)
-        if annotation in (int, float, str):
-            return annotation(value)
-    except (TypeError, ValueError) as exc:
-        name = getattr(annotation, "__name__", str(annotation))
-        raise ConfigError(f"{where}: expected {name}, got {value!r}") from exc
-    return value
-
-
 def _field_types(obj: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(type(obj))  # Regent's own config dataclasses: a failure here is a bug
-    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(obj)}
+    return field_types(obj)
 
 
 def _option_name(dotted: str, toml: bool) -> str:
@@ -264,7 +209,7 @@ def set_option(cfg: RunConfig, dotted: str, value: Any, *, toml: bool = False) -
     types = _field_types(target)
     if field_name not in types:
         raise _unknown(cfg, key, toml, what)
-    setattr(target, field_name, _coerce(value, types[field_name], _option_name(key, toml)))
+    setattr(target, field_name, coerce(value, types[field_name], _option_name(key, toml)))
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -305,6 +250,9 @@ def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Refuse a bad configuration before anything starts."""
+    check_fields(cfg, lambda name: _option_name(name, toml=False))  # types, Literal values included
+    for section in SECTIONS:
+        check_fields(getattr(cfg, section), lambda name, s=section: _option_name(f"{s}.{name}", toml=False))
     if cfg.replicas < 1:
         raise ConfigError("--replicas must be at least 1")
     if cfg.procs_per_replica < 1:
@@ -318,10 +266,6 @@ def validate(cfg: RunConfig) -> None:
     _validate_lighthouse(cfg)
     if cfg.controller_grace < 0:
         raise ConfigError(f"--controller-grace must be 0 or more, not {cfg.controller_grace:g}s; write it like 15m")
-    if cfg.recovery not in ("peer", "restart"):
-        raise ConfigError(f"--recovery must be peer or restart, not {cfg.recovery!r}")
-    if cfg.job not in ("local", "slurm", "k8s", "skypilot", "workers"):
-        raise ConfigError(f"--job must be one of local, slurm, k8s, skypilot, workers, not {cfg.job!r}")
     if cfg.job == "workers":
         _validate_workers_job(cfg)
     if cfg.job_options:
@@ -331,9 +275,6 @@ def validate(cfg: RunConfig) -> None:
             check_job_options(cfg.job, cfg.procs_per_replica, cfg.job_options)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-    bad = [k for k in cfg.faults.kinds if k not in FAULT_KINDS]
-    if bad:
-        raise ConfigError(f"unknown fault kind(s) {', '.join(bad)}; choose from {', '.join(FAULT_KINDS)}")
     if cfg.faults.enabled and not cfg.faults.kinds and not cfg.faults.file:
         raise ConfigError("--fault-kinds is empty; give at least one kind or pass --no-faults")
     if cfg.faults.every <= 0:
@@ -350,18 +291,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"--training-nice {cfg.training_nice}: use 0 (off) to 19, a Linux nice increment")
     if cfg.baseline and not (Path(cfg.baseline) / "metrics.jsonl").is_file():
         raise ConfigError(f"--baseline {cfg.baseline} has no metrics.jsonl; point it at a finished run directory")
-    mode = getattr(cfg.ft, "mode", "diloco")
-    if mode not in ("diloco", "ddp"):
-        raise ConfigError(f"--ft.mode must be diloco or ddp, not {mode!r}")
-    if mode == "diloco" and getattr(cfg.ft, "sync_every", 1) < 1:
+    if cfg.ft.mode == "diloco" and cfg.ft.sync_every < 1:
         raise ConfigError("--ft.sync-every must be at least 1")
-    if getattr(cfg.ft, "constant_batch", False):
+    if cfg.ft.constant_batch:
         from regent.train.data import data_kind
 
         if cfg.trainer:
             raise ConfigError("--ft.constant-batch needs the built-in trainer's data path; a user trainer "
                               f"({cfg.trainer}) reads its own batches: drop --ft.constant-batch")
-        if data_kind(getattr(cfg.train, "data", None)) == "hf":
+        if data_kind(cfg.train.data) == "hf":
             raise ConfigError("--ft.constant-batch cannot read another replica's shard of a streamed hf: dataset; "
                               "prepare shards (regent data prepare) or drop --ft.constant-batch")
     if cfg.no_ft and cfg.replicas != 1:
@@ -370,7 +308,7 @@ def validate(cfg: RunConfig) -> None:
     from regent.train.models.llama3 import MODEL_CONFIGS  # late: keeps `regent --help` light
 
     try:
-        check_available(bool(getattr(cfg.train, "tensorboard", False)), cfg.wandb_project)
+        check_available(cfg.train.tensorboard, cfg.wandb_project)
     except MissingSinkPackage as exc:
         raise ConfigError(str(exc)) from exc
     if cfg.trainer:
@@ -410,7 +348,7 @@ def _validate_lighthouse(cfg: RunConfig) -> None:
         raise ConfigError(f"--replicas {cfg.replicas} is below --lighthouse.min-replicas {lc.min_replicas}: no "
                           f"quorum could ever form; pass --replicas {lc.min_replicas} or more, or lower "
                           "--lighthouse.min-replicas")
-    min_size = getattr(cfg.ft, "min_replica_size", 1)
+    min_size = cfg.ft.min_replica_size
     if not cfg.no_ft and cfg.replicas < min_size:
         raise ConfigError(f"--replicas {cfg.replicas} is below --ft.min-replica-size {min_size}: no step could "
                           f"ever commit; pass --replicas {min_size} or more, or lower --ft.min-replica-size")

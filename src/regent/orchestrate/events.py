@@ -43,6 +43,7 @@ EVENT_KINDS = (
     "state_vote",  # the controller compared the replicas' digests of one committed step (orchestrate/vote.py)
     "state_diverged",  # replicas whose state differed from the majority: stopped and healed (or the backstop)
     "bitflip_applied",  # the `bitflip` fault flipped one bit of a replica's state: where, and at which commit
+    "left_behind",  # a replica missed the run's last sync (the others committed it and stopped): caught up
     "training_stopped",  # every replica reached the stop step (or the run was cut): the end of training
     "controller_restarted",  # `regent train --resume` took over after the controller was lost (how long, how)
     "run_finished",

@@ -25,6 +25,31 @@ class ReplicaView:
     healthy_since: float | None = None
 
 
+# At most this many replica rows in the terminal view and the plain progress line: at 12,800 replica groups a row
+# each made one render ~7 s of controller CPU (rich lays out every row), four times a second
+# (`benchmarks/controller_scale_bench.py`); the rows kept are the ones worth looking at (`rows_to_show`).
+MAX_ROWS = 24
+_ORDER = {"failed": 0, "restarting": 1, "healing": 2, "restarted": 3, "starting": 4, "gave up": 5, "ended failed": 6,
+          "training": 7}
+
+
+def rows_to_show(reps: dict[int, ReplicaView], limit: int = MAX_ROWS) -> list[int]:
+    """The replicas the view shows, in replica order: all of them up to `limit`; past it, those not training
+    first (failed, restarting, healing, ...), then the furthest behind (lowest step). O(N log limit)."""
+    if len(reps) <= limit:
+        return sorted(reps)
+    import heapq
+
+    picked = heapq.nsmallest(limit, reps.items(), key=lambda kv: (_ORDER.get(kv[1].status, 5), kv[1].step, kv[0]))
+    return sorted(r for r, _ in picked)
+
+
+def status_counts(reps: dict[int, ReplicaView]) -> dict[str, int]:
+    """How many replicas are in each status, most common first."""
+    counts = collections.Counter(rv.status for rv in reps.values())
+    return dict(counts.most_common())
+
+
 @dataclass
 class RunView:
     """Everything the live view shows; updated from events and metrics, rendered by `render`."""
@@ -193,7 +218,9 @@ class RunView:
         t = Table(title=None, expand=False)
         for col in ("replica", "status", "gen", "step", "loss", "tok/s", "restarts"):
             t.add_column(col, justify="right" if col not in ("status",) else "left")
-        for r, rv in sorted(self.reps.items()):
+        shown = rows_to_show(self.reps)
+        for r in shown:
+            rv = self.reps[r]
             color = {"training": "green", "failed": "red", "restarting": "yellow", "healing": "cyan"}.get(rv.status, "")
             t.add_row(
                 str(r),
@@ -211,6 +238,11 @@ class RunView:
             f"steps lost {self.steps_lost}   max stall {self.stall_now():.0f}s   state votes {self.votes}   "
             f"divergences {f'[bold red]{self.divergences}[/]' if self.divergences else 0}"
         )
+        if len(shown) < len(self.reps):
+            steps = sorted(rv.step for rv in self.reps.values())
+            head += (f"\n{len(self.reps):,} replicas: " + ", ".join(f"{n:,} {k}" for k, n in status_counts(self.reps).items())
+                     + f"   step min {steps[0]} / median {steps[len(steps) // 2]} / max {steps[-1]}"
+                     + f"   (rows: the {len(shown)} not training or furthest behind)")
         feed = "\n".join(self.feed) or "(no events yet)"
         return Group(Panel(head, title="Regent"), t, Panel(feed, title="events"))
 
@@ -245,9 +277,13 @@ class LiveDisplay:
             self._live.update(self.view.render())
         elif time.time() - self._last_plain > 10:
             self._last_plain = time.time()
-            parts = [f"r{r}:{rv.status}@{rv.step}" + (f" loss {rv.loss:.3f}" if rv.loss else "")
-                     for r, rv in sorted(self.view.reps.items())]
             v = self.view
+            shown = rows_to_show(v.reps)
+            parts = [f"r{r}:{v.reps[r].status}@{v.reps[r].step}"
+                     + (f" loss {v.reps[r].loss:.3f}" if v.reps[r].loss else "") for r in shown]
+            if len(shown) < len(v.reps):  # one line per 10 s must stay a line at 12,800 replicas
+                parts.insert(0, f"{len(v.reps):,} replicas: "
+                             + ", ".join(f"{n:,} {k}" for k, n in status_counts(v.reps).items()))
             print(f"[regent] quorum {v.quorum_id} | " + " | ".join(parts)
                   + f" | resets {v.lineage_resets}, steps lost {v.steps_lost}, max stall {v.stall_now():.0f}s, "
                   f"votes {v.votes}, divergences {v.divergences}",

@@ -101,3 +101,17 @@ def at_the_end(*, gave_up: bool, ended_failed: bool, restarting: bool, trainers_
     if restarting:
         return "wait"
     return "ask" if trainers_up else "done"
+
+
+def left_behind(final_at: dict[int, float], pending: list[int], now: float, grace_s: float,
+                caught_up: set[int]) -> list[int]:
+    """The replicas to catch up at the end of a run (`ReplicaActor.catch_up_at_end`).
+
+    `final_at`: when each replica that holds a final state reported it; `pending`: those that have not. Once a
+    replica has reported for `grace_s`, the run's last sync has committed, and a replica still without a final
+    state missed that sync (it reached the boundary after the others' quorum formed): it waits for a quorum
+    nobody will join. The grace covers a member of that sync that is only slower to report. Each replica is
+    caught up once (`caught_up`)."""
+    if not final_at or now - min(final_at.values()) < grace_s:
+        return []
+    return [r for r in sorted(pending) if r not in caught_up]

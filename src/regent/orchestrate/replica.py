@@ -552,6 +552,21 @@ class ReplicaActor(Actor):
         vote): restart its trainers now. They know the stop step, pull the committed state from a finished peer
         (peers serve it until `release`) and stop there at once, so `finish` can collect the final state again.
         False when it cannot be restarted (it gave up, ended failed, or is restarting already)."""
+        error = f"state diverged: {reason}"
+        return await self._restart_at_end(lambda gen: self.emit("failure_detected", error=error, traceback="",
+                                                                rank=None, generation=gen, final=True), error)
+
+    @endpoint
+    async def catch_up_at_end(self, reason: str) -> bool:
+        """The other replicas committed the run's last sync without this one (it reached the boundary after
+        their quorum formed: a replica that joined the round late), so it waits for a quorum nobody will join.
+        Restart its trainers like `heal_at_end`: they pull the final committed state from a finished peer and
+        stop there. Recorded as `left_behind` (no failure: nothing failed). False when it cannot be restarted."""
+        return await self._restart_at_end(
+            lambda gen: self.emit("left_behind", reason=reason, stop_step=self.stop_target, generation=gen),
+            f"left behind at the stop step: {reason}")
+
+    async def _restart_at_end(self, report: Any, error: str) -> bool:
         gen = self.policy.generation
         if self.ended_failed or self.policy.gave_up or self._restart_in_flight() or self.stop_target is None:
             return False
@@ -560,9 +575,8 @@ class ReplicaActor(Actor):
             return False
         self._healing_at_end = True
         self.finished = False  # set again by the new generation's `training_finished`
-        error = f"state diverged: {reason}"
         self.last_error = error
-        self.emit("failure_detected", error=error, traceback="", rank=None, generation=gen, final=True)
+        report(gen)
         self._restart_task = asyncio.get_running_loop().create_task(self._stop_and_restart(action))
         await self._restart_task
         if self._watchdog is None or self._watchdog.done():  # it ended with `finished`: a hang must still be seen

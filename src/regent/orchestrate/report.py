@@ -86,6 +86,52 @@ def plot_active_replicas(events: list[dict[str, Any]], replicas: int | None, out
     plt.close(fig)
 
 
+# Past this many replicas the plots draw the spread over replicas (min, median, max per x) instead of a line and a
+# legend entry each: at 640 replica groups the legends alone took tens of seconds of the end-of-run report
+# (`benchmarks/controller_scale_bench.py`), and 12,800 lines say nothing a band does not.
+MAX_REPLICA_LINES = 16
+
+
+def spread(points: dict[Any, list[tuple[float, float]]], buckets: int = 0
+           ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(x, min, median, max of y over the replicas at x) from each replica's (x, y) points: what the plots draw
+    when there are too many replicas for a line each. `buckets` > 0: x (a time, which differs per replica) is
+    first floored to one of that many equal bins. O(points log points)."""
+    by_x: dict[float, list[float]] = defaultdict(list)
+    x0, width = 0.0, 0.0
+    if buckets > 0:
+        all_x = [x for pts in points.values() for x, _ in pts]
+        if all_x:
+            x0 = min(all_x)
+            width = (max(all_x) - x0) / buckets
+    for pts in points.values():
+        for x, y in pts:
+            if width > 0:  # the last x closes the last bin rather than opening one of its own
+                x = x0 + min(math.floor((x - x0) / width), buckets - 1) * width
+            by_x[x].append(y)
+    xs = sorted(by_x)
+    lo, mid, hi = [], [], []
+    for x in xs:
+        ys = sorted(by_x[x])
+        lo.append(ys[0])
+        mid.append(ys[len(ys) // 2])
+        hi.append(ys[-1])
+    return xs, lo, mid, hi
+
+
+def _plot_replicas(ax: Any, points: dict[Any, list[tuple[float, float]]], what: str, buckets: int = 0,
+                   **line: Any) -> None:
+    """A line per replica (few), or the spread over them (many: `MAX_REPLICA_LINES`)."""
+    if len(points) <= MAX_REPLICA_LINES:
+        for r, pts in sorted(points.items(), key=lambda kv: str(kv[0])):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"replica {r}", **line)
+        return
+    xs, lo, mid, hi = spread(points, buckets)
+    ax.fill_between(xs, lo, hi, color="tab:gray", alpha=0.3, lw=0, label=f"{what}: min-max over {len(points):,} replicas")
+    ax.plot(xs, mid, color="tab:gray", lw=1, label=f"{what}: median replica")
+
+
 def plot_loss(metrics: list[dict[str, Any]], events: list[dict[str, Any]], out: Path,
               baseline: list[dict[str, Any]] | None = None) -> None:
     """Loss per replica by step, with the faults and lineage resets drawn where they happened."""
@@ -95,9 +141,7 @@ def plot_loss(metrics: list[dict[str, Any]], events: list[dict[str, Any]], out: 
     for m in metrics:
         if m.get("loss") is not None and m.get("committed", True):
             by_rep[m.get("replica")].append((m["step"], m["loss"]))
-    for r, pts in sorted(by_rep.items(), key=lambda kv: str(kv[0])):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, alpha=0.8, label=f"replica {r}")
+    _plot_replicas(ax, by_rep, "loss", lw=1, alpha=0.8)
     if baseline:
         bpts = sorted((m["step"], m["loss"]) for m in baseline if m.get("loss") is not None)
         if bpts:
@@ -186,9 +230,7 @@ def plot_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]], o
     for m in metrics:
         if m.get("committed", True) and m.get("step") is not None:
             per_rep[m.get("replica")].append((m["time"] - t0, m["step"]))
-    for r, pts in sorted(per_rep.items(), key=lambda kv: str(kv[0])):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8, alpha=0.35, label=f"replica {r}")
+    _plot_replicas(ax, per_rep, "step", buckets=400, lw=0.8, alpha=0.35)
     xs, ys = global_committed_series(events, metrics)
     if xs:
         ax.plot([t - t0 for t in xs], ys, color="tab:blue", lw=2, label="global committed step")
@@ -344,7 +386,7 @@ table.inner td,table.inner th{{font-size:11px;padding:1px 4px}}</style></head><b
 <h2>Accounting</h2><table><tr><th>figure</th><th>value</th><th>how it was made</th></tr>{accounting}</table>
 <h2>Summary</h2><table>{rows}</table>
 <h2>Active replicas</h2><img src="active_replicas.png">
-<h2>Loss</h2><img src="loss.png">
+<h2>Loss</h2><img src="loss.png">{convergence_html(run)}
 <h2>Quorum id</h2><img src="quorum_ids.png">
 <h2>Recovery time</h2><img src="recovery.png">
 <h2>Events</h2><table><tr><th>t (s)</th><th>kind</th><th>replica</th><th>gen</th><th>quorum</th><th>step</th>
@@ -352,6 +394,18 @@ table.inner td,table.inner th{{font-size:11px;padding:1px 4px}}</style></head><b
     out = run / "report.html"
     out.write_text(page)
     return out
+
+
+def convergence_html(run: Path) -> str:
+    """The convergence benchmark's figure and table, when benchmarks/convergence_bench.py left them in this run
+    directory (regent.orchestrate.convergence): this run's loss against fault-free runs' at equal samples."""
+    from regent.orchestrate.convergence import FIGURE, TABLE
+
+    if not (run / FIGURE).exists():
+        return ""
+    table = (run / TABLE).read_text() if (run / TABLE).exists() else ""
+    return (f'<h2>Convergence against fault-free runs</h2><img src="{FIGURE}">'
+            f"<pre>{html.escape(table)}</pre>")
 
 
 def verdict_html(violations: list[str]) -> str:

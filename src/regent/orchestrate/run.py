@@ -43,6 +43,7 @@ from regent.orchestrate.faults import (
     fault_record,
 )
 from regent.orchestrate.live import LiveDisplay, RunView
+from regent.orchestrate.policy import left_behind
 from regent.orchestrate.replica import as_awaitable
 from regent.orchestrate.resume import (
     ATTACH_FILE,
@@ -68,6 +69,11 @@ RUN_MARKER_ENV = settings.REGENT_RUN_MARKER.name
 EXIT_RUN_FAILED = 1
 EXIT_CHECK_FAILED = 3
 EXIT_REPLACED = 4  # another controller took the run over while this one was stopped
+
+
+# After one replica reported its final state, how long the others may take to report theirs before a replica
+# still without one is taken to have missed the last sync (a member of it only reports a digest later).
+LEFT_BEHIND_GRACE_S = 15.0
 
 
 class OrchestrationManager:
@@ -971,8 +977,7 @@ class OrchestrationManager:
             # stop step early keeps serving its committed state to one still healing towards it. (Stopping each
             # replica as soon as it was done left a replica that was mid-heal on a GPU with no live donor: it
             # restored an old backstop, trained alone to the stop step and ended different.)
-            vm = await asyncio.wait_for(as_awaitable(replicas.finish.call(wait)), timeout=wait + 60)
-            self.final_states = [v for _, v in vm.items()]
+            self.final_states = await asyncio.wait_for(self._collect_final_states(replicas, wait), timeout=wait + 60)
         except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
         await self._final_vote(replicas, wait)
@@ -982,6 +987,43 @@ class OrchestrationManager:
             await asyncio.wait_for(as_awaitable(replicas.release.call()), timeout=90)
         except Exception as exc:  # noqa: BLE001 - reported; run.py's teardown stops the meshes next either way
             logger.warning("releasing replicas: %r", exc)
+
+    async def _collect_final_states(self, replicas: Any, wait: float) -> list[dict[str, Any]]:
+        """Every replica's final state (`ReplicaActor.finish`, one call each, in parallel). A replica still without
+        one `LEFT_BEHIND_GRACE_S` after another reported missed the run's last sync and is caught up: restarted,
+        it pulls the final committed state from a finished peer (`catch_up_at_end`; recorded `left_behind`).
+        Without this, a replica that joined the last round late waited out `wait` and was left uncompared."""
+        loop = asyncio.get_running_loop()
+        tasks = {r: asyncio.ensure_future(as_awaitable(replicas.slice(replicas=r).finish.call_one(wait)))
+                 for r in range(self.cfg.replicas)}
+        results: dict[int, dict[str, Any]] = {}
+        final_at: dict[int, float] = {}
+        caught_up: set[int] = set()
+        while len(results) < len(tasks):
+            await asyncio.wait([t for r, t in tasks.items() if r not in results], timeout=1.0,
+                               return_when=asyncio.FIRST_COMPLETED)
+            for r, t in tasks.items():
+                if r in results or not t.done():
+                    continue
+                try:
+                    results[r] = t.result()
+                except Exception as exc:  # noqa: BLE001 - reported; the replica is left uncompared (the checker says)
+                    logger.warning("finishing replica %d: %r", r, exc)
+                    results[r] = {"replica": r, "step": None, "digest": None}
+                if results[r].get("digest"):
+                    final_at[r] = loop.time()
+            pending = [r for r in tasks if r not in results]
+            for r in left_behind(final_at, pending, loop.time(), LEFT_BEHIND_GRACE_S, caught_up):
+                caught_up.add(r)
+                why = (f"replica(s) {sorted(final_at)} committed the last sync (step {self.stop_requested_at}) "
+                       f"{LEFT_BEHIND_GRACE_S:.0f}s ago without it")
+                print(f"[regent] replica {r} was left behind at the stop step: {why}; healing it from a finished "
+                      "replica", flush=True)
+                try:
+                    await replicas.slice(replicas=r).catch_up_at_end.call_one(why)
+                except Exception as exc:  # noqa: BLE001 - reported; its finish call still ends at its deadline
+                    logger.warning("catching up replica %d at the end: %r", r, exc)
+        return [results[r] for r in sorted(results)]
 
     def write_summary(self) -> dict[str, Any]:
         events = list(read_jsonl(self.run_dir / "events.jsonl"))

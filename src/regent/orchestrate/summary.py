@@ -228,6 +228,8 @@ def compute_summary(
         "back_to_training_seconds": {"p50": percentile([r["training"] for r in recs], 0.5),
                                      "max": max([r["training"] for r in recs] + open_totals, default=None)},
         "rounds_joined": sum(e["kind"] == "round_joined" for e in events),
+        # replicas that missed the run's last sync and were healed to the final state (run._collect_final_states)
+        "left_behind_at_end": sorted({e["replica"] for e in events if e["kind"] == "left_behind"}),
         "recovery_breakdown": recs,
     }
     if isinstance(out.get("how"), dict):

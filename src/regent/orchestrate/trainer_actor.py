@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 # What the FT layer reports (Manager, Backstop, DiLoCo) that goes to events.jsonl. Not forwarded: "error" (the
-# step's failure is in its "commit" event, committed false, with the error). tests/orchestrate check that every
+# step's failure is in its "commit" event, committed false, with the error). tests/e2e/orchestrate check that every
 # kind the FT layer emits is one or the other, so that none is dropped silently.
 FORWARDED_KINDS = frozenset({
     "quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",

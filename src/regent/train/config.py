@@ -81,12 +81,12 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """Build from a dict (TOML table, JSON); unknown keys are an error naming the valid ones."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
+        """Build from a dict (TOML table, JSON): each value parsed to its field's type (regent.config_values);
+        unknown keys are an error naming the valid ones."""
+        from regent.config_values import coerce, field_types
+
+        types = field_types(cls)
+        unknown = sorted(set(values) - set(types))
         if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {', '.join(sorted(names))}")
-        values = dict(values)
-        if "betas" in values:
-            values["betas"] = tuple(values["betas"])
-        return cls(**values)
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: {', '.join(sorted(types))}")
+        return cls(**{k: coerce(v, types[k], f"train.{k}") for k, v in values.items()})

@@ -1,0 +1,142 @@
+"""DiLoCo / Streaming DiLoCo with real replicas: late joiners get the global params and outer momentum;
+a failed sync rolls back and retries the same fragment."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from regent.ft.lighthouse import LighthouseServer
+from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD
+from regent.ft.manager import Manager
+
+
+@pytest.fixture
+def lighthouse():
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=2000)
+    yield server
+    server.shutdown()
+
+
+def _solo_manager(lh: LighthouseServer, model: torch.nn.Module) -> Manager:
+    return Manager(
+        load_state_dict=model.load_state_dict, state_dict=model.state_dict, use_async_quorum=False,
+        lighthouse_addr=lh.address(), replica_id="solo", timeout=5, quorum_timeout=10,
+    )
+
+
+def test_diloco_outer_step_math_single_replica(lighthouse):
+    """lr=1, no momentum: new global = old global - (old global - local) = local; alpha mixes nothing more."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=2) as diloco:
+            for _ in range(2):
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            assert diloco.last_sync == {"fragment": 0, "committed": True, "step": 1}
+        # Inner SGD on a linear model: two identical steps; outer lr 1 reproduces the local result.
+        for n, p in model.named_parameters():
+            grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
+            assert torch.allclose(p, start[n] - 0.2 * grad, atol=1e-6)
+            assert torch.equal(diloco.fragments[0].original[n], p.detach())
+    finally:
+        manager.shutdown()
+
+
+def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
+    """Alone in its quorum, a replica that joined mid-round (weight 5/10: five of ten inner steps) gets its own
+    pseudo-gradient back from the weighted average, (w * pg) / w: with outer lr 1 the new global parameters are
+    its local ones. A pseudo-gradient sent unweighted, or averaged without dividing by the weight, is not. The
+    holder is 3 steps into the round; the joiner starts ARRIVE_EARLY_STEPS (2) further on, to reach the sync
+    before the holders' quorum forms."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=10) as diloco:
+            steps: list[int] = []
+            diloco.on_contributor_step = steps.append
+            diloco._round_info = {"at": time.time() - 0.25, "step_s": 0.1}  # a holder 3 steps into the round
+            assert ARRIVE_EARLY_STEPS == 2
+            assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 5, "period": 10}
+            assert steps == [5] and diloco.local_step == 5
+            start = {n: p.detach().clone() for n, p in model.named_parameters()}
+            for _ in range(5):
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            assert diloco.last_sync["committed"] and diloco._pending_weight == 5 / 10
+        # five identical inner SGD steps on a linear model (the sync ran inside the fifth)
+        for n, p in model.named_parameters():
+            grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
+            assert torch.allclose(p, start[n] - 0.5 * grad, atol=1e-6), n
+    finally:
+        manager.shutdown()
+
+
+def test_a_round_nobody_trained_in_takes_no_outer_step(lighthouse):
+    """A replica that sits a round out (just healed) and ends up alone in its quorum commits the round without
+    an outer step: with outer momentum, a step on zero pseudo-gradients would still move its parameters, and
+    the same committed state would have two values (seen at the end of a run: replicas differing)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        with DiLoCo(manager, [model], inner, outer, sync_every=2) as diloco:
+            for _ in range(2):  # one trained round: the outer momentum is not zero any more
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            assert diloco.last_sync["committed"] and outer.state[model.weight]["momentum_buffer"].abs().sum() > 0
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            assert diloco.join_now()  # a round this replica sits out, alone: committed, nothing to average
+            for n, p in model.named_parameters():
+                assert torch.equal(p, before[n]), n
+    finally:
+        manager.shutdown()
+
+
+def test_diloco_validates_its_arguments(lighthouse):
+    model = torch.nn.Linear(2, 2)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="multiple"):
+            DiLoCo(manager, [model, model], opt, opt, sync_every=3)
+        with pytest.raises(ValueError, match="fragment_sync_delay"):
+            DiLoCo(manager, [model], opt, opt, sync_every=3, fragment_sync_delay=3)
+        manager.use_async_quorum = True
+        with pytest.raises(ValueError, match="use_async_quorum=False"):
+            DiLoCo(manager, [model], opt, opt, sync_every=3)
+    finally:
+        manager.shutdown()
+
+
+def test_local_sgd_single_replica_keeps_params(lighthouse):
+    model = torch.nn.Linear(3, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with LocalSGD(manager, model, opt, sync_every=2):
+            for _ in range(4):
+                opt.zero_grad()
+                model(torch.ones(2, 3)).sum().backward()
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.step()
+        after = list(model.parameters())
+        assert manager.current_step() == 2  # two syncs committed
+        assert not all(torch.equal(a, b) for a, b in zip(before, after))
+    finally:
+        manager.shutdown()
