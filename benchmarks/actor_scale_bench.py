@@ -127,7 +127,7 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool
     """call() latency by mesh size and send mode, on one job of `hosts` x `procs` x `actors`. `shared_sync`:
     the sync actors of a proc share one thread (`config.shared_asyncio_runtime`, Monarch's knob)."""
     import regent.actor as api
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
     from regent.jobs.local import ProcessJob
 
     api.config.configure(shared_asyncio_runtime=shared_sync)  # the procs started below inherit it
@@ -184,7 +184,7 @@ def bench_calls(hosts: int, procs: int, actors: int, rounds: int, is_async: bool
 def bench_spawn(host_counts: list[int], procs: int, warm: bool) -> list[dict[str, Any]]:
     """Time of spawn_procs (+ an actor mesh on them) over H hosts of `procs` procs each."""
     import regent.actor as api
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
     from regent.jobs.local import ProcessJob
 
     rt = get_runtime()

@@ -9,7 +9,7 @@ import os
 import time
 
 from regent.actor import Actor, endpoint, this_host
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 
 
 class Counter(Actor):

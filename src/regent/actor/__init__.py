@@ -106,29 +106,36 @@ from regent.actor._config import config
 from regent.actor._context import Context, context, current_actor_name, current_rank, current_size
 from regent.actor._errors import ActorError, MeshFailure, SupervisionError
 from regent.actor._future import Future
+from regent.actor._handlers import handler_table as _handler_table
+from regent.actor._host_mesh import HostMesh, attach_to_workers, this_host
+from regent.actor._host_mesh import local_host_mesh as _local_host_mesh
 from regent.actor._mesh import (
     Accumulator,
     ActorMesh,
     Channel,
     Endpoint,
-    Port,
     PortReceiver,
     ValueMesh,
     as_endpoint,
     send,
 )
-from regent.actor._proc import (
+from regent.actor._port import Port
+from regent.actor._proc_mesh import (
     AdoptError,
-    HostMesh,
     ProcMesh,
     adopt_proc_mesh,
     attach_actor_mesh,
-    attach_to_workers,
     get_or_spawn_controller,
-    this_host,
     this_proc,
 )
-from regent.actor._runtime import ChannelTransport, ForeignJobError, enable_transport
+from regent.actor._proc_mesh import controller_local as _controller_local
+from regent.actor._proc_mesh import self_proc_mesh as _self_proc_mesh
+from regent.actor._process import ProcessParts as _ProcessParts
+from regent.actor._process import enable_transport
+from regent.actor._process import get_runtime as _get_runtime
+from regent.actor._process import install_parts as _install_parts
+from regent.actor._process import runtime_if_started as _runtime_if_started
+from regent.actor._runtime import ChannelTransport, ForeignJobError
 from regent.actor._shape import Extent, Point, Shape, Slice
 from regent.actor._spawner import BootstrapCommand, default_bootstrap_cmd
 from regent.actor.commands import run_worker_loop_forever
@@ -145,19 +152,25 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     _sys.exit(1)
 
 
+def _call_unhandled_fault_hook(failure: MeshFailure) -> None:
+    """The client runtime's fault hook: this module's `unhandled_fault_hook` as it is at the time of the fault."""
+    unhandled_fault_hook(failure)
+
+
+# The composition root: the process layer is given what it may not import from the layers above it.
+_install_parts(_ProcessParts(handlers=_handler_table, self_proc=_self_proc_mesh, spawn_controller=_controller_local,
+                             fault_hook=_call_unhandled_fault_hook, local_host=_local_host_mesh))
+
+
 def on_owner_lost(fn: _Callable[[str], None]) -> None:
     """Regent extension: in a proc spawned with `detach_grace`, call `fn(reason)` when its owner is lost (the
     proc goes on for the grace; see `HostMesh.spawn_procs`). Called on the proc's loop; keep it short."""
-    from regent.actor._runtime import get_runtime
-
-    get_runtime().on_detach.append(fn)
+    _get_runtime().on_detach.append(fn)
 
 
 def shutdown_context() -> Future:
     """Stop every proc mesh this process owns and close the runtime's connections."""
-    from regent.actor._runtime import runtime_if_started
-
-    rt = runtime_if_started()
+    rt = _runtime_if_started()
     if rt is not None:
         rt.shutdown()
     return Future._resolved(None)

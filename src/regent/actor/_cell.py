@@ -18,13 +18,15 @@ import queue
 import threading
 from typing import Any
 
-from regent.actor._actor import endpoints_of
+from regent.actor._actor import EndpointProperty, endpoints_of
 from regent.actor._config import config
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
 from regent.actor._messages import RankFailed
 from regent.actor._pickle import loads_call
-from regent.actor._runtime import DEAD, ERROR, OK, Runtime
+from regent.actor._port import DroppingPort, Port
+from regent.actor._process import ActorRuntime
+from regent.actor._runtime import DEAD, ERROR, OK
 
 logger = logging.getLogger("regent.actor")
 
@@ -138,7 +140,7 @@ class SharedSyncThread:
             cell.finished = True
 
 
-def shared_sync_thread(rt: Runtime) -> SharedSyncThread:
+def shared_sync_thread(rt: ActorRuntime) -> SharedSyncThread:
     """This process's shared thread for sync actors, started on first use."""
     if rt.shared_sync_thread is None:
         rt.shared_sync_thread = SharedSyncThread()
@@ -146,7 +148,7 @@ def shared_sync_thread(rt: Runtime) -> SharedSyncThread:
 
 
 class Cell:
-    def __init__(self, rt: Runtime, key: str, mesh_id: str, rank: int, point: tuple, name: str,
+    def __init__(self, rt: ActorRuntime, key: str, mesh_id: str, rank: int, point: tuple, name: str,
                  owner: tuple[str, str], cls: type, args: tuple, kwargs: dict, is_async: bool,
                  init_reply: tuple | None, proc: Any, creator: Any) -> None:
         self.rt = rt
@@ -521,8 +523,6 @@ class Cell:
     # ---------------------------------------------------------------- common
     def _plain_endpoint(self, method: str) -> Any:
         """A plain method called through `as_endpoint(mesh.method)`."""
-        from regent.actor._actor import EndpointProperty
-
         fn = getattr(self.cls, method, None)
         if fn is None or not callable(fn) or method.startswith("__"):
             return None
@@ -531,8 +531,6 @@ class Cell:
         return ep
 
     def _port_for(self, reply: tuple | None) -> Any:
-        from regent.actor._mesh import DroppingPort, Port
-
         if reply is None:
             return DroppingPort()
         return Port(reply[0], reply[1], reply[2])

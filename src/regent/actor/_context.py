@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from regent.actor._process import get_runtime
 from regent.actor._shape import Extent, Point
+from regent.actor._supervision import ROOT_KEY
 
 # (Instance, message rank as (labels, sizes, index) or a Point)
 _current: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar("regent_actor", default=None)
@@ -53,8 +55,6 @@ class Instance:
 
     @property
     def proc_id(self) -> str:
-        from regent.actor._runtime import get_runtime
-
         return get_runtime().proc_id
 
     def stop(self, reason: str = "stopped by actor") -> None:
@@ -90,14 +90,21 @@ def context() -> Context:
     current = _current.get()
     if current is not None:
         return Context(current[0], current[1])
-    from regent.actor._runtime import get_runtime
-
     inst = get_runtime().proc_context
     if inst is None:
-        from regent.actor._proc import ensure_proc_context
-
         inst = ensure_proc_context()
     return Context(inst, inst._rank)
+
+
+def ensure_proc_context() -> Instance:
+    """The instance used outside actors in this process (the client's root), made on first use with this
+    process as its proc (`ProcessParts.self_proc`)."""
+    rt = get_runtime()
+    if rt.proc_context is None:
+        proc = rt.parts.self_proc(rt)
+        rt.proc_context = Instance(ROOT_KEY, "<root>", "RootClientActor", Point(0, Extent([], [])), proc)
+        rt.self_proc = proc
+    return rt.proc_context
 
 
 def current_rank() -> Point:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
@@ -47,13 +47,6 @@ class Future(Generic[R]):
         fut = cls._new()
         fut._set_exception(exc)
         return fut
-
-    @classmethod
-    def _from_coro(cls, coro: Coroutine) -> Future:
-        """Run `coro` on the runtime loop now; the future resolves with its outcome."""
-        from regent.actor._runtime import get_runtime
-
-        return get_runtime().submit(coro)
 
     # ---- resolution (any thread) ----
     def _set_result(self, value: Any) -> bool:

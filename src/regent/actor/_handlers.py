@@ -3,7 +3,6 @@ configure or stop this proc, and (on workers) start, kill or pre-warm procs for 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import logging
@@ -12,12 +11,11 @@ import sys
 from typing import Any
 
 from regent.actor._cell import Cell
-from regent.actor._config import config
+from regent.actor._config import RuntimeConfig, config
 from regent.actor._context import Instance, set_current
 from regent.actor._errors import format_remote_traceback
 from regent.actor._messages import (
     Adopt,
-    Bye,
     Cast,
     CastItems,
     Configure,
@@ -32,12 +30,12 @@ from regent.actor._messages import (
     Spawn,
     StopActor,
     StopProc,
-    encode,
 )
 from regent.actor._pickle import loads
-from regent.actor._proc import _controller_local, ensure_self_proc
-from regent.actor._runtime import DEAD, ERROR, OK, ROOT_KEY, Runtime, exit_gracefully
-from regent.actor._spawner import LOG_SYNC_MARK, _OneShot, apply_proc_bind, spawner_of
+from regent.actor._process import ActorRuntime, stop_self
+from regent.actor._runtime import DEAD, ERROR, OK, exit_gracefully
+from regent.actor._spawner import LOG_SYNC_MARK, apply_proc_bind, spawner_of
+from regent.actor._supervision import ROOT_KEY
 from regent.actor._tree import post_many, relay_cast
 
 logger = logging.getLogger("regent.actor")
@@ -55,9 +53,9 @@ def root_creator() -> Instance:
 
 class ProcHandlers:
     """What this process does with each kind of message (besides the runtime's own: hello, whereis, replies,
-    bye). One method per message type of `_messages`; `install_handlers` registers them on the runtime."""
+    bye). One method per message type of `_messages`; the runtime is built with their `table()`."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: ActorRuntime) -> None:
         self.rt = rt
 
     def table(self) -> dict[str, Any]:
@@ -122,7 +120,7 @@ class ProcHandlers:
             rt.send_reply(reply, DEAD, text)
             rt.send(owner[0], RankFailed(mesh_id, rank, text))
             return
-        proc = rt.self_proc or ensure_self_proc(rt)
+        proc = rt.self_proc or rt.ensure_self_proc()
         owner_cell = rt.actors.get(owner[1])
         if owner_cell is not None:
             creator = owner_cell.ctx
@@ -158,7 +156,7 @@ class ProcHandlers:
         async def run() -> None:
             try:
                 cls, args, kwargs = loads(body, buffers)
-                mesh = await _controller_local(rt, msg.name, cls, args, kwargs)
+                mesh = await rt.parts.spawn_controller(rt, msg.name, cls, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - reported to the caller
                 rt.send_reply(msg.reply, ERROR, (exc, str(exc), format_remote_traceback(exc)))
                 return
@@ -233,11 +231,12 @@ class ProcHandlers:
         self.rt.loop.call_later(0.2, exit_gracefully, 0)
 
 
-def install_handlers(rt: Runtime) -> None:
-    rt.handlers.update(ProcHandlers(rt).table())
+def handler_table(rt: ActorRuntime) -> dict[str, Any]:
+    """The handlers of this module's message kinds, which the runtime is built with (`ProcessParts.handlers`)."""
+    return ProcHandlers(rt).table()
 
 
-async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
+async def configure_self(rt: ActorRuntime, cfg: dict, body: Any, buffers: list, reply: tuple) -> None:
     """In a new proc: take the identity, env and rank the spawner gives, then run the bootstrap."""
     new_pid = cfg["id"]
     if new_pid != rt.proc_id:
@@ -247,8 +246,6 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
         rt.directory.pop(old, None)
         rt.directory[new_pid] = rt.info
     os.environ.update(cfg.get("env") or {})
-    from regent.actor._config import RuntimeConfig
-
     vars(config).update(vars(RuntimeConfig.from_env()))  # a claimed spare takes its owner's knobs
     sys.path[:0] = [p for p in cfg.get("sys_path", []) if p not in sys.path]
     rt.owner_proc_id = cfg["owner"]
@@ -261,7 +258,7 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
     if rt.root_info is not None:
         rt.directory.setdefault(rt.root_info["id"], rt.root_info)
     rank = (cfg["labels"], cfg["sizes"], cfg["rank"])
-    proc = ensure_self_proc(rt)
+    proc = rt.ensure_self_proc()
     rt.proc_context = Instance(ROOT_KEY, cfg["name"], "Proc", rank, proc)
     try:
         if cfg.get("bind"):
@@ -286,31 +283,7 @@ async def configure_self(rt: Runtime, cfg: dict, body: Any, buffers: list, reply
     rt.send_reply(reply, OK, None)
 
 
-async def stop_self(rt: Runtime, reply: tuple | None) -> None:
-    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
-    waits = []
-    for cell in rt.actors.running():
-        fut = rt.loop.create_future()
-        port = rt.new_port(_OneShot(fut))
-        cell.post(("stop", (rt.proc_id, port, 0), "proc mesh stopped"))
-        waits.append(fut)
-    if waits:
-        await asyncio.wait(waits, timeout=config.stop_timeout)
-    if reply is not None:
-        rt.send_reply(reply, OK, None)
-    await asyncio.sleep(0)
-    for conn in list(rt.connections):
-        with contextlib.suppress(Exception):  # a peer that is gone already needs no goodbye
-            conn.send(encode(Bye()), b"")
-            conn.flush()
-    rt.stopping = True
-    if rt.spawner is not None:
-        rt.spawner.kill_all()
-    await asyncio.sleep(0.05)
-    exit_gracefully(0)  # atexit handlers and finalizers run; the interpreter is not torn down (see there)
-
-
-async def host_spawn(rt: Runtime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:
+async def host_spawn(rt: ActorRuntime, specs: list[dict], bootstrap: bytes, events: tuple, reply: tuple) -> None:
     """On a worker: start procs for a remote owner; forward their exits and output to it."""
 
     exits: list[tuple[str, str | None]] = []

@@ -15,14 +15,15 @@ from typing import Any, Generic, TypeVar
 
 from regent.actor._actor import EndpointProperty, endpoints_of
 from regent.actor._config import config
-from regent.actor._context import current_rank
-from regent.actor._errors import ActorError, SupervisionError, format_remote_traceback
+from regent.actor._errors import ActorError, SupervisionError
 from regent.actor._future import Future
-from regent.actor._messages import Deliver, ReplyMsg, StopActor, encode
+from regent.actor._messages import Deliver, StopActor, encode
 from regent.actor._pickle import dumps, loads
-from regent.actor._runtime import ERROR, OK, MeshState, PendingReply, Runtime, check_same_job, get_runtime
+from regent.actor._port import DroppingPort, Port  # noqa: F401 (DroppingPort: re-exported)
+from regent.actor._process import ActorRuntime, get_runtime
+from regent.actor._runtime import ERROR, OK, learn_addresses
 from regent.actor._shape import Extent, MeshTrait, Point, Shape
-from regent.actor._supervision import CONTROLLERS_KEY, ROOT_KEY
+from regent.actor._supervision import CONTROLLERS_KEY, ROOT_KEY, MeshState, PendingReply
 from regent.actor._tree import send_cast
 
 logger = logging.getLogger("regent.actor")
@@ -111,7 +112,7 @@ def decode_reply(status: int, body: Any, buffers: list, endpoint: str) -> tuple[
 class Gather(PendingReply):
     """Collects one reply per rank of a call; resolves a Future with a ValueMesh (or a single value)."""
 
-    def __init__(self, rt: Runtime, future: Future, shape: Shape | None, targets: list, endpoint: str,
+    def __init__(self, rt: ActorRuntime, future: Future, shape: Shape | None, targets: list, endpoint: str,
                  single: bool) -> None:
         self.rt = rt
         self.future = future
@@ -158,7 +159,7 @@ class Gather(PendingReply):
 class StreamReplies(PendingReply):
     """Resolves the i-th future with the i-th reply to arrive."""
 
-    def __init__(self, rt: Runtime, futures: list[Future], targets: list, endpoint: str) -> None:
+    def __init__(self, rt: ActorRuntime, futures: list[Future], targets: list, endpoint: str) -> None:
         self.rt = rt
         self.futures = futures
         self.targets = targets
@@ -318,7 +319,7 @@ class ActorMesh(MeshTrait, Generic[R]):
 REFERENCE_VERSION = 1  # of the dicts `ProcMesh.reference()` and `ActorMesh.reference()` write
 
 
-def reference_os_pids(rt: Runtime, procs: list[str]) -> dict[str, int | None]:
+def reference_os_pids(rt: ActorRuntime, procs: list[str]) -> dict[str, int | None]:
     """The OS pid of each proc this process started or adopted (None for others, e.g. procs on workers)."""
     out: dict[str, int | None] = {}
     for pid in procs:
@@ -327,25 +328,6 @@ def reference_os_pids(rt: Runtime, procs: list[str]) -> dict[str, int | None]:
             os_pid = rt.adopted_os_pids[pid][0]
         out[pid] = os_pid
     return out
-
-
-def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None, what: str = "reference") -> None:
-    """Addresses that came with a mesh reference; unknown ones (procs still starting) are asked of
-    `referrer`, the process that pickled the reference, when first needed. A reference from another job
-    (another secret) raises `ForeignJobError` here, at unpickling, instead of failing at first use."""
-    check_same_job(rt, referrer, what)
-
-    def on_loop() -> None:
-        if referrer is not None and referrer["id"] != rt.proc_id:
-            rt.directory.setdefault(referrer["id"], referrer)
-        for pid, info in infos.items():
-            if info is not None:
-                if pid not in rt.directory:
-                    rt.learn(pid, info)
-            elif referrer is not None and pid not in rt.directory:
-                rt.ask_via.setdefault(pid, referrer["id"])
-
-    rt.run_on_loop(on_loop)
 
 
 def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, owner, shape,
@@ -366,7 +348,7 @@ def _rebuild_actor_mesh(mesh_id, name, cls, labels, sizes, rank_procs, infos, ow
     return ActorMesh(ref, shape)
 
 
-def _controller(rt: Runtime, owner: tuple[str, str]) -> tuple[str, str] | None:
+def _controller(rt: ActorRuntime, owner: tuple[str, str]) -> tuple[str, str] | None:
     """The owner of a referenced mesh whose loss leaves the reference unsupervised: an actor of another
     process. A client owner (the root, or its `get_or_spawn_controller` singletons) is not: its loss is the
     procs' orphan timeout or detach grace (`HostMesh.spawn_procs(detach_grace=...)`), which a new controller
@@ -376,7 +358,7 @@ def _controller(rt: Runtime, owner: tuple[str, str]) -> tuple[str, str] | None:
     return owner
 
 
-def _register_state(rt: Runtime, state: MeshState) -> MeshState:
+def _register_state(rt: ActorRuntime, state: MeshState) -> MeshState:
     if rt.on_loop_thread():
         return rt.supervision.register_mesh(state)
     existing = rt.supervision.mesh_states.get(state.mesh_id)
@@ -575,74 +557,10 @@ def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None
     endpoint._send_to_port(tuple(args), dict(kwargs), port, selection)
 
 
-# ---------------------------------------------------------------------------------------------- ports
-class Port(Generic[R]):
-    """The sending end of a channel. `send` is in order and fire-and-forget; picklable (pass it to actors)."""
-
-    def __init__(self, proc_id: str, port_id: int, index: int | None = None) -> None:
-        self._proc_id = proc_id
-        self._port_id = port_id
-        self._index = index
-
-    @property
-    def return_undeliverable(self) -> bool:
-        return True
-
-    def _index_now(self) -> int:
-        if self._index is not None:
-            return self._index
-        try:
-            return current_rank().rank
-        except Exception as exc:  # noqa: BLE001 - reported; a send must not fail for want of a rank
-            logger.warning("port %s: the sender's rank is unknown (%s); sending as rank 0", self._port_id, exc)
-            return 0
-
-    def send(self, obj: R) -> None:
-        body, buffers = dumps(obj)
-        self._emit(OK, body, buffers)
-
-    def exception(self, exc: BaseException) -> None:
-        if isinstance(exc, (ActorError, SupervisionError)):
-            payload = (exc, str(exc), "")
-        else:
-            payload = (exc, "An exception was sent to a port.", format_remote_traceback(exc))
-        body, buffers = dumps(payload)
-        self._emit(ERROR, body, buffers)
-
-    def _emit(self, status: int, body: Any, buffers: list) -> None:
-        rt = get_runtime()
-        env = encode(ReplyMsg(self._port_id, self._index_now(), status))
-        rt.run_on_loop(rt.send_raw, self._proc_id, env, body, buffers)
-
-    def __reduce__(self):
-        rt = get_runtime()
-        return (_rebuild_port, (self._proc_id, self._port_id, self._index, rt.directory.get(self._proc_id),
-                                rt.info))
-
-    def __repr__(self) -> str:
-        return f"<Port {self._proc_id}:{self._port_id}>"
-
-
-def _rebuild_port(proc_id: str, port_id: int, index: int | None, info: dict | None,
-                  referrer: dict | None = None) -> Port:
-    learn_addresses(get_runtime(), {proc_id: info}, referrer, "Port")
-    return Port(proc_id, port_id, index)
-
-
-class DroppingPort:
-    """The port of an explicit-port endpoint called without a reply (broadcast): sends go nowhere."""
-
-    def send(self, obj: Any) -> None:
-        pass
-
-    def exception(self, exc: BaseException) -> None:
-        raise exc
-
-
 class PortReceiver(Generic[R]):
     """The receiving end of a channel: `recv()` gives a Future of the next message, in order."""
 
-    def __init__(self, rt: Runtime, ranked: bool = False, once: bool = False) -> None:
+    def __init__(self, rt: ActorRuntime, ranked: bool = False, once: bool = False) -> None:
         self._rt = rt
         self._ranked = ranked
         self._once = once

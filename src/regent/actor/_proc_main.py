@@ -17,6 +17,10 @@ import signal
 import sys
 
 from regent import settings
+from regent.actor._config import config
+from regent.actor._context import _current
+from regent.actor._process import new_runtime, set_runtime
+from regent.eventloop import new_event_loop
 
 
 def main() -> None:
@@ -28,7 +32,7 @@ def main() -> None:
     # `kill -USR1 <pid>` prints every thread's Python stack to this proc's stderr, which its owner routes with
     # the proc's prefix: how a stuck trainer is looked into on a cluster without py-spy or gdb
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`Runtime.orphan_watch`)
+    parent_os_pid = os.getppid()  # its spawner: this proc ends when that process does (`ActorRuntime.orphan_watch`)
     boot = json.loads(settings.REGENT_BOOT.take())
     missing = [p for p in boot.get("sys_path", []) if p not in sys.path]
     sys.path[:0] = missing
@@ -38,11 +42,8 @@ def main() -> None:
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
-    from regent.actor._runtime import Runtime, set_runtime
-    from regent.eventloop import new_event_loop
-
-    rt = Runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
-                 advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
+    rt = new_runtime(proc_id=boot["id"], is_controller=False, tcp_host=boot.get("tcp_host"),
+                     advertise_host=boot.get("advertise_host"), sock_dir=boot.get("sock_dir"))
     set_runtime(rt)
     parent = boot["parent"]
     rt.owner_proc_id = parent["id"]
@@ -59,9 +60,6 @@ def main() -> None:
 def install_log_prefix() -> None:
     """Log records emitted inside an actor get `[actor=<...>]` in front (config knob
     `prefix_python_logs_with_actor`)."""
-    from regent.actor._config import config
-    from regent.actor._context import _current
-
     make_record = logging.getLogRecordFactory()
 
     def factory(*args: object, **kwargs: object) -> logging.LogRecord:

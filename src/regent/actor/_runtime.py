@@ -1,7 +1,8 @@
-"""The per-process runtime: one asyncio loop, a listener, direct connections to peers, and bookkeeping.
+"""The routing of the per-process runtime: one asyncio loop, a listener, direct connections to peers, reply ports.
 
-Every process of a job (the controller, each proc, each `regent worker`) has exactly one `Runtime`. It
-owns all sockets; all per-process state is reached from it and touched only on its event loop thread. Other
+Every process of a job (the controller, each proc, each `regent worker`) has exactly one runtime (a
+`_process.ActorRuntime`, built on `Runtime`). It owns all sockets; all per-process state is reached from it and
+touched only on its event loop thread. Other
 threads (the user's main thread, sync actors' threads) hand work over with `run_on_loop`, which batches
 wake-ups so a burst of calls costs one loop wake-up, not one per call.
 
@@ -9,16 +10,11 @@ Routing is by process id: `send(proc_id, ...)` uses the connection to that proce
 socket on the same machine, TCP otherwise) if needed and queueing meanwhile. Messages between two
 processes always take one connection, which is what gives per-sender FIFO order.
 
-The runtime itself owns routing and connections. The other per-process state has owners of its own, reached
-from the runtime (see docs/runtime.md):
-
-- `Runtime.supervision` (`_supervision.Supervision`): which meshes exist here, which ranks are failed, which
-  calls wait on which processes, and what happens when a process dies. Routing tells it a process is gone; it
-  tells routing to forget the process (`forget_proc`).
-- `Runtime.actors` (`_directory.ActorDirectory`): the actors living in this process, why gone ones are gone,
-  and messages waiting for an actor not spawned yet.
-- `Runtime.tree` (`_tree.TreeState`): per-sender order of messages and, on host agents, reply batches of tree
-  casts.
+This module is the routing layer of `regent.actor` (tests/unit/actor/test_layers.py): it imports only the wire
+(`_transport`, `_messages`) and plain values below it. What it needs from the layers above is given to it when
+built: the handler table of the other message kinds, and `faults` (`PeerFaults`: who is gone, and whom to tell
+when a peer is lost; `_supervision.Supervision`). `_process.ActorRuntime` builds on it with the state that lives
+on the loop (supervision, the actor directory, tree casts, spawned procs) and a proc's life (orphan, detach).
 """
 
 from __future__ import annotations
@@ -42,24 +38,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 from regent import settings
 from regent.actor import _future
 from regent.actor._config import config
-from regent.actor._directory import ActorDirectory
+from regent.actor._errors import ActorError
 from regent.actor._future import Future
 from regent.actor._messages import Bye, Hello, ReplyBatch, ReplyMsg, WhereIs, decode, encode, reply_to_answer
-from regent.actor._pickle import NONE_BODY, dumps
-from regent.actor._supervision import (  # noqa: F401 (the keys and the two state classes: re-exported)
-    CONTROLLERS_KEY,
-    ROOT_KEY,
-    MeshState,
-    PendingReply,
-    Supervision,
-)
-from regent.actor._transport import Connection, connect, listen, parse_address
+from regent.actor._pickle import NONE_BODY, dumps, loads
+from regent.actor._transport import Connection, connect, listen
 from regent.auth import SECRET_ENV, SECRET_FILE_ENV, fingerprint, job_secret_from_env
 from regent.eventloop import new_event_loop
 
@@ -68,8 +57,22 @@ logger = logging.getLogger("regent.actor")
 # reply status codes carried in "r" envelopes
 OK, ERROR, DEAD = 0, 1, 2
 
-_runtime: Runtime | None = None
-_runtime_lock = threading.Lock()
+# what a message kind is handled by: (connection, or None from this process; the record; body; buffers)
+Handler = Callable[[Connection | None, Any, Any, list], None]
+
+
+class PeerFaults(Protocol):
+    """What routing needs from supervision (`_supervision.Supervision`), given to the `Runtime` when built:
+    which processes are gone and why, which said goodbye, and whom to tell when a peer is lost."""
+
+    dead: dict[str, str]  # proc id -> why it is gone
+    graceful: set[str]  # procs stopping on purpose: their exit is no failure
+
+    def proc_gone(self, proc_id: str, reason: str | None) -> None:
+        """`proc_id` exited or became unreachable (`reason=None`: a graceful stop)."""
+
+    def proc_exited(self, proc_id: str, reason: str | None) -> None:
+        """A child process exited: reported with the other exits of a short window."""
 
 
 def new_id(prefix: str) -> str:
@@ -99,113 +102,14 @@ class ChannelTransport(enum.Enum):
 
 
 _TLS = (ChannelTransport.MetaTlsWithHostname, ChannelTransport.MetaTlsWithIpV6, ChannelTransport.Tls)
-_transport: dict[str, Any] = {}  # this controller's listener choice (enable_transport), read at runtime start
-
-
-def enable_transport(transport: ChannelTransport | str) -> None:
-    """Choose how this program (and the procs it starts) can be reached, before the runtime starts (the
-    first mesh, `context()` or `this_host()` call); afterwards it raises RuntimeError.
-
-    `"ipc"`/`ChannelTransport.Unix` (default) and `TcpWithLocalhost`: listeners on loopback, so only this
-    machine reaches them. `"tcp"`/`TcpWithHostname`: listeners on every interface, advertised under this
-    host's name, for workers on other machines that must reach back. `"tcp://HOST:PORT"`: this program's TCP
-    listener on exactly that address (its procs listen on HOST with ports of their own). Every connection is
-    authenticated with the job secret whichever is chosen; the TLS transports are not provided.
-    """
-    if isinstance(transport, str) and "://" not in transport:
-        try:
-            transport = ChannelTransport(transport)
-        except ValueError:
-            raise ValueError(f"unknown transport {transport!r}: use 'ipc', 'tcp', 'tcp://HOST:PORT' or a "
-                             "ChannelTransport") from None
-    if transport in _TLS:
-        raise NotImplementedError(f"{transport}: Regent has no TLS transport; connections are authenticated "
-                                  "with the job secret (use 'tcp' to be reachable from other machines)")
-    if runtime_if_started() is not None:
-        raise RuntimeError("`enable_transport()` must be called before any other calls in the regent.actor API "
-                           "(this process's runtime has already started)")
-    if isinstance(transport, str):
-        kind, where = parse_address(transport)
-        if kind != "tcp":
-            raise ValueError(f"enable_transport({transport!r}): an explicit address must be tcp://HOST:PORT")
-        choice = {"host": where[0], "port": where[1], "advertise": None}
-    elif transport is ChannelTransport.TcpWithHostname:
-        choice = {"host": "0.0.0.0", "port": 0, "advertise": socket.gethostname()}
-    elif isinstance(transport, ChannelTransport):
-        choice = {"host": "127.0.0.1", "port": 0, "advertise": None}
-    else:
-        raise TypeError(f"enable_transport needs a ChannelTransport or a string, got {transport!r}")
-    _transport.clear()
-    _transport.update(choice)
-
-
-def get_runtime() -> Runtime:
-    """This process's runtime; the first call in a controller starts it on a background thread."""
-    global _runtime
-    rt = _runtime
-    if rt is not None:
-        return rt
-    with _runtime_lock:
-        if _runtime is None:
-            from_env = job_secret_from_env()
-            rt = Runtime(proc_id=new_id("client"), is_controller=True, secret=from_env or inherited_secret(),
-                         tcp_host=_transport.get("host"), advertise_host=_transport.get("advertise"),
-                         tcp_port=_transport.get("port", 0))
-            if from_env is None:
-                share_secret_with_children(rt)
-            rt.start_in_thread()
-            _runtime = rt
-        return _runtime
-
-
-# A client without REGENT_JOB_SECRET(_FILE) makes up its job secret; the programs it starts (a `multiprocessing`
-# child given one of its meshes, as in Monarch's test_client_hard_exit_cleanup) find it through this variable: the
-# path of a file only this user can read, in the client's private socket directory (gone when the client is).
-INHERITED_SECRET_ENV = settings.REGENT_JOB_SECRET_INHERITED_FILE.name
-
-
-def share_secret_with_children(rt: Runtime) -> None:
-    """Let the programs this client starts join its job, as its procs do (they get the secret itself): they
-    inherit the path of a 0600 file holding it, not the secret. Only a `regent.actor` client reads it
-    (`inherited_secret`): a `regent worker` still needs an explicit secret, and the ft layers' RPC and transfer
-    authentication still follow REGENT_JOB_SECRET(_FILE) alone."""
-    path = os.path.join(rt.sock_dir, "job-secret")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(rt.secret.hex())
-    except OSError as exc:  # a program this client starts then has to be given the secret explicitly
-        logger.debug("could not leave the job secret for child programs: %s", exc)
-        return
-    os.environ[INHERITED_SECRET_ENV] = path
-
-
-def inherited_secret() -> bytes | None:
-    """The job secret of the client that started this program (`share_secret_with_children`) while that client
-    runs; None when there is none (or its file is gone: the client ended, or this program runs elsewhere)."""
-    path = settings.REGENT_JOB_SECRET_INHERITED_FILE.get()
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            return bytes.fromhex(f.read().strip())
-    except (OSError, ValueError):  # the client ended (its socket directory is gone) or it is not ours: no secret
-        return None
-
-
-def set_runtime(rt: Runtime) -> None:
-    global _runtime
-    _runtime = rt
-
-
-def runtime_if_started() -> Runtime | None:
-    return _runtime
 
 
 class Runtime:
+    """Routing of one process: its loop, listeners, connections and reply ports (see the module docstring)."""
+
     def __init__(self, proc_id: str, is_controller: bool, secret: bytes | None = None,
                  tcp_host: str | None = None, advertise_host: str | None = None, tcp_port: int = 0,
-                 sock_dir: str | None = None) -> None:
+                 sock_dir: str | None = None, *, handlers: Mapping[str, Handler], faults: PeerFaults) -> None:
         self.proc_id = proc_id
         self.is_controller = is_controller
         self.secret = secret or job_secret_from_env() or secrets.token_bytes(32)
@@ -236,48 +140,24 @@ class Runtime:
         self.connections: set[Connection] = set()
         self.ports: dict[int, Any] = {}
         self._port_ids = itertools.count(1)
-        self.actors = ActorDirectory()  # the actors living in this process (`_directory`)
-        self.owned_proc_meshes: dict[str, Any] = {}
-        self.owner_proc_id: str | None = None  # for procs: the process whose loss makes us an orphan
-        # Procs spawned with a detach grace (`HostMesh.spawn_procs(detach_grace=...)`) outlive a lost owner for
-        # that many seconds instead of exiting at once, so a new owner can adopt them (`adopt_proc_mesh`).
-        self.detach_grace: float | None = None
-        self.detach_log: str | None = None  # where stdout/stderr go once the owner (which read them) is gone
-        self.detached_since: float | None = None  # wall time the owner was lost; None while it is there
-        self.parent_os_pid: int | None = None  # the process that started this proc, while its death ends it
-        self.on_detach: list[Callable[[str], None]] = []  # called with the reason when the owner is lost
-        self.on_attach: list[Callable[[], None]] = []  # called when a (new) owner is connected again
-        self.root_info: dict | None = None  # the controller's address, for get_or_spawn_controller
-        self.host_python: str | None = None  # procs: the interpreter of `with_python_executable` they were spawned by
-        self.spawner: Any = None  # regent.actor._proc.LocalSpawner, created lazily
-        self.shared_sync_thread: Any = None  # regent.actor._cell.SharedSyncThread, with shared_asyncio_runtime
-        self.handlers: dict[str, Callable] = {}
+        self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
         self._inbox: collections.deque = collections.deque()
         self._inbox_lock = threading.Lock()
         self._inbox_scheduled = False
         self.stopping = False
         self.exit_code: int | None = None
         self._sigint_installed = False
-        self.proc_context: Any = None  # the Instance used outside actors in this process
-        self.self_proc: Any = None  # this process as a ProcMesh (`this_proc()`)
-        self.remote_procs: dict[str, str] = {}  # proc id -> worker process that started it
-        # procs adopted from a dead controller (`adopt_proc_mesh`) on this machine: proc id -> (OS pid, start time
-        # in clock ticks, socket directory), so a stop can still kill one that hangs, as a parent would
-        self.adopted_os_pids: dict[str, tuple[int, int | None, str | None]] = {}
-        self.controllers: dict[str, Any] = {}  # get_or_spawn_controller singletons (controller only)
-        # how a cast to many actors is sent: "tree" (one message per host agent), "proc" (one per process) or
-        # "actor" (one per actor, replies one by one: the design before tree casts; kept for comparison)
-        self.cast_mode = settings.REGENT_CAST.get()
         self.stats: collections.Counter = collections.Counter()  # message counts, for tests and benchmarks
-        self.supervision = Supervision(self)
-        from regent.actor._tree import TreeState  # imports this module
-
-        # tree casts: per-sender order of messages and (on agents) reply batches waiting on child processes
-        self.tree = TreeState(self)
-        self._register_handlers()
-        from regent.actor._handlers import install_handlers
-
-        install_handlers(self)
+        self.faults = faults
+        # the runtime's own kinds (hello, whereis, replies, bye), then those of the layers above
+        self.handlers: dict[str, Handler] = {
+            Hello.KIND: self._h_hello,
+            WhereIs.KIND: self._h_whereis,
+            ReplyMsg.KIND: self._h_reply,
+            ReplyBatch.KIND: self._h_reply_batch,
+            Bye.KIND: self._h_bye,
+        }
+        self.handlers.update(handlers)
 
     # ------------------------------------------------------------------ loop management
     def start_in_thread(self) -> None:
@@ -447,20 +327,25 @@ class Runtime:
             del self.routes[peer]
         if self.stopping:
             return
-        if (self.spawner is not None and self.spawner.is_child(peer)) or peer in self.remote_procs:
+        if self.is_child(peer):
             # a child of ours or of a worker: its parent reports the exit (status, and only once the
             # process is really gone); fall back if that report never comes
             self.loop.call_later(3.0, self._connection_lost_fallback, peer)
-        elif peer in self.supervision.graceful:
-            self.supervision.proc_gone(peer, None)
+        elif peer in self.faults.graceful:
+            self.faults.proc_gone(peer, None)
         else:
-            self.supervision.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
+            self.faults.proc_gone(peer, f"lost connection to process {peer} ({conn.close_reason or 'closed'})")
+
+    def is_child(self, peer: str) -> bool:
+        """Whether `peer` is a proc whose parent reports its exit (one a worker started for us; the process
+        layer adds its own children)."""
+        return peer in self.remote_procs
 
     def _connection_lost_fallback(self, peer: str) -> None:
-        if peer not in self.supervision.dead and peer not in self.routes:
+        if peer not in self.faults.dead and peer not in self.routes:
             # a host that is gone entirely (its agent too) loses all its procs' connections at once: coalesced
             # like exits, so the owner gets one report per mesh
-            self.supervision.proc_exited(peer, None if peer in self.supervision.graceful else f"lost connection to process {peer}")
+            self.faults.proc_exited(peer, None if peer in self.faults.graceful else f"lost connection to process {peer}")
 
     def _on_frame(self, conn: Connection | None, env: bytes, body: Any, buffers: list) -> None:
         try:
@@ -473,15 +358,6 @@ class Runtime:
             handler(conn, msg, body, buffers)
         except Exception:  # one bad message must not close the connection (logged with its traceback)
             logger.exception("error handling %r message", msg.KIND)
-
-    def _register_handlers(self) -> None:
-        self.handlers.update({
-            Hello.KIND: self._h_hello,
-            WhereIs.KIND: self._h_whereis,
-            ReplyMsg.KIND: self._h_reply,
-            ReplyBatch.KIND: self._h_reply_batch,
-            Bye.KIND: self._h_bye,
-        })
 
     def learn(self, proc_id: str, info: dict) -> None:
         """Record a process's address and answer whoever asked for it ("whereis")."""
@@ -496,7 +372,7 @@ class Runtime:
         info = self.directory.get(proc_id)
         if info is not None and proc_id not in self.held:
             self.send_reply(reply, OK, info)
-        elif proc_id in self.supervision.dead:
+        elif proc_id in self.faults.dead:
             self.send_reply(reply, OK, None)
         else:
             self.where_waiters.setdefault(proc_id, []).append(reply)
@@ -518,13 +394,11 @@ class Runtime:
 
         class _Answer:
             def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
-                from regent.actor._pickle import loads
-
                 rt.drop_port(port)
                 rt.asking.discard(proc_id)
                 info = loads(body, buffers) if status == OK else None
                 if info is None:
-                    rt.supervision.proc_gone(proc_id, f"no address known for process {proc_id}")
+                    rt.faults.proc_gone(proc_id, f"no address known for process {proc_id}")
                 else:
                     rt.learn(proc_id, info)
 
@@ -549,7 +423,7 @@ class Runtime:
 
     def _h_bye(self, conn: Connection, msg: Bye, body: Any, buffers: list) -> None:
         if conn is not None and conn.peer is not None:
-            self.supervision.graceful.add(conn.peer)
+            self.faults.graceful.add(conn.peer)
 
     def release(self, proc_id: str, conn: Connection | None) -> None:
         """Make a held (still configuring) proc routable and send what was queued for it."""
@@ -594,7 +468,7 @@ class Runtime:
         if conn is not None and not conn.closed:
             conn.send(env_bytes, body, buffers)
             return
-        if proc_id in self.supervision.dead:
+        if proc_id in self.faults.dead:
             self._undeliverable(proc_id, env_bytes)
             return
         self.queued.setdefault(proc_id, []).append((env_bytes, body, buffers))
@@ -610,7 +484,7 @@ class Runtime:
             return
         reply = reply_to_answer(msg)
         if reply is not None:
-            reason = self.supervision.dead.get(proc_id, "unreachable")
+            reason = self.faults.dead.get(proc_id, "unreachable")
             self.send_reply(reply, DEAD, f"the process this actor was running on failed: {reason}")
 
     def dial(self, proc_id: str) -> None:
@@ -639,7 +513,7 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - the peer is unreachable: fail what waits on it
             self.dialing.discard(proc_id)
             logger.warning("cannot connect to %s: %s", proc_id, exc)
-            self.supervision.proc_gone(proc_id, f"cannot connect to process {proc_id}: {exc}")
+            self.faults.proc_gone(proc_id, f"cannot connect to process {proc_id}: {exc}")
             return
         self.dialing.discard(proc_id)
         existing = self.routes.get(proc_id)
@@ -710,8 +584,6 @@ class Runtime:
         try:
             body, bufs = (NONE_BODY, []) if value is None else dumps(value)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result becomes an error for the caller
-            from regent.actor._errors import ActorError
-
             err = ActorError(RuntimeError(f"result could not be pickled: {exc!r}"), "Actor call failed.")
             body, bufs = dumps((err.exception, str(exc), ""))
             status = ERROR
@@ -742,122 +614,6 @@ class Runtime:
         self.routes.pop(proc_id, None)
         for env, _body, _bufs in self.queued.pop(proc_id, []):
             self._undeliverable(proc_id, env)
-        if self.spawner is not None:
-            self.spawner.forget_spare(proc_id)
-
-    # ------------------------------------------------------------------ orphans
-    def owner_connected(self) -> bool:
-        owner = self.owner_proc_id
-        if owner is None:
-            return True
-        return any(c.peer == owner and not c.closed for c in self.connections)
-
-    async def orphan_watch(self, parent_os_pid: int | None = None) -> None:
-        """Procs only: exit when the owner process has been unreachable for `orphan_timeout` seconds, or at
-        once when `parent_os_pid` (the process that started this one) is gone: a killed `regent train` then
-        takes its replicas and their trainers with it within a second or two, instead of leaving them to
-        train on until the orphan timeout.
-
-        With a detach grace (set by the spawner's configure, so read at every tick) a lost owner detaches
-        this proc instead: it goes on for up to `detach_grace` seconds (its actors keep working, what it owns
-        stays up), is attached again when an owner connects (`Adopt`), and after the grace stops gracefully:
-        the actors' `__cleanup__` and the atexit handlers run (allocations are released)."""
-        self.parent_os_pid = parent_os_pid
-        last_seen = self.loop.time()
-        while True:
-            timeout = config.orphan_timeout
-            parent_os_pid = self.parent_os_pid  # cleared by a detach, and by an adoption (`on_adopt`)
-            await asyncio.sleep(min(1.0, timeout / 4) if timeout is not None else 1.0)
-            now = self.loop.time()
-            if self.detached_since is not None:
-                if self.owner_connected():
-                    self._leave_detached()
-                    last_seen = now
-                elif self.detach_grace is not None and time.time() - self.detached_since >= self.detach_grace:
-                    await self._orphan_exit_gracefully()
-                continue
-            orphaned = parent_os_pid is not None and os.getppid() != parent_os_pid
-            if not orphaned and self.owner_connected():
-                last_seen = now
-                continue
-            if self.detach_grace is not None:
-                # the parent gone is certain; a dropped connection alone gets the detach delay (a restart of
-                # the owner's loop or a transient network failure must not detach a healthy proc)
-                if orphaned or now - last_seen >= min(DETACH_AFTER_S, timeout if timeout is not None else
-                                                      DETACH_AFTER_S):
-                    self._enter_detached("its parent process is gone" if orphaned else
-                                         f"owner {self.owner_proc_id} unreachable for {now - last_seen:.1f} s")
-                    self.parent_os_pid = None  # from here on, only an owner's connection counts
-                continue
-            if timeout is None and not orphaned:
-                continue
-            if orphaned or now - last_seen >= timeout:
-                if orphaned:
-                    logger.error("the process that started this proc (pid %d) is gone; this proc exits",
-                                 parent_os_pid)
-                else:
-                    logger.error("owner process %s unreachable for %.1f s; this proc exits (orphan timeout, "
-                                 "REGENT_ORPHAN_TIMEOUT)", self.owner_proc_id, now - last_seen)
-                if self.spawner is not None:
-                    self.spawner.kill_all()  # what this proc owns cannot outlive it
-                with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report; exiting anyway
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                remove_sock_dir(self.sock_dir)
-                os._exit(0)
-
-    def _enter_detached(self, reason: str) -> None:
-        """The owner is lost: keep going for the grace, with output to the detach log (the pipes the owner
-        read have no reader any more: writes to them would fail), and tell the hooks."""
-        self.detached_since = time.time()
-        if self.detach_log:
-            try:
-                os.makedirs(os.path.dirname(self.detach_log) or ".", exist_ok=True)
-                fd = os.open(self.detach_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                with contextlib.suppress(Exception):  # a closed stdout/stderr: nothing to flush
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
-            except OSError as exc:
-                logger.error("cannot open the detach log %s (%s); this proc's output is lost from here on",
-                             self.detach_log, exc)
-        logger.warning("proc %s: owner lost (%s); going on without it for up to %.0f s (detach grace), "
-                       "waiting to be adopted", self.proc_id, reason, self.detach_grace or 0.0)
-        for hook in list(self.on_detach):
-            try:
-                hook(reason)
-            except Exception:
-                logger.exception("a detach hook failed")
-
-    def _leave_detached(self) -> None:
-        """An owner is connected again (it adopted this proc): the hooks resume what waited for it."""
-        if self.detached_since is None:
-            return
-        logger.warning("proc %s: adopted by %s after %.1f s without an owner", self.proc_id, self.owner_proc_id,
-                       time.time() - self.detached_since)
-        self.detached_since = None
-        for hook in list(self.on_attach):
-            try:
-                hook()
-            except Exception:
-                logger.exception("an attach hook failed")
-
-    async def _orphan_exit_gracefully(self) -> None:
-        """The grace is over and nobody adopted this proc: stop its actors (their `__cleanup__` releases what
-        they hold, e.g. a cluster allocation) and exit through the atexit handlers."""
-        from regent.actor._handlers import stop_self
-
-        logger.error("proc %s: no owner for %.0f s (detach grace %.0f s): stopping, what it holds released",
-                     self.proc_id, time.time() - (self.detached_since or time.time()), self.detach_grace or 0.0)
-        try:
-            await asyncio.wait_for(stop_self(self, None), timeout=config.stop_timeout + 30)
-        finally:  # stop_self exits the process; reached only if it failed or hung
-            if self.spawner is not None:
-                self.spawner.kill_all()
-            remove_sock_dir(self.sock_dir)
-            os._exit(1)
 
     # ------------------------------------------------------------------ shutdown
     def _atexit(self) -> None:
@@ -875,17 +631,12 @@ class Runtime:
             thread.join(2.0)
 
     def shutdown(self, timeout: float = 2.0) -> None:
-        """Stop every proc mesh this process owns (bounded by `timeout`), then close sockets."""
+        """Stop every proc mesh this process owns (`stop_owned`, bounded by `timeout`), then close sockets."""
         if self.loop is None or self.loop.is_closed() or self.stopping:
             return
 
         async def stop_all() -> None:
-            meshes = list(self.owned_proc_meshes.values())
-            if meshes:
-                await asyncio.wait([asyncio.ensure_future(pm._stop_async(timeout)) for pm in meshes],
-                                   timeout=timeout + 1)
-            if self.spawner is not None:
-                self.spawner.kill_all()
+            await self.stop_owned(timeout)
             self.stopping = True
             for conn in list(self.connections):
                 conn.close()
@@ -895,6 +646,10 @@ class Runtime:
             fut.get(timeout + 3)
         except Exception as exc:  # noqa: BLE001 - reported; shutdown is best effort and must not raise
             logger.warning("runtime shutdown did not complete (owned processes may outlive this one): %r", exc)
+
+    async def stop_owned(self, timeout: float) -> None:
+        """Before the connections close at shutdown: end what this process owns (the process layer's meshes
+        and children; routing owns none)."""
 
 
 def new_sock_dir() -> str:
@@ -993,8 +748,34 @@ def check_reference_job(rt: Runtime, job: str | None, what: str) -> None:
     )
 
 
-# A proc with a detach grace whose owner's connection dropped (its parent still alive) detaches after this long.
-DETACH_AFTER_S = 10.0
+def learn_addresses(rt: Runtime, infos: dict, referrer: dict | None, what: str = "reference") -> None:
+    """Addresses that came with a mesh reference; unknown ones (procs still starting) are asked of
+    `referrer`, the process that pickled the reference, when first needed. A reference from another job
+    (another secret) raises `ForeignJobError` here, at unpickling, instead of failing at first use."""
+    check_same_job(rt, referrer, what)
+
+    def on_loop() -> None:
+        if referrer is not None and referrer["id"] != rt.proc_id:
+            rt.directory.setdefault(referrer["id"], referrer)
+        for pid, info in infos.items():
+            if info is not None:
+                if pid not in rt.directory:
+                    rt.learn(pid, info)
+            elif referrer is not None and pid not in rt.directory:
+                rt.ask_via.setdefault(pid, referrer["id"])
+
+    rt.run_on_loop(on_loop)
+
+
+class OneShot:
+    """A reply port that resolves an asyncio future with the first reply `(status, body, buffers)`."""
+
+    def __init__(self, fut: asyncio.Future) -> None:
+        self.fut = fut
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
+        if not self.fut.done():
+            self.fut.set_result((status, body, buffers))
 
 
 def exit_gracefully(code: int = 0) -> None:

@@ -26,7 +26,8 @@ from regent.actor._config import config
 from regent.actor._errors import ActorError
 from regent.actor._messages import Configure, encode
 from regent.actor._pickle import loads
-from regent.actor._runtime import ERROR, OK, Runtime, new_id, new_sock_dir, remove_sock_dir
+from regent.actor._process import ActorRuntime
+from regent.actor._runtime import ERROR, OK, OneShot, new_id, new_sock_dir, remove_sock_dir
 
 logger = logging.getLogger("regent.actor")
 
@@ -86,7 +87,7 @@ class Child:
 class LocalSpawner:
     """Starts procs on this machine as children of this process, and keeps warm spares."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: ActorRuntime) -> None:
         self.rt = rt
         self.children: dict[str, Child] = {}
         self.spares: collections.deque[Child] = collections.deque()
@@ -202,7 +203,7 @@ class LocalSpawner:
             child.conn.peer = new_pid
         cfg = dict(cfg, id=new_pid)
         fut = rt.loop.create_future()
-        port = rt.new_port(_OneShot(fut))
+        port = rt.new_port(OneShot(fut))
         child.conn.send(encode(Configure(cfg, (rt.proc_id, port, 0))), bootstrap)
         try:
             status, body, buffers = await asyncio.wait_for(fut, config.spawn_timeout)
@@ -403,15 +404,6 @@ def apply_proc_bind(bind: dict[str, list[int]]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
-class _OneShot:
-    def __init__(self, fut: asyncio.Future) -> None:
-        self.fut = fut
-
-    def deliver(self, index: int, status: int, body: Any, buffers: list) -> None:
-        if not self.fut.done():
-            self.fut.set_result((status, body, buffers))
-
-
 def visibility_env(index: int) -> dict[str, str]:
     """Accelerator pinning for the index-th proc of a host, from regent.platform."""
     from regent.platform import child_visibility_env
@@ -432,7 +424,8 @@ def _write_output(pid: str, stream: str, text: str) -> None:
         pass
 
 
-def spawner_of(rt: Runtime) -> LocalSpawner:
+def spawner_of(rt: ActorRuntime) -> LocalSpawner:
+    """This process's spawner (`ActorRuntime.spawner`), made on first use."""
     if rt.spawner is None:
         rt.spawner = LocalSpawner(rt)
-    return rt.spawner
+    return rt.spawner  # type: ignore[return-value] - only a LocalSpawner is ever set

@@ -1,7 +1,7 @@
 """Supervision bookkeeping of one process: which meshes exist here and who owns them, which processes are gone,
 which calls wait on which processes, and how failures reach their owners.
 
-It is per process and lives on the runtime's event loop (`Runtime.supervision`); the runtime's routing tells it
+It is per process and lives on the runtime's event loop (`ActorRuntime.supervision`); the runtime's routing tells it
 when a process is gone (`proc_gone`, or `proc_exited` for exits to gather), and it tells the routing to forget
 that process (`Runtime.forget_proc`). Procs lost together (a host losing them all) are aggregated on the wire
 (one exit event per host, one report per mesh in `rt.stats["supervision_reports"]`), but what the API delivers
@@ -16,13 +16,15 @@ import collections
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from regent import settings
 from regent.actor._errors import MeshFailure, SupervisionError, ranks_text
+from regent.actor._shape import Point
 
-if TYPE_CHECKING:
-    from regent.actor._runtime import Runtime
+if TYPE_CHECKING:  # type only: the process layer builds on this module
+    from regent.actor._process import ActorRuntime
 
 logger = logging.getLogger("regent.actor")
 _fault_exit_lock = threading.Lock()
@@ -104,8 +106,13 @@ class PendingReply:
 
 
 class Supervision:
-    def __init__(self, rt: Runtime) -> None:
+    """The supervision state of one process (see the module docstring); the routing's `faults`."""
+
+    def __init__(self, rt: ActorRuntime, fault_hook: Callable[[MeshFailure], None] | None = None) -> None:
         self.rt = rt
+        # the client's hook for a failure no owner handled (`regent.actor.unhandled_fault_hook`, looked up at
+        # each call by the caller that gives it); None: such failures are only logged
+        self.fault_hook = fault_hook
         self.mesh_states: dict[str, MeshState] = {}
         self.ranks_on_proc: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
         self.pending_by_proc: dict[str, set[int]] = collections.defaultdict(set)
@@ -272,8 +279,6 @@ class Supervision:
                 if proc_id in pm_state.proc_ids and started and not pm_state.stopping \
                         and not owned_actor_mesh_on_proc:
                     rank = pm_state.proc_ids.index(proc_id)
-                    from regent.actor._shape import Point
-
                     if self._failure_sink is not None:
                         self._failure_sink.setdefault(("proc", pm_state.mesh_id), (pm, []))[1].append(
                             (rank, f"the process {proc_id} failed: {reason}", reason))
@@ -325,8 +330,6 @@ class Supervision:
                 self.dispatch_failures(holder.owner_key, failures)
             else:
                 pm_state = holder._state
-                from regent.actor._shape import Point
-
                 self.dispatch_failures(pm_state.owner_key, [
                     MeshFailure(pm_state.name, [rank], event, mesh=holder,
                                 actor_name=f"{pm_state.name}{Point(rank, pm_state.extent)}")
@@ -379,7 +382,7 @@ class Supervision:
                 self.rt.controllers.pop(failure.mesh_name, None)
             return
         if owner_key == ROOT_KEY:
-            if self.rt.is_controller:
+            if self.rt.is_controller and self.fault_hook is not None:
                 threading.Thread(target=self._run_fault_hook, args=(failures,), daemon=True,
                                  name="regent-fault-hook").start()
             else:
@@ -396,11 +399,11 @@ class Supervision:
     def _run_fault_hook(self, failures: list[MeshFailure]) -> None:
         """Fault-hook thread: the user's hook for each failure; one that raises makes the client exit (once:
         the ranks of one loss each raising in the default hook must not interrupt the exit again)."""
-        import regent.actor as api
-
+        hook = self.fault_hook
+        assert hook is not None  # dispatch_failures starts this thread only with a hook
         for failure in failures:
             try:
-                api.unhandled_fault_hook(failure)
+                hook(failure)
             except BaseException as exc:  # noqa: BLE001 - any exception from the hook is "unhandled"
                 try:
                     sys.stderr.write(f"Unhandled monarch-style fault: {failure.report()}\n({exc!r})\n")

@@ -2,7 +2,7 @@
 
 A cast to many actors is sent once per host, not once per actor. The caller groups the target ranks by the
 process they live in and the processes by the host agent that started them (the `regent worker` that is
-their parent, `Runtime.remote_procs`). It then sends:
+their parent, `ActorRuntime.remote_procs`). It then sends:
 
 - one "cast" message to each agent with two or more target processes; the agent forwards one "mc" message
   to each of its processes;
@@ -31,11 +31,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from regent.actor._messages import Cast, CastItems, ReplyBatch, ReplyMsg, encode
 from regent.actor._pickle import dumps
-from regent.actor._runtime import DEAD, OK, Runtime
+from regent.actor._runtime import DEAD, OK
+
+if TYPE_CHECKING:  # type only: the process layer builds on this module
+    from regent.actor._process import ActorRuntime
 
 logger = logging.getLogger("regent.actor")
 
@@ -45,7 +48,7 @@ Item = tuple[int, int, int]  # (rank in the mesh, index of the rank's point in t
 
 
 class TreeState:
-    """The per-process state of tree casts (`Runtime.tree`): sequence numbers of ordered messages sent, per
+    """The per-process state of tree casts (`ActorRuntime.tree`): sequence numbers of ordered messages sent, per
     destination process; per sender, the number expected next and the messages that arrived early; and, on a
     host agent, the reply batches waiting on each of its processes.
 
@@ -53,7 +56,7 @@ class TreeState:
     when some came through an agent and some straight) lives in one object with the state it needs, instead
     of module functions editing dicts of the runtime. Loop thread only; `rt` gives the loop for gap timers."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: ActorRuntime) -> None:
         self.rt = rt
         self._out_seq: dict[str, int] = {}  # destination process -> next sequence number
         self._in_seq: dict[str, int] = {}  # sender -> sequence number expected next
@@ -142,7 +145,7 @@ class Batch:
     # time waking the loop once per reply).
     deliver_any_thread = True
 
-    def __init__(self, rt: Runtime, up: tuple[str, int], expected: int,
+    def __init__(self, rt: ActorRuntime, up: tuple[str, int], expected: int,
                  owed_by: dict[int, str] | None = None) -> None:
         self.lock = threading.Lock()
         self.rt = rt
@@ -196,7 +199,7 @@ class Batch:
             self.deliver(i, DEAD, body, [])
 
 
-def post_many(rt: Runtime, post: Callable[[str, tuple], None], spawn: Callable[..., None], mesh_id: str,
+def post_many(rt: ActorRuntime, post: Callable[[str, tuple], None], spawn: Callable[..., None], mesh_id: str,
               method: str | list, reply: tuple | None, labels: list, sizes: list, items: list, body: Any,
               buffers: list) -> None:
     """Deliver one "mc" message in this process: post it to each target actor, or, when `method` is
@@ -220,7 +223,7 @@ def post_many(rt: Runtime, post: Callable[[str, tuple], None], spawn: Callable[.
         post(f"{mesh_id}/{rank}", ("m", method, body, bufs, item_reply, (labels, sizes, local)))
 
 
-def _reply_target(rt: Runtime, reply: tuple | None, n: int) -> tuple[str, int] | None:
+def _reply_target(rt: ActorRuntime, reply: tuple | None, n: int) -> tuple[str, int] | None:
     """Where the actors of one "mc" message answer: a local `Batch` (gathered replies) or the given port."""
     if reply is None:
         return None
@@ -229,7 +232,7 @@ def _reply_target(rt: Runtime, reply: tuple | None, n: int) -> tuple[str, int] |
     return (reply[0], reply[1])
 
 
-def relay_cast(rt: Runtime, msg: tuple, body: Any, buffers: list) -> None:
+def relay_cast(rt: ActorRuntime, msg: tuple, body: Any, buffers: list) -> None:
     """On an agent: forward a "cast" to each of its target processes, gathering their replies if asked."""
     origin, mesh_id, method, reply, labels, sizes, per_proc = msg
     fwd = reply
@@ -249,7 +252,7 @@ def relay_cast(rt: Runtime, msg: tuple, body: Any, buffers: list) -> None:
     rt.stats["cast_relayed"] += 1
 
 
-def send_cast(rt: Runtime, mesh_id: str, method: str, rank_procs: list[str], labels: list, sizes: list,
+def send_cast(rt: ActorRuntime, mesh_id: str, method: str, rank_procs: list[str], labels: list, sizes: list,
               items: list[Item], body: Any, buffers: list, reply: tuple | None, tree: bool) -> list[str]:
     """Send one message to many ranks of a mesh (loop thread). `reply` is None (no reply) or
     `(proc, port, mode)` with mode "b" (gather replies per process and host) or "d" (each actor answers).

@@ -14,7 +14,8 @@ import signal
 import sys
 
 from regent import settings
-from regent.actor._runtime import Runtime, new_id, remove_sock_dir, set_runtime
+from regent.actor._process import new_runtime, set_runtime
+from regent.actor._runtime import new_id, remove_sock_dir
 from regent.actor._transport import inherited_listener, parse_address, split_address
 from regent.auth import job_secret_from_env, read_secret_file
 from regent.eventloop import new_event_loop
@@ -83,8 +84,8 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     secret = secret or job_secret_from_env()
     if secret is None:
         raise ValueError("no job secret: set REGENT_JOB_SECRET or pass secret=")
-    rt = Runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host,
-                 advertise_host=advertise)
+    rt = new_runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host,
+                     advertise_host=advertise)
     set_runtime(rt)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)

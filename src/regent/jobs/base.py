@@ -122,7 +122,7 @@ def normalize_secret(secret: str | bytes) -> str:
 
 def _runtime_secret() -> bytes | None:
     """The controller runtime's secret: the one attach_to_workers will present to the workers."""
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
 
     return get_runtime().secret
 

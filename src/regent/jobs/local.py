@@ -23,8 +23,8 @@ from typing import Any
 
 from regent import settings
 from regent.actor import HostMesh, attach_to_workers
-from regent.actor._proc import release_workers
-from regent.actor._runtime import get_runtime
+from regent.actor._host_mesh import release_workers
+from regent.actor._process import get_runtime
 from regent.jobs.base import JobState
 
 

@@ -527,7 +527,8 @@ class OrchestrationManager:
         """What a successor needs that does not change: who controls, the job secret (its fingerprint and
         where it is), the run marker. A fresh run's secret is written to controller/secret (0600) unless it
         came from the environment, where a successor must find it too."""
-        from regent.actor._runtime import get_runtime, machine_id
+        from regent.actor._process import get_runtime
+        from regent.actor._runtime import machine_id
         from regent.auth import fingerprint
 
         rt = get_runtime()

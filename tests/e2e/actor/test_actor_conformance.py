@@ -189,7 +189,7 @@ if __name__ == "__main__":
     print("exit", p.exitcode)
     # the secret itself is not in the environment programs started here inherit, only a private file's path
     shown = subprocess.run(["env"], capture_output=True, text=True).stdout
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
     print("leaked", get_runtime().secret.hex() in shown)
     pm.stop().get(timeout=60)
 '''

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from regent.actor import Actor, SupervisionError, current_rank, endpoint, this_host
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.jobs.local import ProcessJob
 
 TIMEOUT = 60
@@ -394,7 +394,7 @@ def test_controller_removes_its_socket_directory_at_exit(tmp_path):
     script.write_text(textwrap.dedent("""
         import json, os
         from regent.actor import Actor, endpoint, this_host
-        from regent.actor._runtime import get_runtime
+        from regent.actor._process import get_runtime
 
         class SockDir(Actor):
             @endpoint

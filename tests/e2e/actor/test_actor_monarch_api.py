@@ -37,7 +37,7 @@ from regent.actor import (
     this_host,
     this_proc,
 )
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.actor._transport import split_address
 
 TIMEOUT = 60
@@ -313,7 +313,7 @@ def test_attach_to_workers_dials_alias_addresses_and_awaits_futures():
 CLIENT = textwrap.dedent('''
     import socket, sys
     from regent.actor import enable_transport, this_host
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
     from test_actor_monarch_api import Probe
 
     enable_transport(sys.argv[1])

@@ -14,7 +14,7 @@ import pytest
 
 from regent.actor import Actor, endpoint, this_host
 from regent.actor._pickle import dumps, loads
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.actor._transport import HEADER, MAGIC, parse_address
 
 TIMEOUT = 60

@@ -25,7 +25,7 @@ from regent.actor import (
     adopt_proc_mesh,
     attach_actor_mesh,
 )
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.auth import fingerprint
 from tests.e2e.actor.test_actor_lifecycle import pid_alive, wait_for
 

@@ -30,7 +30,7 @@ import pytest
 
 import regent.actor
 from regent.actor import Actor, attach_to_workers, config, endpoint, this_host
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.actor._shape import Shape, Slice
 from regent.jobs.local import ProcessJob
 

@@ -12,7 +12,7 @@ import pytest
 
 import regent.actor
 from regent.actor import Actor, Channel, SupervisionError, current_rank, endpoint, send, this_host
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.jobs.local import ProcessJob
 
 TIMEOUT = 60

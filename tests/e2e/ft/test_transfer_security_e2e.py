@@ -80,7 +80,7 @@ def test_processes_the_runtime_spawns_authenticate_transfers_with_its_secret():
     """Trainers run in processes the actor runtime spawns (`regent train`): their StreamTransport finds the
     job secret in the environment the runtime gives them."""
     from regent.actor import this_host
-    from regent.actor._runtime import get_runtime
+    from regent.actor._process import get_runtime
 
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     try:

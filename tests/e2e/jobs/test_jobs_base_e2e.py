@@ -38,7 +38,7 @@ def test_default_secret_is_the_controller_runtimes(tmp_path) -> None:
         "from regent.jobs.slurm import SlurmJob\n"
         f"job = SlurmJob(1, shared_dir={str(tmp_path)!r})\n"
         "assert job._secret is None  # constructing starts nothing\n"
-        "from regent.actor._runtime import get_runtime\n"
+        "from regent.actor._process import get_runtime\n"
         "print(job.secret, get_runtime().secret.hex())\n"
     )
     env = dict(os.environ, **{SECRET_ENV: "00aa11bb"})
@@ -115,7 +115,7 @@ def test_worker_does_not_outlive_a_sigkilled_launcher(tmp_path) -> None:
 def test_attaching_with_a_secret_the_runtime_does_not_share_is_explained() -> None:
     code = (
         "from regent.actor import attach_to_workers\n"
-        "from regent.actor._runtime import get_runtime\n"
+        "from regent.actor._process import get_runtime\n"
         "from regent.jobs.base import JobError, _call_attach\n"
         "mesh = _call_attach(attach_to_workers, ['tcp://127.0.0.1:9'], get_runtime().secret.hex(), 'ok')\n"
         "print(type(mesh).__name__)\n"

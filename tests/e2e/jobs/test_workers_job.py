@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from regent.actor import Actor, endpoint
-from regent.actor._runtime import get_runtime
+from regent.actor._process import get_runtime
 from regent.jobs import make_job
 from regent.jobs.base import JobFailedError, JobTimeoutError
 from regent.jobs.workers import WorkersJob, parse_worker_addresses

@@ -50,7 +50,7 @@ class _FakeRuntime:
         self.is_controller = True
         self.exit_code = None
         self.exits = []
-        self.supervision = Supervision(self)
+        self.supervision = Supervision(self, regent.actor._call_unhandled_fault_hook)  # as the client is built
 
     def forget_proc(self, proc_id):
         pass
