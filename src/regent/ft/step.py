@@ -128,10 +128,14 @@ class FaultTolerantStep:
             # of waiting for the survivors' next quorum. Publishing costs a walk over the state's structure per
             # step, not a copy.
             manager.serve_committed(serve_live[0], serve_live[1], live=True)
+        # looked up at each call, not bound now: what a caller (or a test injecting faults) sets on the manager
+        # later is what runs
         actions: dict[str, Callable[[], Any]] = {
             ENTER: lambda: self._set_in_step(True), LEAVE: lambda: self._set_in_step(False),
-            LOCK: manager.disallow_state_dict_read, UNLOCK: manager.allow_state_dict_read,
-            WITHDRAW: manager.withdraw_committed, PUBLISH: manager.publish_committed,
+            LOCK: lambda: self.manager.disallow_state_dict_read(),
+            UNLOCK: lambda: self.manager.allow_state_dict_read(),
+            WITHDRAW: lambda: self.manager.withdraw_committed(),
+            PUBLISH: lambda: self.manager.publish_committed(),
             WAIT_COPY: lambda: backstop.wait_copied(),
             SYNC: lambda: sync.after_inner_step(),  # type: ignore[union-attr]
         }
