@@ -104,6 +104,7 @@ def replica_main(args: argparse.Namespace) -> int:
         info_path.write_text(json.dumps(_common.machine_info()))
     torch.set_num_threads(1)
     from regent.ft.manager import Manager
+    from regent.ft.step import FaultTolerantStep
     from regent.train.config import TrainConfig
     from regent.train.trainer import Trainer
 
@@ -127,20 +128,11 @@ def replica_main(args: argparse.Namespace) -> int:
                       replica_id=f"replica_{args.replica}", init_sync=True, on_event=on_event)
     log("manager_ready")
 
-    def allreduce_grads(grads: list[torch.Tensor]) -> None:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        manager.allreduce(flat).wait()
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    trainer.grad_reduce_hook = allreduce_grads
-    trainer.commit_hook = manager.should_commit
+    ft = FaultTolerantStep(manager, per_step=True)  # the quorum, gradient allreduce and commit vote of a step
     stop = run / "stop"
     while not stop.exists():
-        manager.start_quorum()
-        record = trainer.train_step()
+        ft.start()
+        record = trainer.train_step(ft)
         log("step", step=record["step"], committed=record["committed"], participants=manager.num_participants(),
             quorum_id=manager.quorum_id(), step_time_s=record["step_time_s"])
     log("stopped", step=trainer.step)

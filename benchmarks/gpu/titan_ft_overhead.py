@@ -404,24 +404,21 @@ class _PhaseTimer:
             return out
 
         user.forward_backward = forward_backward
-        if trainer.grad_reduce_hook is not None:
-            hook = trainer.grad_reduce_hook
+        if session is not None:  # the step's rules (regent.ft.step.FaultTolerantStep), timed where they run
+            rules = session.ft_step
+            reduce, commit = rules.reduce_gradients, rules.should_commit
 
             def grad_reduce(grads):
                 start = time.perf_counter()
                 if self.cuda:
                     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     begin.record()
-                hook(grads)
+                reduce(grads)
                 if self.cuda:
                     end.record()
                     self._events.append((begin, end))
                 self._acc("grad_reduce_host", time.perf_counter() - start)
                 self._mark("after_reduce")
-
-            trainer.grad_reduce_hook = grad_reduce
-        if trainer.commit_hook is not None:
-            commit = trainer.commit_hook
 
             def should_commit():
                 start = time.perf_counter()
@@ -430,7 +427,7 @@ class _PhaseTimer:
                 self._acc("commit_vote", time.perf_counter() - start)
                 return decision
 
-            trainer.commit_hook = should_commit
+            rules.reduce_gradients, rules.should_commit = grad_reduce, should_commit
         if session is not None:
             start_quorum = session.manager.start_quorum
 

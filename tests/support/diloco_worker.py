@@ -79,9 +79,12 @@ def main() -> None:
         lighthouse_addr=args.lighthouse, replica_id=args.name, on_event=record, backstop=backstop,
         lost_state=args.lost_state,
     )
+    inner_step = 0
+    joining = {"round_step": lambda: inner_step,
+               "on_contributor_step": lambda step: record("aligned", {"to": step})} if args.join else {}
     diloco = DiLoCo(manager, fragments, inner, outers, sync_every=args.sync_every,
                     fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha,
-                    sync_retries=args.sync_retries, early_heal=args.early_heal)
+                    sync_retries=args.sync_retries, early_heal=args.early_heal, **joining)
     if args.die_in_allreduce_at >= 0:
         allreduce = manager.allreduce
 
@@ -104,10 +107,7 @@ def main() -> None:
         os._exit(3)
     record("recovered", {"how": how, "step": manager.current_step()})
     streak = 0
-    inner_step = 0
     if args.join:
-        diloco.on_contributor_step = lambda step: record("aligned", {"to": step})
-        diloco.round_step = lambda: inner_step
         diloco.join_now()
         record("joined", {"mid_round": diloco.joined_mid_round, "local_step": diloco.local_step})
     with diloco:

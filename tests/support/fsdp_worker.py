@@ -8,6 +8,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from step_rules import Rules
 
 from regent.train.config import TrainConfig
 from regent.train.trainer import Trainer
@@ -22,9 +23,9 @@ def main(out_dir: str) -> None:
     result: dict = {}
     a = Trainer(cfg, rank=rank, world_size=world)
     shard_numel = []
-    a.grad_reduce_hook = lambda grads: shard_numel.append(sum(g.numel() for g in grads))
+    counting = Rules(reduce=lambda grads: shard_numel.append(sum(g.numel() for g in grads)))
     for _ in range(3):
-        a.train_step()
+        a.train_step(counting)
     result["local_grad_numel"] = shard_numel[0]
     result["num_params"] = a.num_params
 
@@ -33,10 +34,8 @@ def main(out_dir: str) -> None:
     a.wait_checkpoint()
     result["hash_saved"] = a.param_hash()
 
-    a.commit_hook = lambda: False
-    skipped = a.train_step()
+    skipped = a.train_step(Rules(commit=False))
     result["skip_kept_params"] = a.param_hash() == result["hash_saved"] and skipped["step"] == 3
-    a.commit_hook = None
     # the discarded step gave its batch back: the next step trains on it, so the comparison below is like-for-like
     result["next_loss"] = a.train_step()["loss"]
     result["hash_after"] = a.param_hash()

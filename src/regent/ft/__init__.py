@@ -8,7 +8,8 @@ to `regent.ft`:
     from regent.ft.coordination import LighthouseServer
 
 Regent's additions (the committed watermark, early heal, the durable backstop) are opt-in or invisible to
-TorchFT code; see the README's "Bring your own training loop".
+TorchFT code; see the README's "Bring your own training loop". The rules of one fault-tolerant step, whichever
+loop drives it (Regent's trainers, `Optimizer`, `DiLoCo`, `LocalSGD`), are `FaultTolerantStep`'s (`regent.ft.step`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 _WHERE = {
     "DistributedDataParallel": "regent.ft.ddp",
     "DistributedSampler": "regent.ft.data",
+    "FaultTolerantStep": "regent.ft.step",
     "Manager": "regent.ft.manager",
     "WorldSizeMode": "regent.ft.manager",
     "Optimizer": "regent.ft.optim",

@@ -6,7 +6,7 @@ the all-reduce. Here parameters are grouped into buckets of about `bucket_bytes`
 registration order (roughly the order backward produces their gradients). As soon as every gradient of a
 bucket has been accumulated, the bucket is copied into its flat buffer and handed to
 `Manager.allreduce`; backward keeps computing the earlier layers meanwhile. `finish()` (the trainer's
-`grad_reduce_hook`) launches whatever is left, waits, and points each `param.grad` at its averaged slice
+`FaultTolerantStep.reduce_gradients`, regent.ft.step) launches whatever is left, waits, and points each `param.grad` at its averaged slice
 of the bucket (no copy back).
 
 Buckets are launched strictly in bucket order, whatever order their gradients arrive in, so every replica
@@ -63,7 +63,7 @@ def plan_buckets(sizes: list[tuple[int, torch.dtype, torch.device]], bucket_byte
 
 class OverlappedAllreduce:
     """Average the gradients of `params` across replicas through `manager`, bucket by bucket during
-    backward. Use `finish` as the trainer's `grad_reduce_hook`; `remove()` unregisters the hooks."""
+    backward. `FaultTolerantStep(overlapped=)` calls `finish` after backward; `remove()` unregisters the hooks."""
 
     def __init__(self, manager: Any, params: Iterable[torch.nn.Parameter],
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, finish_after_backward: bool = False) -> None:

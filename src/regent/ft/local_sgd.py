@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from regent import settings
 from regent.contiguous import contiguous_copy
 from regent.ft.grad_sync import plan_buckets
 from regent.ft.manager import Manager
+from regent.ft.step import FaultTolerantStep
 from regent.ft.transfer import local_view
 
 logger = logging.getLogger(__name__)
@@ -42,49 +44,33 @@ ARRIVE_EARLY_STEPS = 2
 DEFAULT_BUCKET_CAP_MB = 32.0  # with use_bucketization and no bucket_cap_mb
 
 
-class _StepHooks:
-    """Optimizer pre/post step hooks: lock the state while the inner optimizer changes the weights."""
-
-    def __init__(self, manager: Manager, optimizer: torch.optim.Optimizer, on_step: Any) -> None:
-        self._manager = manager
-        self._handles = [
-            optimizer.register_step_pre_hook(lambda *_: manager.disallow_state_dict_read()),
-            optimizer.register_step_post_hook(self._post),
-        ]
-        self._on_step = on_step
-
-    def _post(self, *_: Any) -> None:
-        self._manager.allow_state_dict_read()
-        self._on_step()
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-
 class LocalSGD:
     """Average the model parameters across replicas every `sync_every` optimizer steps.
 
-    Use as a context manager around the training loop; it hooks `optimizer.step()`.
+    Use as a context manager around the training loop; it hooks `optimizer.step()` (through a
+    `FaultTolerantStep`, the owner of a step's rules), unless `hook_optimizer=False`: then the caller's
+    `FaultTolerantStep(manager, sync=this)` drives it.
     """
 
-    def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int):
+    def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int,
+                 *, hook_optimizer: bool = True):
         if sync_every < 1:
             raise ValueError(f"sync_every={sync_every}: must be >= 1")
         self._manager = manager
         self._model = model
         self._sync_every = sync_every
         self._local_step = 0
-        self._hooks = _StepHooks(manager, optimizer, self._after_step)
+        self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(optimizer) if hook_optimizer
+                        else lambda: None)
 
     def __enter__(self) -> LocalSGD:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._hooks.remove()
+        self._unhook()
 
-    def _after_step(self) -> None:
+    def after_inner_step(self) -> None:
+        """Count one inner step; average the parameters at the end of a round."""
         self._local_step += 1
         if self._local_step >= self._sync_every:
             self.sync()
@@ -297,7 +283,9 @@ class DiLoCo:
     Args:
         manager: must use `use_async_quorum=False` (the heal must land before the pseudo-gradient is taken).
         model_fragments: modules whose parameters are synced together (one = plain DiLoCo).
-        inner_optimizer: the local optimizer; its `step()` drives the schedule through hooks.
+        inner_optimizer: the local optimizer; its `step()` drives the schedule through the hooks of a
+            `FaultTolerantStep` (the owner of a step's rules), unless `hook_optimizer=False`: then the caller's
+            `FaultTolerantStep(manager, sync=this)` drives it (`after_inner_step`).
         outer_optimizer: one optimizer, or one per fragment, over the fragments' parameters
             (typically `SGD(lr=0.7, momentum=0.9, nesterov=True)`).
         sync_every: inner steps between two syncs of the same fragment.
@@ -310,6 +298,12 @@ class DiLoCo:
         fragment_update_alpha: 0 = take the new global params; >0 mixes in the local ones.
         sync_retries / early_heal (Regent, keyword-only): retry a failed sync with the survivors; serve the
             committed state to restarted replicas between syncs (`Manager.serve_committed`).
+        committed_extra / load_committed_extra (keyword-only): what else a restarted replica needs of the
+            committed state, taken at the commit (a trainer's step, schedule and data position), and how to apply
+            it (early heal).
+        round_step / on_contributor_step (keyword-only): the caller's step count at a sync, and what to do when a
+            sit-out replica learns the contributors' (it sat out their local steps; its schedule must not fall a
+            round behind).
     """
 
     def __init__(
@@ -329,6 +323,11 @@ class DiLoCo:
         *,
         sync_retries: int = 0,
         early_heal: bool = False,
+        hook_optimizer: bool = True,
+        committed_extra: Callable[[], dict[str, Any]] = dict,
+        load_committed_extra: Callable[[dict[str, Any]], None] = lambda extra: None,
+        round_step: Callable[[], int] = lambda: 0,
+        on_contributor_step: Callable[[int], None] = lambda step: None,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -375,17 +374,14 @@ class DiLoCo:
         self.sync_retries = sync_retries
         for fragment in self.fragments:
             fragment.keep_local = sync_retries > 0 and self._delay == 0
-        self._hooks = _StepHooks(manager, inner_optimizer, self._after_step)
         self.last_sync: dict[str, Any] = {}
         self.retried_syncs = 0
-        # Early heal (`Manager.serve_committed`): what else a restarted replica needs of the committed state,
-        # taken at the commit (the trainer's step, schedule and data position), and how to apply it.
-        self.committed_extra: Any = lambda: {}
-        self.load_committed_extra: Any = lambda extra: None
-        # The caller's step count at a sync, and what to do when a sit-out replica learns the contributors'
-        # (it sat out their local steps; its schedule must not fall a round behind).
-        self.round_step: Any = lambda: 0
-        self.on_contributor_step: Any = lambda step: None
+        self.committed_extra = committed_extra
+        self.load_committed_extra = load_committed_extra
+        self.round_step = round_step
+        self.on_contributor_step = on_contributor_step
+        self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(inner_optimizer) if hook_optimizer
+                        else lambda: None)
         if early_heal:
             manager.serve_committed(self._committed_state, self._load_committed)
 
@@ -393,7 +389,7 @@ class DiLoCo:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._hooks.remove()
+        self._unhook()
 
     @property
     def local_step(self) -> int:
@@ -514,7 +510,9 @@ class DiLoCo:
             return 1.0
         return max(self._trained, 1) / full
 
-    def _after_step(self) -> None:
+    def after_inner_step(self) -> None:
+        """Count one inner step (timing it for the round clock); start a fragment's allreduce and apply it at
+        their points of the round."""
         now = time.monotonic()
         if self._step_t is not None:
             dt = now - self._step_t

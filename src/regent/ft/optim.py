@@ -9,6 +9,9 @@ ties them to the two calls every loop already makes:
     optimizer.zero_grad()   # -> manager.start_quorum()
     loss.backward()         # (DistributedDataParallel averages the gradients meanwhile)
     optimizer.step()        # -> manager.should_commit(); the inner step runs only if the vote passed
+
+The rules themselves are `FaultTolerantStep`'s (`regent.ft.step`), the one owner of a step's rules that Regent's
+own trainers use too; this class only maps the optimizer's two calls onto it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 
 from regent.ft.manager import Manager
+from regent.ft.step import FaultTolerantStep
 
 
 class OptimizerWrapper(torch.optim.Optimizer):
@@ -30,6 +34,7 @@ class OptimizerWrapper(torch.optim.Optimizer):
         # Deliberately no super().__init__: every attribute below delegates to the wrapped optimizer.
         self.manager = manager
         self.optim = optim
+        self.ft_step = FaultTolerantStep(manager, per_step=True)
 
     # what schedulers and checkpoints read
     @property
@@ -67,7 +72,7 @@ class OptimizerWrapper(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start this step's quorum (it runs beside the forward pass), then clear the gradients."""
-        self.manager.start_quorum()
+        self.ft_step.start()
         self.optim.zero_grad(set_to_none)
 
     def step(self, closure: Any = None) -> Any:
@@ -76,13 +81,9 @@ class OptimizerWrapper(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("OptimizerWrapper.step: closures are not supported (the vote must come after the "
                              "gradients exist); compute the loss before calling step()")
-        if not self.manager.should_commit():
+        if not self.ft_step.should_commit():
             return None
-        self.manager.disallow_state_dict_read()  # a healer must not receive half-updated weights
-        try:
-            return self.optim.step()
-        finally:
-            self.manager.allow_state_dict_read()
+        return self.ft_step.update(self.optim.step)  # a healer never receives half-updated weights
 
     def __repr__(self) -> str:
         return f"OptimizerWrapper({self.optim!r})"

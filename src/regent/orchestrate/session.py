@@ -81,8 +81,6 @@ class TrainingSession:
                                      every_s=ft.backstop_every_s, keep=ft.backstop_keep,
                                      on_event=lambda kind, d: self._manager_event(kind, d),
                                      require_vouched=ft.vote_interval() > 0)
-        self._in_step = False  # inside optimizer.step(): the trainer's step counter has not moved yet
-        self.trainer.optimizer.register_step_pre_hook(lambda *_: self._set_in_step(True))
         self.manager = Manager(
             pg=replicated_group(ft),
             load_state_dict=self._load_peer_state,
@@ -125,55 +123,41 @@ class TrainingSession:
                 fragment_update_alpha=ft.fragment_update_alpha,
                 sync_retries=ft.sync_retries,
                 early_heal=ft.early_heal,
+                hook_optimizer=False,  # driven by the step's owner below
+                committed_extra=self._committed_extra,
+                load_committed_extra=self._load_committed_extra,
+                round_step=lambda: self.trainer.step + int(self._in_step),
+                on_contributor_step=self._align_step,
             )
-            self.diloco.committed_extra = self._committed_extra
-            self.diloco.load_committed_extra = self._load_committed_extra
-            self.diloco.round_step = lambda: self.trainer.step + int(self._in_step)
-            self.diloco.on_contributor_step = self._align_step
-            self.diloco.__enter__()
         else:
             self.constant_batch = bool(getattr(ft, "constant_batch", False))
-            if self.constant_batch:
-                if not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch", None)):
-                    raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
-                                     "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
-                self.trainer.micro_batch_plan = self._micro_batch_plan
+            if self.constant_batch and not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch",
+                                                            None)):
+                raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
+                                 "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
             if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:
                 from regent.ft.grad_sync import OverlappedAllreduce
 
                 self.grad_sync = OverlappedAllreduce(self.manager, self.trainer.model.parameters(),
                                                      bucket_bytes=int(ft.bucket_mb * 1024 * 1024))
-                self.trainer.grad_reduce_hook = self.grad_sync.finish
-            else:
-                self.trainer.grad_reduce_hook = self._allreduce_grads
-            self.trainer.commit_hook = self.manager.should_commit
-            # a donor never serves weights that its optimizer is halfway through updating
-            self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.disallow_state_dict_read())
-            self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.allow_state_dict_read())
-            if ft.early_heal:
-                # Per-step early heal: the committed state is the training state between two optimizer steps.
-                # It is served in place from the commit until the next optimizer step (most of a step: forward
-                # and backward only read the weights), so a restarted replica copies it right after it is built
-                # instead of waiting for the survivors' next quorum. Publishing costs a walk over the state's
-                # structure per step, not a copy.
-                self.manager.serve_committed(self._peer_state, self._load_peer_state, live=True)
-                self.trainer.optimizer.register_step_pre_hook(lambda *_: self.manager.withdraw_committed())
-                self.trainer.optimizer.register_step_post_hook(lambda *_: self.manager.publish_committed())
-        # registered last, so it runs after DiLoCo's post-hook (where syncs and heals happen)
-        self.trainer.optimizer.register_step_post_hook(lambda *_: self._set_in_step(False))
+        # The one owner of a step's fault-tolerance rules (regent.ft.step): the trainer's step runs under it.
+        from regent.ft.step import FaultTolerantStep
+
+        self.ft_step = FaultTolerantStep(
+            self.manager,
+            per_step=self.diloco is None,
+            sync=self.diloco,
+            overlapped=self.grad_sync,
+            serve_live=(self._peer_state, self._load_peer_state) if ft.early_heal and self.diloco is None else None,
+            backstop=self.backstop,
+            early_heal=ft.early_heal,
+            constant_batch=(cfg.replicas, _cover(cfg.replicas)) if self.constant_batch else None,
+        )
         self._backstop_state: Any = None
         if self.backstop is not None:
-            if self.diloco is not None and ft.early_heal:
-                # DiLoCo's committed state (last global parameters, outer optimizer, schedule and data position
-                # at the sync) does not change for a whole round: copy it beside training, and only the next
-                # outer step waits for the copy (it never does when the copy is shorter than a round).
-                self._backstop_state = lambda: {"committed": True, **self.manager.committed_state()}
-                self.manager.before_committed_change(self.backstop.wait_copied)
-            else:
-                # the full state changes at every optimizer step: its copy runs during the next forward and
-                # backward, and the optimizer step waits for it if it is not done by then
-                self._backstop_state = self.manager.full_state_dict
-                self.trainer.optimizer.register_step_pre_hook(self._wait_backstop_copy)
+            # what the backstop copies (FaultTolerantStep.backstop_copies says why, and who waits for the copy)
+            self._backstop_state = ((lambda: {"committed": True, **self.manager.committed_state()})
+                                    if self.ft_step.backstop_copies == "committed" else self.manager.full_state_dict)
         if resume_from:
             self._resume(resume_from)
             self.manager.accept_loss(f"checkpoint restart from {resume_from}")
@@ -188,12 +172,7 @@ class TrainingSession:
             on_ready(self)  # built and ready; what follows is waiting for the other replicas
         # Never train on from less than the run has committed: pull it from a live holder now (DiLoCo's early
         # heal), or restore the durable backstop when no holder is left (a counted lineage reset).
-        if self.diloco is not None:
-            self.diloco.recover()
-        else:
-            self.manager.recover_committed()
-            if ft.early_heal:
-                self.manager.publish_committed()  # what it holds now (pulled, restored or its own) can be served
+        self.ft_step.recover()
         if self.diloco is not None:
             # Join the replicas' sync round right away instead of after `sync_every` local steps: a fresh
             # replica waits for the others' next sync boundary, heals there from a donor, takes part in the
@@ -206,7 +185,7 @@ class TrainingSession:
                 # healed at the end of the run (a late bitflip, run.py's final vote): the peers have stopped at
                 # this sync and join no further round; the pulled committed state is the final one
                 return
-            joined = self.diloco.join_now()
+            joined = self.ft_step.join_round()
             if self.diloco.joined_mid_round is not None:
                 # training again now, in the round in progress (its first commit comes at the round's end)
                 self.on_event("round_joined", {"manager_step": self.manager.current_step(),
@@ -217,12 +196,16 @@ class TrainingSession:
             self._maybe_vote(joined)
 
     # -- the state a healer receives ------------------------------------------------------------------
-    def _set_in_step(self, value: bool) -> None:
-        self._in_step = value
+    @property
+    def _in_step(self) -> bool:
+        """Inside the optimizer step's update (`FaultTolerantStep.in_step`): the trainer's step counter has not
+        moved yet. False while the session is being built."""
+        ft_step = getattr(self, "ft_step", None)
+        return bool(ft_step is not None and ft_step.in_step)
 
     def _peer_state(self) -> dict[str, Any]:
-        """The trainer's state, marked with whether it was taken inside optimizer.step() (DiLoCo syncs and
-        heals happen in the optimizer's post-hook, before the trainer counts the step)."""
+        """The trainer's state, marked with whether it was taken inside the update (DiLoCo syncs and heals happen
+        right after the optimizer step, in `FaultTolerantStep.update`, before the trainer counts the step)."""
         sd = self.trainer.state_dict()
         sd["mid_step"] = self._in_step
         return sd
@@ -260,36 +243,7 @@ class TrainingSession:
         details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
         self.on_event(kind, details)
 
-    # -- per-step allreduce (ft.mode ddp) --------------------------------------------------------------
-    def _allreduce_grads(self, grads: list[torch.Tensor]) -> None:
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.manager.allreduce(flat).wait()
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
-
-    # -- a constant global batch and the sample ledger (per-step mode) ---------------------------------
-    def _micro_batch_plan(self, index: int) -> tuple[list[int], float] | None:
-        """The replica-shards of global batch `index` this replica covers in this step, and their gradient factor
-        (`regent.train.coverage`); None (its own shard) when it does not participate (healing: contributes
-        zeros) or the quorum failed (the step will not commit)."""
-        from regent.train.coverage import gradient_scale, micro_batch_shards
-
-        try:
-            if not self.manager.is_participating():
-                return None
-            q, p = self.manager.participating_rank(), self.manager.num_participants()
-        except Exception as err:  # noqa: BLE001 - reported: this step will not commit
-            self.manager.report_error(err)
-            return None
-        if q is None or not 1 <= p <= self.cfg.replicas:
-            return None
-        return micro_batch_shards(q, p, self.cfg.replicas, index), gradient_scale(p, self.cfg.replicas)
-
+    # -- the sample ledger (per-step mode) -------------------------------------------------------------
     def _record_samples(self) -> None:
         """After a committed step, rank 0 of each participating replica appends the global sample ranges it
         covered to RUN_DIR/ledger.jsonl (`ledger_line`): written by the trainers themselves, so the ledger
@@ -333,10 +287,9 @@ class TrainingSession:
         if self.inject_bitflip:  # between two steps, on the training thread: nothing else writes the state now
             self.inject_bitflip = False
             self._flip_a_bit()
-        if self.mode == "ddp":
-            self.manager.start_quorum()
+        self.ft_step.start()
         t0 = time.time()
-        record = self.trainer.train_step()
+        record = self.trainer.train_step(self.ft_step)
         record.update(
             time=time.time(),
             replica=self.replica_index,
@@ -437,10 +390,6 @@ class TrainingSession:
         if committed and self.backstop is not None and self.at_boundary():
             self._maybe_backstop()
 
-    def _wait_backstop_copy(self, *_: Any) -> None:
-        """Optimizer pre-step hook (must return None): the weights change next, so the copy must be done."""
-        self.backstop.wait_copied()
-
     def _maybe_backstop(self) -> None:
         """At a commit boundary: the writing replica (the first up-to-date replica of the quorum) saves the
         committed state when the interval is up. Group rank 0 decides for all ranks, so they save the same
@@ -532,6 +481,15 @@ def append_line(path: str, record: dict[str, Any]) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def _cover(replicas: int) -> Callable[[int, int, int], tuple[list[int], float]]:
+    """A constant global batch of `replicas` replica-shards: what quorum member `rank` of `participants` covers of
+    batch `index`, and the factor on its summed gradients (`regent.train.coverage`)."""
+    from regent.train.coverage import gradient_scale, micro_batch_shards
+
+    return lambda index, rank, participants: (micro_batch_shards(rank, participants, replicas, index),
+                                              gradient_scale(participants, replicas))
 
 
 def build_user_trainer(cfg: Any, *, rank: int, world_size: int, replica_index: int) -> Any:

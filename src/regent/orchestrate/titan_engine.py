@@ -6,7 +6,8 @@ tokenizer and dataloader) and this module drives it through Regent's user-traine
 (`regent.orchestrate.user_trainer`): `forward_backward(batch_index)` is TorchTitan's own forward, loss and
 backward (`Trainer.forward_backward_step`, with its gradient accumulation); Regent does what TorchTitan's
 `train()` loop would do around it (zero_grad, the commit vote, optimizer and scheduler steps, clipping to
-`training.max_norm`), plus the cross-replica average, the Lighthouse and peer healing. A healer receives the
+`training.max_norm`), plus the cross-replica average, the Lighthouse and peer healing: `ExternalTrainer.train_step`
+under the step's one owner, `regent.ft.step.FaultTolerantStep`, as for any user trainer. A healer receives the
 model and optimizer state, the LR-scheduler container's state and the dataloader's `state_dict()`.
 
 `--titan.config` names the TorchTitan config:

@@ -39,13 +39,16 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from regent.train.optim import grads_for_allreduce
 from regent.train.optim import local_tensor as _local
+
+if TYPE_CHECKING:
+    from regent.train.trainer import StepRules
 
 
 @dataclasses.dataclass
@@ -91,7 +94,8 @@ def load_factory(spec: str) -> Callable[[TrainerContext], Any]:
 
 class ExternalTrainer:
     """Runs a `UserTrainer` with the interface the training session drives (the built-in `Trainer`'s):
-    `train_step` with the commit and gradient hooks, peer-healing state, step alignment, parameter hash."""
+    `train_step(ft)` under a fault-tolerant step's rules (`regent.ft.step.FaultTolerantStep`), peer-healing state,
+    step alignment, parameter hash."""
 
     def __init__(self, user: Any, ctx: TrainerContext) -> None:
         missing = [name for name in ("model", "optimizer", "forward_backward") if not hasattr(user, name)]
@@ -110,8 +114,6 @@ class ExternalTrainer:
         self.step = 0
         self.batches_consumed = 0
         self._batch_in_flight = False  # a batch is taken for the step in progress (see Trainer._data_state)
-        self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
-        self.commit_hook: Callable[[], bool] | None = None
         self.world_size = ctx.world_size
         # Several processes per replica and a plain model: average the gradients inside the replica here (the
         # ranks train on different batches). A model under torch DDP or FSDP2 does it itself.
@@ -123,7 +125,10 @@ class ExternalTrainer:
         """Every trainable parameter's gradient, zeros where it got none (see `grads_for_allreduce`)."""
         return grads_for_allreduce(self.params)
 
-    def train_step(self) -> dict[str, Any]:
+    def train_step(self, ft: StepRules | None = None) -> dict[str, Any]:
+        """One step of the user's trainer under `ft`'s rules (None: alone), in the built-in `Trainer.train_step`'s
+        order: forward and backward, the replica's own average, `ft.reduce_gradients`, clipping, the vote, and on
+        commit `ft.update(optimizer.step)` and the schedule."""
         start = time.perf_counter()
         self.model.train()
         out = self.user.forward_backward(self.batches_consumed)
@@ -134,15 +139,18 @@ class ExternalTrainer:
             raise ValueError("forward_backward must return the loss tensor, or a dict with 'loss'")
         if self._average_in_replica:
             self._replica_average()
-        if self.grad_reduce_hook is not None:
-            self.grad_reduce_hook(self.local_grads())
+        if ft is not None:
+            ft.reduce_gradients(self.local_grads)
         grad_norm = None
         if self.grad_clip > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-        committed = True if self.commit_hook is None else bool(self.commit_hook())
-        lr = self.optimizer.param_groups[0].get("lr")
+        committed = True if ft is None else ft.should_commit()
+        lr = self.optimizer.param_groups[0].get("lr")  # after the vote: a heal that lands in it moves the schedule
         if committed:
-            self.optimizer.step()
+            if ft is None:
+                self.optimizer.step()
+            else:
+                ft.update(self.optimizer.step)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             self.step += 1

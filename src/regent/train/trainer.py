@@ -1,16 +1,18 @@
 """The Trainer: one object that owns model, optimizer, schedule and data, and trains one step at a time.
 
-A step, in order (the fault-tolerance layer plugs into the two hooks):
+A step, `train_step(ft)`, in order (`ft` holds the fault-tolerant step's rules: `regent.ft.step.FaultTolerantStep`
+under `regent train`; None trains alone):
   1. next batch of this (replica, rank) shard (already on the device: gathered and copied while the previous
-     step's backward ran); forward; loss; backward (FSDP reduce-scatters the gradients across the ranks of
+     step's backward ran); with a constant global batch, `ft.micro_batch_plan` says which replica-shards of it
+     this replica covers; forward; loss; backward (FSDP reduce-scatters the gradients across the ranks of
      this replica)
-  2. `grad_reduce_hook(grads)`: cross-replica allreduce of the gradients, in place. `grads` are the tensors
-     this rank holds (local shards under FSDP), in `model.parameters()` order, identical on every replica.
+  2. `ft.reduce_gradients(grads)`: the cross-replica allreduce of the gradients, in place (`grads()` are the
+     tensors this rank holds, local shards under FSDP, in `model.parameters()` order, identical on every replica)
   3. global grad norm and clipping (over the whole replica)
-  4. `commit_hook()`: the commit vote. False discards the step: gradients are zeroed, parameters, optimizer,
-     schedule and `step` are unchanged. The batch counts as consumed (as in TorchFT: a discarded step's data
-     is dropped), identically on every replica that took part.
-  5. optimizer and schedule step; `step += 1`; metrics; periodic checkpoint.
+  4. `ft.should_commit()`: the commit vote. False discards the step: gradients are zeroed; parameters, optimizer,
+     schedule and `step` are unchanged; its batch is given back.
+  5. `ft.update(optimizer.step)`: the optimizer step between the rules that guard it (where DiLoCo syncs); the
+     schedule steps; `step += 1`; metrics; periodic checkpoint.
 
 The trainer knows nothing about actors or orchestration; the caller sets up torch.distributed (the
 intra-replica group) before constructing it when world_size > 1.
@@ -25,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -47,6 +49,24 @@ from regent.train.optim import (
 from regent.train.spec import ParallelContext, get_spec
 
 log = logging.getLogger(__name__)
+
+
+class StepRules(Protocol):
+    """The rules of a fault-tolerant step a trainer's step runs under (`regent.ft.step.FaultTolerantStep`; the
+    trainer does not import it: `regent.train` knows nothing of `regent.ft`)."""
+
+    def micro_batch_plan(self, index: int) -> tuple[list[int], float] | None:
+        """A constant global batch: the replica-shards of batch `index` to cover and the factor on their summed
+        gradients; None: this replica's own shard only."""
+
+    def reduce_gradients(self, grads: Callable[[], list[torch.Tensor]]) -> None:
+        """Average `grads()` across the replicas, in place (or nothing: DiLoCo averages at its syncs)."""
+
+    def should_commit(self) -> bool:
+        """The commit vote: False drops the step."""
+
+    def update(self, optimizer_step: Callable[[], Any]) -> Any:
+        """Run `optimizer_step()` between the rules that guard a change of the weights."""
 
 
 def compiled_loss(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -127,13 +147,6 @@ class Trainer:
                                                  cfg.min_lr_ratio)
         self.step = 0
 
-        # Hooks for the fault-tolerance layer
-        self.grad_reduce_hook: Callable[[list[torch.Tensor]], None] | None = None
-        self.commit_hook: Callable[[], bool] | None = None
-        # A constant global batch (`ft.constant_batch`): given the step's data position, the replica-shards this
-        # replica covers and the factor on their summed gradients (`regent.train.coverage`); None (the hook or
-        # its answer): this replica's own shard only.
-        self.micro_batch_plan: Callable[[int], tuple[list[int], float] | None] | None = None
         # (data position, replica-shards covered) of the last step: what the sample ledger records
         self.last_coverage: tuple[int, list[int]] = (0, [replica_index])
         # (batch index, inputs, labels) already on the device: the next batch, made while the device works
@@ -227,15 +240,16 @@ class Trainer:
             return prefetched[1], prefetched[2]
         return self._to_device(index)
 
-    def train_step(self) -> dict[str, Any]:
-        """Run one step; returns its metrics (see module docstring for the order of operations)."""
+    def train_step(self, ft: StepRules | None = None) -> dict[str, Any]:
+        """Run one step under `ft`'s rules (None: alone); returns its metrics (see the module docstring for the
+        order of operations)."""
         start = time.perf_counter()
         if not self.model.training:
             self.model.train()
         inputs, labels = self._next_batch()
         index = self.dataloader.batches_consumed - 1
         self._batch_in_flight = True
-        plan = self.micro_batch_plan(index) if self.micro_batch_plan is not None else None
+        plan = ft.micro_batch_plan(index) if ft is not None else None
         if plan is None:
             shards = [self.replica_index]
             loss = self._loss(inputs, labels)
@@ -246,16 +260,18 @@ class Trainer:
         self.last_coverage = (index, list(shards))
         self._prefetch_next_batch()
 
-        if self.grad_reduce_hook is not None:
-            self.grad_reduce_hook(self.local_grads())
+        if ft is not None:
+            ft.reduce_gradients(self.local_grads)
         # a device tensor: read after the optimizer step is queued, so the step does not wait for it
         grad_norm_t = clip_grad_norm(self.params, self.cfg.grad_clip, group=self.group, sharded=self.sharded,
                                      replicas=self.cfg.hsdp_replicate)
-
-        committed = True if self.commit_hook is None else bool(self.commit_hook())
-        lr = self.lr_scheduler.current_lr()
+        committed = True if ft is None else ft.should_commit()
+        lr = self.lr_scheduler.current_lr()  # after the vote: a heal that lands in it moves the schedule
         if committed:
-            self.optimizer.step()
+            if ft is None:
+                self.optimizer.step()
+            else:
+                ft.update(self.optimizer.step)
             self.lr_scheduler.step()
             self.step += 1
         else:

@@ -19,6 +19,27 @@ from regent.orchestrate.user_trainer import ExternalTrainer, TrainerContext, loa
 ROOT = Path(__file__).resolve().parents[3]
 
 
+class Rules:
+    """The trainer's side of a fault-tolerant step (`regent.train.trainer.StepRules`) answering as a test says:
+    the cross-replica reduction and the vote (tests/train/step_rules.py has the same for the built-in Trainer)."""
+
+    def __init__(self, reduce=None, commit=True):
+        self.reduce, self.commit = reduce, commit
+
+    def micro_batch_plan(self, index):
+        return None
+
+    def reduce_gradients(self, grads):
+        if self.reduce is not None:
+            self.reduce(grads())
+
+    def should_commit(self):
+        return self.commit
+
+    def update(self, optimizer_step):
+        return optimizer_step()
+
+
 def _ctx(**options) -> TrainerContext:
     return TrainerContext(rank=0, world_size=1, replica_index=0, num_replicas=1, device=torch.device("cpu"),
                           seed=0, run_dir="", options=options)
@@ -60,14 +81,11 @@ def test_a_trainer_missing_the_protocol_is_refused():
 def test_step_commits_only_on_the_vote_and_gives_the_batch_back_when_it_does_not():
     t = _trainer()
     before = t.param_hash()
-    t.commit_hook = lambda: False
-    record = t.train_step()
+    record = t.train_step(Rules(commit=False))
     assert record["committed"] is False and t.step == 0 and t.batches_consumed == 0  # retried next step
     assert t.param_hash() == before and all(p.grad is None for p in t.params)
     reduced = []
-    t.grad_reduce_hook = lambda grads: reduced.append(len(grads))
-    t.commit_hook = lambda: True
-    record = t.train_step()
+    record = t.train_step(Rules(reduce=lambda grads: reduced.append(len(grads)), commit=True))
     assert record["committed"] and t.step == 1 and t.batches_consumed == 1 and reduced == [len(t.params)]
     assert t.param_hash() != before and {"loss", "accuracy", "lr", "step_time_s"} <= set(record)
 
@@ -97,8 +115,7 @@ def test_a_parameter_without_a_gradient_still_takes_part_in_the_cross_replica_av
                 assert torch.count_nonzero(g) == 0  # sent as zeros
                 g.fill_(1.0)  # the average with the peer's 2.0
 
-    t.grad_reduce_hook = peer_average
-    t.train_step()
+    t.train_step(Rules(reduce=peer_average))
     assert sizes == [sum(p.numel() for p in t.params)]  # every parameter, "b" included
     assert torch.allclose(t.model["b"].weight, before_b - 1.0)  # the average reached the unused head
 

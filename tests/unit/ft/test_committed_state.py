@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import pytest
 import torch
 
 from regent.ft.backstop import Backstop, complete_steps
@@ -261,23 +262,34 @@ def test_a_copy_past_its_bound_is_abandoned_not_waited_for_forever(tmp_path, mon
 # ---- real replicas ---------------------------------------------------------------------------------------
 
 
-def test_per_step_backstop_hook_lets_the_optimizer_step_after_the_copy(tmp_path):
-    """The per-step mode's arrangement: the optimizer's pre-step hook waits for the backstop's copy (and, as
-    torch requires of a pre-step hook, returns None)."""
-    from types import SimpleNamespace
+@pytest.fixture
+def lighthouse(tmp_path):
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, heartbeat_timeout_ms=1500,
+                              state_file=tmp_path / "lighthouse.state")
+    yield server
+    server.shutdown()
 
-    from regent.orchestrate.session import TrainingSession
+
+def test_per_step_update_changes_the_weights_only_after_the_backstop_copy(lighthouse, tmp_path):
+    """The per-step mode's arrangement (`FaultTolerantStep.update`): the backstop copies the full state beside
+    forward and backward, and the optimizer step waits for that copy before it changes the weights."""
+    from regent.ft.manager import Manager
+    from regent.ft.step import FaultTolerantStep
 
     model = torch.nn.Linear(512, 512)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    b = Backstop(tmp_path, rank=0, world_size=1, every_s=1e-3)
-    holder = SimpleNamespace(backstop=b)
-    opt.register_step_pre_hook(lambda *a: TrainingSession._wait_backstop_copy(holder, *a))
+    b = Backstop(tmp_path / "backstop", rank=0, world_size=1, every_s=1e-3)
+    manager = Manager(load_state_dict=model.load_state_dict, state_dict=model.state_dict,
+                      lighthouse_addr=lighthouse.address(), replica_id="solo", timeout=5, quorum_timeout=10)
+    ft = FaultTolerantStep(manager, per_step=True, backstop=b)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     time.sleep(0.002)
     b.maybe_save(1, model.state_dict)
     model(torch.ones(4, 512)).sum().backward()
-    opt.step()  # waits for the copy, then changes the weights
+    try:
+        ft.update(opt.step)  # waits for the copy, then changes the weights
+    finally:
+        manager.shutdown()
     b.wait()
     saved = b.load(b.latest()[1], 0)
     assert all(torch.equal(saved[k], before[k]) for k in before)

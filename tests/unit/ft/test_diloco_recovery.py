@@ -63,9 +63,8 @@ def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
     try:
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         outer = torch.optim.SGD(model.parameters(), lr=1.0)
-        with DiLoCo(manager, [model], inner, outer, sync_every=10) as diloco:
-            steps: list[int] = []
-            diloco.on_contributor_step = steps.append
+        steps: list[int] = []
+        with DiLoCo(manager, [model], inner, outer, sync_every=10, on_contributor_step=steps.append) as diloco:
             diloco._round_info = {"at": time.time() - 0.25, "step_s": 0.1}  # a holder 3 steps into the round
             assert ARRIVE_EARLY_STEPS == 2
             assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 5, "period": 10}

@@ -17,6 +17,7 @@ from regent.train.coverage import (
     step_sample_ranges,
 )
 from regent.train.trainer import Trainer
+from tests.support.step_rules import Rules
 
 torch.set_num_threads(1)
 
@@ -69,17 +70,14 @@ def test_survivor_gradient_is_the_mean_over_the_configured_global_batch():
     per_shard = []
     for j in range(3):
         t = Trainer(TrainConfig(**cfg), replica_index=j, num_replicas=3)
-        t.grad_reduce_hook = lambda grads, store=per_shard, t=t: store.append(_grads(t))
-        t.commit_hook = lambda: False
-        t.train_step()
+        t.train_step(Rules(reduce=lambda grads, store=per_shard, t=t: store.append(_grads(t)), commit=False))
     expected = [sum(g) / 3 for g in zip(*per_shard)]
 
     survivor = Trainer(TrainConfig(**cfg), replica_index=1, num_replicas=3)
     seen: list[list[torch.Tensor]] = []
-    survivor.grad_reduce_hook = lambda grads: seen.append(_grads(survivor))
-    survivor.commit_hook = lambda: False
-    survivor.micro_batch_plan = lambda index: (micro_batch_shards(0, 1, 3, index), gradient_scale(1, 3))
-    record = survivor.train_step()
+    record = survivor.train_step(Rules(
+        reduce=lambda grads: seen.append(_grads(survivor)), commit=False,
+        plan=lambda index: (micro_batch_shards(0, 1, 3, index), gradient_scale(1, 3))))
     assert record["micro_batches"] == 3 and record["extra_micro_batches"] == 2
     assert survivor.last_coverage == (0, [0, 1, 2])
     for got, want in zip(seen[0], expected):

@@ -12,6 +12,7 @@ from regent.train.checkpoint import CheckpointError
 from regent.train.config import TrainConfig
 from regent.train.metrics import read_metrics
 from regent.train.trainer import Trainer
+from tests.support.step_rules import Rules
 
 torch.set_num_threads(1)
 
@@ -50,9 +51,7 @@ def test_commit_false_changes_nothing_and_hooks_see_grads():
         for g in grads:
             g.mul_(0.5)  # in place, as a cross-replica average would
 
-    trainer.grad_reduce_hook = reduce
-    trainer.commit_hook = lambda: False
-    record = trainer.train_step()
+    record = trainer.train_step(Rules(reduce=reduce, commit=False))
     assert record["committed"] is False and record["step"] == before_step == trainer.step
     assert trainer.param_hash() == before_hash
     assert trainer.optimizer.param_groups[0]["lr"] == before_lr
@@ -60,8 +59,7 @@ def test_commit_false_changes_nothing_and_hooks_see_grads():
     assert trainer.state_dict()["data"]["batches_consumed"] == before_data
     assert all(p.grad is None for p in trainer.params)
     assert seen == [len(trainer.params)]
-    trainer.commit_hook = lambda: True
-    assert trainer.train_step()["step"] == before_step + 1
+    assert trainer.train_step(Rules(commit=True))["step"] == before_step + 1
     assert trainer.param_hash() != before_hash
 
 
@@ -244,8 +242,7 @@ def test_data_position_a_donor_serves_does_not_depend_on_when_in_its_step_it_is_
         seen["sd"] = {k: v for k, v in donor.state_dict().items() if k in ("data", "step")}
         return True
 
-    donor.commit_hook = read_mid_step
-    donor.train_step()
+    donor.train_step(Rules(commit=read_mid_step))
     assert seen["sd"]["data"]["batches_consumed"] == between == 3
     healer = Trainer(small_cfg(), run_dir=str(tmp_path / "h"))
 
@@ -255,8 +252,7 @@ def test_data_position_a_donor_serves_does_not_depend_on_when_in_its_step_it_is_
         healer.load_state_dict(sd)
         return True
 
-    healer.commit_hook = heal_mid_step
-    healer.train_step()
+    healer.train_step(Rules(commit=heal_mid_step))
     assert healer.dataloader.batches_consumed == donor.dataloader.batches_consumed == 4
     assert healer.step == donor.step == 4
     donor.close()
