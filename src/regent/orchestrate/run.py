@@ -136,6 +136,7 @@ class OrchestrationManager:
         self._lease = ControllerLease(self.run_dir, on_replaced=_replaced)
         self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
         self._rep_procs: Any = None
+        self._last_event_at: dict[int, float] = {}  # replica -> monotonic time of its latest event
         self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
         # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
@@ -152,6 +153,8 @@ class OrchestrationManager:
         line = self.view.on_event(e)
         self.display.feed_line(line)
         r = e.get("replica")
+        if r is not None:
+            self._last_event_at[r] = time.monotonic()  # the end of a run: a replica still reporting is not stuck
         if r is not None and e.get("replica_id") and e.get("generation") is not None:
             self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
@@ -990,7 +993,9 @@ class OrchestrationManager:
 
     async def _collect_final_states(self, replicas: Any, wait: float) -> list[dict[str, Any]]:
         """Every replica's final state (`ReplicaActor.finish`, one call each, in parallel). A replica still without
-        one `LEFT_BEHIND_GRACE_S` after another reported missed the run's last sync and is caught up: restarted,
+        one `LEFT_BEHIND_GRACE_S` after another reported, and silent for as long (no restart, heal or commit of its
+        own: a slow restart that ends in a heal to the stop step is not stuck), missed the run's last sync and is
+        caught up: restarted,
         it pulls the final committed state from a finished peer (`catch_up_at_end`; recorded `left_behind`).
         Without this, a replica that joined the last round late waited out `wait` and was left uncompared."""
         loop = asyncio.get_running_loop()
@@ -1012,7 +1017,10 @@ class OrchestrationManager:
                     results[r] = {"replica": r, "step": None, "digest": None}
                 if results[r].get("digest"):
                     final_at[r] = loop.time()
-            pending = [r for r in tasks if r not in results]
+            # a replica that reported anything within the grace (a restart, a heal, a commit) is still on its way
+            now_m = time.monotonic()
+            pending = [r for r in tasks if r not in results
+                       and now_m - self._last_event_at.get(r, 0.0) >= LEFT_BEHIND_GRACE_S]
             for r in left_behind(final_at, pending, loop.time(), LEFT_BEHIND_GRACE_S, caught_up):
                 caught_up.add(r)
                 why = (f"replica(s) {sorted(final_at)} committed the last sync (step {self.stop_requested_at}) "

@@ -238,11 +238,17 @@ def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
                      "--duration", "40s", "--faults-file", sched)
     check_fault_recovered(run, "kill")
     ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
-    assert check_ledger(ledger) == []
+    # with the events: a line lost with its writer (replica 1 killed between its commit and its ledger write, the
+    # commit being the quorum's) is accepted, and only then (seen under load: the kill landed in that gap)
+    assert check_ledger(ledger, run.events) == []
     steps = effective_ledger(ledger)
     assert len(steps) >= 3 and sorted(steps) == list(range(1, max(steps) + 1))
     span = 2 * 1 * 4  # replicas x ranks x batch size: the configured global batch, in samples
+    lost = [step for step, lines in steps.items() if len(lines) < lines[0]["participants"]]
+    assert len(lost) <= 1, lost  # one kill: at most the line of the step it interrupted
     for step, lines in steps.items():
+        if step in lost:
+            continue
         covered = sum(hi - lo for x in lines for lo, hi in x["samples"])
         assert covered == span and all(x["skipped"] == 0 for x in lines), (step, lines)
         assert sorted(j for x in lines for j in x["shards"]) == [0, 1], (step, lines)
@@ -250,7 +256,9 @@ def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
     alone = [ls for ls in steps.values() if len(ls) == 1 and ls[0]["participants"] == 1]
     assert alone, "no committed step had the survivor alone"
     s = run.summary
-    assert s["samples"] == {"samples_committed": span * len(steps), "samples_skipped": 0}
+    # the summary counts the samples the ledger's lines show: a lost line's are committed but not counted there
+    assert s["samples"] == {"samples_committed": span * len(steps) - sum(
+        span - sum(hi - lo for x in steps[t] for lo, hi in x["samples"]) for t in lost), "samples_skipped": 0}
     assert s["extra_micro_batches"] >= len(alone) - 1 and s["steps_with_extra_micro_batches"] >= 1
     assert s["replicas_consistent"] is True and s["full_restarts"] == 0
 
