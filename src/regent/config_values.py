@@ -131,9 +131,13 @@ def _message(exc: ValidationError, value: Any, annotation: Any, where: str) -> s
 
 def field_types(obj_or_cls: Any) -> dict[str, Any]:
     """A config dataclass's fields and their resolved annotations."""
-    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    return dict(_class_field_types(obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)))
+
+
+@functools.cache
+def _class_field_types(cls: type) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(cls)  # Regent's own config dataclasses: a failure here is a bug
-    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(cls)}
+    return tuple((f.name, hints.get(f.name, f.type)) for f in dataclasses.fields(cls))
 
 
 def check_fields(obj: Any, name: Any) -> None:

@@ -136,10 +136,6 @@ class RunConfig:
 SECTIONS = ("train", "ft", "faults", "lighthouse")
 
 
-def _field_types(obj: Any) -> dict[str, Any]:
-    return field_types(obj)
-
-
 def _option_name(dotted: str, toml: bool) -> str:
     """How the user wrote (or should write) an option: `--ft.sync-every` on the command line, `[ft] sync_every`
     in a TOML file."""
@@ -151,9 +147,9 @@ def _option_name(dotted: str, toml: bool) -> str:
 
 def known_options(cfg: RunConfig) -> list[str]:
     """Every settable option as `key` or `section.key` (underscored), for suggestions."""
-    names = [k for k in _field_types(cfg) if k not in (*SECTIONS, *_TABLES)]
+    names = [k for k in field_types(cfg) if k not in (*SECTIONS, *_TABLES)]
     for section in SECTIONS:
-        names += [f"{section}.{k}" for k in _field_types(getattr(cfg, section))]
+        names += [f"{section}.{k}" for k in field_types(getattr(cfg, section))]
     return names
 
 
@@ -176,7 +172,7 @@ def _unknown(cfg: RunConfig, key: str, toml: bool, what: str) -> ConfigError:
         return ConfigError(f"unknown {what} {name}; did you mean {_option_name(guess, toml)}?")
     section = key.split(".", 1)[0] if "." in key else ""
     if section in SECTIONS:
-        keys = ", ".join(sorted(_field_types(getattr(cfg, section))))
+        keys = ", ".join(sorted(field_types(getattr(cfg, section))))
         return ConfigError(f"unknown {what} {name}; the keys of [{section}] are {keys}")
     return ConfigError(f"unknown {what} {name}; sections are {', '.join(SECTIONS)} (see `regent train --help`)")
 
@@ -202,11 +198,11 @@ def set_option(cfg: RunConfig, dotted: str, value: Any, *, toml: bool = False) -
         field_name = key
         if key in SECTIONS:
             raise ConfigError(f"{_option_name(key, toml)} is a section, not an option; set its keys, e.g. "
-                              f"{_option_name(key + '.' + next(iter(_field_types(getattr(cfg, key)))), toml)}")
+                              f"{_option_name(key + '.' + next(iter(field_types(getattr(cfg, key)))), toml)}")
         if key in _TABLES:
             raise ConfigError(f"{_option_name(key, toml)} is a table; use --job.KEY VALUE / --trainer-opt KEY=VALUE "
                               f"or a [{key}] table in --config")
-    types = _field_types(target)
+    types = field_types(target)
     if field_name not in types:
         raise _unknown(cfg, key, toml, what)
     setattr(target, field_name, coerce(value, types[field_name], _option_name(key, toml)))
