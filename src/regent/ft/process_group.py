@@ -18,6 +18,7 @@ memory for every byte, for a guarantee we get from the two mechanisms above.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import heapq
 import itertools
@@ -151,6 +152,26 @@ class _AbandonedWork:
 
 
 _ABANDONED = _AbandonedWork()
+
+
+# Rendezvous threads given up on (`ReplicatedGroup._connect`), with the time their blocking call ends by itself.
+_abandoned_connects: list[tuple[threading.Thread, float]] = []
+
+
+@atexit.register
+def _await_abandoned_connects() -> None:
+    """Let given-up rendezvous threads finish before the interpreter finalizes.
+
+    Such a thread sits in C++ (a store connect to a dead host retries until its timeout). If the interpreter
+    finalizes first, the thread's return into Python ends it with a forced unwind through torch's C++, and the
+    process aborts ("terminate called without an active exception"; seen in CI: a test gave a rendezvous up
+    and the suite ended within the connect timeout). Each wait is bounded by that thread's own deadline.
+    """
+    for thread, ends_by in list(_abandoned_connects):
+        left = ends_by - time.monotonic()
+        if thread.is_alive() and left > 0:
+            logger.info("waiting up to %.1f s for a given-up rendezvous to time out before exit", left)
+            thread.join(left)
 
 
 def _leak(obj: Any) -> None:
@@ -309,13 +330,20 @@ class ReplicatedGroup:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="regent-ft-connect", daemon=True).start()
-        deadline = time.monotonic() + self.connect_timeout
+        thread = threading.Thread(target=run, name="regent-ft-connect", daemon=True)
+        thread.start()
+        started = time.monotonic()
+        deadline = started + self.connect_timeout
         try:
             while not done.wait(0.02):
                 cancelled = self._generation != generation
                 if cancelled or time.monotonic() > deadline:
                     abandoned = self._connecting_pg
+                    # the store connect, then Gloo's own rendezvous, end by their timeouts (blocking calls we
+                    # cannot cut): the thread is done by then
+                    ends_by = started + self.connect_timeout + max(self.connect_timeout, self.timeout) + 5.0
+                    _abandoned_connects[:] = [(t, e) for t, e in _abandoned_connects if t.is_alive()]
+                    _abandoned_connects.append((thread, ends_by))
                     if abandoned is not None:
                         _leak(abandoned)
                         threading.Thread(target=_abort_communicator, args=(abandoned,), name="regent-ft-abort",

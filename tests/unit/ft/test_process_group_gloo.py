@@ -109,7 +109,7 @@ def test_rendezvous_whose_store_host_died_is_given_up_on_abort():
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # closed again below: nothing listens there
-    group = ReplicatedGroup("gloo", timeout=2.0, connect_timeout=30.0)
+    group = ReplicatedGroup("gloo", timeout=2.0, connect_timeout=10.0)
     timer = threading.Timer(0.5, lambda: group.abort(RuntimeError("peer replica r0 reported failed")))
     timer.start()
     start = time.monotonic()
