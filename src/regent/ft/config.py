@@ -39,11 +39,15 @@ class FTConfig:
     # ddp mode: gradients are averaged in buckets of this many MiB while backward runs (0: all at once after
     # backward). FSDP-sharded replicas always reduce after backward.
     bucket_mb: float = 100.0
-    # ddp mode: a constant global batch. A step whose quorum has fewer replicas than configured still averages
+    # A constant global batch. ddp mode: a step whose quorum has fewer replicas than configured still averages
     # over the configured global batch: the survivors take the missing replicas' micro-batches (gradient
-    # accumulation, regent.train.coverage), and no shard's samples are skipped. Costs extra micro-batches per
-    # step while replicas are down (counted: summary.json `extra_micro_batches`). Gradients are then averaged
-    # after backward (bucket_mb does not apply). Opt-in until measured; then the default.
+    # accumulation, regent.train.coverage), and no shard's samples are skipped; gradients are then averaged
+    # after backward (bucket_mb does not apply). DiLoCo (one fragment, no sync delay): the inner steps of a
+    # round cover every replica-shard of their batches; the members of the quorum that opened the round take
+    # the missing replicas' micro-batches, and the pseudo-gradients are weighted by the micro-batches they
+    # covered; a replica restarted mid-round joins at the round's sync instead of mid-round. Costs extra
+    # micro-batches per step while replicas are down (counted: summary.json `extra_micro_batches`). Opt-in until
+    # measured; then the default.
     constant_batch: bool = False
     # The durable backstop (regent.ft.backstop): committed state saved to disk this often, asynchronously, and
     # restored only when no live replica holds it. 0 turns it off (then losing every replica stops the run).
@@ -121,9 +125,10 @@ class FTConfig:
                 )
         if not 0.0 <= self.fragment_update_alpha <= 1.0:
             raise ValueError(f"ft.fragment_update_alpha={self.fragment_update_alpha} must be in [0, 1]")
-        if self.constant_batch and self.mode != "ddp":
-            raise ValueError("ft.constant_batch is implemented for ft.mode=ddp only (DiLoCo: not yet); pass "
-                             "--ft.mode ddp or drop --ft.constant-batch")
+        if self.constant_batch and self.mode == "diloco" and (self.fragments != 1 or self.fragment_sync_delay):
+            raise ValueError(f"ft.constant_batch in DiLoCo needs ft.fragments=1 and ft.fragment_sync_delay=0 (got "
+                             f"{self.fragments} and {self.fragment_sync_delay}: Streaming DiLoCo commits a round "
+                             "fragment by fragment); drop --ft.constant-batch or use plain DiLoCo")
         if self.bucket_mb < 0:
             raise ValueError(f"ft.bucket_mb={self.bucket_mb}: must be >= 0 (0 reduces after backward)")
         if self.min_replica_size < 1:

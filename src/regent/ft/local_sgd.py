@@ -44,6 +44,16 @@ ARRIVE_EARLY_STEPS = 2
 DEFAULT_BUCKET_CAP_MB = 32.0  # with use_bucketization and no bucket_cap_mb
 
 
+def pseudo_gradient_weight(*, trained: int | None, full: int, micro_batches: int, steps: int) -> float:
+    """What a replica's pseudo-gradient counts for in the sync's weighted average: the share of a whole round's
+    inner steps it took (`trained` of `full` after joining mid-round; None: the whole round) times the
+    replica-shard micro-batches it covered per inner step (`micro_batches` over its `steps` inner steps since the
+    last sync: 1 each without a constant global batch, more while it covers missing replicas' shards). The sum of
+    the contributors' weights is then the replica-shards of the round they covered (`regent.train.coverage`)."""
+    share = 1.0 if trained is None else max(trained, 1) / full
+    return share * (micro_batches / steps if steps > 0 else 1.0)
+
+
 class LocalSGD:
     """Average the model parameters across replicas every `sync_every` optimizer steps.
 
@@ -141,6 +151,10 @@ class _Fragment:
         self._weight: torch.Tensor | None = None
         self._local: dict[str, torch.Tensor] = {}  # local parameters of the sync in flight (for a retry)
         self.contributor_step: int | None = None
+        # of the last committed sync: the sum of the contributors' weights, how many contributed (weight > 0)
+        self.weight_sum = 0.0
+        self.contributors = 0
+        self.loaded = False  # a peer's state was loaded (a heal): its pseudo-gradient would be the donor's
         self.keep_local = False
         # TorchFT's key: a checkpoint of TorchFT's DiLoCo state loads here, and code reading it finds it
         manager.register_state_dict_fn(f"StreamingDiLoCoFragment_{index}", self.load_state_dict, self.state_dict)
@@ -149,6 +163,7 @@ class _Fragment:
         return {"outer_optimizer": self.outer.state_dict(), "original_parameters": self.original}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = True
         with torch.no_grad():
             for name, t in state["original_parameters"].items():
                 # a peer sends this rank's local shards (plain tensors); under FSDP2 the backup is a DTensor
@@ -164,19 +179,21 @@ class _Fragment:
                 self.original[name].copy_(p.detach())
 
     def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0,
-                     weight: float = 1.0) -> None:
+                     weight: float = 1.0, whole_round: bool | None = None) -> None:
         """Pseudo-gradient = last global - local; launch its average (asynchronously).
 
         `sit_out`: this replica has no local steps of its own in this round (it has just healed or joined): it
         contributes zeros with weight 0, so the average is over the replicas that trained (a plain average
-        would shrink everyone's update by the sit-outs' share). `weight` (0..1]: the share of the samples of a
-        full round this replica's pseudo-gradient covers (a replica that joined mid-round took only the inner
-        steps left); the average is weighted by it. `retry`: the previous attempt of this sync failed; start
-        again from the local parameters it had. `round_step`: the caller's step count at this sync; the value of
-        the replicas that took the whole round is reported back (`contributor_step`) so that a sit-out can line
-        up with them (it did not take the round's steps)."""
-        if not sit_out and not 0.0 < weight <= 1.0:
-            raise ValueError(f"weight={weight}: must be in (0, 1]")
+        would shrink everyone's update by the sit-outs' share). `weight` (> 0): the samples this replica's
+        pseudo-gradient covers, in units of one replica's whole round (below 1: it joined mid-round and took
+        only the inner steps left; above 1: with a constant global batch it covered missing replicas' shards,
+        `pseudo_gradient_weight`); the average is weighted by it. `retry`: the previous attempt of this sync
+        failed; start again from the local parameters it had. `round_step`: the caller's step count at this
+        sync; the value of the replicas that took the whole round (`whole_round`; None: weight 1) is reported
+        back (`contributor_step`) so that a sit-out can line up with them (it did not take the round's
+        steps)."""
+        if not sit_out and not weight > 0.0:
+            raise ValueError(f"weight={weight}: must be > 0")
         with torch.no_grad():
             if retry and self._local:
                 for name, p in self.params.items():
@@ -194,8 +211,10 @@ class _Fragment:
                         t.mul_(weight)
             device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
             w = 0.0 if sit_out else weight
-            full = 1.0 if w == 1.0 else 0.0
-            self._weight = torch.tensor([w, full * round_step, full], dtype=torch.float64, device=device)
+            whole = (w == 1.0) if whole_round is None else (whole_round and not sit_out)
+            full = 1.0 if whole else 0.0
+            self._weight = torch.tensor([w, full * round_step, full, 1.0 if w > 0.0 else 0.0], dtype=torch.float64,
+                                        device=device)
         if self.bucket_bytes:
             self._futures = self._allreduce_bucketed(list(self._pseudo.values()))
         else:
@@ -227,7 +246,8 @@ class _Fragment:
         for f in self._futures:
             f.wait()
         self._futures = []
-        committed_weight, step_sum, full = self._weight.tolist() if self._weight is not None else (1.0, 0.0, 0.0)
+        committed_weight, step_sum, full, contributed = (self._weight.tolist() if self._weight is not None
+                                                          else (1.0, 0.0, 0.0, 1.0))
         self.contributor_step = round(step_sum / full) if full > 0 else None
         with torch.no_grad():
             # The local parameters mixed back in (alpha > 0) are the current ones, as in TorchFT: with a sync
@@ -238,17 +258,19 @@ class _Fragment:
                 p.copy_(self.original[name])
         committed = self._manager.should_commit()
         if committed:
+            members = self._manager.num_participants()  # what the allreduce divided by (the vote passed: known)
+            self.weight_sum, self.contributors = committed_weight * members, round(contributed * members)
             self._manager.withdraw_committed()  # the committed state is about to change: stop serving it
             self._manager.disallow_state_dict_read()
             try:
-                # The mean over contributors weighted by the share of the round each covered, not over everyone
-                # (sit-outs sent zeros with weight 0; each pseudo-gradient came multiplied by its weight). A round
+                # The mean over contributors weighted by the samples each covered, not over everyone (sit-outs
+                # sent zeros with weight 0; each pseudo-gradient came multiplied by its weight). A round
                 # nobody trained in (every member sat it out: a healed replica left alone, the initial sync)
                 # has nothing to average: no outer step, or the momentum alone would move the parameters of
                 # these members and not of the replicas that synced the round before (the same committed
                 # state would then have two values).
                 if committed_weight > 0.0:
-                    scale = 1.0 / committed_weight if committed_weight < 1.0 else 1.0
+                    scale = 1.0 / committed_weight
                     for name, p in self.params.items():
                         if scale != 1.0:
                             self._pseudo[name].mul_(scale)
@@ -304,6 +326,9 @@ class DiLoCo:
         round_step / on_contributor_step (keyword-only): the caller's step count at a sync, and what to do when a
             sit-out replica learns the contributors' (it sat out their local steps; its schedule must not fall a
             round behind).
+        join_mid_round (keyword-only): a restarted replica may join the round in progress (`join_now`); False
+            (a constant global batch: the round's members cover its shard for the whole round) makes it sit the
+            round out and join at its sync.
     """
 
     def __init__(
@@ -328,6 +353,7 @@ class DiLoCo:
         load_committed_extra: Callable[[dict[str, Any]], None] = lambda extra: None,
         round_step: Callable[[], int] = lambda: 0,
         on_contributor_step: Callable[[int], None] = lambda step: None,
+        join_mid_round: bool = True,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -367,6 +393,13 @@ class DiLoCo:
         # a whole round of their own (None: they do); what its pseudo-gradients are weighted by until then
         self._trained: int | None = None
         self._pending_weight = 1.0
+        self._pending_whole = True
+        self.join_mid_round = join_mid_round
+        # Replica-shard micro-batches covered in the inner steps since the last sync (a constant global batch:
+        # `count_micro_batches`), and those steps: what the next pseudo-gradient is weighted by
+        self._round_micro = 0
+        self._round_steps = 0
+        self._step_micro = 1
         self._round_info: dict[str, Any] | None = None  # a holder's round clock, from an early heal
         self._step_s: float | None = None  # inner-step seconds (moving average, syncs left out)
         self._step_t: float | None = None
@@ -435,7 +468,8 @@ class DiLoCo:
                            fragment.index, attempt, self.sync_retries)
             self._manager.start_quorum()
             fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step(),
-                                  weight=self._pending_weight)
+                                  weight=self._pending_weight if not self._sit_out else 1.0,
+                                  whole_round=self._pending_whole)
             committed = fragment.perform_sync()
         fragment.drop_local()
         if committed and self._sit_out and fragment.contributor_step is not None:
@@ -478,7 +512,8 @@ class DiLoCo:
             # sync by 0.1 s). Arriving early costs it those steps of waiting, and they are not in its weight.
             taken += ARRIVE_EARLY_STEPS
         self.joined_mid_round = None
-        if taken is not None and taken + 2 <= self._period - self._delay:
+        self._round_micro = self._round_steps = 0
+        if self.join_mid_round and taken is not None and taken + 2 <= self._period - self._delay:
             # at least two steps of its own before the allreduce starts, or sitting out costs less
             self.on_contributor_step(self.round_step() + taken)
             self._local_step = taken
@@ -491,24 +526,36 @@ class DiLoCo:
         self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
         self._pending.prepare_sync(sit_out=True, round_step=self.round_step())
+        self._pending_weight = 0.0
         self._local_step = self._period - self._delay
         if self._local_step < self._period:
             return False  # the allreduce is in flight; it is applied after `fragment_sync_delay` steps
         fragment, self._pending = self._pending, None
         self._local_step = 0
         committed = self._sync(fragment)
-        self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
+        self.last_sync = self._sync_record(fragment, committed)
         return committed
 
+    def _sync_record(self, fragment: _Fragment, committed: bool) -> dict[str, Any]:
+        """What the caller learns of a sync: whether it committed, this replica's weight in it (0: it sat out),
+        and the sum of the contributors' weights and their number (the sample ledger's skip record)."""
+        return {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step(),
+                "weight": self._pending_weight, "weight_sum": fragment.weight_sum,
+                "contributors": fragment.contributors}
+
+    def count_micro_batches(self, n: int) -> None:
+        """A constant global batch: the inner step in progress covers `n` replica-shard micro-batches (its own and
+        missing replicas'); its pseudo-gradient is weighted by them (`pseudo_gradient_weight`)."""
+        self._step_micro = max(1, int(n))
+
     def _weight_now(self) -> float:
-        """What this replica's next pseudo-gradient counts for: the share of a full round its fragments cover."""
-        if self._trained is None:
-            return 1.0
+        """What this replica's next pseudo-gradient counts for: the share of a full round its fragments cover, by
+        the micro-batches its inner steps covered (`pseudo_gradient_weight`)."""
         full = self._period * len(self.fragments)  # a fragment's local steps between two of its syncs
-        if self._trained >= full:
+        if self._trained is not None and self._trained >= full:
             self._trained = None
-            return 1.0
-        return max(self._trained, 1) / full
+        micro, steps, self._round_micro, self._round_steps = self._round_micro, self._round_steps, 0, 0
+        return pseudo_gradient_weight(trained=self._trained, full=full, micro_batches=micro, steps=steps)
 
     def after_inner_step(self) -> None:
         """Count one inner step (timing it for the round clock); start a fragment's allreduce and apply it at
@@ -519,15 +566,27 @@ class DiLoCo:
             self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
         self._step_t = now
         self._local_step += 1
+        self._round_micro += self._step_micro
+        self._round_steps += 1
+        self._step_micro = 1
         if self._trained is not None:
             self._trained += 1
         if self._local_step == self._period - self._delay:
+            for f in self.fragments:
+                f.loaded = False
             self._manager.start_quorum()
+            if any(f.loaded for f in self.fragments):
+                # Healed in this quorum: its parameters are now its donor's, and so would be its pseudo-gradient
+                # (counting the donor's samples twice). It sits this sync out, as a restarted replica does.
+                self._sit_out = True
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
-            self._pending_weight = 1.0 if self._sit_out else self._weight_now()
+            weight = self._weight_now()  # resets the round's counts, sitting out or not
+            self._pending_whole = self._trained is None
+            self._pending_weight = 0.0 if self._sit_out else weight
             self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step(),
-                                       weight=self._pending_weight)
+                                       weight=self._pending_weight if not self._sit_out else 1.0,
+                                       whole_round=self._pending_whole)
             self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None
@@ -535,4 +594,4 @@ class DiLoCo:
             if fragment is None:
                 return
             committed = self._sync(fragment)
-            self.last_sync = {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step()}
+            self.last_sync = self._sync_record(fragment, committed)

@@ -153,18 +153,27 @@ class FaultTolerantStep:
             self.manager.start_quorum()
 
     def micro_batch_plan(self, index: int) -> tuple[list[int], float] | None:
-        """A constant global batch: what this replica covers of batch `index` (`coverage_plan`); None otherwise."""
+        """A constant global batch: what this replica covers of batch `index` (`coverage_plan`); None otherwise.
+
+        Per-step mode reads this step's quorum. DiLoCo reads the last quorum formed, the one of the sync that
+        opened the round (every inner step of a round runs under it), and is told how many micro-batches the
+        inner step covers: its pseudo-gradient is weighted by them."""
         if self.constant_batch is None:
             return None
         replicas, cover = self.constant_batch
         try:
             participating = self.manager.is_participating()
             rank, participants = self.manager.participating_rank(), self.manager.num_participants()
-        except Exception as err:  # noqa: BLE001 - reported: this step will not commit
+        except Exception as err:  # noqa: BLE001 - reported: this step (DiLoCo: this round's sync) will not commit
             self.manager.report_error(err)
-            return None
-        return coverage_plan(index, participating=participating, rank=rank, participants=participants,
-                             replicas=replicas, cover=cover)
+            plan = None
+        else:
+            plan = coverage_plan(index, participating=participating, rank=rank, participants=participants,
+                                 replicas=replicas, cover=cover)
+        count = getattr(self.sync, "count_micro_batches", None)
+        if callable(count):
+            count(1 if plan is None else len(plan[0]))
+        return plan
 
     def reduce_gradients(self, grads: Callable[[], list[torch.Tensor]]) -> None:
         """Per-step mode: average `grads()` (this rank's gradient tensors, the same list on every replica) across

@@ -383,12 +383,24 @@ def effective_ledger(lines: list[dict[str, Any]]) -> dict[int, list[dict[str, An
 
 
 def ledger_totals(lines: list[dict[str, Any]]) -> dict[str, int]:
-    """Samples in committed steps, and samples recorded as skipped (shards no replica of the quorum covered)."""
+    """Samples in committed steps, and samples recorded as skipped (shards no replica of the quorum covered; in
+    DiLoCo also the rounds' samples no contributor covered, and whole global batches of rounds that did not
+    commit and that no committed round consumed)."""
     consumed = skipped = 0
+    rounds: dict[int, int] = {}  # DiLoCo: global batch -> samples in it
+    whole: dict[int, int] = {}  # DiLoCo: global batch recorded as skipped whole -> samples in it
     for ls in effective_ledger(lines).values():
         consumed += sum(hi - lo for line in ls for lo, hi in line["samples"])
-        skipped += max(int(x.get("skipped") or 0) for x in ls) * int(ls[0].get("ranks") or 1) * \
-            int(ls[0].get("batch_size") or 0)
+        first = ls[0]
+        if "round" in first:
+            skipped += max(int(x.get("skipped_samples") or 0) for x in ls)
+            span = int(first.get("replicas") or 0) * int(first.get("ranks") or 1) * int(first.get("batch_size") or 0)
+            rounds.update((n, span) for n in range(int(first["round"][0]), int(first["round"][1])))
+            whole.update((n, span) for x in ls for lo, hi in x.get("skipped_batches") or [] for n in range(lo, hi))
+            continue
+        skipped += max(int(x.get("skipped") or 0) for x in ls) * int(first.get("ranks") or 1) * \
+            int(first.get("batch_size") or 0)
+    skipped += sum(span for n, span in whole.items() if n not in rounds)
     return {"samples_committed": consumed, "samples_skipped": skipped}
 
 
@@ -397,10 +409,110 @@ def ledger_totals(lines: list[dict[str, Any]]) -> dict[str, int]:
 LOST_LINE_WINDOW_S = 30.0
 
 
+def _lost_lines(ls: list[dict[str, Any]], failures: dict[Any, list[float]]) -> int:
+    """How many of a commit's missing lines (fewer lines than participants) were lost with their writers: as many
+    replicas without a line failed around that commit."""
+    participants = max(int(x.get("participants") or 0) for x in ls)
+    unwritten = participants - len(ls)
+    if unwritten <= 0 or not failures:
+        return 0
+    t = max(float(x.get("time") or 0.0) for x in ls)
+    present = {x.get("replica") for x in ls}
+    died = [r for r, ts in failures.items()
+            if r not in present and any(t - LOST_LINE_WINDOW_S <= f <= t + LOST_LINE_WINDOW_S for f in ts)]
+    return unwritten if len(died) >= unwritten else 0
+
+
+def _check_step(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[float]],
+                owners: list[tuple[int, int, int, Any]], batches: dict[int, int]) -> list[str]:
+    """Per-step mode: one committed step's lines cover its one global batch, less the shards recorded skipped."""
+    out: list[str] = []
+    ns = {x.get("batch") for x in ls}
+    if len(ns) != 1:
+        return [f"ledger: committed step {step} covers different global batches {sorted(ns, key=str)} on "
+                "different replicas (their data positions differ)"]
+    n = int(ns.pop())
+    layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
+    if len(layout) != 1 or None in next(iter(layout)):
+        return [f"ledger: committed step {step}: replicas report different layouts {sorted(layout, key=str)}"]
+    replicas, ranks, batch_size = (int(v) for v in layout.pop())
+    span = replicas * ranks * batch_size
+    if n in batches:
+        out.append(f"ledger: global batch {n} consumed by committed steps {batches[n]} and {step}")
+    batches[n] = step
+    covered = 0
+    for x in ls:
+        for lo, hi in x["samples"]:
+            if not n * span <= lo < hi <= (n + 1) * span:
+                out.append(f"ledger: committed step {step}, replica {x.get('replica')}: samples [{lo}, {hi}) "
+                           f"lie outside its global batch {n} [{n * span}, {(n + 1) * span})")
+            owners.append((lo, hi, step, x.get("replica")))
+            covered += hi - lo
+    recorded = max(int(x.get("skipped") or 0) for x in ls) * ranks * batch_size
+    lost = _lost_lines(ls, failures)
+    if lost:
+        participants = max(int(x.get("participants") or 0) for x in ls)
+        recorded += lost * -(-replicas // participants) * ranks * batch_size  # the most one participant covers
+    if span - covered > recorded:
+        out.append(f"ledger: committed step {step} (global batch {n}) left {span - covered - recorded} of its "
+                   f"{span} samples unconsumed without a skip record (covered {covered}, recorded skipped "
+                   f"{recorded}): a silent gap")
+    return out
+
+
+def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[float]],
+                 owners: list[tuple[int, int, int, Any]], batches: dict[int, int], whole: set[int]) -> list[str]:
+    """DiLoCo: one committed round's lines (each a contributor's inner steps since the last sync) cover the
+    round's global batches, less the samples recorded skipped (`skipped_samples`: replicas that died in the round
+    or joined it late); global batches of rounds that did not commit are recorded skipped whole
+    (`skipped_batches`, collected into `whole`)."""
+    out: list[str] = []
+    rounds = {tuple(x.get("round") or ()) for x in ls}
+    layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
+    if len(rounds) != 1 or len(next(iter(rounds))) != 2:
+        return [f"ledger: committed round {step} covers different rounds {sorted(rounds, key=str)} on different "
+                "replicas (their data positions differ)"]
+    if len(layout) != 1 or None in next(iter(layout)):
+        return [f"ledger: committed round {step}: replicas report different layouts {sorted(layout, key=str)}"]
+    r0, r1 = (int(v) for v in rounds.pop())
+    replicas, ranks, batch_size = (int(v) for v in layout.pop())
+    span = replicas * ranks * batch_size
+    clash = sorted({batches[n] for n in range(r0, r1) if n in batches})
+    if clash:
+        out.append(f"ledger: global batches of [{r0}, {r1}) consumed by committed steps {clash} and {step}")
+    batches.update((n, step) for n in range(r0, r1))
+    covered = 0
+    for x in ls:
+        b0, b1 = (int(v) for v in x.get("batches") or (r0, r1))
+        if not r0 <= b0 < b1 <= r1:
+            out.append(f"ledger: committed round {step}, replica {x.get('replica')}: batches [{b0}, {b1}) lie "
+                       f"outside its round [{r0}, {r1})")
+        for lo, hi in x["samples"]:
+            if not b0 * span <= lo < hi <= b1 * span:
+                out.append(f"ledger: committed round {step}, replica {x.get('replica')}: samples [{lo}, {hi}) lie "
+                           f"outside its batches [{b0}, {b1}) = [{b0 * span}, {b1 * span})")
+            owners.append((lo, hi, step, x.get("replica")))
+            covered += hi - lo
+        whole.update(n for lo, hi in x.get("skipped_batches") or [] for n in range(int(lo), int(hi)))
+    recorded = max(int(x.get("skipped_samples") or 0) for x in ls)
+    lost = _lost_lines(ls, failures)
+    if lost:
+        contributors = max(int(x.get("participants") or 0) for x in ls)
+        # the most one contributor covers: its share of the replica-shards, every inner step of the round
+        recorded += lost * -(-replicas // contributors) * (r1 - r0) * ranks * batch_size
+    total = (r1 - r0) * span
+    if total - covered > recorded:
+        out.append(f"ledger: committed round {step} (global batches [{r0}, {r1})) left {total - covered - recorded} "
+                   f"of its {total} samples unconsumed without a skip record (covered {covered}, recorded skipped "
+                   f"{recorded}): a silent gap")
+    return out
+
+
 def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> list[str]:
     """Every sample of every global batch up to the last committed one was consumed exactly once in committed
     steps, or recorded as skipped: no sample in two committed steps (or twice in one), no batch with fewer
-    samples than its lines cover plus the skips they record, no batch that no committed step covered.
+    samples than its lines cover plus the skips they record, no batch that no committed step covered. Per-step
+    lines name one global batch each; DiLoCo's (`round` in the line) a round of them (`_check_round`).
 
     With `events`: a step that has fewer lines than participants, where as many of the replicas without a line
     failed around that commit (`failure_detected`), lost those lines with their writers, not the samples: the
@@ -412,47 +524,12 @@ def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | Non
     out: list[str] = []
     owners: list[tuple[int, int, int, Any]] = []  # (lo, hi, step, replica)
     batches: dict[int, int] = {}  # global batch -> the committed step that consumed it
-    span_of: dict[int, int] = {}
+    whole: set[int] = set()  # DiLoCo: global batches recorded skipped whole (their round did not commit)
     for step, ls in effective_ledger(lines).items():
-        ns = {x.get("batch") for x in ls}
-        if len(ns) != 1:
-            out.append(f"ledger: committed step {step} covers different global batches {sorted(ns, key=str)} on "
-                       "different replicas (their data positions differ)")
-            continue
-        n = int(ns.pop())
-        layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
-        if len(layout) != 1 or None in next(iter(layout)):
-            out.append(f"ledger: committed step {step}: replicas report different layouts {sorted(layout, key=str)}")
-            continue
-        replicas, ranks, batch_size = (int(v) for v in layout.pop())
-        span = replicas * ranks * batch_size
-        span_of[n] = span
-        if n in batches:
-            out.append(f"ledger: global batch {n} consumed by committed steps {batches[n]} and {step}")
-        batches[n] = step
-        covered = 0
-        for x in ls:
-            for lo, hi in x["samples"]:
-                if not n * span <= lo < hi <= (n + 1) * span:
-                    out.append(f"ledger: committed step {step}, replica {x.get('replica')}: samples [{lo}, {hi}) "
-                               f"lie outside its global batch {n} [{n * span}, {(n + 1) * span})")
-                owners.append((lo, hi, step, x.get("replica")))
-                covered += hi - lo
-        recorded = max(int(x.get("skipped") or 0) for x in ls) * ranks * batch_size
-        participants = max(int(x.get("participants") or 0) for x in ls)
-        unwritten = participants - len(ls)
-        if unwritten > 0 and failures:
-            t = max(float(x.get("time") or 0.0) for x in ls)
-            present = {x.get("replica") for x in ls}
-            died = [r for r, ts in failures.items()
-                    if r not in present and any(t - LOST_LINE_WINDOW_S <= f <= t + LOST_LINE_WINDOW_S for f in ts)]
-            if len(died) >= unwritten:
-                per = -(-replicas // participants) * ranks * batch_size  # the most one participant covers
-                recorded += unwritten * per
-        if span - covered > recorded:
-            out.append(f"ledger: committed step {step} (global batch {n}) left {span - covered - recorded} of its "
-                       f"{span} samples unconsumed without a skip record (covered {covered}, recorded skipped "
-                       f"{recorded}): a silent gap")
+        if any("round" in x for x in ls):
+            out += _check_round(step, ls, failures, owners, batches, whole)
+        else:
+            out += _check_step(step, ls, failures, owners, batches)
     owners.sort()
     reach: tuple[int, int, int, Any] | None = None  # the range seen so far that reaches furthest
     for cur in owners:
@@ -462,7 +539,7 @@ def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | Non
         if reach is None or cur[1] > reach[1]:
             reach = cur
     if batches:
-        missing = sorted(set(range(max(batches) + 1)) - set(batches))
+        missing = sorted(set(range(max(batches) + 1)) - set(batches) - whole)
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
             out.append(f"ledger: global batch(es) {shown} ({len(missing)} in all) were consumed by no committed "

@@ -105,8 +105,19 @@ class TrainingSession:
         self.build_marks.append(("manager", time.time()))
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
-        self.constant_batch = False
+        self.constant_batch = bool(getattr(ft, "constant_batch", False))
+        if self.constant_batch and not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch",
+                                                        None)):
+            raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
+                             "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
         self._ledger_path = os.path.join(cfg.run_dir, LEDGER_FILE) if cfg.run_dir else None
+        # DiLoCo's sample ledger: (global batch, replica-shards) of each inner step since the last sync, the
+        # global batches of rounds whose sync did not commit (recorded as skipped at the next commit), and the
+        # last sync seen (`DiLoCo.last_sync`, a new record per sync)
+        self._round_cover: list[tuple[int, list[int]]] = []
+        self._failed_batches: list[list[int]] = []
+        self._seen_sync: Any = None
+        self._ledger_writer: bool | None = None  # `_ledger_on`, decided once
         if ft.mode == "diloco":
             from regent.ft.local_sgd import DiLoCo
 
@@ -128,13 +139,11 @@ class TrainingSession:
                 load_committed_extra=self._load_committed_extra,
                 round_step=lambda: self.trainer.step + int(self._in_step),
                 on_contributor_step=self._align_step,
+                # with a constant global batch the round's members cover a restarted replica's shard for the whole
+                # round: it joins at the round's sync (training its shard too would consume those samples twice)
+                join_mid_round=not self.constant_batch,
             )
         else:
-            self.constant_batch = bool(getattr(ft, "constant_batch", False))
-            if self.constant_batch and not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch",
-                                                            None)):
-                raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
-                                 "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
             if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:
                 from regent.ft.grad_sync import OverlappedAllreduce
 
@@ -151,7 +160,8 @@ class TrainingSession:
             serve_live=(self._peer_state, self._load_peer_state) if ft.early_heal and self.diloco is None else None,
             backstop=self.backstop,
             early_heal=ft.early_heal,
-            constant_batch=(cfg.replicas, _cover(cfg.replicas)) if self.constant_batch else None,
+            constant_batch=(cfg.replicas, _cover(cfg.replicas, per_step=self.diloco is None))
+            if self.constant_batch else None,
         )
         self._backstop_state: Any = None
         if self.backstop is not None:
@@ -194,6 +204,8 @@ class TrainingSession:
             # the sync it joined is a commit like any other: it votes there too (without this, every replica
             # rejoining at a vote's sync left it, and a flip was found a vote late in a run with many restarts)
             self._maybe_vote(joined)
+            self._round_cover = []  # a sync it sat out, or a round joined in progress: nothing of its own yet
+            self._seen_sync = self.diloco.last_sync
 
     # -- the state a healer receives ------------------------------------------------------------------
     @property
@@ -219,6 +231,7 @@ class TrainingSession:
         self.trainer.load_extra_state(extra)
         self.trainer.advance(delta)
         self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
+        self._round_cover = []  # the batches trained before are not this state's: they count for nothing
 
     def _align_step(self, step: int) -> None:
         """A replica that sat out a round takes the contributors' step count, schedule position and data
@@ -227,6 +240,7 @@ class TrainingSession:
         if delta > 0:
             self.trainer.advance(delta)
             self.trainer.skip_batches(delta)
+            self._round_cover = []
 
     def _load_peer_state(self, sd: dict[str, Any]) -> None:
         sd = dict(sd)
@@ -236,6 +250,7 @@ class TrainingSession:
         self.trainer.load_state_dict(sd)
         self.trainer.advance(delta)
         self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
+        self._round_cover = []  # a healer's batches of this round were not its donor's: they count for nothing
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
@@ -243,20 +258,34 @@ class TrainingSession:
         details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
         self.on_event(kind, details)
 
-    # -- the sample ledger (per-step mode) -------------------------------------------------------------
+    # -- the sample ledger -----------------------------------------------------------------------------
+    def _ledger_on(self) -> bool:
+        if self._ledger_writer is None:
+            self._ledger_writer = self._ledger_applies()
+        return self._ledger_writer
+
+    def _ledger_applies(self) -> bool:
+        """Whether this rank writes the sample ledger: rank 0 of a replica, with Regent's own loaders (their batch
+        n of shard k is the sample range the ledger names; a spec's or user trainer's own data path has its own
+        numbering, which the ledger cannot vouch for). DiLoCo: plain DiLoCo only (one fragment, no sync delay);
+        Streaming DiLoCo commits a sample's effect fragment by fragment, and a delayed sync drops the steps taken
+        while its allreduce runs, which no round boundary describes."""
+        from regent.train.data import HFStreamBatches, ShardedBatches
+
+        loader = getattr(self.trainer, "dataloader", None)
+        if (self.rank != 0 or self._ledger_path is None or not isinstance(loader, (ShardedBatches, HFStreamBatches))
+                or not hasattr(self.trainer, "last_coverage")):
+            return False
+        return self.diloco is None or (self.cfg.ft.fragments == 1 and self.cfg.ft.fragment_sync_delay == 0)
+
     def _record_samples(self) -> None:
         """After a committed step, rank 0 of each participating replica appends the global sample ranges it
         covered to RUN_DIR/ledger.jsonl (`ledger_line`): written by the trainers themselves, so the ledger
         survives controller loss and restarts; `regent check` proves from it that no sample was consumed twice
         in committed steps and none skipped without a record."""
-        from regent.train.data import HFStreamBatches, ShardedBatches
-
-        loader = getattr(self.trainer, "dataloader", None)
-        # Regent's own loaders only: their batch n of shard k is the sample range the ledger names (a spec's or
-        # user trainer's own data path has its own numbering, which the ledger cannot vouch for)
-        if (self.rank != 0 or self._ledger_path is None or not isinstance(loader, (ShardedBatches, HFStreamBatches))
-                or not hasattr(self.trainer, "last_coverage")):
+        if not self._ledger_on():
             return
+        loader = self.trainer.dataloader
         try:
             if not self.manager.is_participating():
                 return
@@ -269,6 +298,36 @@ class TrainingSession:
                            replicas=self.cfg.replicas, ranks=self.world_size, batch_size=int(loader.batch_size),
                            constant_batch=self.constant_batch)
         append_line(self._ledger_path, line)
+
+    def _record_round(self) -> None:
+        """DiLoCo, after every inner step: note the batch it covered; at a sync, a committed round's samples go to
+        the ledger (`round_ledger_line`), those of a round whose sync did not commit are recorded as skipped
+        whole at this replica's next commit. What "committed" means per round: the sync that closes it
+        committed and averaged this replica's pseudo-gradient (weight > 0); a replica that sat the sync out
+        (just restarted, or healed in its quorum) writes nothing of that round."""
+        if not self._ledger_on():
+            return
+        batch, shards = self.trainer.last_coverage
+        self._round_cover.append((batch, list(shards)))
+        sync = self.diloco.last_sync
+        if sync is self._seen_sync or not sync:
+            return
+        self._seen_sync = sync
+        cover, self._round_cover = self._round_cover, []
+        if not sync.get("committed"):
+            if cover:
+                self._failed_batches.append([min(n for n, _ in cover), max(n for n, _ in cover) + 1])
+            return
+        if not cover or float(sync.get("weight") or 0.0) <= 0.0:
+            return
+        line = round_ledger_line(step=int(sync["step"]), cover=cover, replica=self.replica_index,
+                                 generation=self.generation, contributors=int(sync.get("contributors") or 0),
+                                 weight_sum=float(sync.get("weight_sum") or 0.0), period=self.cfg.ft.sync_every,
+                                 replicas=self.cfg.replicas, ranks=self.world_size,
+                                 batch_size=int(self.trainer.dataloader.batch_size),
+                                 skipped_batches=self._failed_batches)
+        append_line(self._ledger_path, line)
+        self._failed_batches = []
 
     # -- the loop --------------------------------------------------------------------------------------
     def at_boundary(self) -> bool:
@@ -302,6 +361,8 @@ class TrainingSession:
         )
         if self.mode == "ddp" and record.get("committed", True):
             self._record_samples()
+        elif self.diloco is not None:
+            self._record_round()
         self._after_commit(record.get("committed", True))
         self._maybe_vote(record.get("committed", True))
         if self.cfg.recovery == "restart" and self.at_boundary() and record.get("committed", True):
@@ -472,6 +533,30 @@ def ledger_line(*, step: int, batch: int, replica: int, generation: int, shards:
             "skipped": 0 if constant_batch else replicas - participants}
 
 
+def round_ledger_line(*, step: int, cover: list[tuple[int, list[int]]], replica: int, generation: int,
+                      contributors: int, weight_sum: float, period: int, replicas: int, ranks: int, batch_size: int,
+                      skipped_batches: list[list[int]]) -> dict[str, Any]:
+    """One DiLoCo line of the sample ledger: replica `replica` covered the (global batch, replica-shards) of
+    `cover`, its inner steps since the last sync, in the round committed as step `step`.
+
+    `round` is the round's global batches [lo, hi): the `period` batches ending with this replica's last (every
+    contributor ends the round at the same batch; one that joined mid-round covers its tail only).
+    `skipped_samples` are the round's samples no contributor covered, from the sum of the contributors' weights
+    (`contributors` of them): the replicas that died in the round or joined it late. `skipped_batches` are global
+    batches of rounds whose sync did not commit, all their samples skipped."""
+    from regent.train.coverage import round_sample_ranges, round_skipped_samples
+
+    last = max(n for n, _ in cover)
+    ranges = round_sample_ranges(cover, replicas=replicas, ranks=ranks, batch_size=batch_size)
+    return {"time": time.time(), "step": step, "round": [last + 1 - period, last + 1],
+            "batches": [min(n for n, _ in cover), last + 1], "replica": replica, "generation": generation,
+            "micro_batches": sum(len(shards) for _, shards in cover), "participants": contributors,
+            "replicas": replicas, "ranks": ranks, "batch_size": batch_size, "samples": [list(r) for r in ranges],
+            "skipped_samples": round_skipped_samples(weight_sum, replicas=replicas, period=period, ranks=ranks,
+                                                     batch_size=batch_size),
+            "skipped_batches": [list(b) for b in skipped_batches]}
+
+
 def append_line(path: str, record: dict[str, Any]) -> None:
     """Append one JSON line with a single write on an O_APPEND descriptor: lines from several replicas'
     processes never interleave, and a killed writer leaves at most its own torn last line."""
@@ -483,13 +568,17 @@ def append_line(path: str, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _cover(replicas: int) -> Callable[[int, int, int], tuple[list[int], float]]:
+def _cover(replicas: int, *, per_step: bool = True) -> Callable[[int, int, int], tuple[list[int], float]]:
     """A constant global batch of `replicas` replica-shards: what quorum member `rank` of `participants` covers of
-    batch `index`, and the factor on its summed gradients (`regent.train.coverage`)."""
-    from regent.train.coverage import gradient_scale, micro_batch_shards
+    batch `index`, and the factor on its summed gradients (`regent.train.coverage`: per-step mode scales for the
+    cross-replica average; a DiLoCo inner step takes the mean of its micro-batches)."""
+    from regent.train.coverage import gradient_scale, inner_step_scale, micro_batch_shards
 
-    return lambda index, rank, participants: (micro_batch_shards(rank, participants, replicas, index),
-                                              gradient_scale(participants, replicas))
+    def cover(index: int, rank: int, participants: int) -> tuple[list[int], float]:
+        shards = micro_batch_shards(rank, participants, replicas, index)
+        return shards, (gradient_scale(participants, replicas) if per_step else inner_step_scale(shards))
+
+    return cover
 
 
 def build_user_trainer(cfg: Any, *, rank: int, world_size: int, replica_index: int) -> Any:

@@ -15,6 +15,24 @@ covers all `replicas` replica-shards of its global batch: participant q takes th
 (j + n) mod P == q (rotating with the batch, so no participant always carries the extra micro-batches), and
 scales its gradient by P / replicas, so that the participants' average is the mean over all the shards'
 samples, as in a full quorum.
+
+DiLoCo (`ft.mode=diloco`) commits a round of `period` inner steps at once, so the same rules apply per round:
+- a round's samples are committed when the sync that closes it commits, and only those of the replicas whose
+  pseudo-gradient it averaged (a replica that sat the sync out, or died in the round, contributed none);
+- a round runs under the quorum of the sync that opened it (the last quorum formed: its members and their ranks
+  are the same on every member); with a constant global batch every inner step of the round covers the
+  replica-shards `micro_batch_shards(rank, members, replicas, batch)` says, and a replica missing from that
+  quorum has its micro-batches taken by the members for the whole round. A replica that dies inside a round is
+  learnt of at the round's sync: its samples of that round are recorded as skipped (`round_skipped_samples`),
+  and the next round's members cover its shard;
+- an inner step's gradient is the mean over its micro-batches (`inner_step_scale`: the same step size as a
+  fault-free inner step), and the pseudo-gradient counts by the replica-shard micro-batches it covered per inner
+  step of a whole round (`regent.ft.local_sgd.pseudo_gradient_weight`): the weighted average is over the
+  configured samples, each once;
+- a round whose sync did not commit (voted down, or failed after its retries) put back the last global
+  parameters: its global batches are recorded as skipped whole by its members, at their next commit
+  (`skipped_batches` in the ledger), not consumed again (the data position moves with the step count, which
+  a replica joining mid-round relies on to line up with the others).
 """
 
 from __future__ import annotations
@@ -66,3 +84,24 @@ def step_sample_ranges(batch: int, shards: list[int], *, replicas: int, ranks: i
     """The sample ranges of `shards` of global batch `batch`, merged."""
     return merge_ranges([shard_sample_range(batch, j, replicas=replicas, ranks=ranks, batch_size=batch_size)
                          for j in shards])
+
+
+def inner_step_scale(shards: list[int]) -> float:
+    """DiLoCo with a constant global batch: the factor on an inner step's summed micro-batch gradients (their
+    mean: a replica covering two shards takes one step over twice the samples, not two steps)."""
+    return 1.0 / max(1, len(shards))
+
+
+def round_skipped_samples(weight_sum: float, *, replicas: int, period: int, ranks: int, batch_size: int) -> int:
+    """DiLoCo: the samples of a committed round that no contributor's pseudo-gradient covered, from the sum of
+    the contributors' weights (a replica-shard of every inner step of the round counts 1; the round holds
+    `replicas` of them): the skip record of the replicas that died in the round or joined it late."""
+    missing = round((replicas - weight_sum) * period)
+    return max(0, missing) * ranks * batch_size
+
+
+def round_sample_ranges(cover: list[tuple[int, list[int]]], *, replicas: int, ranks: int, batch_size: int
+                        ) -> list[tuple[int, int]]:
+    """The sample ranges of a round's inner steps, each (global batch, replica-shards covered), merged."""
+    return merge_ranges([shard_sample_range(n, j, replicas=replicas, ranks=ranks, batch_size=batch_size)
+                         for n, shards in cover for j in shards])

@@ -41,7 +41,9 @@ def test_diloco_outer_step_math_single_replica(lighthouse):
                 inner.zero_grad()
                 model(torch.ones(3, 4)).sum().backward()
                 inner.step()
-            assert diloco.last_sync == {"fragment": 0, "committed": True, "step": 1}
+            # alone with a whole round: weight 1, the contributors' weights sum to 1 (nothing of the round skipped)
+            assert diloco.last_sync == {"fragment": 0, "committed": True, "step": 1, "weight": 1.0,
+                                        "weight_sum": 1.0, "contributors": 1}
         # Inner SGD on a linear model: two identical steps; outer lr 1 reproduces the local result.
         for n, p in model.named_parameters():
             grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
