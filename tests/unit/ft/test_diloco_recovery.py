@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD
+from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD, pseudo_gradient_weight
 from regent.ft.manager import Manager
 
 
@@ -81,6 +81,42 @@ def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
         for n, p in model.named_parameters():
             grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
             assert torch.allclose(p, start[n] - 0.5 * grad, atol=1e-6), n
+    finally:
+        manager.shutdown()
+
+
+def test_a_pseudo_gradient_counts_by_the_round_share_and_the_micro_batches_it_covered():
+    assert pseudo_gradient_weight(trained=None, full=10, micro_batches=10, steps=10) == 1.0  # a whole round
+    assert pseudo_gradient_weight(trained=4, full=10, micro_batches=4, steps=4) == 0.4  # joined for 4 of 10
+    # a constant global batch: 1 survivor of 2 covers both shards every step; 2 of 3 cover 15 of 30 in 10 steps
+    assert pseudo_gradient_weight(trained=None, full=10, micro_batches=20, steps=10) == 2.0
+    assert pseudo_gradient_weight(trained=None, full=10, micro_batches=15, steps=10) == 1.5
+    assert pseudo_gradient_weight(trained=0, full=10, micro_batches=0, steps=0) == 0.1  # never below one step
+
+
+def test_a_survivors_weight_above_one_cancels_in_the_average(lighthouse):
+    """A constant global batch: alone in its quorum, a replica that covered 2 micro-batches per inner step
+    (weight 2) gets its own pseudo-gradient back from the weighted average, (2 pg) / 2, so with outer lr 1 the new
+    global parameters are its local ones. The old rule (divide only by weights below 1) doubled the outer step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=3) as diloco:
+            start = {n: p.detach().clone() for n, p in model.named_parameters()}
+            for _ in range(3):
+                diloco.count_micro_batches(2)
+                inner.zero_grad()
+                model(torch.ones(3, 4)).sum().backward()
+                inner.step()
+            sync = diloco.last_sync
+            assert sync["committed"] and sync["weight"] == 2.0 and sync["weight_sum"] == 2.0
+            assert sync["contributors"] == 1
+        for n, p in model.named_parameters():
+            grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
+            assert torch.allclose(p, start[n] - 0.3 * grad, atol=1e-6), n
     finally:
         manager.shutdown()
 
