@@ -95,3 +95,12 @@ def test_coerce_and_check_fields_on_any_dataclass():
     check_fields(Section(), lambda n: n)
     with pytest.raises(ConfigError, match="size: expected int"):
         check_fields(Section(size="big"), lambda n: n)  # type: ignore[arg-type]
+
+
+def test_a_constant_batch_takes_plain_diloco_and_refuses_streaming():
+    FTConfig(mode="diloco", constant_batch=True).validate()
+    FTConfig(mode="ddp", constant_batch=True).validate()
+    with pytest.raises(ValueError, match="ft.fragments=1 and ft.fragment_sync_delay=0"):
+        FTConfig(mode="diloco", constant_batch=True, sync_every=20, fragments=2).validate()
+    with pytest.raises(ValueError, match="ft.fragments=1 and ft.fragment_sync_delay=0"):
+        FTConfig(mode="diloco", constant_batch=True, fragment_sync_delay=1).validate()
