@@ -1052,7 +1052,7 @@ class OrchestrationManager:
                                   final_states=self.final_states)
         from regent.orchestrate.invariants import LEDGER_FILE, ledger_totals
 
-        # the sample ledger (per-step mode): samples in committed steps, and those recorded as skipped
+        # the sample ledger: samples in committed steps (DiLoCo: rounds), and those recorded as skipped
         summary["samples"] = ledger_totals(list(read_jsonl(self.run_dir / LEDGER_FILE)))
         summary["final_states"] = self.final_states
         summary["final_states_diverged"] = self.final_diverged
