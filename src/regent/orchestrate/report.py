@@ -20,6 +20,7 @@ from regent.orchestrate.summary import (
     healthy_step_rate,
     recovery_breakdowns,
     state_lost_groups,
+    trained_loss,
 )
 
 FAULT_COLORS = {
@@ -139,7 +140,7 @@ def plot_loss(metrics: list[dict[str, Any]], events: list[dict[str, Any]], out: 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     by_rep: dict[Any, list[tuple[int, float]]] = defaultdict(list)
     for m in metrics:
-        if m.get("loss") is not None and m.get("committed", True):
+        if trained_loss(m):
             by_rep[m.get("replica")].append((m["step"], m["loss"]))
     _plot_replicas(ax, by_rep, "loss", lw=1, alpha=0.8)
     if baseline:
