@@ -1064,7 +1064,7 @@ class OrchestrationManager:
 
         # The invariants (no uncounted lineage reset, no committed step going backwards unexplained, equal
         # replicas equal, no leaked processes, bounded memory), checked on what was written, every run.
-        summary["invariant_violations"] = self.violations = violations = check_run(self.run_dir)
+        summary["invariant_violations"] = self.violations = violations = check_run(self.run_dir, events, metrics)
         summary["check"] = {"holds": not violations, "violations": violations}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         for v in violations:
@@ -1072,7 +1072,8 @@ class OrchestrationManager:
         try:
             from regent.orchestrate.report import write_report
 
-            write_report(self.run_dir, baseline=self.cfg.baseline)
+            write_report(self.run_dir, baseline=self.cfg.baseline, events=events, metrics=metrics,
+                         violations=violations)
         except Exception as exc:  # noqa: BLE001 - reported; the report is a convenience, the data is already on disk
             logger.warning("report generation failed: %r", exc)
         s = summary
