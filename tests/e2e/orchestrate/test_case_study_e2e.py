@@ -275,7 +275,12 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     run = run_regent(tmp_path / "run", "--replicas", "3", "--duration", "50s", "--faults-file", sched, *extra)
     flips = [e for e in run.events if e["kind"] == "bitflip_applied"]
     diverged = [e for e in run.events if e["kind"] == "state_diverged"]
-    assert [e["replica"] for e in flips] == [1, 2], flips
+    # on failure, say where each flip went: injected (fault_injected), then applied at the replica's next step
+    story = [(round(e["time"] - run.events[0]["time"], 1), e["kind"], e.get("replica"), e.get("generation"),
+              e.get("fault_kind") or e.get("action")) for e in run.events
+             if e["kind"] in ("fault_injected", "bitflip_applied", "failure_detected", "restart_started",
+                              "restart_done", "training_stopped", "replay_cut")]
+    assert [e["replica"] for e in flips] == [1, 2], story
     # every flip found by a vote, or thrown away first by a heal of that replica (a replica still behind heals
     # at the next sync); the checker (run_regent) has already held the run to it, within K commits
     for f in flips:
