@@ -50,7 +50,7 @@ from regent.actor._runtime import (
 from regent.actor._supervision import Supervision
 from regent.actor._transport import parse_address
 from regent.actor._tree import TreeState
-from regent.auth import job_secret_from_env
+from regent.auth import job_secret_from_env, user_secret
 
 logger = logging.getLogger("regent.actor")
 
@@ -341,7 +341,8 @@ def get_runtime() -> ActorRuntime:
     with _runtime_lock:
         if _runtime is None:
             from_env = job_secret_from_env()
-            rt = new_runtime(proc_id=new_id("client"), is_controller=True, secret=from_env or inherited_secret(),
+            rt = new_runtime(proc_id=new_id("client"), is_controller=True,
+                             secret=from_env or inherited_secret() or client_user_secret(),
                              tcp_host=_transport.get("host"), advertise_host=_transport.get("advertise"),
                              tcp_port=_transport.get("port", 0))
             if from_env is None:
@@ -383,6 +384,18 @@ def inherited_secret() -> bytes | None:
         with open(path) as f:
             return bytes.fromhex(f.read().strip())
     except (OSError, ValueError):  # the client ended (its socket directory is gone) or it is not ours: no secret
+        return None
+
+
+def client_user_secret() -> bytes | None:
+    """This user's default secret (`regent.auth.user_secret`) for a client given none, so that a worker started
+    with none (`run_worker_loop_forever(address)`, as in Monarch) accepts it. A file others can read is refused
+    (InsecureSecretFile); one that cannot be made leaves the client a secret of its own, as before."""
+    try:
+        return user_secret()
+    except OSError as exc:
+        logger.warning("no per-user job secret (%s); this client makes up its own, so workers must be given "
+                       "it: set REGENT_JOB_SECRET_FILE in both", exc)
         return None
 
 

@@ -1189,6 +1189,10 @@ def run(cfg: RunConfig, resume: ResumePlan | None = None) -> int:
 
     faulthandler.enable()  # a native crash in the controller leaves its Python stacks on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A run given no secret makes up its own, which a successor reads from the run dir (`_attach_record`): the
+    # user's long-lived default secret (regent.auth.user_secret) is not copied into run directories.
+    if not settings.REGENT_USER_SECRET_FILE.is_set():
+        os.environ[settings.REGENT_USER_SECRET_FILE.name] = "off"
     try:
         return asyncio.run(OrchestrationManager(cfg, resume).run())
     except KeyboardInterrupt:
