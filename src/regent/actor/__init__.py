@@ -103,7 +103,9 @@ from collections.abc import Callable as _Callable
 
 from regent.actor._actor import Actor, concurrent_endpoint, endpoint
 from regent.actor._config import config
+from regent.actor._context import ROOT_LABEL as _ROOT_LABEL
 from regent.actor._context import Context, context, current_actor_name, current_rank, current_size
+from regent.actor._context import install_log_prefix as _install_log_prefix
 from regent.actor._errors import ActorError, MeshFailure, SupervisionError
 from regent.actor._future import Future
 from regent.actor._handlers import handler_table as _handler_table
@@ -156,6 +158,10 @@ def _call_unhandled_fault_hook(failure: MeshFailure) -> None:
     """The client runtime's fault hook: this module's `unhandled_fault_hook` as it is at the time of the fault."""
     unhandled_fault_hook(failure)
 
+
+# Records logged outside actors in this program (the client) say `[actor=<root>]`, as in Monarch; a proc or worker
+# that imports this package sets its own label (none) when it starts.
+_install_log_prefix(_ROOT_LABEL)
 
 # The composition root: the process layer is given what it may not import from the layers above it.
 _install_parts(_ProcessParts(handlers=_handler_table, self_proc=_self_proc_mesh, spawn_controller=_controller_local,

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from regent import settings
+from regent.actor._context import install_log_prefix
 from regent.actor._process import new_runtime, set_runtime
 from regent.actor._runtime import new_id, remove_sock_dir
 from regent.actor._transport import inherited_listener, parse_address, split_address
@@ -83,6 +84,7 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
                                   "is supported; connections are authenticated with the job secret")
+    install_log_prefix(None)  # the worker's own records stay as written
     address, inherited = inherited_listener(address)  # Monarch's tcp://HOST:fdN: serve on a socket handed over
     dial, bind = split_address(address)
     if bind.startswith("tcp://*") or dial.startswith("tcp://*"):
