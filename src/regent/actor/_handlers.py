@@ -176,7 +176,7 @@ class ProcHandlers:
 
     def on_stop_proc(self, conn: Any, msg: StopProc, body: Any, buffers: list) -> None:
         def stop() -> None:
-            self.rt.loop.create_task(stop_self(self.rt, msg.reply))
+            self.rt.loop.create_task(stop_self(self.rt, msg.reply, teardown=True))
 
         self.rt.tree.deliver_in_order(msg.origin, msg.seq, stop)
 

@@ -19,6 +19,7 @@ import sys
 from regent import settings
 from regent.actor._context import install_log_prefix
 from regent.actor._process import new_runtime, set_runtime
+from regent.actor._runtime import teardown_exit_code
 from regent.eventloop import new_event_loop
 
 
@@ -54,6 +55,9 @@ def main() -> None:
     rt.dial(parent["id"])
     loop.create_task(rt.orphan_watch(parent_os_pid))
     loop.run_forever()
+    # the loop stops only for a graceful stop that ends through the interpreter's teardown (exit_gracefully)
+    code = teardown_exit_code()
+    sys.exit(0 if code is None else code)
 
 
 if __name__ == "__main__":

@@ -250,8 +250,9 @@ class ActorRuntime(Runtime):
             os._exit(1)
 
 
-async def stop_self(rt: ActorRuntime, reply: tuple | None) -> None:
-    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
+async def stop_self(rt: ActorRuntime, reply: tuple | None, teardown: bool = False) -> None:
+    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit (`teardown`: through
+    the interpreter's own exit where that is safe, see `exit_gracefully`)."""
     waits = []
     for cell in rt.actors.running():
         fut = rt.loop.create_future()
@@ -271,7 +272,7 @@ async def stop_self(rt: ActorRuntime, reply: tuple | None) -> None:
     if rt.spawner is not None:
         rt.spawner.kill_all()
     await asyncio.sleep(0.05)
-    exit_gracefully(0)  # atexit handlers and finalizers run; the interpreter is not torn down (see there)
+    exit_gracefully(0, teardown)  # atexit handlers and finalizers run, and with `teardown` module teardown
 
 
 # ---------------------------------------------------------------------------------- the runtime of this process
