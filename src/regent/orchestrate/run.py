@@ -33,6 +33,7 @@ from typing import Any
 
 from regent import settings
 from regent.actor import ActorError, Channel, this_host
+from regent.actor import config as actor_config
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import (
@@ -1190,6 +1191,11 @@ def run(cfg: RunConfig, resume: ResumePlan | None = None) -> int:
 
     faulthandler.enable()  # a native crash in the controller leaves its Python stacks on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    actor_config.prefix_python_logs_with_actor = False  # the controller's console and logs stay as written
+    # A run given no secret makes up its own, which a successor reads from the run dir (`_attach_record`): the
+    # user's long-lived default secret (regent.auth.user_secret) is not copied into run directories.
+    if not settings.REGENT_USER_SECRET_FILE.is_set():
+        os.environ[settings.REGENT_USER_SECRET_FILE.name] = "off"
     try:
         return asyncio.run(OrchestrationManager(cfg, resume).run())
     except KeyboardInterrupt:
