@@ -172,6 +172,15 @@ def _pick(visible: list[str] | None, index: int, names: str) -> str:
     return visible[index]
 
 
+def native_collectives_loaded() -> bool:
+    """Whether this process may hold native communicators (NCCL, RCCL, Gloo): torch.distributed was imported.
+    Destroying them at interpreter teardown is unsafe while an aborted collective still runs on one, so such
+    processes leave with `os._exit` (`regent.actor._runtime.exit_gracefully`)."""
+    import sys
+
+    return "torch.distributed" in sys.modules
+
+
 def child_visibility_env(gpu_index: int, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Environment variables that make a child process see exactly GPU `gpu_index` of this process's GPUs.
 

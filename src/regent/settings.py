@@ -190,6 +190,12 @@ REGENT_JOB_SECRET = _declare(
 REGENT_JOB_SECRET_FILE = _declare(
     "REGENT_JOB_SECRET_FILE", "path", None,
     "A file (mode 0600) holding the job secret; read when REGENT_JOB_SECRET is unset.")
+REGENT_USER_SECRET_FILE = _declare(
+    "REGENT_USER_SECRET_FILE", "path", None,
+    "This user's default job secret (made 0600 on first use; refused if others can read it): what a "
+    "`regent.actor` client and a `regent worker` use when no job secret is given (0/off/none: a client makes "
+    "up its own and a worker refuses to start).",
+    off=("0", "off", "none"), default_text="$XDG_CONFIG_HOME/regent/job-secret (~/.config/regent/job-secret)")
 REGENT_FT_RPC_AUTH = _declare(
     "REGENT_FT_RPC_AUTH", "bool", True,
     "0: the Lighthouse and Managers do not require the job secret on gRPC calls (`--ft.rpc-auth false`).")

@@ -55,3 +55,33 @@ def test_with_no_room_outside_the_range_the_os_chooses(monkeypatch):
     port = ports.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_port_pair_is_free_twice_and_outside_the_ephemeral_range(monkeypatch):
+    lo, hi = ports.ephemeral_range()
+    for _ in range(10):
+        port = ports.free_port_pair()
+        assert not lo <= port <= hi and not lo <= port + 1 <= hi and port >= 10000
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", port))
+            b.bind(("127.0.0.1", port + 1))
+    # in a range where every P+1 but one is taken, the one pair whose both ports are free comes back
+    held = []
+    try:
+        for port in range(21001, 21011, 2):
+            if port == 21007:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+                held.append(s)
+            except OSError:
+                s.close()
+        monkeypatch.setattr(ports, "choice_ranges", lambda lo, hi: [(21000, 21009)])
+        taken = {s.getsockname()[1] for s in held}
+        for _ in range(5):
+            got = ports.free_port_pair(rng=random.Random(3))
+            assert got not in taken and got + 1 not in taken
+    finally:
+        for s in held:
+            s.close()

@@ -28,7 +28,9 @@ passed to `broadcast` until the receiver has used it.
 Hosts. `this_host()` is this machine (no dimensions): procs become children of the calling process.
 `attach_to_workers(["tcp://h:p", ...])` (or `regent.jobs.local.ProcessJob(hosts=N).host_mesh()`) gives
 `{"hosts": N}`; procs then start under those `regent worker` / `run_worker_loop_forever(address=...)`
-processes, which report their exit status and forward their output. Worker addresses may be Monarch's
+processes, which report their exit status and print their output (forwarded to the client once
+`logging_option(stream_to_client=True)`, or from the start with `attach_to_workers(..., stream_logs=True)`);
+a worker and a client given no job secret share this user's default one. Worker addresses may be Monarch's
 alias form `tcp://NAME:P@tcp://0.0.0.0:P` (serve on the second, be dialled as the first) or a
 `Future[str]` (awaited before dialling). `spawn_procs(per_host={"gpus": G}, bootstrap=fn, env={...})`:
 - proc i of a host gets its accelerator pinned with `regent.platform.child_visibility_env(i)`;
@@ -47,7 +49,7 @@ Warm spares (Regent extension): `host_mesh.keep_warm(n, preload=["torch", ...])`
 host that already imported `preload`; `spawn_procs` claims them (env and accelerator pinning are applied
 at claim, before any CUDA initialisation) and starts replacements in the background. `keep_warm(0)`
 ends them. Proc stdout/stderr reach the controller prefixed with `[<proc mesh name> gpus=i]`
-(`host.stream_logs` is True); `await proc_mesh.logging_option(stream_to_client=..., aggregate_window_sec=...,
+(`host.stream_logs` is True for `this_host()`); `await proc_mesh.logging_option(stream_to_client=..., aggregate_window_sec=...,
 level=...)` turns that off, prints each distinct line once per window with its count, and sets the procs'
 root logger level. Lines printed before the call keep the old options, lines printed after it the new.
 
@@ -68,9 +70,11 @@ for meshes made outside actors); references and slices own nothing.
   atexit handlers run, owned procs are stopped).
 - `stop()` runs `__cleanup__(None)` (an error stop passes the exception), children's before the owner's.
   `ProcMesh.stop()` never hangs: procs that do not exit within REGENT_STOP_TIMEOUT are killed. A proc that
-  stops gracefully then runs its `atexit` handlers and `weakref.finalize` callbacks and flushes its output,
-  but leaves with `os._exit`, without interpreter teardown (module globals' `__del__` does not run): see
-  `regent.actor._runtime.exit_gracefully` for why. Killed, crashed and orphaned procs run none of it.
+  stops gracefully then runs its `atexit` handlers and `weakref.finalize` callbacks, flushes its output and
+  ends through the interpreter's teardown (module globals' `__del__` runs), except where that is unsafe (a
+  proc that imported torch.distributed, or with a non-daemon thread still running), which leaves with
+  `os._exit`: see `regent.actor._runtime.exit_gracefully` for why. Killed, crashed and orphaned procs run none
+  of it.
 - Orphans: a proc whose owner process has been unreachable for REGENT_ORPHAN_TIMEOUT seconds (default
   60, `config.configure(orphan_timeout=...)` before spawning) exits by itself.
 - Adoption (Regent extension): `pm.reference()` / `mesh.reference()` give JSON-able dicts naming the
@@ -103,7 +107,9 @@ from collections.abc import Callable as _Callable
 
 from regent.actor._actor import Actor, concurrent_endpoint, endpoint
 from regent.actor._config import config
+from regent.actor._context import ROOT_LABEL as _ROOT_LABEL
 from regent.actor._context import Context, context, current_actor_name, current_rank, current_size
+from regent.actor._context import install_log_prefix as _install_log_prefix
 from regent.actor._errors import ActorError, MeshFailure, SupervisionError
 from regent.actor._future import Future
 from regent.actor._handlers import handler_table as _handler_table
@@ -156,6 +162,10 @@ def _call_unhandled_fault_hook(failure: MeshFailure) -> None:
     """The client runtime's fault hook: this module's `unhandled_fault_hook` as it is at the time of the fault."""
     unhandled_fault_hook(failure)
 
+
+# Records logged outside actors in this program (the client) say `[actor=<root>]`, as in Monarch; a proc or worker
+# that imports this package sets its own label (none) when it starts.
+_install_log_prefix(_ROOT_LABEL)
 
 # The composition root: the process layer is given what it may not import from the layers above it.
 _install_parts(_ProcessParts(handlers=_handler_table, self_proc=_self_proc_mesh, spawn_controller=_controller_local,

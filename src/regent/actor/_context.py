@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 from typing import Any
 
+from regent.actor._config import config
 from regent.actor._process import get_runtime
 from regent.actor._shape import Extent, Point
 from regent.actor._supervision import ROOT_KEY
@@ -102,7 +104,7 @@ def ensure_proc_context() -> Instance:
     rt = get_runtime()
     if rt.proc_context is None:
         proc = rt.parts.self_proc(rt)
-        rt.proc_context = Instance(ROOT_KEY, "<root>", "RootClientActor", Point(0, Extent([], [])), proc)
+        rt.proc_context = Instance(ROOT_KEY, ROOT_LABEL, "RootClientActor", Point(0, Extent([], [])), proc)
         rt.self_proc = proc
     return rt.proc_context
 
@@ -121,3 +123,32 @@ def current_actor_name() -> str:
 
 def set_current(instance: Instance, rank: Any) -> contextvars.Token:
     return _current.set((instance, rank))
+
+
+ROOT_LABEL = "<root>"  # how the client's root instance prints (`Instance.__str__`)
+_log_prefix: dict[str, str | None] = {}  # "outside": the label of records emitted outside any actor
+
+
+def install_log_prefix(outside_actors: str | None) -> None:
+    """Log records get `[actor=<instance>] ` in front while `config.prefix_python_logs_with_actor` is on, as in
+    Monarch: inside an actor its instance, outside any actor `outside_actors` (the client's `<root>`; None in a
+    proc or worker, whose own records stay as written). Installed once per process; a later call only changes
+    the label outside actors."""
+    installed = "outside" in _log_prefix
+    _log_prefix["outside"] = outside_actors
+    if installed:
+        return
+    make_record = logging.getLogRecordFactory()
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        # an empty message stays empty (torch.compile's structured trace logs empty records)
+        if not config.prefix_python_logs_with_actor or record.msg == "":
+            return record
+        current = _current.get()
+        label = str(current[0]) if current is not None else _log_prefix["outside"]
+        if label is not None:
+            record.msg = f"[actor={label}] {record.msg}"
+        return record
+
+    logging.setLogRecordFactory(factory)

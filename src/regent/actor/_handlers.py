@@ -34,7 +34,13 @@ from regent.actor._messages import (
 from regent.actor._pickle import loads
 from regent.actor._process import ActorRuntime, stop_self
 from regent.actor._runtime import DEAD, ERROR, OK, exit_gracefully
-from regent.actor._spawner import LOG_SYNC_MARK, apply_proc_bind, spawner_of
+from regent.actor._spawner import (
+    LOG_SYNC_MARK,
+    _write_output,
+    apply_proc_bind,
+    log_destination_after,
+    spawner_of,
+)
 from regent.actor._supervision import ROOT_KEY
 from regent.actor._tree import post_many, relay_cast
 
@@ -170,7 +176,7 @@ class ProcHandlers:
 
     def on_stop_proc(self, conn: Any, msg: StopProc, body: Any, buffers: list) -> None:
         def stop() -> None:
-            self.rt.loop.create_task(stop_self(self.rt, msg.reply))
+            self.rt.loop.create_task(stop_self(self.rt, msg.reply, teardown=True))
 
         self.rt.tree.deliver_in_order(msg.origin, msg.seq, stop)
 
@@ -309,8 +315,23 @@ async def host_spawn(rt: ActorRuntime, specs: list[dict], bootstrap: bytes, even
         delay = min(rt.supervision.exit_window_s, max(0.0, timer[1] + 10 * rt.supervision.exit_window_s - now))
         timer[0] = rt.loop.call_later(delay, flush_exits)
 
+    # Where each proc's lines go: to the owner, or printed here, on this worker's own stdout/stderr (Monarch's
+    # `stream_logs=False`: nothing is lost, it is where the proc runs); a `logging_option` sync mark switches it
+    to_owner = {(spec["pid"], stream): spec.get("output_to_owner", True) for spec in specs
+                for stream in ("stdout", "stderr")}
+
     def on_output(pid: str, stream: str, text: str) -> None:
-        rt.send_reply(events, OK, ("out", pid, stream, text))
+        before, after_mark = log_destination_after(text)
+        if after_mark is not None:
+            if before and not to_owner.get((pid, stream), True):
+                _write_output(pid, stream, before + "\n")  # a partial line printed just before the mark
+                text = text[len(before):]
+            to_owner[(pid, stream)] = after_mark
+            rt.send_reply(events, OK, ("out", pid, stream, text))  # the owner waits for every mark
+        elif to_owner.get((pid, stream), True):
+            rt.send_reply(events, OK, ("out", pid, stream, text))
+        else:
+            _write_output(pid, stream, text)
 
     try:
         infos = await spawner_of(rt).spawn(specs, bootstrap, on_exit, on_output, release=False)

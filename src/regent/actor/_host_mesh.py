@@ -62,7 +62,8 @@ class HostMeshState:
         self.shut_down = False
         self.owned = True
         self.initialized: Future | None = None
-        self.stream_logs = True  # proc meshes spawned here start forwarding their output to the client
+        self.stream_logs = True  # proc meshes spawned here start forwarding their output to the client (else a
+        # worker prints it on its own stdout/stderr)
 
 
 def dial_address(address: str) -> str:
@@ -88,7 +89,9 @@ class HostMesh(MeshTrait):
     @property
     def stream_logs(self) -> bool:
         """Whether proc meshes spawned here start with their stdout/stderr forwarded to this client
-        (`ProcMesh.logging_option` changes it per proc mesh). True for every Regent host mesh."""
+        (`ProcMesh.logging_option` changes it per proc mesh). False for meshes from `attach_to_workers` (as in
+        Monarch: the output stays on the worker's stdout/stderr) unless it was given `stream_logs=True`; True for
+        `this_host()`, whose procs' output reaches this client's terminal either way."""
         return self._state.stream_logs
 
     @property
@@ -208,6 +211,7 @@ class HostMesh(MeshTrait):
                     "label": label,
                     "sys_path": [p for p in sys.path if p],
                     "command": commands[r],
+                    "output_to_owner": self._state.stream_logs,  # else a worker prints it where the proc runs
                     "cfg": {"owner": rt.proc_id, "mesh_id": mesh_id, "name": name, "labels": extent.labels,
                             "sizes": extent.sizes, "rank": r, "root": rt.root_info or rt.info,
                             "sys_path": [p for p in sys.path if p], "bind": binds[i] if binds else None,
@@ -428,7 +432,7 @@ def this_host() -> HostMesh:
 
 def attach_to_workers(workers: list[str | Future] | None = None, name: str | None = None,
                       ca: str = "trust_all_connections", secret: bytes | None = None, *,
-                      private_key: object = None) -> HostMesh:
+                      private_key: object = None, stream_logs: bool = False) -> HostMesh:
     """A HostMesh `{"hosts": N}` served by `regent worker` / `run_worker_loop_forever` processes. Returns at
     once; `initialized` says when every host answered.
 
@@ -436,6 +440,11 @@ def attach_to_workers(workers: list[str | Future] | None = None, name: str | Non
     can be made before the workers are known). Monarch's forms are accepted: `tcp://HOST:PORT`,
     `DIAL@BIND` (the worker's alias form, `tcp://fqdn:p@tcp://0.0.0.0:p`: this dials the first) and
     `<proc-id>@URL`. The workers must share this controller's job secret (REGENT_JOB_SECRET / --secret-file).
+
+    As in Monarch, the mesh's `stream_logs` is False: what its procs print stays on their worker's stdout/stderr
+    (prefixed with the proc) until `ProcMesh.logging_option(stream_to_client=True)` brings it to this client.
+    `stream_logs=True` (a Regent extension; Regent's cluster jobs pass it, as Monarch's remote allocator
+    streams) forwards it from the start.
     """
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
@@ -455,4 +464,5 @@ def attach_to_workers(workers: list[str | Future] | None = None, name: str | Non
         raise ValueError("attach_to_workers(secret=...) differs from this runtime's secret; "
                          "set REGENT_JOB_SECRET before the runtime starts instead")
     state = HostMeshState("remote", addresses, name or "hosts")
+    state.stream_logs = bool(stream_logs)
     return HostMesh(state, Shape.from_extent(Extent(["hosts"], [len(addresses)])))

@@ -17,9 +17,9 @@ import signal
 import sys
 
 from regent import settings
-from regent.actor._config import config
-from regent.actor._context import _current
+from regent.actor._context import install_log_prefix
 from regent.actor._process import new_runtime, set_runtime
+from regent.actor._runtime import teardown_exit_code
 from regent.eventloop import new_event_loop
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     sys.path[:0] = missing
     logging.basicConfig(level=settings.REGENT_LOG_LEVEL.get(),
                         format="%(levelname)s %(name)s: %(message)s")
-    install_log_prefix()
+    install_log_prefix(None)  # records of actors get their instance; the proc's own stay as written
     for module in boot.get("preload", []):
         importlib.import_module(module)
 
@@ -55,22 +55,9 @@ def main() -> None:
     rt.dial(parent["id"])
     loop.create_task(rt.orphan_watch(parent_os_pid))
     loop.run_forever()
-
-
-def install_log_prefix() -> None:
-    """Log records emitted inside an actor get `[actor=<...>]` in front (config knob
-    `prefix_python_logs_with_actor`)."""
-    make_record = logging.getLogRecordFactory()
-
-    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
-        record = make_record(*args, **kwargs)
-        current = _current.get()
-        # an empty message stays empty (torch.compile's structured trace logs empty records)
-        if current is not None and config.prefix_python_logs_with_actor and record.msg != "":
-            record.msg = f"[actor={current[0]}] {record.msg}"
-        return record
-
-    logging.setLogRecordFactory(factory)
+    # the loop stops only for a graceful stop that ends through the interpreter's teardown (exit_gracefully)
+    code = teardown_exit_code()
+    sys.exit(0 if code is None else code)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from regent.actor._runtime import (
     remove_sock_dir,
 )
 from regent.actor._shape import Extent, MeshTrait, Point, Shape, Slice
+from regent.actor._spawner import LOG_TO_HOST, LOG_TO_OWNER
 from regent.actor._supervision import CONTROLLERS_KEY, ROOT_KEY, MeshState
 from regent.actor._tree import SPAWN, send_cast
 
@@ -178,7 +179,8 @@ class ProcMesh(MeshTrait):
                        level: int = logging.INFO) -> Future:
         """Choose what this proc mesh's processes print on this client (Monarch's defaults; await it or `.get()`).
 
-        `stream_to_client`: forward their stdout/stderr here (prefixed with the proc), or drop it.
+        `stream_to_client`: forward their stdout/stderr here (prefixed with the proc), or not: then procs on a
+        worker print it on the worker's stdout/stderr, and procs of `this_host()` print nothing.
         `aggregate_window_sec`: gather lines for that many seconds and print each distinct line once with its
         count (needs `stream_to_client=True`; None prints every line as it comes).
         `level`: the level of the procs' root Python logger (what `logging` calls inside them emit).
@@ -199,7 +201,8 @@ class ProcMesh(MeshTrait):
 
         async def run() -> None:
             await state.initialized
-            token = new_id("logsync")
+            # the token's end tells a worker where the procs' lines after the mark go (`log_destination_after`)
+            token = new_id("logsync") + (LOG_TO_OWNER if stream_to_client else LOG_TO_HOST)
             synced = state.logs.expect(token, {(pid, s) for pid in state.proc_ids for s in ("stdout", "stderr")})
             waits = []
             for pid in state.proc_ids:

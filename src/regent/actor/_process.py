@@ -50,7 +50,7 @@ from regent.actor._runtime import (
 from regent.actor._supervision import Supervision
 from regent.actor._transport import parse_address
 from regent.actor._tree import TreeState
-from regent.auth import job_secret_from_env
+from regent.auth import job_secret_from_env, user_secret
 
 logger = logging.getLogger("regent.actor")
 
@@ -250,8 +250,9 @@ class ActorRuntime(Runtime):
             os._exit(1)
 
 
-async def stop_self(rt: ActorRuntime, reply: tuple | None) -> None:
-    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit."""
+async def stop_self(rt: ActorRuntime, reply: tuple | None, teardown: bool = False) -> None:
+    """Stop every actor of this proc (running `__cleanup__`), say goodbye to peers, and exit (`teardown`: through
+    the interpreter's own exit where that is safe, see `exit_gracefully`)."""
     waits = []
     for cell in rt.actors.running():
         fut = rt.loop.create_future()
@@ -271,7 +272,7 @@ async def stop_self(rt: ActorRuntime, reply: tuple | None) -> None:
     if rt.spawner is not None:
         rt.spawner.kill_all()
     await asyncio.sleep(0.05)
-    exit_gracefully(0)  # atexit handlers and finalizers run; the interpreter is not torn down (see there)
+    exit_gracefully(0, teardown)  # atexit handlers and finalizers run, and with `teardown` module teardown
 
 
 # ---------------------------------------------------------------------------------- the runtime of this process
@@ -341,7 +342,8 @@ def get_runtime() -> ActorRuntime:
     with _runtime_lock:
         if _runtime is None:
             from_env = job_secret_from_env()
-            rt = new_runtime(proc_id=new_id("client"), is_controller=True, secret=from_env or inherited_secret(),
+            rt = new_runtime(proc_id=new_id("client"), is_controller=True,
+                             secret=from_env or inherited_secret() or client_user_secret(),
                              tcp_host=_transport.get("host"), advertise_host=_transport.get("advertise"),
                              tcp_port=_transport.get("port", 0))
             if from_env is None:
@@ -383,6 +385,18 @@ def inherited_secret() -> bytes | None:
         with open(path) as f:
             return bytes.fromhex(f.read().strip())
     except (OSError, ValueError):  # the client ended (its socket directory is gone) or it is not ours: no secret
+        return None
+
+
+def client_user_secret() -> bytes | None:
+    """This user's default secret (`regent.auth.user_secret`) for a client given none, so that a worker started
+    with none (`run_worker_loop_forever(address)`, as in Monarch) accepts it. A file others can read is refused
+    (InsecureSecretFile); one that cannot be made leaves the client a secret of its own, as before."""
+    try:
+        return user_secret()
+    except OSError as exc:
+        logger.warning("no per-user job secret (%s); this client makes up its own, so workers must be given "
+                       "it: set REGENT_JOB_SECRET_FILE in both", exc)
         return None
 
 

@@ -25,6 +25,7 @@ import atexit
 import collections
 import contextlib
 import enum
+import faulthandler
 import gc
 import itertools
 import logging
@@ -778,18 +779,20 @@ class OneShot:
             self.fut.set_result((status, body, buffers))
 
 
-def exit_gracefully(code: int = 0) -> None:
+def exit_gracefully(code: int = 0, teardown: bool = False) -> None:
     """End this process after a graceful stop: run its `atexit` handlers (which include `logging.shutdown`,
     `weakref.finalize` callbacks and multiprocessing's cleanup), collect garbage so `__del__` of unreachable
-    objects runs, flush stdio, then leave with `os._exit`.
+    objects runs, flush stdio, then leave with `os._exit`, or, with `teardown` where it is safe
+    (`teardown_is_safe`), through the interpreter's own exit, which also tears module globals down (their
+    `__del__` runs, as when a Monarch proc stops): the event loop is stopped, and the proc's main exits.
 
-    Why not a normal interpreter exit: it joins every non-daemon thread (a sync actor blocked in a call, an
-    executor thread) and finalizes every module and native object, and native communicators are not safe
-    to destroy then (a Gloo communicator leaked by an abort may still run a timed-out collective; see
+    Why not always a normal interpreter exit: it joins every non-daemon thread (an executor thread stuck in a
+    call) and finalizes every module and native object, and native communicators are not safe to destroy then
+    (a Gloo communicator leaked by an abort may still run a timed-out collective; see
     `regent.ft.process_group.ReplicatedGroup.abort`, which relies on actor processes leaving with `os._exit`).
-    So module globals are not torn down (their `__del__` does not run); register cleanup with `atexit` or
-    `weakref.finalize`. A handler that hangs is bounded by the owner, which kills a proc that has not exited
-    within REGENT_STOP_TIMEOUT. Crashes, kills and orphan exits skip all this.
+    A teardown that still hangs ends after TEARDOWN_LIMIT_S (a watchdog outside the interpreter); a handler
+    that hangs is bounded by the owner, which kills a proc that has not exited within REGENT_STOP_TIMEOUT.
+    Crashes, kills and orphan exits skip all this.
     """
     try:
         atexit._run_exitfuncs()  # prints a failing handler's traceback itself and goes on with the others
@@ -800,5 +803,34 @@ def exit_gracefully(code: int = 0) -> None:
     with contextlib.suppress(Exception):  # a closed stdout/stderr: nowhere to report, the process exits anyway
         sys.stdout.flush()
         sys.stderr.flush()
+    if teardown and teardown_is_safe():
+        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda *_: None)  # tasks still pending are destroyed at teardown: silently
+        _teardown_exit.append(code)
+        loop.stop()  # the proc's main returns from run_forever and exits with `teardown_exit_code()`
+        return
     os._exit(code)
+
+
+TEARDOWN_LIMIT_S = 5.0  # how long the interpreter's own exit may take before the process leaves anyway
+_teardown_exit: list[int] = []
+
+
+def teardown_exit_code() -> int | None:
+    """The exit code of a graceful stop that ends through the interpreter's teardown (the event loop was stopped
+    for it), or None."""
+    return _teardown_exit[-1] if _teardown_exit else None
+
+
+def teardown_is_safe() -> bool:
+    """Whether this process can end through the interpreter's teardown without a hang or a crash: it runs on the
+    main thread (whose SystemExit ends the process), no other non-daemon thread is alive (the interpreter would
+    join it; Regent's own threads are daemons), and no native communicator can exist (torch.distributed was
+    never imported)."""
+    from regent.platform import native_collectives_loaded
+
+    if threading.current_thread() is not threading.main_thread() or native_collectives_loaded():
+        return False
+    return not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
 

@@ -39,6 +39,19 @@ SPARE_RETRY_MAX_S = 300.0
 # A proc writes this line (plus a token) to its stdout and stderr when told to change its logging options;
 # the owner's log router swallows it and so knows every line before it was printed under the old options.
 LOG_SYNC_MARK = "\x1eregent-log-sync "
+# The end of a mark's token that says whether the proc's lines after it go to its owner (a worker forwards them)
+# or stay where the proc runs (a worker prints them on its own stdout/stderr).
+LOG_TO_OWNER, LOG_TO_HOST = "+owner", "+host"
+
+
+def log_destination_after(text: str) -> tuple[str, bool | None]:
+    """(the text before a sync mark, whether lines after it go to the owner: True, False, or None when `text`
+    holds no mark with a destination)."""
+    if LOG_SYNC_MARK not in text:
+        return text, None
+    before, _, token = text.partition(LOG_SYNC_MARK)
+    token = token.strip()
+    return before, True if token.endswith(LOG_TO_OWNER) else False if token.endswith(LOG_TO_HOST) else None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ import signal
 import sys
 
 from regent import settings
+from regent.actor._context import install_log_prefix
 from regent.actor._process import new_runtime, set_runtime
 from regent.actor._runtime import new_id, remove_sock_dir
 from regent.actor._transport import inherited_listener, parse_address, split_address
-from regent.auth import job_secret_from_env, read_secret_file
+from regent.auth import job_secret_from_env, read_secret_file, user_secret
 from regent.eventloop import new_event_loop
 
 logger = logging.getLogger("regent.actor.worker")
@@ -30,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="where to listen, tcp://HOST:PORT (port 0 picks one; the chosen address is printed), "
                         "or tcp://NAME:PORT@tcp://0.0.0.0:PORT to listen on the second and be dialled as NAME")
     p.add_argument("--secret-file", default=None,
-                   help="file holding the job secret (hex); default: $REGENT_JOB_SECRET or $REGENT_JOB_SECRET_FILE")
+                   help="file holding the job secret (hex); default: $REGENT_JOB_SECRET, $REGENT_JOB_SECRET_FILE, "
+                        "else this user's ~/.config/regent/job-secret")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the process that started this worker exits (used by ProcessJob)")
     p.set_defaults(func=run_worker)
@@ -44,16 +46,27 @@ def run_worker(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"regent worker: cannot read the job secret: {exc}", file=sys.stderr)
         return 2
-    if secret is None:
-        print("regent worker: no job secret; pass --secret-file FILE or set REGENT_JOB_SECRET "
-              "(the controller's secret)", file=sys.stderr)
-        return 2
     try:
         run_worker_loop_forever(args.address, secret=secret, exit_with_parent=args.exit_with_parent)
     except ValueError as exc:
         print(f"regent worker: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def worker_user_secret() -> bytes:
+    """This user's default secret (`regent.auth.user_secret`) for a worker given none: a client of the same user
+    with none given proves it too. ValueError (one line) when it is turned off, unsafe or cannot be made: a
+    worker never serves without a secret."""
+    try:
+        secret = user_secret()
+    except OSError as exc:
+        raise ValueError(f"no job secret, and this user's default one cannot be made ({exc}); set "
+                         "REGENT_JOB_SECRET_FILE (or pass --secret-file / secret=)") from None
+    if secret is None:
+        raise ValueError("no job secret: set REGENT_JOB_SECRET or REGENT_JOB_SECRET_FILE, or pass --secret-file "
+                         "(REGENT_USER_SECRET_FILE is off)")
+    return secret
 
 
 def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", secret: bytes | None = None,
@@ -64,12 +77,14 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     binds the second address and tells peers (and the procs it starts) to dial NAME, for hosts reached
     through another name than the interface they listen on; a leading `<proc-id>@` is accepted and ignored;
     `tcp://HOST:fdN` serves on the bound socket inherited as file descriptor N (no port race at start-up).
-    Connections must prove the job secret (`secret`, or REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE) instead
-    of TLS, so `ca` must be "trust_all_connections" and `private_key` None.
+    Connections must prove the job secret (`secret`, or REGENT_JOB_SECRET / REGENT_JOB_SECRET_FILE, else this
+    user's default secret file, which a client of the same user given none uses too) instead of TLS, so `ca`
+    must be "trust_all_connections" and `private_key` None.
     """
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS security plumbing: only ca='trust_all_connections' (and no private_key) "
                                   "is supported; connections are authenticated with the job secret")
+    install_log_prefix(None)  # the worker's own records stay as written
     address, inherited = inherited_listener(address)  # Monarch's tcp://HOST:fdN: serve on a socket handed over
     dial, bind = split_address(address)
     if bind.startswith("tcp://*") or dial.startswith("tcp://*"):
@@ -81,9 +96,7 @@ def run_worker_loop_forever(address: str, ca: str = "trust_all_connections", sec
     if dial != bind and kind == "tcp":
         dial_kind, dial_where = parse_address(dial)
         advertise = dial_where[0] if dial_kind == "tcp" else None
-    secret = secret or job_secret_from_env()
-    if secret is None:
-        raise ValueError("no job secret: set REGENT_JOB_SECRET or pass secret=")
+    secret = secret or job_secret_from_env() or worker_user_secret()
     rt = new_runtime(proc_id=new_id("worker"), is_controller=False, secret=secret, tcp_host=tcp_host,
                      advertise_host=advertise)
     set_runtime(rt)

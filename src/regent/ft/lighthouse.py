@@ -532,10 +532,10 @@ class LighthouseServer:
         )
 
     def _free_port(self) -> int:
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((self._host, 0))
-            return sock.getsockname()[1]
+        """P with P and P+1 free now, from outside the ephemeral range (`regent.ports.free_port_pair` says why)."""
+        from regent.ports import free_port_pair
+
+        return free_port_pair(self._host)
 
     def _make_http_server(self, port: int) -> ThreadingHTTPServer:
         cls = _DashboardHTTPServer6 if ":" in self._host else _DashboardHTTPServer

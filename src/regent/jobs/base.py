@@ -384,6 +384,8 @@ def _call_attach(attach_to_workers: Any, addresses: list[str], secret: str, name
         kwargs["secret"] = bytes.fromhex(secret)
     if "name" in params:
         kwargs["name"] = name
+    if "stream_logs" in params:  # procs on cluster hosts: their output on the controller's console, as before
+        kwargs["stream_logs"] = True
     try:
         return attach_to_workers(**kwargs)
     except ValueError as exc:

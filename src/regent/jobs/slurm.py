@@ -32,6 +32,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 # squeue states (long form) in which the allocation may still produce or hold workers.
 ALIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED"})
 # States after which the job will never run workers again.
+COMPLETING_WAIT_S = 10.0  # how long a lost allocation's report waits for the state that says why it ended
 TERMINAL_STATES = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
     "PREEMPTED", "REVOKED", "TIMEOUT", "SPECIAL_EXIT", "STOPPED",
@@ -201,6 +203,8 @@ _STATE_HELP: dict[str, tuple[str, str]] = {
                       "ask for more memory (`--job.mem 0` takes a whole node's) or train a smaller shard per host"),
     "BOOT_FAIL": ("a node failed to boot for it", "retry; tell the admins if the node keeps failing"),
     "DEADLINE": ("it reached its --deadline before it could run", "drop or move the --deadline sbatch argument"),
+    "COMPLETING": ("it is ending (SLURM is stopping its processes) and had not recorded why within "
+                   f"{COMPLETING_WAIT_S:.0f} s", "read the job log; `sacct -j JOBID` shows its final state"),
     "COMPLETED": ("its workers exited (every `regent worker` ended)",
                   "read the job log: a worker that exits without an error usually lost its controller"),
 }
@@ -445,6 +449,11 @@ class SlurmJob(Job):
             return (f"{self.describe()} is no longer known to squeue (it ended more than MinJobAge ago); "
                     f"see {self.log_path}")
         state, reason = current
+        if state == "COMPLETING":
+            # ending: its processes are being stopped, and why it ended (CANCELLED, NODE_FAIL, TIMEOUT...) is
+            # recorded once they are; the reason is what tells the user what to fix, so wait a little for it
+            current = self._final_state(COMPLETING_WAIT_S) or current
+            state, reason = current
         if state not in ALIVE_STATES:
             return f"{self.describe()} {explain_state(state, reason)}; see {self.log_path}"
         if state == "RUNNING":
@@ -454,6 +463,19 @@ class SlurmJob(Job):
                         f"responding (a node disappeared); the replica moves to a fresh allocation; if it keeps "
                         f"happening exclude the node (`--job.sbatch-args=--exclude={gone[0]}`) and check "
                         f"`sinfo -R`")
+        return None
+
+    def _final_state(self, wait_s: float) -> tuple[str, str] | None:
+        """The job's state once it is past COMPLETING, waiting at most `wait_s`; None if it is still completing
+        (or forgotten) by then."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            current = self.scheduler_state()
+            if current is None:
+                return None
+            if current[0] != "COMPLETING":
+                return current
         return None
 
     def _bad_nodes(self) -> list[str]:

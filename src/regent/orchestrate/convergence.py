@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from regent.orchestrate.invariants import effective_ledger
+from regent.orchestrate.summary import trained_loss
 
 Curve = list[tuple[float, float]]  # (samples consumed, loss), by increasing samples
 
@@ -53,7 +54,7 @@ def loss_by_step(metrics: list[dict[str, Any]],
     seen: set[tuple[Any, ...]] = set()
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for m in metrics:
-        if m.get("loss") is None or m.get("step") is None or not m.get("committed", True):
+        if m.get("step") is None or not trained_loss(m):
             continue
         if participants is not None and m.get("replica") not in participants.get(int(m["step"]), ()):
             continue

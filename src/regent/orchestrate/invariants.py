@@ -46,13 +46,13 @@ END_STALL_FACTOR = 5.0
 GOODPUT_EPS = 1e-9
 
 
-def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any],
-                                           dict[str, Any]]:
-    """(events, metrics, summary, config) of a run directory; summary and config are {} when absent.
-    ValueError when summary.json is not JSON."""
+def load_run(run_dir: str | Path, records: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                  dict[str, Any], dict[str, Any]]:
+    """(events, metrics, summary, config) of a run directory; summary and config are {} when absent, events and
+    metrics [] when `records` is False. ValueError when summary.json is not JSON."""
     run = Path(run_dir)
-    events = list(read_jsonl(run / "events.jsonl"))
-    metrics = list(read_jsonl(run / "metrics.jsonl"))
+    events = list(read_jsonl(run / "events.jsonl")) if records else []
+    metrics = list(read_jsonl(run / "metrics.jsonl")) if records else []
     summary: dict[str, Any] = {}
     config: dict[str, Any] = {}
     if (run / "summary.json").exists():
@@ -68,12 +68,16 @@ def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, 
     return events, metrics, summary, config
 
 
-def check_run(run_dir: str | Path) -> list[str]:
-    """Every violation found in `run_dir`; empty when the run holds."""
+def check_run(run_dir: str | Path, events: list[dict[str, Any]] | None = None,
+              metrics: list[dict[str, Any]] | None = None) -> list[str]:
+    """Every violation found in `run_dir`; empty when the run holds. `events` and `metrics`: those files'
+    records when the caller has read them already (the end of a run: a large run's records are held once)."""
     try:
-        events, metrics, summary, config = load_run(run_dir)
+        read_events, read_metrics, summary, config = load_run(run_dir, records=events is None or metrics is None)
     except ValueError as exc:
         return [str(exc)]
+    if events is None or metrics is None:
+        events, metrics = read_events, read_metrics
     ledger = list(read_jsonl(Path(run_dir) / LEDGER_FILE))
     return check_records(events, metrics, summary, config) + check_ledger(ledger, events)
 

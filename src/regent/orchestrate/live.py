@@ -85,7 +85,8 @@ class RunView:
             return
         rv.step = m.get("step", rv.step)
         self._account(m)
-        rv.loss = m.get("loss", rv.loss)
+        if m.get("participating", True):  # a healing step's loss is of the state before the heal
+            rv.loss = m.get("loss", rv.loss)
         rv.tokens_per_s = m.get("tokens_per_s", rv.tokens_per_s)
         if rv.status in ("starting", "restarted", "healing"):
             rv.status = "training"

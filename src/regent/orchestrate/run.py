@@ -33,6 +33,7 @@ from typing import Any
 
 from regent import settings
 from regent.actor import ActorError, Channel, this_host
+from regent.actor import config as actor_config
 from regent.orchestrate.config import RunConfig
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import (
@@ -1064,7 +1065,7 @@ class OrchestrationManager:
 
         # The invariants (no uncounted lineage reset, no committed step going backwards unexplained, equal
         # replicas equal, no leaked processes, bounded memory), checked on what was written, every run.
-        summary["invariant_violations"] = self.violations = violations = check_run(self.run_dir)
+        summary["invariant_violations"] = self.violations = violations = check_run(self.run_dir, events, metrics)
         summary["check"] = {"holds": not violations, "violations": violations}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         for v in violations:
@@ -1072,7 +1073,8 @@ class OrchestrationManager:
         try:
             from regent.orchestrate.report import write_report
 
-            write_report(self.run_dir, baseline=self.cfg.baseline)
+            write_report(self.run_dir, baseline=self.cfg.baseline, events=events, metrics=metrics,
+                         violations=violations)
         except Exception as exc:  # noqa: BLE001 - reported; the report is a convenience, the data is already on disk
             logger.warning("report generation failed: %r", exc)
         s = summary
@@ -1189,6 +1191,11 @@ def run(cfg: RunConfig, resume: ResumePlan | None = None) -> int:
 
     faulthandler.enable()  # a native crash in the controller leaves its Python stacks on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    actor_config.prefix_python_logs_with_actor = False  # the controller's console and logs stay as written
+    # A run given no secret makes up its own, which a successor reads from the run dir (`_attach_record`): the
+    # user's long-lived default secret (regent.auth.user_secret) is not copied into run directories.
+    if not settings.REGENT_USER_SECRET_FILE.is_set():
+        os.environ[settings.REGENT_USER_SECRET_FILE.name] = "off"
     try:
         return asyncio.run(OrchestrationManager(cfg, resume).run())
     except KeyboardInterrupt:

@@ -359,6 +359,11 @@ class TrainingSession:
             wall_s=time.time() - t0,
             rss_mb=_rss_mb(),
         )
+        if self.mode == "ddp" and not self._participated():
+            # healing in this step: its loss is of the state it held before the heal (a restarted replica's
+            # fresh or backstop weights), and its gradient counted as zeros. The step commits on it all the same
+            # (it now holds the committed state), but the loss is not training's: reports leave it out.
+            record["participating"] = False
         if self.mode == "ddp" and record.get("committed", True):
             self._record_samples()
         elif self.diloco is not None:
@@ -370,6 +375,13 @@ class TrainingSession:
             if every and self.trainer.step % every == 0 and self.trainer.step > 0:
                 self._checkpoint()
         return record
+
+    def _participated(self) -> bool:
+        """Whether this replica's gradient counted in the step just run (False: it was healing)."""
+        try:
+            return bool(self.manager.is_participating())
+        except Exception:  # noqa: BLE001 - the quorum failed: the step did not commit, which its record says
+            return True
 
     # -- state votes (regent.ft.digest) -----------------------------------------------------------------
     def agreed_state(self) -> dict[str, Any]:

@@ -146,7 +146,7 @@ def compute_summary(
     open_recs: list[dict[str, Any]] = []
     recs = recovery_breakdowns(events, open_recs)
     committed = [m for m in metrics if m.get("committed", True)]
-    losses = [m for m in sorted(metrics, key=lambda m: m["time"]) if m.get("loss") is not None]
+    losses = [m for m in sorted(metrics, key=lambda m: m["time"]) if trained_loss(m)]
     quorum_ids = [e["quorum_id"] for e in events if e.get("quorum_id") is not None]
     starts = [e["time"] for e in events if e["kind"] == "run_started"]
     # the training time: first step to the end of training (start-up is not training time)
@@ -257,6 +257,13 @@ def training_end(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) ->
         if times:
             return max(times)
     return max((m["time"] for m in metrics), default=None)
+
+
+def trained_loss(m: dict[str, Any]) -> bool:
+    """Whether record `m`'s loss is training's: a committed step in which this replica's gradient counted. A
+    replica healing in a step (`participating: False`) commits it too, with a loss of the state it held before
+    the heal; counted, every recovery would draw a spike in the curve and could set the final loss."""
+    return m.get("loss") is not None and m.get("committed", True) and m.get("participating", True)
 
 
 def _final_losses(losses: list[dict[str, Any]], window: int = 5) -> list[float]:

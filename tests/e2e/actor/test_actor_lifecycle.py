@@ -293,6 +293,7 @@ def test_claimed_spare_is_refilled_after_the_delay():
 
 def test_worker_command_requires_a_secret(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGENT_JOB_SECRET")}
+    env["REGENT_USER_SECRET_FILE"] = "off"  # no per-user default either (test_user_secret_e2e.py covers it)
     proc = subprocess.run([sys.executable, "-m", "regent.cli", "worker", "--address", "tcp://127.0.0.1:0"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and "secret" in proc.stderr

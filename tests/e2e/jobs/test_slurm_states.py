@@ -168,3 +168,22 @@ def test_sbatch_gres_rejection_says_how_to_fix_it(tmp_path: Path, fake: FakeSlur
     job = _job(tmp_path, gpus_per_host=4)
     with pytest.raises(JobError, match=r"Invalid generic resource.*asked for 4 GPU\(s\).*--job.gpus-per-node 0"):
         job.start()
+
+
+def test_an_allocation_seen_completing_is_reported_with_the_state_it_ends_in(
+        tmp_path: Path, fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scancel first shows COMPLETING (SLURM stopping the job's processes), then CANCELLED: the report waits for
+    the state that says why (seen in a full test run: "ended in state COMPLETING", which tells the user nothing).
+    A job still completing after the wait is reported as such, with where to find its final state."""
+    import threading
+
+    job = _job(tmp_path)
+    job.start()
+    fake.state = "COMPLETING|None"
+    threading.Timer(0.8, lambda: setattr(fake, "state", "CANCELLED|None")).start()
+    problem = job.problem()
+    assert problem and "ended in state CANCELLED" in problem and "scancel" in problem, problem
+    monkeypatch.setattr("regent.jobs.slurm.COMPLETING_WAIT_S", 1.0)
+    fake.state = "COMPLETING|None"
+    problem = job.problem()
+    assert problem and "ended in state COMPLETING" in problem and "sacct -j" in problem, problem

@@ -277,6 +277,7 @@ def test_a_stopped_controller_is_replaced_by_resume_and_the_run_loses_nothing(tm
         print(log.read_text()[-4000:])
 
 
+@pytest.mark.long  # its parts: the resume case above, and tests/e2e/ft/test_committed_state_e2e.py (every replica down: the backstop restored and counted)
 def test_resume_with_nothing_alive_restores_the_backstop_and_counts_it(tmp_path):
     """The whole process tree killed (the machine rebooted): `--resume` starts a Lighthouse from its state file
     and new replicas, which restore the newest backstop; the loss is a counted `state_lost`, the run finishes."""

@@ -12,7 +12,7 @@ from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import PlannedFault, RandomFaultSchedule, ReplayFaultSchedule
 from regent.orchestrate.policy import Action, RestartPolicy
 from regent.orchestrate.report import active_replicas_series, write_report
-from regent.orchestrate.summary import compute_summary, percentile, recovery_breakdowns
+from regent.orchestrate.summary import compute_summary, percentile, recovery_breakdowns, trained_loss
 
 
 def test_durations():
@@ -221,6 +221,18 @@ def test_recovery_breakdown_and_summary():
     assert s["initial_loss"] > s["final_loss"]
     assert s["goodput"] is None and s["goodput_estimate"] > 0  # no baseline: an estimate, never goodput
     assert percentile([1, 2, 3, 4], 0.5) == 2.5
+
+
+def test_a_healing_step_s_loss_is_not_training_s():
+    # A replica restarted near the end heals in the last step: it commits that step with the loss of its fresh
+    # weights (here 11.0). Counted, it set the run's final loss and drew a spike at every recovery.
+    ev, metrics = _story()
+    clean = compute_summary(ev, metrics, replicas=3, replicas_consistent=True)["final_loss"]
+    healing = {"time": 21.0, "replica": 1, "step": 65, "loss": 11.0, "committed": True, "participating": False}
+    s = compute_summary(ev, metrics + [healing], replicas=3, replicas_consistent=True)
+    assert s["final_loss"] == pytest.approx(clean) == pytest.approx(3.0)
+    assert not trained_loss(healing) and trained_loss(metrics[0])
+    assert not trained_loss({**metrics[0], "committed": False})
 
 
 def test_report_written(tmp_path):

@@ -122,3 +122,41 @@ def test_old_summary_without_the_new_keys(tmp_path):
         "p50 0.36 s, max 0.49 s (5 windows)"
     assert _dict_text("vulnerability_window_seconds", {"p50": None, "max": None, "n": 0, "open": 0}) == \
         "none (0 windows, 0 open)"
+
+
+def test_global_committed_series_is_the_max_over_up_replicas_at_every_mark():
+    """Against the plain definition (a max over the up replicas at each mark) on random runs with resets
+    (a replica's step going down), failures and restarts, and a replica named None."""
+    import math
+    import random
+
+    from regent.orchestrate.report import global_committed_series
+    from regent.orchestrate.summary import DOWN_KINDS
+
+    down = sorted(DOWN_KINDS)[0]
+    for seed in range(20):
+        rng = random.Random(seed)
+        replicas = [None, 0, 1, 2, 3][: rng.randint(1, 5)]
+        metrics, events, step = [], [], {r: 0 for r in replicas}
+        for i in range(300):
+            r = rng.choice(replicas)
+            t = i * 0.5 + rng.choice([0.0, 0.25])
+            if rng.random() < 0.1:
+                events.append({"time": t, "kind": down, "replica": r})
+            else:
+                step[r] = max(0, step[r] + rng.choice([1, 1, 1, 2, -5]))  # -5: a lineage reset
+                metrics.append({"time": t, "replica": r, "step": step[r], "committed": rng.random() > 0.1})
+        xs, ys = global_committed_series(events, metrics)
+        marks = sorted([(m["time"], 1, m["replica"], m["step"]) for m in metrics if m["committed"]]
+                       + [(e["time"], 0, e["replica"], None) for e in events if e["replica"] is not None],
+                       key=lambda x: (x[0], x[1]))  # a failure names its replica: one of None is not counted
+        latest: dict = {}
+        want = []
+        for _, up, r, s in marks:
+            if up:
+                latest[r] = s
+            else:
+                latest.pop(r, None)
+            want.append(max(latest.values()) if latest else math.nan)
+        assert xs == [m[0] for m in marks]
+        assert [("nan" if math.isnan(y) else y) for y in ys] == [("nan" if math.isnan(y) else y) for y in want]
