@@ -314,20 +314,16 @@ class TrainingSession:
             return
         self._seen_sync = sync
         cover, self._round_cover = self._round_cover, []
-        if not sync.get("committed"):
-            if cover:
-                self._failed_batches.append([min(n for n, _ in cover), max(n for n, _ in cover) + 1])
-            return
-        if not cover or float(sync.get("weight") or 0.0) <= 0.0:
+        skipped_batches, self._failed_batches = round_outcome(cover, sync, self._failed_batches)
+        if skipped_batches is None:
             return
         line = round_ledger_line(step=int(sync["step"]), cover=cover, replica=self.replica_index,
                                  generation=self.generation, contributors=int(sync.get("contributors") or 0),
                                  weight_sum=float(sync.get("weight_sum") or 0.0), period=self.cfg.ft.sync_every,
                                  replicas=self.cfg.replicas, ranks=self.world_size,
                                  batch_size=int(self.trainer.dataloader.batch_size),
-                                 skipped_batches=self._failed_batches)
+                                 skipped_batches=skipped_batches)
         append_line(self._ledger_path, line)
-        self._failed_batches = []
 
     # -- the loop --------------------------------------------------------------------------------------
     def at_boundary(self) -> bool:
@@ -543,6 +539,21 @@ def ledger_line(*, step: int, batch: int, replica: int, generation: int, shards:
             "shards": list(shards), "participants": participants, "replicas": replicas, "ranks": ranks,
             "batch_size": batch_size, "samples": [list(r) for r in ranges],
             "skipped": 0 if constant_batch else replicas - participants}
+
+
+def round_outcome(cover: list[tuple[int, list[int]]], sync: dict[str, Any], failed: list[list[int]]
+                  ) -> tuple[list[list[int]] | None, list[list[int]]]:
+    """What a DiLoCo sync makes of the round it closes, for the ledger: (the `skipped_batches` of the line to write,
+    or None to write none; the rounds still to record). A sync that did not commit adds its round's global batches
+    to those to record; one that committed and averaged this replica's pseudo-gradient (weight > 0) writes a line
+    carrying them all; a committed one it sat out (or trained nothing in) writes none and keeps them for its next."""
+    if not sync.get("committed"):
+        if not cover:
+            return None, failed
+        return None, [*failed, [min(n for n, _ in cover), max(n for n, _ in cover) + 1]]
+    if not cover or float(sync.get("weight") or 0.0) <= 0.0:
+        return None, failed
+    return list(failed), []
 
 
 def round_ledger_line(*, step: int, cover: list[tuple[int, list[int]]], replica: int, generation: int,

@@ -146,3 +146,18 @@ def test_per_step_and_round_lines_keep_their_own_rules():
                            ranks=W, batch_size=B, constant_batch=False)
     assert per_step["skipped"] == 2 and "round" not in per_step
     assert ledger_totals([per_step])["samples_skipped"] == 2 * W * B
+
+
+def test_a_round_that_did_not_commit_is_recorded_at_the_next_commit_this_replica_contributes_to():
+    from regent.orchestrate.session import round_outcome
+
+    cover = [(n, [0]) for n in range(H, 2 * H)]
+    write, pending = round_outcome(cover, {"committed": False, "weight": 1.0}, [])
+    assert write is None and pending == [[H, 2 * H]]  # not committed: nothing written, the round to record
+    nxt = [(n, [0]) for n in range(2 * H, 3 * H)]
+    # a committed sync it sat out (weight 0) writes nothing and keeps the record for later
+    assert round_outcome(nxt, {"committed": True, "weight": 0.0}, pending) == (None, [[H, 2 * H]])
+    # a committed sync that averaged its pseudo-gradient writes a line carrying the record, then clears it
+    write, pending = round_outcome(nxt, {"committed": True, "weight": 1.5}, pending)
+    assert write == [[H, 2 * H]] and pending == []
+    assert round_outcome([], {"committed": False}, []) == (None, [])  # nothing trained: nothing to record
