@@ -1,0 +1,79 @@
+"""Issue 33: a replica's supervising process (its ReplicaActor proc, not only its trainer) died while no controller
+was attached. `regent train --resume` respawns that replica (a new ReplicaActor proc and trainer mesh), heals it from
+a live peer and finishes the run with every replica compared. Real `regent train`, real processes, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from regent.orchestrate.relay import read_journal
+from tests.e2e.orchestrate.test_controller_detach import (
+    _alive,
+    _descendants,
+    _events,
+    _start,
+    _wait,
+    _wait_trained,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def replica_proc_pids(run_dir: Path) -> list[int]:
+    """The OS pid of each replica's ReplicaActor proc, in replica order, as controller/attach.json records it."""
+    ref = json.loads((run_dir / "controller" / "attach.json").read_text())["replicas"]["procs"]
+    return [int(ref["os_pids"][proc]) for proc in ref["rank_procs"]]
+
+
+def test_resume_respawns_a_replica_whose_replica_proc_died_and_heals_it(tmp_path):
+    from regent.orchestrate.invariants import check_run
+
+    run_dir, log = tmp_path / "run", tmp_path / "controller.log"
+    steps = 60
+    ctl = _start(run_dir, log, "--replicas", "3", "--procs-per-replica", "1", "--model", "debug", "--steps",
+                 str(steps), "--no-faults", "--no-live", "--seed", "3", "--ft.sync-every", "5",
+                 "--ft.timeout-s", "10", "--controller-grace", "5m")
+    procs: list[int] = []
+    try:
+        _wait_trained(run_dir, 3, steps=5)
+        procs = _descendants(ctl.pid)
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+        victim = replica_proc_pids(run_dir)[1]
+        assert victim in procs, (victim, procs)
+        trainers = _descendants(victim)
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: not any(_alive(p) for p in [victim, *trainers]), 30, "replica 1's processes to be gone")
+        rseq_before = max((i["rseq"] for i in read_journal(run_dir / "journal" / "replica-1.jsonl")), default=0)
+
+        resumed = _start(run_dir, log, "--resume", str(run_dir), "--no-live")
+        assert resumed.wait(timeout=420) == 0, log.read_text()[-5000:]
+        events = _events(run_dir)
+        (restarted,) = [e for e in events if e["kind"] == "controller_restarted"]
+        assert restarted["mode"] == "reattached" and restarted["respawned"] == [1], restarted
+        after = [e for e in events if e.get("replica") == 1 and e["time"] > restarted["time"]]
+        kinds = [e["kind"] for e in after]
+        # its loss is reported like any replica failure, then it restarts (a new generation) and heals from a peer
+        assert "failure_detected" in kinds and "restart_done" in kinds, kinds
+        assert any(k in ("heal_done", "early_heal_done") for k in kinds), kinds
+        gens = {e["generation"] for e in after if e["kind"] == "restart_done"}
+        before = {e.get("generation") for e in events if e.get("replica") == 1 and e["time"] < restarted["time"]}
+        assert min(gens) > max(g for g in before if g is not None), (gens, before)
+        # the respawned replica's journal goes on from the dead one's sequence numbers
+        rseqs = [i["rseq"] for i in read_journal(run_dir / "journal" / "replica-1.jsonl")]
+        assert rseqs == list(range(1, len(rseqs) + 1)) and rseqs[-1] > rseq_before
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["replicas_compared"] == 3 and summary["final_step"] == steps, summary
+        assert summary["controller_restarts"] == 1, summary
+        assert check_run(run_dir) == [], check_run(run_dir)
+        assert not any(_alive(p) for p in procs)
+    finally:
+        for p in procs + _descendants(ctl.pid):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        print(log.read_text()[-4000:])
