@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -275,19 +276,33 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
 
 
 def recorded_alive(attach: dict[str, Any]) -> list[int]:
-    """The run's recorded processes (Lighthouse and replicas) that are still alive and still the run's (the
-    pid carries the run's marker: not a reused pid)."""
-    needle = f"REGENT_RUN_MARKER={attach.get('marker')}".encode()
-    refs = [(attach.get("lighthouse") or {}).get("procs"), (attach.get("replicas") or {}).get("procs")]
-    alive = []
-    for ref in refs:
-        for pid in ((ref or {}).get("os_pids") or {}).values():
-            try:
-                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and pid_alive(pid):
-                    alive.append(int(pid))
-            except OSError:
-                continue
-    return alive
+    """The run's recorded processes (Lighthouse and replicas, respawned ones too) that are still alive and still
+    the run's (the pid carries the run's marker: not a reused pid)."""
+    from regent.orchestrate.replica_set import recorded_proc_refs
+
+    refs = [(attach.get("lighthouse") or {}).get("procs"), *recorded_proc_refs(attach.get("replicas") or {})]
+    return [int(pid) for ref in refs for pid in ((ref or {}).get("os_pids") or {}).values()
+            if pid and is_ours(int(pid), str(attach.get("marker")))]
+
+
+def is_ours(pid: int, marker: str) -> bool:
+    """Process `pid` of this machine is alive and carries the run's marker (not a reused pid)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{settings.REGENT_RUN_MARKER.name}={marker}".encode() in environ and pid_alive(pid)
+
+
+def end_if_ours(pid: int | None, marker: str) -> bool:
+    """SIGKILL process `pid` if it is still this run's (a recorded proc that did not answer: hung, not gone);
+    True when it was."""
+    if not pid or not is_ours(int(pid), marker):
+        return False
+    with contextlib.suppress(OSError):
+        os.kill(int(pid), signal.SIGKILL)
+    logger.warning("process %d of the run did not answer its adoption; ended it (SIGKILL)", pid)
+    return True
 
 
 def last_rseqs(run_dir: Path) -> dict[int, int]:
