@@ -612,7 +612,7 @@ class OrchestrationManager:
         mode, adopted_lh = "reattached", False
         replicas: ReplicaSet | None = None
         lost: dict[int, str] = {}
-        if self.resume.alive:  # the replicas first: without any of them the run goes back to its backstop anyway
+        if self.resume.alive or self.resume.remote:  # the replicas first: without any of them the run goes back to its backstop anyway
             try:
                 replicas, lost = await self._adopt_replicas(previous.get("replicas") or {}, grace)
             except (AdoptError, KeyError) as exc:
