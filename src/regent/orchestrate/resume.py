@@ -270,6 +270,10 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
         raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
     cfg.run_dir = str(run.resolve())  # the run's files (backstop included) are where --resume points
     remote = reachable(recorded_addresses(attach, lighthouse=False)) if elsewhere and not takeover else None
+    if elsewhere and not takeover and remote is None:
+        raise ResumeRefused(f"nothing of run {run} answers on {ctl.get('host')} (its replicas at "
+                            f"{', '.join(recorded_addresses(attach, lighthouse=False)[:2])}); if that machine is "
+                            "gone, pass --takeover to go on here from the run's backstop")
     lh_refs = recorded_addresses(attach, replicas=False)
     if remote is not None and lh_refs and not cfg.lighthouse.address and reachable(lh_refs) is None:
         # its replicas dial the Lighthouse at the address it had there: one started here could not serve them

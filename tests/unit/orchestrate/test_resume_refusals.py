@@ -163,14 +163,16 @@ def test_another_machine_whose_processes_listen_on_loopback_only(tmp_path, capsy
     assert code == 2 and "loopback only" in err and "--takeover" in err
 
 
-def test_another_machine_with_routable_processes_that_do_not_answer_goes_to_the_backstop(tmp_path):
-    """Adoptable from here in principle (they listen on a routable address), but nothing answers there: the plan
-    has nothing to adopt, and the run's backstop is what it goes on from."""
+def test_another_machine_with_routable_processes_that_do_not_answer(tmp_path, capsys):
+    """Adoptable from here in principle (they listen on a routable address), but nothing answers there: going on
+    from the backstop is the user's call (--takeover), as for any run whose machine is gone."""
     from regent.orchestrate.resume import ResumeRefused, check_resumable
 
     run = _craft(tmp_path, machine="other-host:boot")
     _with_addresses(run, "tcp://192.0.2.1:9")  # TEST-NET-1: nobody answers
-    plan = check_resumable(run, environ={"REGENT_LISTEN_HOST": "10.0.0.2"})
-    assert plan.remote is None and plan.alive == []
+    with pytest.raises(ResumeRefused, match="nothing of run .* answers on elsewhere .*192.0.2.1:9.*--takeover"):
+        check_resumable(run, environ={"REGENT_LISTEN_HOST": "10.0.0.2"})
     with pytest.raises(ResumeRefused, match="REGENT_LISTEN_HOST"):
         check_resumable(run, environ={})
+    plan = check_resumable(run, environ={}, takeover=True)
+    assert plan.remote is None and plan.alive == []
