@@ -22,6 +22,7 @@ class Segment:
     actors: Any
     ranks: dict[int, int]
     size: int  # the mesh's ranks: when every one serves a replica, a call goes to the mesh at once
+    first: bool = False  # the run's mesh of every replica (replica r at rank r), as a fresh run spawns it
 
 
 @dataclass
@@ -32,16 +33,16 @@ class ReplicaSet:
     @classmethod
     def spawned(cls, procs: Any, actors: Any, replicas: int) -> ReplicaSet:
         """The replicas of one mesh spawned with `per_host={"replicas": N}` (replica r at rank r)."""
-        seg = Segment(procs, actors, {r: r for r in range(replicas)}, replicas)
+        seg = Segment(procs, actors, {r: r for r in range(replicas)}, replicas, first=True)
         return cls({r: actors.slice(replicas=r) for r in range(replicas)}, [seg])
 
-    def add(self, procs: Any, actors: Any, ranks: dict[int, int], size: int) -> None:
+    def add(self, procs: Any, actors: Any, ranks: dict[int, int], size: int, first: bool = False) -> None:
         """A mesh (spawned with `per_host={"replicas": size}`) that serves `ranks` (replica -> rank), in place of
         whatever served them before."""
         for seg in self.segments:
             for r in ranks:
                 seg.ranks.pop(r, None)
-        self.segments.append(Segment(procs, actors, dict(ranks), size))
+        self.segments.append(Segment(procs, actors, dict(ranks), size, first))
         for r, rank in ranks.items():
             self.handles[r] = actors.slice(replicas=rank)
 
@@ -89,11 +90,14 @@ class ReplicaSet:
 
     def reference(self) -> dict[str, Any]:
         """For controller/attach.json: the run's first replica mesh (`procs`, `actor`, as before respawns were
-        possible) and, under `respawned`, the mesh of each replica respawned since (replica index -> refs)."""
-        first, rest = self.segments[0], self.segments[1:]
-        out: dict[str, Any] = {"procs": first.procs.reference(), "actor": first.actors.reference()}
+        possible; left out once none of its procs is adopted) and, under `respawned`, the mesh of each replica
+        respawned since (replica index -> refs)."""
+        out: dict[str, Any] = {}
+        for seg in self.segments:
+            if seg.first:
+                out.update(procs=seg.procs.reference(), actor=seg.actors.reference())
         respawned = {str(r): {"procs": seg.procs.reference(), "actor": seg.actors.reference(), "rank": rank}
-                     for seg in rest for r, rank in seg.ranks.items()}
+                     for seg in self.segments if not seg.first for r, rank in seg.ranks.items()}
         if respawned:
             out["respawned"] = respawned
         return out

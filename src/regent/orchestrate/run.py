@@ -698,7 +698,7 @@ class OrchestrationManager:
             else:
                 actors = attach_actor_mesh(actor_ref, procs)
                 replicas.add(procs, actors, {r: k for r, k in ranks.items() if k not in procs.lost_ranks},
-                             size=len(procs_ref["rank_procs"]))
+                             size=len(procs_ref["rank_procs"]), first=procs_ref is record.get("procs"))
                 lost.update({r: procs.lost_ranks[k] for r, k in ranks.items() if k in procs.lost_ranks})
                 gone = procs.lost_ranks
             # one that did not answer may be hung, not dead: it must not train on beside its replacement
