@@ -75,6 +75,7 @@ class ProcMeshState:
         self.logs: LogRouter | None = None
         self.base: ProcMeshState | None = None  # the mesh a `colocated` view was made from
         self.from_spare: dict[str, bool] = {}  # proc id -> it was a claimed warm spare (filled as procs start)
+        self.lost: dict[int, str] = {}  # rank -> why: procs `adopt_proc_mesh(lost_ok=True)` found gone
 
 
 class ProcMesh(MeshTrait):
@@ -100,6 +101,14 @@ class ProcMesh(MeshTrait):
         if not state.initialized.done() or state.initialized.exception() is not None:
             return None
         return sum(state.from_spare.get(pid, False) for pid in state.proc_ids)
+
+    @property
+    def lost_ranks(self) -> dict[int, str]:
+        """The ranks (of the whole mesh) whose procs were already gone when `adopt_proc_mesh(..., lost_ok=True)`
+        took it over, each with why (Regent extension); empty for a mesh spawned here. Their actors' calls raise
+        SupervisionError; no failure is delivered for them (the adopter was told here)."""
+        state = self._state.base or self._state
+        return dict(state.lost)
 
     @property
     def host_mesh(self) -> HostMesh:
@@ -431,7 +440,8 @@ def _check_reference(rt: ActorRuntime, ref: Any, kind: str) -> None:
         raise ValueError(f"{kind} reference {ref['name']!r}: {len(ref['rank_procs'])} procs for sizes {ref['sizes']}")
 
 
-def adopt_proc_mesh(ref: dict, *, force: bool = False, detach_grace: float | None = None) -> ProcMesh:
+def adopt_proc_mesh(ref: dict, *, force: bool = False, detach_grace: float | None = None,
+                    lost_ok: bool = False) -> ProcMesh:
     """Take over the procs of `ref` (a `ProcMesh.reference()` written by a controller that died) as if this
     process had spawned them: their failures come here, `stop()` and this runtime's shutdown end them (killing
     those on this machine that do not exit in time), and actors can be spawned on them.
@@ -440,7 +450,14 @@ def adopt_proc_mesh(ref: dict, *, force: bool = False, detach_grace: float | Non
     refuses, so two live controllers never share it; `force=True` overrides that (the old controller is hung,
     e.g. SIGSTOPped). `detach_grace` replaces how long the procs may run on without a controller (None: keep
     theirs). Raises `ForeignJobError` for a reference of another job, and `AdoptError` naming every proc that
-    refused or did not answer. Blocks: call it outside the runtime's loop (not in an async endpoint)."""
+    refused or did not answer.
+
+    `lost_ok=True` (Regent extension): a proc that is gone (unreachable, or no answer in time) does not fail the
+    adoption of the others; it counts as a proc that died before the adoption, its ranks are in
+    `mesh.lost_ranks`, and no failure is delivered for it (a caller that replaces it knows already). A proc
+    that refused, or none answering at all, still raises AdoptError. A proc that did not answer may still be
+    running (hung): end it, if it may not run on beside its replacement. Blocks: call it outside the runtime's
+    loop (not in an async endpoint)."""
     rt = get_runtime()
     _check_reference(rt, ref, "proc_mesh")
     if detach_grace is not None and detach_grace < 0:
@@ -453,13 +470,15 @@ def adopt_proc_mesh(ref: dict, *, force: bool = False, detach_grace: float | Non
     state.initialized._set_result(True)
     mesh = ProcMesh(state, Shape.from_extent(extent))
     grace = None if detach_grace is None else float(detach_grace)
-    rt.submit(_adopt(rt, mesh, ref["infos"], bool(force), grace)).get(timeout=ADOPT_TIMEOUT_S + 10)
+    rt.submit(_adopt(rt, mesh, ref["infos"], bool(force), grace, bool(lost_ok))).get(timeout=ADOPT_TIMEOUT_S + 10)
     _register_owned(rt, owner_key, mesh)
     return mesh
 
 
-async def _adopt(rt: ActorRuntime, mesh: ProcMesh, infos: dict, force: bool, grace: float | None) -> None:
-    """On the loop: send `Adopt` to every proc of `mesh`, then register it as owned here, or raise AdoptError."""
+async def _adopt(rt: ActorRuntime, mesh: ProcMesh, infos: dict, force: bool, grace: float | None,
+                 lost_ok: bool = False) -> None:
+    """On the loop: send `Adopt` to every proc of `mesh`, then register it as owned here, or raise AdoptError
+    (with `lost_ok`, only for a refusal or when no proc answered)."""
     state = mesh._state
     procs = list(dict.fromkeys(state.proc_ids))
     unreachable: dict[str, str] = {}
@@ -496,6 +515,15 @@ async def _adopt(rt: ActorRuntime, mesh: ProcMesh, infos: dict, force: bool, gra
             refused[pid] = str(value[1])
         else:
             unreachable[pid] = str(value)
+    if lost_ok and unreachable and answers and not refused:
+        for pid, why in unreachable.items():
+            # dead before this process owned the mesh: nothing is dispatched for it (the mesh is not owned yet),
+            # the calls of actors on it fail at once
+            rt.supervision.proc_gone(pid, f"gone before the adoption: {why}")
+            for rank, rank_pid in enumerate(state.proc_ids):
+                if rank_pid == pid:
+                    state.lost[rank] = why
+        unreachable = {}
     if refused or unreachable:
         lines = [f"  {pid}: refused: {why}" for pid, why in refused.items()]
         lines += [f"  {pid}: unreachable: {why}" for pid, why in unreachable.items()]

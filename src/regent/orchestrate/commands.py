@@ -57,7 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="take over the run in RUN_DIR whose controller was lost: re-attach to its live replicas "
-                        "(or restore its backstop when nothing is alive) and go on with its own config")
+                        "(respawning one whose process died; from another machine too, when the run's processes "
+                        "listen on a routable REGENT_LISTEN_HOST), or restore its backstop when nothing is alive, "
+                        "and go on with its own config")
     p.add_argument("--takeover", action="store_true",
                    help="with --resume: the run's controller ran on another machine that is gone (a rescheduled "
                         "pod, a requeued SLURM job); go on here from the run's backstop")

@@ -63,9 +63,10 @@ class ReplicaActor(Actor):
     down_while_detached: dict[str, Any] | None = None
 
     def __init__(self, cfg: Any, lighthouse_addr: str, report: Port, journal_dir: str | None = None,
-                 first_generation: int = 0) -> None:
+                 first_generation: int = 0, index: int | None = None) -> None:
         self.cfg = cfg
-        self.index = current_rank().rank
+        # the rank in the run's replica mesh; `index` for a replica respawned on a mesh of its own (`respawn`)
+        self.index = current_rank().rank if index is None else index
         # With a journal (`regent train` gives one), everything this replica and its trainers report is journaled
         # before it is forwarded, and the replica keeps training when the controller is gone (orchestrate/relay.py).
         self.relay: ReportRelay | None = None
@@ -152,6 +153,9 @@ class ReplicaActor(Actor):
     @endpoint
     async def start(self, self_ref: Any) -> int:
         """Spawn the first generation of trainers and start them training; returns the generation."""
+        return await self._start(self_ref)
+
+    async def _start(self, self_ref: Any) -> int:
         self.self_ref = self_ref
         if self.relay is not None:
             self.trainer_port, receiver = Channel.open()
@@ -165,6 +169,24 @@ class ReplicaActor(Actor):
         await self._start_attempt()
         self._watchdog = asyncio.get_running_loop().create_task(self._liveness_watchdog())
         return self.policy.generation
+
+    @endpoint
+    async def respawn(self, self_ref: Any) -> int:
+        """This replica's previous process died while no controller was attached (a resumed controller recorded
+        its `failure_detected`): start its trainers as a restart (`restart_started`, then `restart_done` once
+        they are up), which heal from a live peer. Returns the generation."""
+        t0 = time.time()
+        self.emit("restart_started", action="respawn", backoff_s=0.0, failed_starts=0)
+        gen = await self._start(self_ref)
+        self._respawn_task = asyncio.get_running_loop().create_task(self._respawned(gen, t0))
+        return gen
+
+    async def _respawned(self, gen: int, t0: float) -> None:
+        await self._wait_ready(gen)
+        if gen == self.policy.generation:  # not failed again meanwhile (that failure reports itself)
+            self.last_restart_seconds = time.time() - t0
+            self.emit("restart_done", generation=gen, seconds=self.last_restart_seconds, warm_spare=False,
+                      spares_claimed=0, warm_spares_enabled=bool(self.cfg.warm_spares), action="respawn")
 
     async def _start_attempt(self) -> None:
         gen = self.policy.generation

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -53,7 +55,10 @@ class ResumePlan:
     cfg: RunConfig
     attach: dict[str, Any]
     secret_file: str | None  # the recorded secret (None: the caller's environment must hold it)
-    alive: list[int] = field(default_factory=list)  # recorded pids of the run still alive
+    alive: list[int] = field(default_factory=list)  # recorded pids of the run still alive (on this machine)
+    # the run's processes run on another machine (its controller's): the address of one that accepts a
+    # connection, which the resume then adopts over the network (None: nothing there answered, or not remote)
+    remote: str | None = None
     # a controller of this machine that holds the lock but stopped renewing its lease: killed before the take-over
     stale_holder: int | None = None
 
@@ -237,9 +242,11 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
                                 f"lock but has not renewed its lease for {age:.0f}s (stopped or hung); pass "
                                 "--takeover to go on here from the run's backstop (it exits if it wakes)")
     if elsewhere and not takeover:
-        raise ResumeRefused(f"run {run} was controlled from {ctl.get('host')} (its replicas listen there only); "
-                            f"resume it on {ctl.get('host')}, or, if that machine is gone, pass --takeover to "
-                            "go on here from the run's backstop")
+        problem = cross_host_problem(attach, settings.REGENT_LISTEN_HOST.get(env))
+        if problem is not None:
+            raise ResumeRefused(f"run {run} was controlled from {ctl.get('host')} and {problem}; resume it on "
+                                f"{ctl.get('host')}, or, if that machine is gone, pass --takeover to go on here "
+                                "from the run's backstop")
     secret_file = str(controller_dir(run) / SECRET_FILE) if attach.get("secret") == "file" else None
     try:
         if secret_file is not None:
@@ -262,9 +269,20 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
     except (OSError, ValueError, ConfigError) as exc:
         raise ResumeRefused(f"--resume {run}: cannot read its config.json ({exc})") from exc
     cfg.run_dir = str(run.resolve())  # the run's files (backstop included) are where --resume points
+    remote = reachable(recorded_addresses(attach, lighthouse=False)) if elsewhere and not takeover else None
+    if elsewhere and not takeover and remote is None:
+        raise ResumeRefused(f"nothing of run {run} answers on {ctl.get('host')} (its replicas at "
+                            f"{', '.join(recorded_addresses(attach, lighthouse=False)[:2])}); if that machine is "
+                            "gone, pass --takeover to go on here from the run's backstop")
+    lh_refs = recorded_addresses(attach, replicas=False)
+    if remote is not None and lh_refs and not cfg.lighthouse.address and reachable(lh_refs) is None:
+        # its replicas dial the Lighthouse at the address it had there: one started here could not serve them
+        raise ResumeRefused(f"run {run}'s replicas on {ctl.get('host')} are alive but its Lighthouse there is not "
+                            f"({lh_refs[0]} does not answer); resume it on {ctl.get('host')}, where a new one can "
+                            "serve on the address they dial")
     plan = ResumePlan(run, cfg, attach, secret_file, alive=[] if elsewhere else recorded_alive(attach),
-                      stale_holder=stale_holder)
-    if not plan.alive:
+                      stale_holder=stale_holder, remote=remote)
+    if not plan.alive and plan.remote is None:
         committed = max((int(m.get("step") or 0) for m in read_jsonl(run / "metrics.jsonl")), default=0)
         from regent.ft.backstop import complete_steps
 
@@ -274,20 +292,88 @@ def check_resumable(run_dir: str | Path, environ: dict[str, str] | None = None,
     return plan
 
 
+def recorded_addresses(attach: dict[str, Any], lighthouse: bool = True, replicas: bool = True) -> list[str]:
+    """The TCP addresses of the run's recorded processes: its Lighthouse's, its replicas' (respawned ones too)."""
+    from regent.orchestrate.replica_set import recorded_proc_refs
+
+    refs = [(attach.get("lighthouse") or {}).get("procs")] if lighthouse else []
+    refs += recorded_proc_refs(attach.get("replicas") or {}) if replicas else []
+    return [str(info["tcp"]) for ref in refs for info in ((ref or {}).get("infos") or {}).values()
+            if isinstance(info, dict) and info.get("tcp")]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: resolved by whoever dials it
+
+
+def cross_host_problem(attach: dict[str, Any], listen_host: str) -> str | None:
+    """Why a controller on another machine than the run's cannot adopt its processes (None: it can): they must
+    have listened on an address other machines reach (the run started with REGENT_LISTEN_HOST set to the host's
+    cluster address, as a multi-host run is), and this controller must listen on one too (their replies and
+    reports come back to it)."""
+    from regent.actor._transport import parse_address
+
+    addresses = recorded_addresses(attach)
+    if not addresses:
+        return "it recorded no address of its processes"
+    local = sorted({a for a in addresses if _is_loopback(str(parse_address(a)[1][0]))})
+    if local:
+        return (f"its processes listen on loopback only ({local[0]}; the run was started without "
+                "REGENT_LISTEN_HOST set to that host's address)")
+    if _is_loopback(listen_host):
+        return (f"this controller would listen on {listen_host}, which its processes there cannot reach; set "
+                "REGENT_LISTEN_HOST to this host's address")
+    return None
+
+
+def reachable(addresses: list[str], timeout_s: float = 2.0) -> str | None:
+    """The first of `addresses` (tcp://HOST:PORT) that accepts a TCP connection (closed at once, before any
+    handshake): that process is still alive on its machine. None when none answers."""
+    from regent.actor._transport import parse_address
+
+    for address in addresses:
+        host, port = parse_address(address)[1]
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return address
+        except OSError:
+            continue
+    return None
+
+
 def recorded_alive(attach: dict[str, Any]) -> list[int]:
-    """The run's recorded processes (Lighthouse and replicas) that are still alive and still the run's (the
-    pid carries the run's marker: not a reused pid)."""
-    needle = f"REGENT_RUN_MARKER={attach.get('marker')}".encode()
-    refs = [(attach.get("lighthouse") or {}).get("procs"), (attach.get("replicas") or {}).get("procs")]
-    alive = []
-    for ref in refs:
-        for pid in ((ref or {}).get("os_pids") or {}).values():
-            try:
-                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and pid_alive(pid):
-                    alive.append(int(pid))
-            except OSError:
-                continue
-    return alive
+    """The run's recorded processes (Lighthouse and replicas, respawned ones too) that are still alive and still
+    the run's (the pid carries the run's marker: not a reused pid)."""
+    from regent.orchestrate.replica_set import recorded_proc_refs
+
+    refs = [(attach.get("lighthouse") or {}).get("procs"), *recorded_proc_refs(attach.get("replicas") or {})]
+    return [int(pid) for ref in refs for pid in ((ref or {}).get("os_pids") or {}).values()
+            if pid and is_ours(int(pid), str(attach.get("marker")))]
+
+
+def is_ours(pid: int, marker: str) -> bool:
+    """Process `pid` of this machine is alive and carries the run's marker (not a reused pid)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{settings.REGENT_RUN_MARKER.name}={marker}".encode() in environ and pid_alive(pid)
+
+
+def end_if_ours(pid: int | None, marker: str) -> bool:
+    """SIGKILL process `pid` if it is still this run's (a recorded proc that did not answer: hung, not gone);
+    True when it was."""
+    if not pid or not is_ours(int(pid), marker):
+        return False
+    with contextlib.suppress(OSError):
+        os.kill(int(pid), signal.SIGKILL)
+    logger.warning("process %d of the run did not answer its adoption; ended it (SIGKILL)", pid)
+    return True
 
 
 def last_rseqs(run_dir: Path) -> dict[int, int]:

@@ -46,6 +46,7 @@ from regent.orchestrate.faults import (
 from regent.orchestrate.live import LiveDisplay, RunView
 from regent.orchestrate.policy import left_behind
 from regent.orchestrate.replica import as_awaitable
+from regent.orchestrate.replica_set import ReplicaSet, adoption_plan
 from regent.orchestrate.resume import (
     ATTACH_FILE,
     ControllerLease,
@@ -118,7 +119,7 @@ class OrchestrationManager:
         self.votes = StateVotes(cfg.replicas)
         self.final_diverged: list[dict[str, Any]] = []  # final states left out by the last vote (_final_vote)
         self.violations: list[str] = []
-        self._replicas: Any = None
+        self._replicas: ReplicaSet | None = None
         self._tasks: set[asyncio.Task] = set()
         self._told_group_failed: set[tuple[int, str | None]] = set()
         self._lighthouse: Any = None
@@ -136,7 +137,6 @@ class OrchestrationManager:
         self._lock = ControllerLock(self.run_dir)
         self._lease = ControllerLease(self.run_dir, on_replaced=_replaced)
         self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
-        self._rep_procs: Any = None
         self._last_event_at: dict[int, float] = {}  # replica -> monotonic time of its latest event
         self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
@@ -365,7 +365,7 @@ class OrchestrationManager:
 
     async def _tell_peers(self, failed: int, group: str | None = None) -> None:
         for q in range(self.cfg.replicas):
-            if q != failed:
+            if q != failed and self._replicas is not None and q in self._replicas:
                 try:
                     await self._replicas.slice(replicas=q).peer_failed.call_one(failed, group)
                 except Exception as exc:  # noqa: BLE001 - that replica may be failing too; its own supervisor reports it
@@ -432,14 +432,13 @@ class OrchestrationManager:
         actor_api.unhandled_fault_hook = self._fault_hook(previous_hook)
         host = this_host()
         self._attach = self._attach_record(marker)
-        rep_procs = None
         code = 0
         try:
             if resume is None:
-                rep_procs, replicas = await self._start_run(host, port)
+                replicas = await self._start_run(host, port)
                 self.t_start = time.time()
             else:
-                rep_procs, replicas = await self._resume_run(host, port)
+                replicas = await self._resume_run(host, port)
             try:
                 with self.display:
                     await self._unless_failed(self._supervise_run(replicas))
@@ -457,7 +456,8 @@ class OrchestrationManager:
             drain.cancel()
             if self._lh_task is not None:
                 self._lh_task.cancel()
-            for mesh in [m for m in (rep_procs or self._rep_procs, *self._lh_procs) if m is not None]:
+            rep_meshes = self._replicas.proc_meshes() if self._replicas is not None else []
+            for mesh in [m for m in (*rep_meshes, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(as_awaitable(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
@@ -480,7 +480,7 @@ class OrchestrationManager:
             print(f"[regent] the run failed (exit {code}): {self.failed_reason}", flush=True)
         return code
 
-    async def _start_run(self, host: Any, port: Any) -> tuple[Any, Any]:
+    async def _start_run(self, host: Any, port: Any) -> ReplicaSet:
         """A fresh run: the Lighthouse, then the replicas, each starting its first trainers."""
         cfg = self.cfg
         lc = cfg.lighthouse
@@ -493,7 +493,7 @@ class OrchestrationManager:
         self.view.dashboard = dashboard
         print(f"[regent] run directory {self.run_dir}", flush=True)
         print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
-        rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=0)
+        replicas = self._spawn_replicas(host, addr, port, first_generation=0)
         await self._introduce(replicas)
         try:
             await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
@@ -508,23 +508,23 @@ class OrchestrationManager:
             self.fail_run(f"a replica could not get its first allocation from the {cfg.job} job layer: "
                           f"{exc.exception}")
         self._record_attach(address=addr, dashboard=dashboard)
-        return rep_procs, replicas
+        return replicas
 
-    async def _introduce(self, replicas: Any) -> None:
-        """Give every replica the whole replica mesh: while no controller is attached, a replica that fails tells
-        its peers itself, so their collectives with it fail now rather than after the timeout."""
+    async def _introduce(self, replicas: ReplicaSet) -> None:
+        """Give every replica all the others (a ReplicaSet pickles to its handles): while no controller is attached,
+        a replica that fails tells its peers itself, so their collectives with it fail now rather than after the
+        timeout."""
         await asyncio.gather(*[replicas.slice(replicas=r).know_peers.call_one(replicas)
-                               for r in range(self.cfg.replicas)])
+                               for r in range(self.cfg.replicas) if r in replicas])
 
-    def _spawn_replicas(self, host: Any, addr: str, port: Any, first_generation: int) -> tuple[Any, Any]:
+    def _spawn_replicas(self, host: Any, addr: str, port: Any, first_generation: int) -> ReplicaSet:
         from regent.orchestrate.replica import ReplicaActor
 
         rep_procs = host.spawn_procs(per_host={"replicas": self.cfg.replicas}, **self._detach_options())
-        replicas = rep_procs.spawn("replica", ReplicaActor, self.cfg, addr, port,
-                                   str((self.run_dir / "journal").resolve()), first_generation)
-        self._replicas = replicas
-        self._rep_procs = rep_procs
-        return rep_procs, replicas
+        actors = rep_procs.spawn("replica", ReplicaActor, self.cfg, addr, port,
+                                 str((self.run_dir / "journal").resolve()), first_generation)
+        self._replicas = ReplicaSet.spawned(rep_procs, actors, self.cfg.replicas)
+        return self._replicas
 
     # -- a successor's record, and taking over (orchestrate/resume.py) ------------------------------------
     def _attach_record(self, marker: str) -> dict[str, Any]:
@@ -561,8 +561,8 @@ class OrchestrationManager:
             except Exception as exc:  # noqa: BLE001 - reported; a successor then starts a new Lighthouse
                 logger.warning("recording the Lighthouse for a successor: %r", exc)
         self._attach["lighthouse"] = lh
-        if self._replicas is not None and self._rep_procs is not None:
-            self._attach["replicas"] = {"procs": self._rep_procs.reference(), "actor": self._replicas.reference()}
+        if self._replicas is not None and self._replicas.segments:
+            self._attach["replicas"] = self._replicas.reference()
         write_json_atomic(controller_dir(self.run_dir) / ATTACH_FILE, self._attach)
 
     def _replay_history(self) -> None:
@@ -596,11 +596,12 @@ class OrchestrationManager:
                 self.healthy_since[r] = time.time()
         self._generations_seen = max([int(e.get("generation") or 0) for e in events] or [0])
 
-    async def _resume_run(self, host: Any, port: Any) -> tuple[Any, Any]:
+    async def _resume_run(self, host: Any, port: Any) -> ReplicaSet:
         """Take over a run whose controller was lost: adopt its live Lighthouse and replicas (which trained on
-        meanwhile), have each replica resend what it journaled after the run's files end, restart what failed
-        while nobody supervised, and go on. With nothing alive: a new Lighthouse from its state file and new
-        replicas, which restore the newest backstop (a counted `state_lost`)."""
+        meanwhile), have each replica resend what it journaled after the run's files end, respawn a replica whose
+        own process died meanwhile (it heals from a live peer), restart what failed while nobody supervised, and
+        go on. With no replica alive: a new Lighthouse from its state file and new replicas, which restore the
+        newest backstop (a counted `state_lost`)."""
         from regent.actor import AdoptError, adopt_proc_mesh, attach_actor_mesh
 
         assert self.resume is not None
@@ -610,14 +611,16 @@ class OrchestrationManager:
         down_since = max([_mtime(self.run_dir / n) for n in ("events.jsonl", "metrics.jsonl")] or [time.time()])
         grace = float(self.cfg.controller_grace or 0) or None
         mode, adopted_lh = "reattached", False
-        reps = previous.get("replicas") or {}
-        replicas = rep_procs = None
-        if self.resume.alive:  # the replicas first: without them the run goes back to its backstop anyway
+        replicas: ReplicaSet | None = None
+        lost: dict[int, str] = {}
+        if self.resume.alive or self.resume.remote:  # the replicas first: without any of them the run goes back to its backstop anyway
             try:
-                rep_procs = await asyncio.to_thread(adopt_proc_mesh, reps["procs"], detach_grace=grace)
-                replicas = attach_actor_mesh(reps["actor"], rep_procs)
+                replicas, lost = await self._adopt_replicas(previous.get("replicas") or {}, grace)
             except (AdoptError, KeyError) as exc:
                 logger.warning("the replicas of the run are gone (%s)", exc)
+            if replicas is not None and not replicas.handles:
+                logger.warning("no replica of the run is alive: %s", lost)
+                replicas, lost = None, {}
         if replicas is not None and lh.get("procs") and lh.get("actor"):
             try:
                 procs = await asyncio.to_thread(adopt_proc_mesh, lh["procs"], detach_grace=grace)
@@ -632,7 +635,7 @@ class OrchestrationManager:
         if replicas is None:
             mode = "backstop"
             self._kill_leftovers()
-            imported = self._import_journal_tails()
+            imported = self._import_journal_tails(range(self.cfg.replicas))
             await self._release_lost_allocations()
         if not adopted_lh and not self.cfg.lighthouse.address:
             await self._start_lighthouse(self._lh_bind, bind_retry_s=30.0)
@@ -644,40 +647,102 @@ class OrchestrationManager:
               f"({'adopted' if adopted_lh else 'started anew'})", flush=True)
         attached: list[dict[str, Any]] = []
         if replicas is not None:
-            self._replicas, self._rep_procs = replicas, rep_procs
+            self._replicas = replicas
             after = last_rseqs(self.run_dir)
             attached = list(await asyncio.gather(*[
-                replicas.slice(replicas=r).attach.call_one(port, after.get(r, 0)) for r in range(self.cfg.replicas)]))
+                replicas.slice(replicas=r).attach.call_one(port, after.get(r, 0)) for r in sorted(replicas.handles)]))
+            if lost:
+                imported = await self._replace_lost(host, addr, port, lost)
+                await self._introduce(replicas)  # the survivors learn the respawned replicas' new handles
         else:
-            rep_procs, replicas = self._spawn_replicas(host, addr, port, first_generation=self._generations_seen + 1)
+            replicas = self._spawn_replicas(host, addr, port, first_generation=self._generations_seen + 1)
             await self._introduce(replicas)
             await asyncio.gather(*[replicas.slice(replicas=r).start.call_one(replicas.slice(replicas=r))
                                    for r in range(self.cfg.replicas)])
         down = [a["replica"] for a in attached if a.get("down_while_detached")]
         self.record_event(_event(
             "controller_restarted", mode=mode, down_s=round(time.time() - down_since, 3),
-            previous_pid=(previous.get("controller") or {}).get("pid"), lighthouse="adopted" if adopted_lh else
-            "restarted", resent={str(a["replica"]): a["resent"] for a in attached}, stayed_down=down,
-            imported=imported, step=self.max_step))
+            previous_pid=(previous.get("controller") or {}).get("pid"),
+            previous_host=(previous.get("controller") or {}).get("host"), host=socket.gethostname(),
+            lighthouse="adopted" if adopted_lh else "restarted", resent={str(a["replica"]): a["resent"] for a in attached},
+            stayed_down=down, respawned=sorted(lost), imported=imported, step=self.max_step))
         what = (", ".join(f"replica {a['replica']} resent {a['resent']} journaled item(s)" for a in attached)
                 or "nothing of it was alive: new replicas restore the newest backstop")
         if down:
             what += f"; restarting replica(s) {down}, which failed while no controller was there"
+        if lost:
+            what += f"; respawning replica(s) {sorted(lost)}, whose replica process died while no controller was there"
         print(f"[regent] controller took over ({mode}): {what}", flush=True)
         for r in down:
             await replicas.slice(replicas=r).restart_after_detach.call_one()
+        await asyncio.gather(*[replicas.slice(replicas=r).respawn.call_one(replicas.slice(replicas=r))
+                               for r in sorted(lost)])
         self._record_attach()
-        return rep_procs, replicas
+        return replicas
 
-    def _import_journal_tails(self) -> dict[str, int]:
-        """Nothing of the run is alive: what its replicas journaled after the run's files end (they trained on
-        for a while, or the controller died with items unwritten) is history all the same; written here, in
-        order, before anything new (nothing is acted on: no replica or Lighthouse is attached yet)."""
+    async def _adopt_replicas(self, record: dict[str, Any], grace: float | None) -> tuple[ReplicaSet, dict[int, str]]:
+        """Adopt every recorded replica mesh (the run's first and each respawned one), taking the live procs of a
+        mesh one of whose procs died (`lost_ok`). Returns the live replicas and the lost ones (replica -> why).
+        A mesh that refuses (a live controller owns it) raises AdoptError."""
+        from regent.actor import AdoptError, adopt_proc_mesh, attach_actor_mesh
+        from regent.orchestrate.resume import end_if_ours
+
+        replicas, lost = ReplicaSet({}), {}
+        for procs_ref, actor_ref, ranks in adoption_plan(record, self.cfg.replicas):
+            try:
+                procs = await asyncio.to_thread(adopt_proc_mesh, procs_ref, detach_grace=grace, lost_ok=True)
+            except AdoptError as exc:
+                if exc.refused or exc.adopted:
+                    raise
+                lost.update({r: str(exc).splitlines()[-1].strip() for r in ranks})
+                gone = ranks.values()
+            else:
+                actors = attach_actor_mesh(actor_ref, procs)
+                replicas.add(procs, actors, {r: k for r, k in ranks.items() if k not in procs.lost_ranks},
+                             size=len(procs_ref["rank_procs"]), first=procs_ref is record.get("procs"))
+                lost.update({r: procs.lost_ranks[k] for r, k in ranks.items() if k in procs.lost_ranks})
+                gone = procs.lost_ranks
+            # one that did not answer may be hung, not dead: it must not train on beside its replacement
+            marker = settings.REGENT_RUN_MARKER.require()
+            for k in gone:
+                end_if_ours((procs_ref.get("os_pids") or {}).get(procs_ref["rank_procs"][k]), marker)
+        return replicas, lost
+
+    async def _replace_lost(self, host: Any, addr: str, port: Any, lost: dict[int, str]) -> dict[str, int]:
+        """Replicas whose ReplicaActor process died while no controller was attached: what their journals hold
+        beyond the run's files is written first, their failure is recorded (the peers and the Lighthouse are
+        told, as for any failure), their allocations are released, and each gets a new ReplicaActor on a proc
+        mesh of its own, in the next generation (`respawn` starts it). Returns the journal items imported."""
+        from regent.orchestrate.replica import ReplicaActor
+
+        assert self._replicas is not None
+        imported = self._import_journal_tails(sorted(lost))
+        generations: dict[int, int] = {}
+        for e in read_jsonl(self.run_dir / "events.jsonl"):
+            if e.get("replica") in lost and e.get("generation") is not None:
+                generations[e["replica"]] = max(generations.get(e["replica"], 0), int(e["generation"]))
+        for r, why in sorted(lost.items()):
+            self.record_event(_event(
+                "failure_detected", replica=r, generation=generations.get(r, 0), rank=None, detached=True,
+                error=f"the replica's own process (its ReplicaActor) died while no controller was attached: {why}",
+                traceback=""))
+        await self._release_lost_allocations(only=set(lost))
+        journal = str((self.run_dir / "journal").resolve())
+        for r in sorted(lost):
+            procs = host.spawn_procs(per_host={"replicas": 1}, **self._detach_options())
+            actors = procs.spawn("replica", ReplicaActor, self.cfg, addr, port, journal, self._generations_seen + 1, r)
+            self._replicas.add(procs, actors, {r: 0}, size=1)
+        return imported
+
+    def _import_journal_tails(self, replicas: Any) -> dict[str, int]:
+        """`replicas` are gone (nothing of the run is alive, or their ReplicaActor process died): what they
+        journaled after the run's files end (they trained on for a while, or the controller died with items
+        unwritten) is history all the same; written here, in order, before anything new of them."""
         from regent.orchestrate.relay import journal_path, read_journal
 
         after = last_rseqs(self.run_dir)
         imported: dict[str, int] = {}
-        for r in range(self.cfg.replicas):
+        for r in replicas:
             n = 0
             for item in read_journal(journal_path(self.run_dir / "journal", r), after.get(r, 0)):
                 payload = {**item["payload"], "rseq": item["rseq"]}
@@ -691,7 +756,7 @@ class OrchestrationManager:
             imported[str(r)] = n
         return imported
 
-    async def _release_lost_allocations(self) -> None:
+    async def _release_lost_allocations(self, only: set[int] | None = None) -> None:
         """Nothing of the run answered, so no replica process is left to release its scheduler allocation (a
         SIGKILL runs no cleanup): free each one the run recorded (SLURM, Kubernetes, SkyPilot) before new
         replicas allocate their own, so a lost controller does not hold nodes until the time limit."""
@@ -699,6 +764,8 @@ class OrchestrationManager:
         from regent.orchestrate.resume import allocations_to_release
 
         for r, ref in allocations_to_release(read_jsonl(self.run_dir / "events.jsonl")):
+            if only is not None and r not in only:
+                continue
             try:
                 how = await asyncio.to_thread(release_recorded, ref)
             except Exception as exc:  # noqa: BLE001 - reported (event and log): the allocation may still be held
@@ -958,7 +1025,7 @@ class OrchestrationManager:
         await asyncio.sleep(0.5)  # let the other replicas' failure reports of the same fault arrive
         self.full_restart_pending = False
         ckpt = str(self.run_dir / "checkpoints")
-        await replicas.full_restart.call(ckpt)
+        await replicas.call_all("full_restart", ckpt)
         self.full_restart_pending = False
 
     async def _finish(self, replicas: Any) -> None:
@@ -976,7 +1043,7 @@ class OrchestrationManager:
                                  list(read_jsonl(self.run_dir / "events.jsonl"))) or 0.1
         wait = max(120.0, 3 * h / rate + 60)
         try:
-            await replicas.request_stop.call(target)
+            await replicas.call_all("request_stop", target)
             # Every replica's final state first, and only then are trainers stopped: a replica that reaches the
             # stop step early keeps serving its committed state to one still healing towards it. (Stopping each
             # replica as soon as it was done left a replica that was mid-heal on a GPU with no live donor: it
@@ -988,7 +1055,7 @@ class OrchestrationManager:
         # the end of training: every figure runs to here (summary.training_end), not to the last metric record
         self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:
-            await asyncio.wait_for(as_awaitable(replicas.release.call()), timeout=90)
+            await asyncio.wait_for(replicas.call_all("release"), timeout=90)
         except Exception as exc:  # noqa: BLE001 - reported; run.py's teardown stops the meshes next either way
             logger.warning("releasing replicas: %r", exc)
 

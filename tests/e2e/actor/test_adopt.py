@@ -151,3 +151,36 @@ def test_adopt_after_the_controller_was_killed(tmp_path, monkeypatch):
         assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10), [p for p in pids if pid_alive(p)]
     finally:
         end_controller_a(a, refs)
+
+
+def test_adopt_with_lost_ok_takes_the_live_procs_of_a_mesh_whose_proc_died(tmp_path, monkeypatch):
+    """A proc that died while no controller was there: `lost_ok=True` adopts the others; the dead one's rank is
+    in `lost_ranks`, its calls fail at once, no failure is delivered for it, and `stop` ends the rest. Without
+    `lost_ok` the adoption fails, naming it."""
+    monkeypatch.syspath_prepend(HERE)
+    faults = []
+    monkeypatch.setattr(regent.actor, "unhandled_fault_hook", faults.append)
+    a, refs = start_controller_a(tmp_path, procs=3, detach_grace=30.0)
+    pids = refs["pids"]
+    try:
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait()
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: not pid_alive(pids[1]))
+        with pytest.raises(AdoptError, match="unreachable") as strict:
+            adopt_proc_mesh(refs["procs"])
+        assert list(strict.value.unreachable) == [refs["procs"]["rank_procs"][1]]
+        pm = adopt_proc_mesh(refs["procs"], lost_ok=True)
+        assert list(pm.lost_ranks) == [1] and pm.lost_ranks[1], pm.lost_ranks
+        counters = attach_actor_mesh(refs["counters"], pm)
+        assert counters.slice(procs=0).add.call_one(1).get(timeout=TIMEOUT) == 6
+        assert counters.slice(procs=2).add.call_one(2).get(timeout=TIMEOUT) == 7
+        with pytest.raises(SupervisionError):
+            counters.slice(procs=1).add.call_one(1).get(timeout=TIMEOUT)
+        time.sleep(0.5)
+        assert faults == []  # the adopter knows: nothing is reported for the lost proc
+        pm.stop().get(timeout=TIMEOUT)
+        assert wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10), [p for p in pids if pid_alive(p)]
+        assert faults == []
+    finally:
+        end_controller_a(a, refs)

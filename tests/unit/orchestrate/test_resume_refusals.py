@@ -128,3 +128,51 @@ def test_allocations_to_release_are_each_replicas_newest_not_yet_released() -> N
     ]
     assert allocations_to_release(events) == [(0, slurm(3))]
     assert allocations_to_release([]) == []
+
+
+def _with_addresses(run: Path, tcp: str) -> None:
+    """Give the crafted run's recorded processes an address (as a runtime records it in attach.json)."""
+    path = run / "controller" / "attach.json"
+    attach = json.loads(path.read_text())
+    info = {"id": "p-0", "machine": "other-host:boot", "unix": "unix:///tmp/x/rt.sock", "tcp": tcp}
+    for part in ("lighthouse", "replicas"):
+        attach[part]["procs"]["infos"] = {"p-0": info}
+    path.write_text(json.dumps(attach))
+
+
+def test_cross_host_problem_names_what_keeps_another_machine_out() -> None:
+    from regent.orchestrate.resume import cross_host_problem
+
+    def attach(*tcp: str) -> dict:
+        infos = {f"p-{i}": {"tcp": t} for i, t in enumerate(tcp)}
+        return {"lighthouse": {"procs": {"infos": infos}}, "replicas": {"procs": {"infos": {}}}}
+
+    assert "recorded no address" in cross_host_problem(attach(), "10.0.0.2")
+    assert "loopback only (tcp://127.0.0.1:5" in cross_host_problem(attach("tcp://10.0.0.1:4", "tcp://127.0.0.1:5"),
+                                                                    "10.0.0.2")
+    assert "loopback only" in cross_host_problem(attach("tcp://[::1]:5"), "10.0.0.2")
+    assert "REGENT_LISTEN_HOST" in cross_host_problem(attach("tcp://10.0.0.1:4"), "127.0.0.1")
+    assert cross_host_problem(attach("tcp://10.0.0.1:4", "tcp://node7:5"), "10.0.0.2") is None
+    assert cross_host_problem(attach("tcp://10.0.0.1:4"), "0.0.0.0") is None
+
+
+def test_another_machine_whose_processes_listen_on_loopback_only(tmp_path, capsys):
+    run = _craft(tmp_path, machine="other-host:boot")
+    _with_addresses(run, "tcp://127.0.0.1:5")
+    code, err = _resume(run, capsys)
+    assert code == 2 and "loopback only" in err and "--takeover" in err
+
+
+def test_another_machine_with_routable_processes_that_do_not_answer(tmp_path, capsys):
+    """Adoptable from here in principle (they listen on a routable address), but nothing answers there: going on
+    from the backstop is the user's call (--takeover), as for any run whose machine is gone."""
+    from regent.orchestrate.resume import ResumeRefused, check_resumable
+
+    run = _craft(tmp_path, machine="other-host:boot")
+    _with_addresses(run, "tcp://192.0.2.1:9")  # TEST-NET-1: nobody answers
+    with pytest.raises(ResumeRefused, match="nothing of run .* answers on elsewhere .*192.0.2.1:9.*--takeover"):
+        check_resumable(run, environ={"REGENT_LISTEN_HOST": "10.0.0.2"})
+    with pytest.raises(ResumeRefused, match="REGENT_LISTEN_HOST"):
+        check_resumable(run, environ={})
+    plan = check_resumable(run, environ={}, takeover=True)
+    assert plan.remote is None and plan.alive == []
