@@ -36,9 +36,10 @@ Address or step changes alone keep the id.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from regent.ft.types import Quorum, QuorumMember
 
@@ -161,6 +162,53 @@ def note_heartbeat(state: LighthouseState, replica_id: str, now: float) -> list[
     incarnation (`note_incarnation`). Returns the ids retired. O(1)."""
     state.heartbeats[replica_id] = now
     return note_incarnation(state, replica_id)
+
+
+@dataclass
+class JoinsApplied:
+    """What `apply_joins` did: each join's new participant (in order), the older incarnations retired (by the id
+    that retired them) and the joins that moved the watermark (with the watermark before)."""
+
+    participants: list[Participant]
+    retired: dict[str, list[str]]
+    watermark_moves: list[tuple[str, Watermark]]
+
+
+def apply_joins(state: LighthouseState, joins: Iterable[Any], now: float) -> JoinsApplied:
+    """A batch of Quorum calls' effects before they wait, in order: each is an implicit heartbeat
+    (`note_heartbeat`), reports what it holds (`note_committed`) and joins as a `Participant` at `now`. The same
+    state as those functions applied one join at a time (tested against them), in one pass: the common join (no
+    new incarnation, the watermark not moved) inline, the others through those functions. Each join has
+    `.member` (with `replica_id`, `step`, `lineage`) and `.accepted` (`note_committed`'s)."""
+    heartbeats, incarnations, committed, participants = (state.heartbeats, state.incarnations, state.committed,
+                                                         state.participants)
+    joined: list[Participant] = []
+    retired: dict[str, list[str]] = {}
+    moves: list[tuple[str, Watermark]] = []
+    w = state.watermark
+    top = (w.step, w.lineage)
+    for join in joins:
+        member = join.member
+        rid = member.replica_id
+        heartbeats[rid] = now
+        name, sep, _ = rid.rpartition(":")
+        if sep and name and incarnations.get(name) != rid:  # `group_name`'s rule; else `note_incarnation` is a no-op
+            gone = note_incarnation(state, rid)
+            if gone:
+                retired[rid] = gone
+        version = (member.step, member.lineage)
+        if join.accepted is not None or version > top:
+            before = state.watermark
+            if note_committed(state, rid, member.step, member.lineage, join.accepted):
+                moves.append((rid, before))
+                w = state.watermark
+                top = (w.step, w.lineage)
+        else:
+            committed[rid] = version  # what `note_committed` does when the watermark stays
+        participant = Participant(now, member)
+        participants[rid] = participant
+        joined.append(participant)
+    return JoinsApplied(joined, retired, moves)
 
 
 def _unindex(state: LighthouseState, replica_id: str) -> None:
