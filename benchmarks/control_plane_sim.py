@@ -160,7 +160,7 @@ def owner_join_rows(groups_list: list[int], rounds: int, batch: int = 16, secret
                     t0 = time.thread_time()
                     for data in frames:
                         link.data_received(data)
-                    while link.calls or link.flush_pending:  # until answered and the answers framed
+                    while link.joins or link.calls or link.flush_pending:  # until answered, the answers framed
                         await asyncio.sleep(0)
                     return time.thread_time() - t0
 

@@ -21,7 +21,7 @@ link once per round and front end, then by reference. A compact answer (`regent.
 owner: it sends the round's plan (`compact.encode_plan`) once per front end, then the ids of the calls it answers (one K_SHARES
 frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_plan`) and encodes
 each caller's share itself. The owner's work per join is then the membership update (`quorum.apply_joins` over a
-pre-decoded batch; `FrontJoin`: no future, no task per call), which is what a 12,800-group round in under 200 ms
+pre-decoded batch; no future, no task per call), which is what a 12,800-group round in under 200 ms
 needs (issue 37, item 2).
 
 Liveness lag: a heartbeat counts from when its front end received it (front ends and owner share the host's
@@ -186,24 +186,6 @@ class LagStats:
                 "p99_ms_le": self.percentile_ms(0.99), "max_ms": 1e3 * self.max_s}
 
 
-class FrontJoin:
-    """A front end's Quorum call waiting in the owner for the next issued quorum (`LighthouseServer._tick` answers
-    them all in one pass). No future and no task per call: at 12,800 joins a round, their scheduling was a large
-    share of the owner's time. It is in its link's `calls` until answered; `cancel` withdraws it."""
-
-    __slots__ = ("link", "call_id", "participant", "compact")
-
-    def __init__(self, link: _OwnerLink, call_id: int, participant: Any, compact: bool) -> None:
-        self.link = link
-        self.call_id = call_id
-        self.participant = participant  # its current quorum.Participant (a new one each round it is left out of)
-        self.compact = compact
-
-    def cancel(self) -> None:
-        """The caller stopped waiting (deadline, cancel, its front end's link lost)."""
-        self.link.pool.owner._withdraw_front(self)
-
-
 def reuse_port_available() -> str | None:
     """None where front ends can share a port, else why not: they need Linux's SO_REUSEPORT, which spreads
     connections over the sockets (macOS and the BSDs have the option, but give every connection to one)."""
@@ -222,10 +204,10 @@ class Owner:
 
     def _frontend_beats(self, beats: list[Beat]) -> None: ...
     def _frontend_joins(self, link: _OwnerLink, joins: list) -> None: ...
-    def _withdraw_front(self, join: FrontJoin) -> None: ...
+    def _withdraw(self, rid: str, participant: Any) -> None: ...
     def _holders(self) -> bytes: ...
     def _frontend_spend(self, method: str, ms: int, key: int) -> str | None: ...
-    def _frontend_spend_many(self, method: str, nonces: list[tuple[int, int]]) -> list[str | None]: ...
+    def _frontend_spend_many(self, method: str, nonces: Iterable[tuple[int, int]]) -> list[str | None] | None: ...
 
 
 class _OwnerLink(asyncio.Protocol):
@@ -238,7 +220,10 @@ class _OwnerLink(asyncio.Protocol):
         self.buffer = bytearray()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
+        self.calls: dict[int, asyncio.Future] = {}  # what K_WITHDRAW or a lost link cancels
+        # Quorum calls waiting for the next quorum (`LighthouseServer._frontend_joins`): call id -> its current
+        # quorum.Participant (whose member is the `joins.Join`); K_WITHDRAW or a lost link withdraws them.
+        self.joins: dict[int, Any] = {}
         self.blob: bytes | None = None
         self.share_ids: list[int] = []  # calls answered with their share since the last flush (K_SHARES)
         self.plan_sent: bytes | None = None
@@ -267,9 +252,13 @@ class _OwnerLink(asyncio.Protocol):
                 elif kind == K_JOINS:
                     self._joins(payload)
                 elif kind == K_WITHDRAW:
-                    task = self.calls.pop(_CALL.unpack(payload)[0], None)
+                    call_id = _CALL.unpack(payload)[0]
+                    task = self.calls.pop(call_id, None)
                     if task is not None:
-                        task.cancel()  # withdraws the participant (`FrontJoin.cancel`, or the task's done callback)
+                        task.cancel()
+                    participant = self.joins.pop(call_id, None)
+                    if participant is not None:
+                        owner._withdraw(participant.member.replica_id, participant)
                 elif kind == K_HOLDERS:
                     self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
                               _NONCE.unpack_from(payload, _CALL.size))
@@ -290,7 +279,8 @@ class _OwnerLink(asyncio.Protocol):
         """Heartbeats whose proofs the front end checked: spend each nonce here (one table for every front end,
         so a replay is refused whichever front end it reaches), apply the fresh ones, answer with the refusals."""
         owner = self.pool.owner
-        refusals = owner._frontend_spend_many(HEARTBEAT_METHOD, [(int(e[0]), int(e[1])) for e in entries])
+        refusals = owner._frontend_spend_many(HEARTBEAT_METHOD, [(int(e[0]), int(e[1])) for e in entries]) \
+            or [None] * len(entries)
         beats = [entry[2:] for entry, refusal in zip(entries, refusals) if refusal is None]
         refused = [[i, refusal] for i, refusal in enumerate(refusals) if refusal is not None]
         if beats:
@@ -309,8 +299,8 @@ class _OwnerLink(asyncio.Protocol):
                 self.transport.close()
             return
         owner = self.pool.owner
-        refusals = owner._frontend_spend_many(QUORUM_METHOD, [j.nonce for j in joins])
-        if any(refusals):
+        refusals = owner._frontend_spend_many(QUORUM_METHOD, (j.nonce for j in joins))
+        if refusals is not None and any(refusals):
             from regent.ft.grpc_lite import StatusCode
 
             code = int(StatusCode.UNAUTHENTICATED)
@@ -414,6 +404,9 @@ class _OwnerLink(asyncio.Protocol):
         for task in list(self.calls.values()):
             task.cancel()  # the front end's clients lost their connections with it: withdraw them
         self.calls.clear()
+        joins, self.joins = self.joins, {}
+        for participant in joins.values():
+            self.pool.owner._withdraw(participant.member.replica_id, participant)
         if not self.ready.done():
             self.ready.set_exception(OSError("the front end exited before it was ready"))
         if not self.lost.done():

@@ -54,12 +54,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,6 @@ from regent import settings
 from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite, rpc_security
 from regent.ft.compact import RoundShares, encode_plan
-from regent.ft.frontends import FrontJoin
 from regent.ft.joins import Join
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
@@ -210,6 +210,9 @@ def _compact_ask(request: torchft_pb2.LighthouseQuorumRequest) -> tuple[int, boo
     return int(request.requester.world_size), bool(request.regent_compact.init_sync)
 
 
+_REPLICA_ID = attrgetter("replica_id")
+
+
 class _Issued:
     """One issued quorum and its answers: TorchFT's full answer (one encoding for every member that wants it,
     made on first need) or a member's compact share (`regent.ft.compact`, from one plan per round)."""
@@ -218,7 +221,7 @@ class _Issued:
                  watermark: Watermark) -> None:
         self.quorum = quorum
         self.quorum_id = quorum.quorum_id
-        self.ids = frozenset(m.replica_id for m in quorum.participants)
+        self.ids = frozenset(map(_REPLICA_ID, quorum.participants))
         self._wires = wires
         self._committed = torchft_pb2.RegentCommitted(step=watermark.step, lineage=watermark.lineage,
                                                       resets=watermark.resets)
@@ -386,8 +389,9 @@ class LighthouseServer:
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
         # One future per Quorum call waiting for the next issued quorum; all are resolved when one is issued.
         self._waiters: list[asyncio.Future] = []
-        # The front ends' Quorum calls waiting for the next issued quorum (`_frontend_quorum`).
-        self._front_joins: list[FrontJoin] = []
+        # The front ends' Quorum calls waiting for the next issued quorum, per batch: (link, participants)
+        # (`_frontend_joins`).
+        self._front_joins: list[tuple[Any, list[Participant]]] = []
         self._last_reason = ""
         self._quorums_issued = 0
         self._tick_pending = False
@@ -705,28 +709,26 @@ class LighthouseServer:
         reason = self._verifier.spend(ms, key)
         return None if reason is None else self._verifier.refuse("a front end", method, reason)
 
-    def _frontend_spend_many(self, method: str, nonces: list[tuple[int, int]]) -> list[str | None]:
-        """`_frontend_spend` for a batch of calls (one clock read and one lock; every nonce still checked)."""
+    def _frontend_spend_many(self, method: str, nonces: Iterable[tuple[int, int]]) -> list[str | None] | None:
+        """`_frontend_spend` for a batch of calls (one clock read and one lock; every nonce still checked): each
+        call's refusal or None; None for all when this Lighthouse has no secret (`nonces` is then not read)."""
         if self._verifier is None:
-            return [None] * len(nonces)
+            return None
         verifier = self._verifier
         return [None if reason is None else verifier.refuse("a front end", method, reason)
-                for reason in verifier.spend_many(nonces)]
+                for reason in verifier.spend_many(list(nonces))]
 
     def _frontend_joins(self, link: Any, joins: list[Join]) -> None:
         """A front end's batch of Quorum calls, pre-decoded there (`regent.ft.joins`). The same effects as
         `_quorum` per call (`quorum.apply_joins`: the implicit heartbeat, the committed report, the join), in one
-        pass; each waits as a `FrontJoin` (no future, no task), and `_tick` answers every front-end join of a round
-        in one pass. With a job secret the link has spent every call's nonce first (`_OwnerLink`)."""
+        pass; each waits as its participant in the link's `joins` (no future, no task), and `_tick` answers every
+        front-end join of a round in one pass. With a job secret the link has spent every call's nonce first."""
         if not joins:
             return
         applied = apply_joins(self._state, joins, time.monotonic())
-        member_wire, pending, calls = self._member_wire, self._front_joins, link.calls
-        for join, participant in zip(joins, applied.participants):
-            member_wire[participant.member.replica_id] = join.member
-            waiting = FrontJoin(link, join.call_id, participant, join.compact)
-            calls[join.call_id] = waiting
-            pending.append(waiting)
+        link.joins.update(zip([j.call_id for j in joins], applied.participants))
+        self._member_wire.update(zip([j.replica_id for j in joins], joins))
+        self._front_joins.append((link, applied.participants))
         self._after_reports(applied.retired, applied.watermark_moves)
         if quorum_possible(self._state, self._opts):
             self._tick_soon()
@@ -755,39 +757,37 @@ class LighthouseServer:
             return torchft_pb2.QuorumMember(replica_id=rid)
         return wire if isinstance(wire, torchft_pb2.QuorumMember) else wire.to_proto()
 
-    def _withdraw_front(self, join: FrontJoin) -> None:
-        self._withdraw(join.participant.member.replica_id, join.participant)
-
     def _answer_front_joins(self, answers: _Issued) -> None:
         """Answer the front ends' waiting joins that `answers` includes, per link in one go (`_OwnerLink.
         answer_round`: the round's plan and one frame of call ids); the others join the next round (as
         `_quorum_wait` does for this process's own callers)."""
-        joins, self._front_joins = self._front_joins, []
+        batches, self._front_joins = self._front_joins, []
         ids = answers.ids
-        compact: dict[Any, list[int]] = {}
-        full: dict[Any, list[int]] = {}
-        for join in joins:
-            calls = join.link.calls
-            if calls.get(join.call_id) is not join:
-                continue  # withdrawn, or its link is gone
-            member = join.participant.member
-            if member.replica_id in ids:
-                del calls[join.call_id]
-                (compact if join.compact else full).setdefault(join.link, []).append(join.call_id)
-            else:
-                logger.info("replica %s not in quorum %d; waiting for the next", member.replica_id,
-                            answers.quorum_id)
-                join.participant = self._rejoin(member)
-                self._front_joins.append(join)
-        for link in compact.keys() | full.keys():
-            link.answer_round(answers, compact.get(link, []), full.get(link, []))
-
-    def _rejoin(self, member: Any) -> Participant:
-        """A front end's join left out of a round waits for the next one (its wire stays its raw request)."""
-        participant = Participant(joined=time.monotonic(), member=member)
-        self._state.participants[member.replica_id] = participant
-        self._member_wire[member.replica_id] = member
-        return participant
+        answered: dict[Any, tuple[list[int], list[int]]] = {}
+        for link, participants in batches:
+            waiting = link.joins
+            compact, full = answered.setdefault(link, ([], []))
+            left_out = []
+            for participant in participants:
+                join = participant.member
+                call_id = join.call_id
+                if waiting.get(call_id) is not participant:
+                    continue  # withdrawn, or its link is gone
+                if join.replica_id in ids:
+                    del waiting[call_id]
+                    (compact if join.compact else full).append(call_id)
+                else:
+                    logger.info("replica %s not in quorum %d; waiting for the next", join.replica_id,
+                                answers.quorum_id)
+                    again = Participant(joined=time.monotonic(), member=join)
+                    self._state.participants[join.replica_id] = again
+                    self._member_wire[join.replica_id] = join
+                    waiting[call_id] = again
+                    left_out.append(again)
+            if left_out:
+                self._front_joins.append((link, left_out))
+        for link, (compact, full) in answered.items():
+            link.answer_round(answers, compact, full)
 
     def forget_replicas(self, replica_ids: list[str]) -> list[str]:
         """Count `replica_ids` as failed now (their processes are known dead), not after their heartbeats time

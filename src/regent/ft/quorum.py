@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from regent.ft.types import Quorum, QuorumMember
@@ -178,8 +179,8 @@ def apply_joins(state: LighthouseState, joins: Iterable[Any], now: float) -> Joi
     """A batch of Quorum calls' effects before they wait, in order: each is an implicit heartbeat
     (`note_heartbeat`), reports what it holds (`note_committed`) and joins as a `Participant` at `now`. The same
     state as those functions applied one join at a time (tested against them), in one pass: the common join (no
-    new incarnation, the watermark not moved) inline, the others through those functions. Each join has
-    `.member` (with `replica_id`, `step`, `lineage`) and `.accepted` (`note_committed`'s)."""
+    new incarnation, the watermark not moved) inline, the others through those functions. Each join is the
+    member that joins (`replica_id`, `step`, `lineage`, as `joins.Join`) with `accepted` (`note_committed`'s)."""
     heartbeats, incarnations, committed, participants = (state.heartbeats, state.incarnations, state.committed,
                                                          state.participants)
     joined: list[Participant] = []
@@ -187,8 +188,7 @@ def apply_joins(state: LighthouseState, joins: Iterable[Any], now: float) -> Joi
     moves: list[tuple[str, Watermark]] = []
     w = state.watermark
     top = (w.step, w.lineage)
-    for join in joins:
-        member = join.member
+    for member in joins:
         rid = member.replica_id
         heartbeats[rid] = now
         name, sep, _ = rid.rpartition(":")
@@ -197,9 +197,9 @@ def apply_joins(state: LighthouseState, joins: Iterable[Any], now: float) -> Joi
             if gone:
                 retired[rid] = gone
         version = (member.step, member.lineage)
-        if join.accepted is not None or version > top:
+        if member.accepted is not None or version > top:
             before = state.watermark
-            if note_committed(state, rid, member.step, member.lineage, join.accepted):
+            if note_committed(state, rid, member.step, member.lineage, member.accepted):
                 moves.append((rid, before))
                 w = state.watermark
                 top = (w.step, w.lineage)
@@ -269,6 +269,9 @@ def expect_first_groups(state: LighthouseState, groups: list[str], now: float, w
     state.not_before = now + within_s
 
 
+_SHRINK_ONLY = attrgetter("shrink_only")
+
+
 def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
@@ -282,8 +285,8 @@ def quorum_compute(
                           f"{sorted(missing)} to heartbeat (the last quorum's, or the first quorum's expected)")
         state.not_before = 0.0  # every group is back, or the grace is over
     healthy_participants = {rid: p for rid, p in state.participants.items() if rid in healthy}
-    candidates = sorted((p.member for p in healthy_participants.values()), key=lambda m: m.replica_id)
-    shrink_only = any(p.member.shrink_only for p in healthy_participants.values())
+    candidates = [healthy_participants[rid].member for rid in sorted(healthy_participants)]  # by replica id
+    shrink_only = any(map(_SHRINK_ONLY, candidates))
 
     metadata = (
         f"[{len(healthy_participants)}/{len(state.participants)} participants healthy]"
@@ -294,7 +297,7 @@ def quorum_compute(
         prev_ids = set(state.prev_quorum.replica_ids())
         if shrink_only:
             candidates = [m for m in candidates if m.replica_id in prev_ids]
-        if all(rid in healthy_participants for rid in prev_ids):
+        if prev_ids <= healthy_participants.keys():
             return candidates, f"Fast quorum found! {metadata}"
 
     if len(healthy_participants) < opts.min_replicas:
