@@ -84,11 +84,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0) -> dict:
+def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0,
+               heartbeat_timeout_ms: int = 5000) -> dict:
     """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU
     (with front ends: the owner's, and the owner's plus the front ends')."""
     port = free_port_pair()
-    proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends)
+    proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends,
+                            heartbeat_timeout_ms=heartbeat_timeout_ms)
     try:
         conns = [H2Client(port) for _ in range(groups)]
         sel = selectors.DefaultSelector()
@@ -261,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="heartbeat interval of every sim row (default: 100 ms up to 1,000 groups, 1 s past)")
     parser.add_argument("--frontend-batch-ms", type=float, default=2.0,
                         help="front ends' batching interval in the sim rows (0: once per loop turn)")
+    parser.add_argument("--round-heartbeat-timeout-ms", type=int, default=5000,
+                        help="round rows: the Lighthouse's heartbeat timeout (the clients only join: on a loaded box "
+                             "sending 12,800 joins can outlast 5 s, and the first joiners then expire)")
     parser.add_argument("--owner-batch", type=int, default=16,
                         help="owner rows: Quorum calls per front-end link frame (default 16)")
     parser.add_argument("--secret", action="store_true", help="owner rows: with a job secret (nonces spent)")
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 plans.append(("torchft", False, 0))
             for kind, compact, n in plans:
                 try:
-                    row = join_round(kind, groups, args.rounds, compact, n)
+                    row = join_round(kind, groups, args.rounds, compact, n, args.round_heartbeat_timeout_ms)
                 except Exception as err:  # noqa: BLE001 - recorded as a result
                     row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
                            "frontends": n, "error": f"{type(err).__name__}: {err}"}
