@@ -135,19 +135,22 @@ def owner_frames(groups: int, step: int, batch: int, secret: bytes | None = None
     return [frame(K_JOINS, encode_joins(records[i:i + batch])) for i in range(0, groups, batch)]
 
 
-def owner_join_rows(groups_list: list[int], rounds: int, batch: int = 16, secret: bool = False) -> list[dict]:
+def owner_join_rows(groups_list: list[int], rounds: int, batch: int = 16, secret: bool = False,
+                    tune: bool = True) -> list[dict]:
     """The quorum owner's own CPU for a round of N front-end joins, without the front ends' processes or any
     client: the link frames a front end sends (`owner_frames`) go into a real `_OwnerLink` of the owner's loop
     (`data_received`, as from the socket), timed on that thread until the tick has answered every call (the
     round's plan, `compact.encode_plan`, and the K_SHARES frames included; the socket write is not). Median of
     `rounds`; the part of a round that stays on one core whatever the front ends do. The collector is tuned as
-    in `regent lighthouse` (`lighthouse.tune_gc`). With `secret`, every call's nonce is spent in the owner."""
+    in `regent lighthouse` (`lighthouse.tune_gc`; `tune=False` leaves this process's collector alone). With
+    `secret`, every call's nonce is spent in the owner."""
     import asyncio
 
     from regent.ft.frontends import FrontendPool, _OwnerLink
     from regent.ft.lighthouse import LighthouseServer, tune_gc
 
-    tune_gc()  # as `regent lighthouse` does in its process
+    if tune:
+        tune_gc()  # as `regent lighthouse` does in its process
     key = os.urandom(32) if secret else None
     rows = []
     for groups in groups_list:
