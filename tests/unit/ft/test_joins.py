@@ -159,3 +159,54 @@ def test_a_batch_of_nonces_is_spent_as_one_at_a_time() -> None:
     assert batch.spend_many(nonces, now) == [single.spend(ms, key, now) for ms, key in nonces]
     assert batch.spend_many(nonces, now) == [single.spend(ms, key, now) for ms, key in nonces]  # all replays now
     assert batch.accepted == single.accepted == 3
+
+
+def test_an_owner_fed_pre_decoded_joins_shows_and_names_members_as_one_parsing_requests() -> None:
+    """The same Quorum requests into a Lighthouse's own path (`_quorum`: parsed in the owner) and as a front end's
+    K_JOINS frames (through a real owner link handler): the same waiting members on the dashboard (`to_json` of a
+    `Join` parses its raw request) and byte-identical RegentHolders answers (wire forms from the raw requests)."""
+
+    from regent.ft.frontends import K_JOINS, FrontendPool, _OwnerLink, frame
+    from regent.ft.lighthouse import LighthouseServer
+
+    rng = random.Random(5)
+    requests = []
+    for i in range(6):
+        request, raw = random_request(rng, i)
+        request.requester.replica_id = f"w{i}:1"
+        request.requester.step = 5
+        request.requester.data = json.dumps({LINEAGE_KEY: 2, "user": i})
+        requests.append((request, request.SerializeToString()))
+    direct = LighthouseServer(min_replicas=99, secret=b"", frontends=0)
+    fed = LighthouseServer(min_replicas=99, secret=b"", frontends=0)
+    try:
+        async def ask_directly() -> None:
+            for request, _ in requests:
+                direct._quorum(request.requester, None)
+
+        async def feed() -> None:
+            link = _OwnerLink(FrontendPool(fed, 1, "127.0.0.1", 0, {}), 0)
+            records = [join_record(i + 1, (0, 0), decode_quorum_request(raw), raw) for i, (_, raw) in enumerate(requests)]
+            link.data_received(frame(K_JOINS, encode_joins(records[:4])) + frame(K_JOINS, encode_joins(records[4:])))
+            assert len(link.joins) == len(requests)
+
+        direct._call_in_loop(ask_directly()).result(timeout=10)
+        fed._call_in_loop(feed()).result(timeout=10)
+
+        def waiting(server: LighthouseServer) -> list[dict]:
+            return [{k: v for k, v in w.items() if k != "waiting_s"} for w in server.status()["waiting"]]
+
+        assert waiting(fed) == waiting(direct) and len(waiting(fed)) == len(requests)
+        assert fed.status()["committed"] == direct.status()["committed"] == {"step": 5, "lineage": 2, "resets": 0}
+
+        async def holders(server: LighthouseServer) -> bytes:
+            return server._holders()
+
+        assert fed._call_in_loop(holders(fed)).result(timeout=10) == \
+            direct._call_in_loop(holders(direct)).result(timeout=10)
+        names = torchft_pb2.RegentHoldersResponse.FromString(fed._call_in_loop(holders(fed)).result(timeout=10))
+        assert [h.replica_id for h in names.holders] == [f"w{i}:1" for i in range(6)]
+        assert all(h.address for h in names.holders)
+    finally:
+        direct.shutdown()
+        fed.shutdown()
