@@ -186,7 +186,8 @@ def test_an_owner_fed_pre_decoded_joins_shows_and_names_members_as_one_parsing_r
 
         async def feed() -> None:
             link = _OwnerLink(FrontendPool(fed, 1, "127.0.0.1", 0, {}), 0)
-            records = [join_record(i + 1, (0, 0), decode_quorum_request(raw), raw) for i, (_, raw) in enumerate(requests)]
+            records = [join_record(i + 1, (0, 0), decode_quorum_request(raw), raw)
+                       for i, (_, raw) in enumerate(requests)]
             link.data_received(frame(K_JOINS, encode_joins(records[:4])) + frame(K_JOINS, encode_joins(records[4:])))
             assert len(link.joins) == len(requests)
 
