@@ -28,6 +28,7 @@ from regent.ft.recovery import accepted_loss, state_version
 from regent.ft.types import QuorumMember, decode_member_data
 
 _JSON_LEN = struct.Struct(">I")
+_DECODE = json.JSONDecoder().decode
 _FIELDS = ("replica_id", "step", "lineage", "commit_failures", "shrink_only", "accepted", "compact", "call_id", "ms",
            "key", "entry_at", "raw_at", "raw_end")
 
@@ -114,7 +115,7 @@ def decode_joins(payload: bytes) -> list[Join]:
     (ValueError if the frame is malformed)."""
     (length,) = _JSON_LEN.unpack_from(payload)
     start = _JSON_LEN.size + length
-    records = json.loads(payload[_JSON_LEN.size:start])
+    records = _DECODE(payload[_JSON_LEN.size:start].decode())  # ASCII (`encode_joins`): no encoding sniffing
     blob = payload[start:]
     if not isinstance(records, list) or (records and (set(map(len, records)) != {len(_FIELDS)}
                                                       or records[-1][-1] != len(blob))):
