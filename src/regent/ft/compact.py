@@ -89,7 +89,7 @@ def encode_plan(quorum_id: int, participants: list[Any], committed: torchft_pb2.
                 created: Timestamp) -> bytes:
     """What a front end needs to make a round's compact shares (`RoundShares.from_plan`), O(N) bytes once per
     round and front end: the head's fields and per member its `plan_entry` (a member that carries one already,
-    `joins.JoinedMember`, is not encoded again). Not TorchFT's full answer: decoding that and every member's JSON
+    `joins.Join`, is not encoded again). Not TorchFT's full answer: decoding that and every member's JSON
     `data` took a front end ~100 ms at 12,800 members, on the round's critical path."""
     head = json.dumps([int(quorum_id), [created.seconds, created.nanos],
                        [committed.step, committed.lineage, committed.resets]], separators=(",", ":")).encode()

@@ -308,7 +308,18 @@ class _OwnerLink(asyncio.Protocol):
                 if refusal is not None:
                     self._send(frame(K_ANSWER, _ANSWER.pack(join.call_id, code) + refusal.encode()))
             joins = [join for join, refusal in zip(joins, refusals) if refusal is None]
-        owner._frontend_joins(self, joins)
+        try:
+            owner._frontend_joins(self, joins)
+        except Exception as err:  # a defect: answered to every caller of the batch (UNKNOWN), none left waiting
+            from regent.ft.grpc_lite import StatusCode
+
+            logger.exception("Lighthouse: applying front end %d's batch of %d joins failed", self.slot, len(joins))
+            message = f"{type(err).__name__}: {err}".encode()
+            for join in joins:
+                participant = self.joins.pop(join.call_id, None)
+                if participant is not None:
+                    owner._withdraw(join.replica_id, participant)
+                self._send(frame(K_ANSWER, _ANSWER.pack(join.call_id, int(StatusCode.UNKNOWN)) + message))
 
     def _spent(self, call_id: int, method: str, nonce: tuple[int, int]) -> bool:
         """Spend the call's nonce in the owner (with a job secret); False: refused, and answered so."""

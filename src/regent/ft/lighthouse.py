@@ -725,7 +725,17 @@ class LighthouseServer:
         front-end join of a round in one pass. With a job secret the link has spent every call's nonce first."""
         if not joins:
             return
-        applied = apply_joins(self._state, joins, time.monotonic())
+        try:
+            applied = apply_joins(self._state, joins, time.monotonic())
+        except Exception:
+            # A defect (a record apply_joins cannot read): none of the batch may wait, since its callers are answered
+            # with the error (`_OwnerLink._joins`); the reports applied before it stand (they are what was sent).
+            participants = self._state.participants
+            for join in joins:
+                waiting = participants.get(join.replica_id)
+                if waiting is not None and waiting.member is join:
+                    del participants[join.replica_id]
+            raise
         link.joins.update(zip([j.call_id for j in joins], applied.participants))
         self._member_wire.update(zip([j.replica_id for j in joins], joins))
         self._front_joins.append((link, applied.participants))
@@ -847,7 +857,7 @@ class LighthouseServer:
         previous_id = self._state.quorum_id if self._state.prev_quorum is not None else None
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
         self._quorums_issued += 1
-        # A front end's member parses its wire form from its raw request (`JoinedMember.to_proto`), only if a
+        # A front end's member parses its wire form from its raw request (`joins.Join.to_proto`), only if a
         # caller wants TorchFT's full answer.
         answers = _Issued(quorum, lambda: [wire.get(m.replica_id) or m.to_proto() for m in members],
                           self._state.watermark)

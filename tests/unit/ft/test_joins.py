@@ -211,3 +211,32 @@ def test_an_owner_fed_pre_decoded_joins_shows_and_names_members_as_one_parsing_r
     finally:
         direct.shutdown()
         fed.shutdown()
+
+
+def test_a_batch_the_owner_cannot_apply_is_answered_with_the_error_and_leaves_no_one_waiting(caplog) -> None:
+    """A defect's path: a record that decodes but cannot be applied (a step that is not a number). Every caller of
+    the batch is answered (UNKNOWN) and none is left as a participant of the next quorum."""
+    from regent.ft.frontends import _ANSWER, K_ANSWER, K_JOINS, FrontendPool, _OwnerLink, frame, split_frames
+    from regent.ft.grpc_lite import StatusCode
+    from regent.ft.lighthouse import LighthouseServer
+
+    rng = random.Random(6)
+    records = []
+    for i in range(3):
+        request, raw = random_request(rng, i)
+        records.append(join_record(i + 1, (0, 0), decode_quorum_request(raw), raw))
+    records[2][0][1] = "not a step"
+    server = LighthouseServer(min_replicas=99, secret=b"", frontends=0)
+    try:
+        async def feed() -> list[tuple[int, bytes]]:
+            link = _OwnerLink(FrontendPool(server, 1, "127.0.0.1", 0, {}), 0)
+            link.data_received(frame(K_JOINS, encode_joins(records)))
+            assert not link.joins
+            return split_frames(bytearray(b"".join(link.out)))
+
+        sent = server._call_in_loop(feed()).result(timeout=10)
+        answers = [_ANSWER.unpack_from(payload) for kind, payload in sent if kind == K_ANSWER]
+        assert answers == [(i, int(StatusCode.UNKNOWN)) for i in (1, 2, 3)]
+        assert server.status()["waiting"] == []
+    finally:
+        server.shutdown()
