@@ -23,7 +23,9 @@ ends' (the owner's alone in its own column), and "into table" is how late the ba
 owner's liveness table (the simulator's lag then ends at the front end's answer).
 
 - owner: the quorum owner's own CPU for a round of N front-end joins (`--round-groups`), in process, without
-  link or clients: the part of a round with front ends that stays on one core.
+  the front ends' processes or clients: the link frames front ends send (pre-decoded joins, `--owner-batch` per
+  frame; `--secret`: nonces spent) into the owner's link handler, until every call is answered: the part of a
+  round with front ends that stays on one core.
 
 Writes benchmarks/results/control_plane_sim.json and, with matplotlib, control_plane_sim.png.
 """
@@ -82,11 +84,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0) -> dict:
+def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0,
+               heartbeat_timeout_ms: int = 5000) -> dict:
     """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU
     (with front ends: the owner's, and the owner's plus the front ends')."""
     port = free_port_pair()
-    proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends)
+    proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends,
+                            heartbeat_timeout_ms=heartbeat_timeout_ms)
     try:
         conns = [H2Client(port) for _ in range(groups)]
         sel = selectors.DefaultSelector()
@@ -114,40 +118,55 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
             "bytes_per_answer": nbytes / rounds / groups}
 
 
-def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
-    """The quorum owner's own CPU for a round of N front-end joins, without the link or any client: N raw compact
-    requests go straight into `LighthouseServer._frontend_quorum` on its loop (what a front end's link frames
-    become), timed on that thread until the tick has answered every one (the plan sent to the front ends,
-    `compact.encode_plan`, included). Median of `rounds`; the part of a round that stays on one core whatever the front ends do.
-    The collector is tuned as in `regent lighthouse` (`lighthouse.tune_gc`)."""
+def owner_frames(groups: int, step: int, batch: int, secret: bytes | None = None) -> list[bytes]:
+    """The link frames N compact joins become in front ends (`regent.ft.joins`: one K_JOINS frame per `batch`
+    calls), made outside the timed section: that work is the front ends'. With `secret`, each call carries a fresh
+    proof's nonce, as a front end forwards it."""
+    from regent.ft.frontends import K_JOINS, frame
+    from regent.ft.joins import encode_joins, join_record
+    from regent.ft.lighthouse import decode_quorum_request
+    from regent.ft.rpc_security import make_token, proof_nonce
+
+    records = []
+    for i in range(groups):
+        raw = quorum_message(f"group{i}:x", step, True)[5:]
+        nonce = proof_nonce(make_token(secret, "/torchft.LighthouseService/Quorum").encode()) if secret else (0, 0)
+        records.append(join_record(i + 1, nonce, decode_quorum_request(raw), raw))
+    return [frame(K_JOINS, encode_joins(records[i:i + batch])) for i in range(0, groups, batch)]
+
+
+def owner_join_rows(groups_list: list[int], rounds: int, batch: int = 16, secret: bool = False,
+                    tune: bool = True) -> list[dict]:
+    """The quorum owner's own CPU for a round of N front-end joins, without the front ends' processes or any
+    client: the link frames a front end sends (`owner_frames`) go into a real `_OwnerLink` of the owner's loop
+    (`data_received`, as from the socket), timed on that thread until the tick has answered every call (the
+    round's plan, `compact.encode_plan`, and the K_SHARES frames included; the socket write is not). Median of
+    `rounds`; the part of a round that stays on one core whatever the front ends do. The collector is tuned as
+    in `regent lighthouse` (`lighthouse.tune_gc`; `tune=False` leaves this process's collector alone). With
+    `secret`, every call's nonce is spent in the owner."""
     import asyncio
 
+    from regent.ft.frontends import FrontendPool, _OwnerLink
     from regent.ft.lighthouse import LighthouseServer, tune_gc
 
-    tune_gc()  # as `regent lighthouse` does in its process
+    if tune:
+        tune_gc()  # as `regent lighthouse` does in its process
+    key = os.urandom(32) if secret else None
     rows = []
     for groups in groups_list:
-        server = LighthouseServer(bind="127.0.0.1:0", min_replicas=groups, secret=b"", frontends=0)
+        server = LighthouseServer(bind="127.0.0.1:0", min_replicas=groups, secret=key or b"", frontends=0)
         try:
             cpus = []
             for r in range(rounds + 1):  # the first round (the table filling up) is a warm-up
-                raws = [quorum_message(f"group{i}:x", r, True)[5:] for i in range(groups)]
+                frames = owner_frames(groups, r, batch, key)
 
-                async def one_round(raws: list[bytes] = raws, server: LighthouseServer = server) -> float:
-                    done = asyncio.get_running_loop().create_future()
-                    answered = []
-
-                    def reply(result: object) -> None:
-                        answered.append(result)
-                        if len(answered) == len(raws):
-                            done.set_result(None)
-
+                async def one_round(frames: list[bytes] = frames, server: LighthouseServer = server) -> float:
+                    link = _OwnerLink(FrontendPool(server, 1, "127.0.0.1", 0, {}), 0)
                     t0 = time.thread_time()
-                    for raw in raws:
-                        server._frontend_quorum(raw, reply)
-                    await done
-                    for result in answered:  # what the link does per answer: the round's plan, encoded once
-                        getattr(result, "plan", lambda: b"")()
+                    for data in frames:
+                        link.data_received(data)
+                    while link.joins or link.calls or link.flush_pending:  # until answered, the answers framed
+                        await asyncio.sleep(0)
                     return time.thread_time() - t0
 
                 cpu = server._call_in_loop(one_round()).result(timeout=300)
@@ -156,9 +175,9 @@ def owner_join_rows(groups_list: list[int], rounds: int) -> list[dict]:
         finally:
             server.shutdown()
         cpus.sort()
-        row = {"section": "owner", "groups": groups, "owner_cpu_ms": 1e3 * cpus[len(cpus) // 2],
-               "us_per_join": 1e6 * cpus[len(cpus) // 2] / groups, "all_ms": [round(1e3 * c, 1) for c in cpus],
-               "load_avg": os.getloadavg()[0]}
+        row = {"section": "owner", "groups": groups, "batch": batch, "secret": secret,
+               "owner_cpu_ms": 1e3 * cpus[len(cpus) // 2], "us_per_join": 1e6 * cpus[len(cpus) // 2] / groups,
+               "all_ms": [round(1e3 * c, 1) for c in cpus], "load_avg": os.getloadavg()[0]}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -247,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="heartbeat interval of every sim row (default: 100 ms up to 1,000 groups, 1 s past)")
     parser.add_argument("--frontend-batch-ms", type=float, default=2.0,
                         help="front ends' batching interval in the sim rows (0: once per loop turn)")
+    parser.add_argument("--round-heartbeat-timeout-ms", type=int, default=5000,
+                        help="round rows: the Lighthouse's heartbeat timeout (the clients only join: on a loaded box "
+                             "sending 12,800 joins can outlast 5 s, and the first joiners then expire)")
+    parser.add_argument("--owner-batch", type=int, default=16,
+                        help="owner rows: Quorum calls per front-end link frame (default 16)")
+    parser.add_argument("--secret", action="store_true", help="owner rows: with a job secret (nonces spent)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
     sections = args.only or ["sim", "round", "owner"]
@@ -263,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 plans.append(("torchft", False, 0))
             for kind, compact, n in plans:
                 try:
-                    row = join_round(kind, groups, args.rounds, compact, n)
+                    row = join_round(kind, groups, args.rounds, compact, n, args.round_heartbeat_timeout_ms)
                 except Exception as err:  # noqa: BLE001 - recorded as a result
                     row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
                            "frontends": n, "error": f"{type(err).__name__}: {err}"}
@@ -271,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if "owner" in sections:
-        rows += owner_join_rows(args.round_groups, args.rounds)
+        rows += owner_join_rows(args.round_groups, args.rounds, args.owner_batch, args.secret)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -308,11 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
               f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {r['bytes_per_answer']:.0f} |")
-    print("\n| quorum owner alone: groups | CPU ms per round (rounds) | us per join |")
-    print("|---:|---:|---:|")
+    print("\n| quorum owner alone: groups | joins per frame | secret | CPU ms per round (rounds) | us per join |")
+    print("|---:|---:|---|---:|---:|")
     for r in rows:
         if r["section"] == "owner":
-            print(f"| {r['groups']} | {r['owner_cpu_ms']:.0f} {r['all_ms']} | {r['us_per_join']:.1f} |")
+            print(f"| {r['groups']} | {r['batch']} | {'yes' if r['secret'] else 'no'} | {r['owner_cpu_ms']:.0f} "
+                  f"{r['all_ms']} | {r['us_per_join']:.1f} |")
     if plot(rows, out.with_suffix(".png")):
         print(f"plot: {out.with_suffix('.png')}")
     return 0

@@ -171,14 +171,15 @@ def quorum_message(replica_id: str, step: int = 0) -> bytes:
 
 
 def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str = "regent",
-                     min_replicas: int = 1, frontends: int = 0) -> subprocess.Popen:
+                     min_replicas: int = 1, frontends: int = 0,
+                     heartbeat_timeout_ms: int = 5000) -> subprocess.Popen:
     """`kind`: regent (`regent lighthouse`), regent-grpcio (`--server grpcio`, trees up to 1ba06ef), torchft
     (TorchFT's Rust `torchft_lighthouse`, the anchor). `frontends`: Regent's `--frontends N`."""
     env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="error")
     if src:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     flags = ["--bind", f"127.0.0.1:{port}", "--min_replicas", str(min_replicas), "--join_timeout_ms", "60000",
-             "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000"]
+             "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)]
     if profile and kind == "regent":
         cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-profiled", str(port), profile]
     elif kind == "regent-h2":

@@ -12,15 +12,17 @@ without a handshake; nothing on it is unpickled). Each front end sends, at most 
 item of a batch, one write holding:
 - the heartbeats it answered since the last batch (one entry per replica: the newest, with when it arrived and
   its committed report), applied by the owner with `apply_heartbeats`;
-- the Quorum and RegentHolders requests it received (their raw protobuf bytes and a call id), and withdrawals
-  of Quorum calls that ended on the client's side (deadline, cancel, disconnect).
+- the Quorum calls it received, pre-decoded (`regent.ft.joins`: one `K_JOINS` frame of short records a batch,
+  applied by the owner in one pass), the RegentHolders calls (a call id), and withdrawals of Quorum calls that
+  ended on the client's side (deadline, cancel, disconnect).
 The owner answers each call by id (the bytes the single-process Lighthouse would send: byte-identical, since
 the same code makes them); a full answer shared by many members (TorchFT's, one encoding per round) crosses the
 link once per round and front end, then by reference. A compact answer (`regent.ft.compact`) is not made by the
 owner: it sends the round's plan (`compact.encode_plan`) once per front end, then the ids of the calls it answers (one K_SHARES
 frame per loop turn), and the front end builds the round's plan once (`compact.RoundShares.from_plan`) and encodes
-each caller's share itself. The owner's work per join is then the membership update (`FrontJoin`: no future, no
-task per call), which is what a 12,800-group round in under 200 ms needs (issue 37, item 2).
+each caller's share itself. The owner's work per join is then the membership update (`quorum.apply_joins` over a
+pre-decoded batch; no future, no task per call), which is what a 12,800-group round in under 200 ms
+needs (issue 37, item 2).
 
 Liveness lag: a heartbeat counts from when its front end received it (front ends and owner share the host's
 monotonic clock), and reaches the owner's table `batch_ms` plus one owner loop turn later; the owner measures
@@ -57,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regent.ft.compact import RoundShares
+from regent.ft.joins import decode_joins, encode_joins, join_record
 from regent.ft.quorum import LighthouseState, note_heartbeat
 from regent.ft.rpc_security import CallVerifier
 
@@ -67,14 +70,13 @@ logger = logging.getLogger(__name__)
 _HEAD = struct.Struct(">IB")  # payload length, kind
 _CALL = struct.Struct(">Q")
 _NONCE = struct.Struct(">QQ")  # a job-secret proof's timestamp (ms) and nonce key; zeros without a secret
-_CALL_AT = struct.Struct(">Qd")
 _ANSWER = struct.Struct(">QB")
 # Kinds, front end -> owner
 K_CONFIG_ACK = ord("k")  # ready: JSON {"pid": ..., "port": ...}
 K_ERROR = ord("e")  # could not start: utf-8 message
 K_BEATS = ord("h")  # JSON [[rid, t], [rid, t, step, lineage, accepted_loss, accepted_lineage], ...]
 K_CHECKED_BEATS = ord("s")  # with a job secret: JSON [[ms, key, rid, t, (committed)], ...], each awaits a verdict
-K_QUORUM = ord("q")  # call id, arrival time, nonce, raw LighthouseQuorumRequest
+K_JOINS = ord("j")  # Quorum calls, pre-decoded: `joins.encode_joins`
 K_HOLDERS = ord("r")  # call id, nonce
 K_WITHDRAW = ord("w")  # call id
 K_REFUSED = ord("x")  # calls this front end refused (bad or missing proof) since its last report: JSON count
@@ -184,40 +186,6 @@ class LagStats:
                 "p99_ms_le": self.percentile_ms(0.99), "max_ms": 1e3 * self.max_s}
 
 
-@dataclass(frozen=True)
-class ShareOf:
-    """The owner's answer to a front end's compact Quorum call: "your share of this round". The front end
-    computes it (`compact.RoundShares`) from the round's plan (`plan()`, cached), sent once per round and link."""
-
-    plan: Callable[[], bytes]
-
-
-@dataclass
-class FrontJoin:
-    """A front end's Quorum call waiting in the owner for the next issued quorum (`LighthouseServer._tick`
-    answers them all in one pass). No future and no task per call: at 12,800 joins a round, their scheduling
-    was a large share of the owner's time; `reply` writes the answer to the link, `cancel` withdraws the call."""
-
-    replica_id: str
-    wire: Any  # its torchft_pb2.QuorumMember
-    member: Any  # its QuorumMember
-    participant: Any  # its current quorum.Participant (a new one each round it is left out of)
-    ask: tuple[int, bool] | None  # the compact answer's (group size, init_sync), or None for the full answer
-    reply: Callable[[bytes | ShareOf], None]
-    withdraw: Callable[[FrontJoin], None]
-    done: bool = False
-
-    def answer(self, result: bytes | ShareOf) -> None:
-        self.done = True
-        self.reply(result)
-
-    def cancel(self) -> None:
-        """The caller stopped waiting (deadline, cancel, its front end's link lost)."""
-        if not self.done:
-            self.done = True
-            self.withdraw(self)
-
-
 def reuse_port_available() -> str | None:
     """None where front ends can share a port, else why not: they need Linux's SO_REUSEPORT, which spreads
     connections over the sockets (macOS and the BSDs have the option, but give every connection to one)."""
@@ -235,9 +203,11 @@ class Owner:
     """What the pool needs from the quorum owner (`LighthouseServer` implements it)."""
 
     def _frontend_beats(self, beats: list[Beat]) -> None: ...
-    def _frontend_quorum(self, raw: bytes, reply: Callable[[bytes | ShareOf], None]) -> FrontJoin: ...
+    def _frontend_joins(self, link: _OwnerLink, joins: list) -> None: ...
+    def _withdraw(self, rid: str, participant: Any) -> None: ...
     def _holders(self) -> bytes: ...
     def _frontend_spend(self, method: str, ms: int, key: int) -> str | None: ...
+    def _frontend_spend_many(self, method: str, nonces: Iterable[tuple[int, int]]) -> list[str | None] | None: ...
 
 
 class _OwnerLink(asyncio.Protocol):
@@ -250,7 +220,10 @@ class _OwnerLink(asyncio.Protocol):
         self.buffer = bytearray()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.calls: dict[int, asyncio.Future | FrontJoin] = {}  # what K_WITHDRAW or a lost link cancels
+        self.calls: dict[int, asyncio.Future] = {}  # what K_WITHDRAW or a lost link cancels
+        # Quorum calls waiting for the next quorum (`LighthouseServer._frontend_joins`): call id -> its current
+        # quorum.Participant (whose member is the `joins.Join`); K_WITHDRAW or a lost link withdraws them.
+        self.joins: dict[int, Any] = {}
         self.blob: bytes | None = None
         self.share_ids: list[int] = []  # calls answered with their share since the last flush (K_SHARES)
         self.plan_sent: bytes | None = None
@@ -276,19 +249,16 @@ class _OwnerLink(asyncio.Protocol):
                     owner._frontend_beats(json.loads(payload))
                 elif kind == K_CHECKED_BEATS:
                     self._checked_beats(json.loads(payload))
-                elif kind == K_QUORUM:
-                    call_id, _ = _CALL_AT.unpack_from(payload)
-                    nonce = _NONCE.unpack_from(payload, _CALL_AT.size)
-                    body = payload[_CALL_AT.size + _NONCE.size:]
-                    if self._spent(call_id, QUORUM_METHOD, nonce):
-                        try:
-                            self.calls[call_id] = owner._frontend_quorum(body, lambda r, c=call_id: self._reply(c, r))
-                        except Exception as err:  # noqa: BLE001 - answered to the caller as the single process would
-                            self._answer_error(call_id, err)
+                elif kind == K_JOINS:
+                    self._joins(payload)
                 elif kind == K_WITHDRAW:
-                    task = self.calls.pop(_CALL.unpack(payload)[0], None)
+                    call_id = _CALL.unpack(payload)[0]
+                    task = self.calls.pop(call_id, None)
                     if task is not None:
-                        task.cancel()  # withdraws the participant (`FrontJoin.cancel`, or the task's done callback)
+                        task.cancel()
+                    participant = self.joins.pop(call_id, None)
+                    if participant is not None:
+                        owner._withdraw(participant.member.replica_id, participant)
                 elif kind == K_HOLDERS:
                     self._run(_CALL.unpack_from(payload)[0], owner._holders, HOLDERS_METHOD,
                               _NONCE.unpack_from(payload, _CALL.size))
@@ -309,16 +279,47 @@ class _OwnerLink(asyncio.Protocol):
         """Heartbeats whose proofs the front end checked: spend each nonce here (one table for every front end,
         so a replay is refused whichever front end it reaches), apply the fresh ones, answer with the refusals."""
         owner = self.pool.owner
-        beats, refused = [], []
-        for i, entry in enumerate(entries):
-            refusal = owner._frontend_spend(HEARTBEAT_METHOD, int(entry[0]), int(entry[1]))
-            if refusal is None:
-                beats.append(entry[2:])
-            else:
-                refused.append([i, refusal])
+        refusals = owner._frontend_spend_many(HEARTBEAT_METHOD, [(int(e[0]), int(e[1])) for e in entries]) \
+            or [None] * len(entries)
+        beats = [entry[2:] for entry, refusal in zip(entries, refusals) if refusal is None]
+        refused = [[i, refusal] for i, refusal in enumerate(refusals) if refusal is not None]
         if beats:
             owner._frontend_beats(beats)
         self._send(frame(K_VERDICT, json.dumps(refused).encode()))
+
+    def _joins(self, payload: bytes) -> None:
+        """A batch of pre-decoded Quorum calls (`regent.ft.joins`): with a job secret every call's nonce is spent
+        first (a refused one is answered UNAUTHENTICATED and never touches the state), then the owner applies the
+        rest in one pass. A frame that does not decode is a broken front end: it is restarted."""
+        try:
+            joins = decode_joins(payload)
+        except (ValueError, TypeError, struct.error) as err:
+            logger.error("front end %d sent a bad joins frame (%s); restarting it", self.slot, err)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        owner = self.pool.owner
+        refusals = owner._frontend_spend_many(QUORUM_METHOD, (j.nonce for j in joins))
+        if refusals is not None and any(refusals):
+            from regent.ft.grpc_lite import StatusCode
+
+            code = int(StatusCode.UNAUTHENTICATED)
+            for join, refusal in zip(joins, refusals):
+                if refusal is not None:
+                    self._send(frame(K_ANSWER, _ANSWER.pack(join.call_id, code) + refusal.encode()))
+            joins = [join for join, refusal in zip(joins, refusals) if refusal is None]
+        try:
+            owner._frontend_joins(self, joins)
+        except Exception as err:  # a defect: answered to every caller of the batch (UNKNOWN), none left waiting
+            from regent.ft.grpc_lite import StatusCode
+
+            logger.exception("Lighthouse: applying front end %d's batch of %d joins failed", self.slot, len(joins))
+            message = f"{type(err).__name__}: {err}".encode()
+            for join in joins:
+                participant = self.joins.pop(join.call_id, None)
+                if participant is not None:
+                    owner._withdraw(join.replica_id, participant)
+                self._send(frame(K_ANSWER, _ANSWER.pack(join.call_id, int(StatusCode.UNKNOWN)) + message))
 
     def _spent(self, call_id: int, method: str, nonce: tuple[int, int]) -> bool:
         """Spend the call's nonce in the owner (with a job secret); False: refused, and answered so."""
@@ -329,11 +330,6 @@ class _OwnerLink(asyncio.Protocol):
 
         self._send(frame(K_ANSWER, _ANSWER.pack(call_id, int(StatusCode.UNAUTHENTICATED)) + refusal.encode()))
         return False
-
-    def _reply(self, call_id: int, result: bytes | ShareOf) -> None:
-        """The owner's answer to a waiting front-end join (`FrontJoin.reply`)."""
-        if self.calls.pop(call_id, None) is not None:
-            self.answer(call_id, result)
 
     def _run(self, call_id: int, call: Callable[[], bytes | asyncio.Future], method: str = "",
              nonce: tuple[int, int] = (0, 0)) -> None:
@@ -370,16 +366,7 @@ class _OwnerLink(asyncio.Protocol):
             code, message = int(StatusCode.UNKNOWN), f"{type(err).__name__}: {err}"
         self._send(frame(K_ANSWER, _ANSWER.pack(call_id, code) + message.encode()))
 
-    def answer(self, call_id: int, response: bytes | ShareOf) -> None:
-        if isinstance(response, ShareOf):
-            plan = response.plan()  # one encoding per round, cached by the owner
-            if plan is not self.plan_sent:
-                self._shares_out()  # shares of the previous plan go before the new one
-                self.plan_sent = plan
-                self._send(frame(K_PLAN, plan))
-            self.share_ids.append(call_id)  # one K_SHARES frame for all of them (`_flush`)
-            self._send(b"")
-            return
+    def answer(self, call_id: int, response: bytes) -> None:
         if len(response) >= BLOB_MIN_BYTES:
             if response is not self.blob:
                 self.blob = response
@@ -387,6 +374,23 @@ class _OwnerLink(asyncio.Protocol):
             self._send(frame(K_ANSWER, _ANSWER.pack(call_id, REF)))
         else:
             self._send(frame(K_ANSWER, _ANSWER.pack(call_id, 0) + response))
+
+    def answer_round(self, issued: Any, compact_ids: list[int], full_ids: list[int]) -> None:
+        """Answer this link's joins in an issued quorum (`lighthouse._Issued`): the compact ones with their share
+        of the round's plan (the plan crosses the link once per round, then one K_SHARES frame of call ids a loop
+        turn), the others with TorchFT's full answer (one encoding per round, sent once as a blob)."""
+        if compact_ids:
+            plan = issued.plan()
+            if plan is not self.plan_sent:
+                self._shares_out()  # shares of the previous plan go before the new one
+                self.plan_sent = plan
+                self._send(frame(K_PLAN, plan))
+            self.share_ids += compact_ids
+            self._send(b"")
+        if full_ids:
+            full = issued.full()
+            for call_id in full_ids:
+                self.answer(call_id, full)
 
     def _send(self, data: bytes) -> None:
         self.out.append(data)
@@ -411,6 +415,9 @@ class _OwnerLink(asyncio.Protocol):
         for task in list(self.calls.values()):
             task.cancel()  # the front end's clients lost their connections with it: withdraw them
         self.calls.clear()
+        joins, self.joins = self.joins, {}
+        for participant in joins.values():
+            self.pool.owner._withdraw(participant.member.replica_id, participant)
         if not self.ready.done():
             self.ready.set_exception(OSError("the front end exited before it was ready"))
         if not self.lost.done():
@@ -605,6 +612,7 @@ class FrontEnd:
         self.out: list[bytes] = []
         self.flush_handle: asyncio.Handle | None = None
         self.calls: dict[int, asyncio.Future] = {}
+        self.joins: list[tuple[list, bytes, bytes]] = []  # Quorum calls since the last frame (`joins.join_record`)
         self.next_call = 0
         self.blob = b""
         self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
@@ -640,12 +648,15 @@ class FrontEnd:
         from regent.ft.lighthouse import _compact_ask, decode_quorum_request
 
         message = decode_quorum_request(request)  # refuse what the owner would refuse, here
-        # The heartbeats received so far go first in the batch: the owner sees them before this join.
-        nonce = _NONCE.pack(*self._nonce())
-        future = self._call(K_QUORUM, lambda c: _CALL_AT.pack(c, time.monotonic()) + nonce + request)
+        # Decoded here, on this core (`regent.ft.joins`); the heartbeats received so far go first in the batch:
+        # the owner sees them before this join.
+        future = self._new_call()
+        call_id = self.next_call
+        self.joins.append(join_record(call_id, self._nonce(), message, request))
         ask = _compact_ask(message)
         if ask is not None:
-            self.asks[self.next_call] = (message.requester.replica_id, *ask)
+            self.asks[call_id] = (message.requester.replica_id, *ask)
+        self._soon()
         return future
 
     def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
@@ -655,22 +666,36 @@ class FrontEnd:
         nonce = _NONCE.pack(*self._nonce())
         return self._call(K_HOLDERS, lambda c: _CALL.pack(c) + nonce)
 
-    def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
-        """Forward one call to the owner; the future resolves with its answer (a cancel withdraws it there)."""
+    def _new_call(self) -> asyncio.Future:
+        """A call to the owner under the next id; the future resolves with its answer (a cancel withdraws it)."""
         self.next_call += 1
         call_id = self.next_call
         future = self.loop.create_future()
         self.calls[call_id] = future
         future.add_done_callback(lambda f, c=call_id: self._ended(c, f))
-        self.out.append(frame(kind, payload(call_id)))
-        self._soon()
         return future
+
+    def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
+        """Forward one call to the owner as its own frame."""
+        future = self._new_call()
+        self._out(frame(kind, payload(self.next_call)))
+        return future
+
+    def _out(self, data: bytes) -> None:
+        """A frame for the owner, after the joins received before it (their order is kept)."""
+        self._seal_joins()
+        self.out.append(data)
+        self._soon()
+
+    def _seal_joins(self) -> None:
+        if self.joins:
+            self.out.append(frame(K_JOINS, encode_joins(self.joins)))
+            self.joins = []
 
     def _ended(self, call_id: int, future: asyncio.Future) -> None:
         self.asks.pop(call_id, None)
         if self.calls.pop(call_id, None) is not None and future.cancelled():
-            self.out.append(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
-            self._soon()
+            self._out(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
 
     # batching ----------------------------------------------------------------------------------------------------
     def _soon(self) -> None:
@@ -693,6 +718,7 @@ class FrontEnd:
         if self.verifier is not None and self.verifier.refused > self.reported_refused:
             parts.append(frame(K_REFUSED, str(self.verifier.refused - self.reported_refused).encode()))
             self.reported_refused = self.verifier.refused
+        self._seal_joins()
         parts += self.out
         self.out = []
         if parts and self.link.transport is not None:

@@ -54,12 +54,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from datetime import datetime, timezone
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,14 @@ from regent import settings
 from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite, rpc_security
 from regent.ft.compact import RoundShares, encode_plan
-from regent.ft.frontends import FrontJoin, ShareOf
+from regent.ft.joins import Join
 from regent.ft.proto import torchft_pb2, torchft_pb2_grpc
 from regent.ft.quorum import (
     LighthouseState,
     Participant,
     QuorumOptions,
     Watermark,
+    apply_joins,
     expect_first_groups,
     expire_heartbeats,
     forget_replicas,
@@ -91,7 +93,7 @@ from regent.ft.quorum import (
     quorum_possible,
     restart_grace,
 )
-from regent.ft.recovery import ACCEPTED_LOSS_KEY, state_version
+from regent.ft.recovery import accepted_loss, state_version
 from regent.ft.types import Quorum, QuorumMember
 
 logger = logging.getLogger(__name__)
@@ -208,14 +210,18 @@ def _compact_ask(request: torchft_pb2.LighthouseQuorumRequest) -> tuple[int, boo
     return int(request.requester.world_size), bool(request.regent_compact.init_sync)
 
 
+_REPLICA_ID = attrgetter("replica_id")
+
+
 class _Issued:
     """One issued quorum and its answers: TorchFT's full answer (one encoding for every member that wants it,
     made on first need) or a member's compact share (`regent.ft.compact`, from one plan per round)."""
 
-    def __init__(self, quorum: Quorum, wires: list[torchft_pb2.QuorumMember], watermark: Watermark) -> None:
+    def __init__(self, quorum: Quorum, wires: Callable[[], list[torchft_pb2.QuorumMember]],
+                 watermark: Watermark) -> None:
         self.quorum = quorum
         self.quorum_id = quorum.quorum_id
-        self.ids = frozenset(m.replica_id for m in quorum.participants)
+        self.ids = frozenset(map(_REPLICA_ID, quorum.participants))
         self._wires = wires
         self._committed = torchft_pb2.RegentCommitted(step=watermark.step, lineage=watermark.lineage,
                                                       resets=watermark.resets)
@@ -230,12 +236,9 @@ class _Issued:
             self._shares = RoundShares(self.quorum_id, self.quorum.participants, self._committed, self._created())
         return self._shares.answer(replica_id, *ask)
 
-    def for_frontend(self, ask: tuple[int, bool] | None) -> bytes | ShareOf:
-        """A front end's caller's answer: the full one, or `ShareOf` this round (the front end computes the
-        share from the round's plan, `compact.encode_plan`, sent to it once per round)."""
-        return self.full() if ask is None else ShareOf(self.plan)
-
     def plan(self) -> bytes:
+        """The round's plan for the front ends (`compact.encode_plan`, once per round): each computes its callers'
+        compact shares from it."""
         if self._plan is None:
             self._plan = encode_plan(self.quorum_id, self.quorum.participants, self._committed, self._created())
         return self._plan
@@ -248,11 +251,10 @@ class _Issued:
     def full(self) -> bytes:
         if self._full is None:
             response = torchft_pb2.LighthouseQuorumResponse(
-                quorum=torchft_pb2.Quorum(quorum_id=self.quorum_id, participants=self._wires,
+                quorum=torchft_pb2.Quorum(quorum_id=self.quorum_id, participants=self._wires(),
                                           regent_committed=self._committed))
             response.quorum.created.FromDatetime(self.quorum.created)
             self._full = response.SerializeToString()
-            self._wires = []
         return self._full
 
 
@@ -387,8 +389,9 @@ class LighthouseServer:
         self._wire: dict[str, torchft_pb2.QuorumMember] = {}
         # One future per Quorum call waiting for the next issued quorum; all are resolved when one is issued.
         self._waiters: list[asyncio.Future] = []
-        # The front ends' Quorum calls waiting for the next issued quorum (`_frontend_quorum`).
-        self._front_joins: list[FrontJoin] = []
+        # The front ends' Quorum calls waiting for the next issued quorum, per batch: (link, participants)
+        # (`_frontend_joins`).
+        self._front_joins: list[tuple[Any, list[Participant]]] = []
         self._last_reason = ""
         self._quorums_issued = 0
         self._tick_pending = False
@@ -630,9 +633,7 @@ class LighthouseServer:
         rid = member.replica_id
         self._heartbeat(rid)  # a Quorum request is an implicit heartbeat
         step, lineage = state_version(member)
-        accepted = member.data.get(ACCEPTED_LOSS_KEY) if isinstance(member.data, dict) else None
-        well_formed = isinstance(accepted, list) and len(accepted) == 2 and all(isinstance(x, int) for x in accepted)
-        self._note_committed(rid, step, lineage, (accepted[0], accepted[1]) if well_formed else None)
+        self._note_committed(rid, step, lineage, accepted_loss(member))
         return member, self._join(wire, member)
 
     def _note_committed(self, rid: str, step: int, lineage: int, accepted: tuple[int, int] | None = None) -> None:
@@ -667,7 +668,7 @@ class LighthouseServer:
             # A holder whose address this Lighthouse has not learned yet (it was restarted, and the holder has not
             # asked for a quorum since) is named without one: the asker then knows the state is alive and heals
             # at its next quorum, instead of concluding from an empty list that every holder is gone.
-            holders=[self._member_wire.get(rid) or torchft_pb2.QuorumMember(replica_id=rid) for rid in found],
+            holders=[self._wire_of(rid) for rid in found],
         ).SerializeToString()
 
     def _heartbeat(self, rid: str, message: torchft_pb2.LighthouseHeartbeatRequest | None = None) -> None:
@@ -708,37 +709,95 @@ class LighthouseServer:
         reason = self._verifier.spend(ms, key)
         return None if reason is None else self._verifier.refuse("a front end", method, reason)
 
-    def _frontend_quorum(self, raw: bytes, reply: Callable[[bytes | ShareOf], None]) -> FrontJoin:
-        """A Quorum call a front end received (validated there). The same effects as `_quorum`, but the wait is
-        a `FrontJoin` (no future, no task), and `_tick` answers every front-end join of a round in one pass, with
-        the full answer or `ShareOf` the round (the front end computes the compact share): the owner's work per
-        join is the membership update, which is what keeps a 12,800-group round short."""
-        message = decode_quorum_request(raw)
-        wire = message.requester
-        member, participant = self._enter(wire)
-        join = FrontJoin(member.replica_id, wire, member, participant, _compact_ask(message), reply,
-                         self._withdraw_front)
-        self._front_joins.append(join)
+    def _frontend_spend_many(self, method: str, nonces: Iterable[tuple[int, int]]) -> list[str | None] | None:
+        """`_frontend_spend` for a batch of calls (one clock read and one lock; every nonce still checked): each
+        call's refusal or None; None for all when this Lighthouse has no secret (`nonces` is then not read)."""
+        if self._verifier is None:
+            return None
+        verifier = self._verifier
+        return [None if reason is None else verifier.refuse("a front end", method, reason)
+                for reason in verifier.spend_many(list(nonces))]
+
+    def _frontend_joins(self, link: Any, joins: list[Join]) -> None:
+        """A front end's batch of Quorum calls, pre-decoded there (`regent.ft.joins`). The same effects as
+        `_quorum` per call (`quorum.apply_joins`: the implicit heartbeat, the committed report, the join), in one
+        pass; each waits as its participant in the link's `joins` (no future, no task), and `_tick` answers every
+        front-end join of a round in one pass. With a job secret the link has spent every call's nonce first."""
+        if not joins:
+            return
+        try:
+            applied = apply_joins(self._state, joins, time.monotonic())
+        except Exception:
+            # A defect (a record apply_joins cannot read): none of the batch may wait, since its callers are answered
+            # with the error (`_OwnerLink._joins`); the reports applied before it stand (they are what was sent).
+            participants = self._state.participants
+            for join in joins:
+                waiting = participants.get(join.replica_id)
+                if waiting is not None and waiting.member is join:
+                    del participants[join.replica_id]
+            raise
+        link.joins.update(zip([j.call_id for j in joins], applied.participants))
+        self._member_wire.update(zip([j.replica_id for j in joins], joins))
+        self._front_joins.append((link, applied.participants))
+        self._after_reports(applied.retired, applied.watermark_moves)
         if quorum_possible(self._state, self._opts):
             self._tick_soon()
-        return join
 
-    def _withdraw_front(self, join: FrontJoin) -> None:
-        self._withdraw(join.replica_id, join.participant)
+    def _after_reports(self, retired: dict[str, list[str]], moves: list[tuple[str, Watermark]]) -> None:
+        """What `_heartbeat` and `_note_committed` do after a batch changed the table: log and forget retired
+        incarnations (a quorum may form without them), log a lineage reset, save a moved watermark once."""
+        for rid, old_ids in retired.items():
+            logger.info("replica %s is a new incarnation; retired %s", rid, old_ids)
+            for old in old_ids:
+                self._member_wire.pop(old, None)
+        if retired:
+            self._tick_soon()
+        for rid, before in moves:
+            after = self._state.watermark
+            if after.resets != before.resets:
+                logger.warning("lineage reset accepted by %s: committed watermark %d -> %d (restored older state)",
+                               rid, before.step, after.step)
+        if moves:
+            self._save_state()
+
+    def _wire_of(self, rid: str) -> torchft_pb2.QuorumMember:
+        """A replica's last Quorum request's member (parsed now if a front end pre-decoded it), or its id alone."""
+        wire = self._member_wire.get(rid)
+        if wire is None:
+            return torchft_pb2.QuorumMember(replica_id=rid)
+        return wire if isinstance(wire, torchft_pb2.QuorumMember) else wire.to_proto()
 
     def _answer_front_joins(self, answers: _Issued) -> None:
-        """Answer the front ends' waiting joins that `answers` includes; the others join the next round (as
+        """Answer the front ends' waiting joins that `answers` includes, per link in one go (`_OwnerLink.
+        answer_round`: the round's plan and one frame of call ids); the others join the next round (as
         `_quorum_wait` does for this process's own callers)."""
-        joins, self._front_joins = self._front_joins, []
-        for join in joins:
-            if join.done:
-                continue  # withdrawn
-            if join.replica_id in answers.ids:
-                join.answer(answers.for_frontend(join.ask))
-            else:
-                logger.info("replica %s not in quorum %d; waiting for the next", join.replica_id, answers.quorum_id)
-                join.participant = self._join(join.wire, join.member)
-                self._front_joins.append(join)
+        batches, self._front_joins = self._front_joins, []
+        ids = answers.ids
+        answered: dict[Any, tuple[list[int], list[int]]] = {}
+        for link, participants in batches:
+            waiting = link.joins
+            compact, full = answered.setdefault(link, ([], []))
+            left_out = []
+            for participant in participants:
+                join = participant.member
+                call_id = join.call_id
+                if waiting.get(call_id) is not participant:
+                    continue  # withdrawn, or its link is gone
+                if join.replica_id in ids:
+                    del waiting[call_id]
+                    (compact if join.compact else full).append(call_id)
+                else:
+                    logger.info("replica %s not in quorum %d; waiting for the next", join.replica_id,
+                                answers.quorum_id)
+                    again = Participant(joined=time.monotonic(), member=join)
+                    self._state.participants[join.replica_id] = again
+                    self._member_wire[join.replica_id] = join
+                    waiting[call_id] = again
+                    left_out.append(again)
+            if left_out:
+                self._front_joins.append((link, left_out))
+        for link, (compact, full) in answered.items():
+            link.answer_round(answers, compact, full)
 
     def forget_replicas(self, replica_ids: list[str]) -> list[str]:
         """Count `replica_ids` as failed now (their processes are known dead), not after their heartbeats time
@@ -793,12 +852,15 @@ class LighthouseServer:
             self._last_reason = reason
         if members is None:
             return
-        wires = [self._wire.get(m.replica_id) or m.to_proto() for m in members]
+        wire = self._wire  # the waiting callers' wire forms, for the full answer if anyone asks for it
+        self._wire = {}
         previous_id = self._state.quorum_id if self._state.prev_quorum is not None else None
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
-        self._wire.clear()
         self._quorums_issued += 1
-        answers = _Issued(quorum, wires, self._state.watermark)
+        # A front end's member parses its wire form from its raw request (`joins.Join.to_proto`), only if a
+        # caller wants TorchFT's full answer.
+        answers = _Issued(quorum, lambda: [wire.get(m.replica_id) or m.to_proto() for m in members],
+                          self._state.watermark)
         if quorum.quorum_id != previous_id:
             self._save_state()
             if len(members) <= 64:

@@ -76,6 +76,16 @@ def state_version(member: Any) -> tuple[int, int]:
     return int(member.step), lineage
 
 
+def accepted_loss(member: Any) -> tuple[int, int] | None:
+    """The watermark (step, lineage) a member that restored older state accepts losing (`ACCEPTED_LOSS_KEY` in its
+    `data`; `quorum.note_committed`), or None when it reports none or something malformed."""
+    data = getattr(member, "data", None)
+    accepted = data.get(ACCEPTED_LOSS_KEY) if isinstance(data, dict) else None
+    if isinstance(accepted, list) and len(accepted) == 2 and all(isinstance(x, int) for x in accepted):
+        return accepted[0], accepted[1]
+    return None
+
+
 def members_digest(ids: Sequence[str]) -> bytes:
     """BLAKE2b-128 of the sorted member ids: two quorums with the same digest have the same members. What a
     compact quorum answer carries instead of the list (and what the Manager keys its group rebuilds on)."""

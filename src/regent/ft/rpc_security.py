@@ -135,18 +135,27 @@ class CallVerifier:
 
     def spend(self, ms: int, key: int, now: float | None = None) -> str | None:
         """Spend a checked proof's nonce (`proof_nonce`): None the first time, a refusal for a replay."""
+        return self.spend_many([(ms, key)], now)[0]
+
+    def spend_many(self, nonces: list[tuple[int, int]], now: float | None = None) -> list[str | None]:
+        """`spend` for a batch of checked proofs (a front end's batch of calls), in order: every nonce is checked
+        and spent as `spend` would, under one clock read and one lock."""
         now = time.time() if now is None else now
         cutoff = int((now - self.window_s) * 1000)
+        out: list[str | None] = []
         with self._lock:
-            order = self._order
+            order, seen = self._order, self._seen
             while order and order[0][0] < cutoff:
-                self._seen.discard(order.popleft()[1])
-            if key in self._seen:
-                return "replayed proof (nonce already used)"
-            self._seen.add(key)
-            order.append((ms, key))
-            self.accepted += 1
-        return None
+                seen.discard(order.popleft()[1])
+            for ms, key in nonces:
+                if key in seen:
+                    out.append("replayed proof (nonce already used)")
+                    continue
+                seen.add(key)
+                order.append((ms, key))
+                self.accepted += 1
+                out.append(None)
+        return out
 
     def refuse(self, peer: str, method: str, reason: str) -> str:
         """Count and log a refusal (a warning once per peer host, then DEBUG); returns the client's message."""

@@ -10,7 +10,7 @@ import pytest
 from regent.ft import frontends
 from regent.ft.frontends import (
     K_BEATS,
-    K_QUORUM,
+    K_JOINS,
     apply_heartbeats,
     batch_beat,
     frame,
@@ -22,13 +22,13 @@ from regent.ft.quorum import LighthouseState
 
 
 def test_link_frames_split_at_any_byte_boundary() -> None:
-    stream = frame(K_BEATS, b'[["a",1.0]]') + frame(K_QUORUM, b"x" * 5000) + frame(K_BEATS)
+    stream = frame(K_BEATS, b'[["a",1.0]]') + frame(K_JOINS, b"x" * 5000) + frame(K_BEATS)
     for cut in range(len(stream) + 1):
         buffer = bytearray(stream[:cut])
         got = split_frames(buffer)
         buffer += stream[cut:]
         got += split_frames(buffer)
-        assert got == [(K_BEATS, b'[["a",1.0]]'), (K_QUORUM, b"x" * 5000), (K_BEATS, b"")]
+        assert got == [(K_BEATS, b'[["a",1.0]]'), (K_JOINS, b"x" * 5000), (K_BEATS, b"")]
         assert not buffer
 
 
