@@ -43,11 +43,7 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
     for _ in range(64 if ranges else 0):
         a, b = ranges[0]
         port = rng.randint(a, b)
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue  # taken: another one
+        if _bindable(host, port):  # else taken: another one
             return port
     # no room outside the ephemeral range (an unusual host setting), or all tried were taken: the OS's choice
     with socket.socket(family, socket.SOCK_STREAM) as sock:
