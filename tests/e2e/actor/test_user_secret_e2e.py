@@ -52,7 +52,7 @@ def _env(tmp_path) -> dict:
 def _client(tmp_path, env: dict, address: str) -> str:
     out = subprocess.run([sys.executable, "-c", CLIENT, address], env=env, capture_output=True, text=True,
                          timeout=TIMEOUT * 2)
-    return out.stdout.strip() or out.stderr
+    return (out.stdout.strip() + "\n" + out.stderr).strip()
 
 
 def test_worker_and_client_without_a_secret_share_the_users_and_another_secret_is_refused(tmp_path):
@@ -66,10 +66,14 @@ def test_worker_and_client_without_a_secret_share_the_users_and_another_secret_i
         secret_file = tmp_path / "config" / "regent" / "job-secret"
         assert secret_file.stat().st_mode & 0o777 == 0o600
 
-        assert _client(tmp_path, env, address) == "replies ['hello!']"
+        assert _client(tmp_path, env, address).splitlines()[0] == "replies ['hello!']"
 
         other = _client(tmp_path, {**env, "REGENT_JOB_SECRET": "bb" * 32}, address)
-        assert other.startswith("raised") and "does not share this job's secret" in other, other
+        # The refusal reaches the client twice, as Monarch's does: the call raises, and the failed proc mesh is a
+        # supervision event whose default hook ends the client, possibly while the main thread is still printing.
+        # Which comes first is a race, so either is right; what matters is the line that names the cause.
+        assert other.startswith(("raised", "Unhandled failure")), other
+        assert "does not share this job's secret" in other, other
         assert worker.poll() is None  # the refused client did not disturb the worker
     finally:
         worker.kill()
