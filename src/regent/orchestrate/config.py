@@ -26,9 +26,10 @@ __all__ = ["ConfigError", "FaultConfig", "LighthouseConfig", "RunConfig", "parse
 # Single-replica kinds hit one trainer (`node`: every process of one replica); `straggler` pauses one trainer for
 # `straggler_s`; `correlated` kills several whole replicas within a short window (a rack); `lighthouse` kills
 # the Lighthouse and starts it again on the same address; `bitflip` flips one bit of one replica's parameters or
-# optimizer state in place (silent corruption, found by the state vote). `regent train --chaos` turns every kind on.
+# optimizer state in place (silent corruption, found by the state vote); `supervisor` kills one replica's own process
+# (its ReplicaActor, the supervisor of its trainers). `regent train --chaos` turns every kind on.
 FaultKind = Literal["exception", "segfault", "kill", "exit", "comm", "hang", "node", "straggler", "correlated",
-                    "lighthouse", "bitflip"]
+                    "lighthouse", "bitflip", "supervisor"]
 FAULT_KINDS: tuple[str, ...] = typing.get_args(FaultKind)
 DEFAULT_FAULT_KINDS = ("kill", "exception", "comm", "hang")
 

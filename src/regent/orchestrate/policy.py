@@ -115,3 +115,14 @@ def left_behind(final_at: dict[int, float], pending: list[int], now: float, grac
     if not final_at or now - min(final_at.values()) < grace_s:
         return []
     return [r for r in sorted(pending) if r not in caught_up]
+
+
+def supervisor_respawn(streak: int, step_now: int, step_at_last_respawn: int | None, limit: int) -> tuple[bool, int]:
+    """Whether to respawn a replica whose own process (its ReplicaActor, the supervisor of its trainers) died, and
+    the new count of consecutive such deaths without progress. A death after the replica trained past the step
+    it was respawned at starts the count again; `limit` deaths in a row with no step in between is a crash loop
+    (the replica gives up, as for trainers: `crash_loop_starts`)."""
+    if step_at_last_respawn is None or step_now > step_at_last_respawn:
+        streak = 0
+    streak += 1
+    return streak < limit, streak

@@ -171,10 +171,15 @@ class ReplicaActor(Actor):
         return self.policy.generation
 
     @endpoint
+    async def pid(self) -> int:
+        """This ReplicaActor's process (the `supervisor` fault kills it)."""
+        return os.getpid()
+
+    @endpoint
     async def respawn(self, self_ref: Any) -> int:
-        """This replica's previous process died while no controller was attached (a resumed controller recorded
-        its `failure_detected`): start its trainers as a restart (`restart_started`, then `restart_done` once
-        they are up), which heal from a live peer. Returns the generation."""
+        """This replica's previous process died (while no controller was attached, or under the controller, which
+        recorded its `failure_detected`): start its trainers as a restart (`restart_started`, then `restart_done`
+        once they are up), which heal from a live peer. Returns the generation."""
         t0 = time.time()
         self.emit("restart_started", action="respawn", backoff_s=0.0, failed_starts=0)
         gen = await self._start(self_ref)

@@ -52,6 +52,15 @@ class ReplicaSet:
         for seg in self.segments:
             seg.ranks.pop(replica, None)
 
+    def replicas_of(self, actors: Any, ranks: list[int]) -> list[int]:
+        """The replicas that ranks `ranks` of the actor mesh `actors` serve (a failure report names a mesh and its
+        ranks): none when `actors` is not one of this set's meshes, or those ranks serve no replica any more."""
+        out: list[int] = []
+        for seg in list(self.segments):  # copies: a runtime thread asks while the loop may drop a replica
+            if seg.actors is actors:
+                out += [r for r, rank in list(seg.ranks.items()) if rank in ranks]
+        return sorted(out)
+
     def slice(self, *, replicas: int) -> Any:
         """Replica `replicas`'s ReplicaActor (as `mesh.slice(replicas=r)` on the mesh of a fresh run)."""
         try:

@@ -44,7 +44,7 @@ from regent.orchestrate.faults import (
     fault_record,
 )
 from regent.orchestrate.live import LiveDisplay, RunView
-from regent.orchestrate.policy import left_behind
+from regent.orchestrate.policy import left_behind, supervisor_respawn
 from regent.orchestrate.replica import as_awaitable
 from regent.orchestrate.replica_set import ReplicaSet, adoption_plan
 from regent.orchestrate.resume import (
@@ -139,6 +139,11 @@ class OrchestrationManager:
         self._attach: dict[str, Any] = {}  # what a successor needs (controller/attach.json)
         self._last_event_at: dict[int, float] = {}  # replica -> monotonic time of its latest event
         self._generations_seen = 0  # the highest replica generation in the run's events (a resume goes past it)
+        self._host: Any = None  # where ReplicaActors run (a respawned one too), and the port they report to
+        self._report_port: Any = None
+        self._rseq_held: dict[int, int] = {}  # replica -> the highest journal rseq written (drain drops repeats)
+        self._respawns: dict[int, asyncio.Task] = {}  # replica -> its ReplicaActor's respawn in progress
+        self._respawn_streak: dict[int, tuple[int, int]] = {}  # replica -> (deaths in a row, step at the last one)
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
         # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
         self._distrusted: dict[str, str] = {}  # replica id -> why
@@ -158,6 +163,8 @@ class OrchestrationManager:
             self._last_event_at[r] = time.monotonic()  # the end of a run: a replica still reporting is not stuck
         if r is not None and e.get("replica_id") and e.get("generation") is not None:
             self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
+        if isinstance(e.get("generation"), int) and e["generation"] > self._generations_seen:
+            self._generations_seen = e["generation"]  # a respawned ReplicaActor starts past every generation seen
         if e["kind"] in ("failure_detected", "gave_up", "restart_started") and r is not None:
             self.healthy_since[r] = None
             self._failure_awaited.pop(r, None)
@@ -394,6 +401,13 @@ class OrchestrationManager:
             item = await receiver.recv()
             kind, payload = item[0], item[1]
             if len(item) > 2:  # through a replica's journal: its sequence number goes into the line (resume)
+                r = payload.get("replica")
+                if r is not None:
+                    if item[2] <= self._rseq_held.get(r, 0):
+                        # sent by a ReplicaActor that died before this arrived, and written already from its
+                        # journal (`_respawn_replica`): once is the record
+                        continue
+                    self._rseq_held[r] = item[2]
                 payload = {**payload, "rseq": item[2]}
             if kind == "event":
                 self.record_event(payload)
@@ -431,6 +445,7 @@ class OrchestrationManager:
         previous_hook = actor_api.unhandled_fault_hook
         actor_api.unhandled_fault_hook = self._fault_hook(previous_hook)
         host = this_host()
+        self._host, self._report_port = host, port
         self._attach = self._attach_record(marker)
         code = 0
         try:
@@ -708,43 +723,51 @@ class OrchestrationManager:
                 end_if_ours((procs_ref.get("os_pids") or {}).get(procs_ref["rank_procs"][k]), marker)
         return replicas, lost
 
-    async def _replace_lost(self, host: Any, addr: str, port: Any, lost: dict[int, str]) -> dict[str, int]:
-        """Replicas whose ReplicaActor process died while no controller was attached: what their journals hold
-        beyond the run's files is written first, their failure is recorded (the peers and the Lighthouse are
-        told, as for any failure), their allocations are released, and each gets a new ReplicaActor on a proc
-        mesh of its own, in the next generation (`respawn` starts it). Returns the journal items imported."""
+    async def _replace_lost(self, host: Any, addr: str, port: Any, lost: dict[int, str],
+                            attached: bool = False, spawn: bool = True) -> dict[str, int]:
+        """Replicas whose ReplicaActor process died (while no controller was attached, or, `attached`, under this
+        one): what their journals hold beyond what the run's files hold is written first, their failure is
+        recorded (the peers and the Lighthouse are told, as for any failure), their allocations are released,
+        and each gets a new ReplicaActor on a proc mesh of its own, in the next generation (`respawn` starts
+        it). Returns the journal items imported."""
         from regent.orchestrate.replica import ReplicaActor
 
         assert self._replicas is not None
-        imported = self._import_journal_tails(sorted(lost))
+        imported = self._import_journal_tails(sorted(lost), held=self._rseq_held if attached else None)
         generations: dict[int, int] = {}
-        for e in read_jsonl(self.run_dir / "events.jsonl"):
-            if e.get("replica") in lost and e.get("generation") is not None:
-                generations[e["replica"]] = max(generations.get(e["replica"], 0), int(e["generation"]))
+        if attached:  # this controller saw every event: no need to read the file
+            generations = {r: self.view.reps[r].generation for r in lost if r in self.view.reps}
+        else:
+            for e in read_jsonl(self.run_dir / "events.jsonl"):
+                if e.get("replica") in lost and e.get("generation") is not None:
+                    generations[e["replica"]] = max(generations.get(e["replica"], 0), int(e["generation"]))
+        when = "" if attached else " while no controller was attached"
         for r, why in sorted(lost.items()):
             self.record_event(_event(
-                "failure_detected", replica=r, generation=generations.get(r, 0), rank=None, detached=True,
-                error=f"the replica's own process (its ReplicaActor) died while no controller was attached: {why}",
-                traceback=""))
+                "failure_detected", replica=r, generation=generations.get(r, 0), rank=None, detached=not attached,
+                error=f"the replica's own process (its ReplicaActor) died{when}: {why}", traceback=""))
         await self._release_lost_allocations(only=set(lost))
         journal = str((self.run_dir / "journal").resolve())
-        for r in sorted(lost):
+        for r in sorted(lost) if spawn else ():
             procs = host.spawn_procs(per_host={"replicas": 1}, **self._detach_options())
             actors = procs.spawn("replica", ReplicaActor, self.cfg, addr, port, journal, self._generations_seen + 1, r)
             self._replicas.add(procs, actors, {r: 0}, size=1)
         return imported
 
-    def _import_journal_tails(self, replicas: Any) -> dict[str, int]:
+    def _import_journal_tails(self, replicas: Any, held: dict[int, int] | None = None) -> dict[str, int]:
         """`replicas` are gone (nothing of the run is alive, or their ReplicaActor process died): what they
-        journaled after the run's files end (they trained on for a while, or the controller died with items
-        unwritten) is history all the same; written here, in order, before anything new of them."""
+        journaled after the run's files end (they trained on for a while, the controller died with items
+        unwritten, or a dying ReplicaActor journaled items it never sent) is history all the same; written here,
+        in order, before anything new of them. `held`: the rseq each replica's lines hold, when this controller
+        knows it (else read from the run's files)."""
         from regent.orchestrate.relay import journal_path, read_journal
 
-        after = last_rseqs(self.run_dir)
+        after = dict(held) if held is not None else last_rseqs(self.run_dir)
         imported: dict[str, int] = {}
         for r in replicas:
             n = 0
             for item in read_journal(journal_path(self.run_dir / "journal", r), after.get(r, 0)):
+                self._rseq_held[r] = max(self._rseq_held.get(r, 0), int(item["rseq"]))
                 payload = {**item["payload"], "rseq": item["rseq"]}
                 if item["kind"] == "event" and payload.get("kind") != "state_digest":
                     self.record_event(payload)
@@ -831,6 +854,12 @@ class OrchestrationManager:
 
         def hook(failure: Any) -> None:  # runs on a thread of the actor runtime
             mesh = getattr(failure, "mesh", None)
+            lost = (self._replicas.replicas_of(mesh, list(getattr(failure, "crashed_ranks", [])))
+                    if self._replicas is not None and mesh is not None else [])
+            if lost and self._loop is not None:
+                why = failure.report() if hasattr(failure, "report") else str(failure)
+                self._loop.call_soon_threadsafe(self._replica_process_died, lost, why)
+                return
             if not any(mesh is a for a in self._lh_actors):
                 previous(failure)
                 return
@@ -841,6 +870,52 @@ class OrchestrationManager:
                 self._loop.call_soon_threadsafe(self._lighthouse_crashed)
 
         return hook
+
+    def _replica_process_died(self, lost: list[int], why: str) -> None:
+        """A ReplicaActor's process died (killed, OOM, a bug) while this controller supervises: its trainers go
+        with it (they exit when their parent does, or their allocation is released), and the replica gets a new
+        ReplicaActor whose trainers heal from a live peer, as `--resume` does for one that died while no
+        controller was attached. The run goes on. A replica whose ReplicaActor dies `crash_loop_starts` times in a
+        row without training a step in between gives up."""
+        if self.failed_reason is not None or self._replicas is None:
+            return
+        for r in lost:
+            if r in self._respawns or r not in self._replicas:
+                continue  # a second report of the same death
+            step = self.view.reps[r].step if r in self.view.reps else 0
+            streak, at = self._respawn_streak.get(r, (0, None))
+            again, streak = supervisor_respawn(streak, step, at, self.cfg.crash_loop_starts)
+            self._respawn_streak[r] = (streak, step)
+            last = why.strip().splitlines()[-1].strip() if why.strip() else "no report"
+            self._replicas.drop(r)
+            if again:
+                print(f"[regent] replica {r}: its replica process (ReplicaActor) died ({last}); starting a new "
+                      "one, whose trainers heal from a live peer", flush=True)
+            self._respawns[r] = task = asyncio.get_running_loop().create_task(
+                self._respawn_replica(r, last, None if again else streak))
+            task.add_done_callback(lambda _t, r=r: self._respawns.pop(r, None))
+
+    async def _respawn_replica(self, r: int, why: str, gave_up_after: int | None) -> None:
+        """`_replica_process_died`'s work: the failure recorded and told, the journal's tail written, then a new
+        ReplicaActor (or, `gave_up_after` deaths in a row, none: the replica gives up)."""
+        assert self._replicas is not None
+        addr = self.cfg.lighthouse.address or self._lh_address
+        try:
+            await self._replace_lost(self._host, addr, self._report_port, {r: why}, attached=True,
+                                     spawn=gave_up_after is None)
+            if gave_up_after is not None:
+                reason = (f"its replica process (ReplicaActor) died {gave_up_after} times in a row without training "
+                          f"a step (crash_loop_starts={self.cfg.crash_loop_starts})")
+                print(f"[regent] replica {r} gave up: {reason}; last: {why}", flush=True)
+                self.record_event(_event("gave_up", replica=r, attempts=gave_up_after, failed_starts=gave_up_after,
+                                         reason=reason, last_error=why))
+                self._record_attach()
+                return
+            await self._introduce(self._replicas)
+            await self._replicas.slice(replicas=r).respawn.call_one(self._replicas.slice(replicas=r))
+            self._record_attach()
+        except Exception as exc:  # noqa: BLE001 - the run cannot go on without a supervisor for this replica
+            self.fail_run(f"replica {r}'s replica process died and a new one could not be started: {exc!r}")
 
     def _lighthouse_crashed(self) -> None:
         if self._lh_task is None and self._lh_bind is not None and self.failed_reason is None:
@@ -971,6 +1046,8 @@ class OrchestrationManager:
         if fault.kind == "correlated":
             self._spawn(self._inject_correlated(replicas, fault))  # its kills are spread over a window
             return True
+        if fault.kind == "supervisor":
+            return await self._kill_supervisor(replicas, fault)
         t_inject = time.time()
         try:
             delivered = await replicas.slice(replicas=fault.replica).inject_fault.call_one(fault.kind, fault.rank)
@@ -983,6 +1060,23 @@ class OrchestrationManager:
             self.record_event(make_event("fault_injected", replica=fault.replica, replicas=[fault.replica],
                                          fault_kind=fault.kind, rank=fault.rank, step=self.max_step, **extra))
         return bool(delivered)
+
+    async def _kill_supervisor(self, replicas: Any, fault: PlannedFault) -> bool:
+        """The `supervisor` fault: SIGKILL the replica's own process (its ReplicaActor, on this host), as an OOM
+        kill or a bug in it would; `_replica_process_died` starts a new one. False while it is being replaced."""
+        if fault.replica in self._respawns:
+            return False
+        t_inject = time.time()
+        try:
+            pid = await replicas.slice(replicas=fault.replica).pid.call_one()
+        except Exception as exc:  # noqa: BLE001 - reported; counted as not delivered (it is dying or replaced)
+            logger.warning("the supervisor fault could not reach replica %s: %r", fault.replica, exc)
+            return False
+        self.record_event(make_event("fault_injected", replica=fault.replica, replicas=[fault.replica],
+                                     fault_kind=fault.kind, rank=None, step=self.max_step))
+        self._await_failure(fault.kind, [fault.replica], t_inject)
+        os.kill(pid, signal.SIGKILL)
+        return True
 
     def _await_failure(self, kind: str, hit: list[int], injected_at: float) -> None:
         """Replicas `hit` by a fault at `injected_at` count as recovering until their failure is reported."""
@@ -1035,6 +1129,8 @@ class OrchestrationManager:
         # Two steps past the last one reported, not one: a replica may have committed max_step + 1 and started
         # the step after it before its report (or this stop) arrived, and a replica that overshoots the stop step
         # waits for a quorum the others never join (soak of session 20: the last step took 60 s, a join timeout).
+        if self._respawns:  # a replica whose ReplicaActor died gets its new one before the stop is asked for
+            await asyncio.wait(set(self._respawns.values()), timeout=120)
         target = cfg.steps if cfg.steps is not None else self.max_step + 2
         target = int(math.ceil(max(target, 1) / h) * h)
         self.stop_requested_at = target
@@ -1068,11 +1164,13 @@ class OrchestrationManager:
         Without this, a replica that joined the last round late waited out `wait` and was left uncompared."""
         loop = asyncio.get_running_loop()
         tasks = {r: asyncio.ensure_future(as_awaitable(replicas.slice(replicas=r).finish.call_one(wait)))
-                 for r in range(self.cfg.replicas)}
-        results: dict[int, dict[str, Any]] = {}
+                 for r in range(self.cfg.replicas) if r in replicas}
+        # a replica without a ReplicaActor (it gave up in a crash loop of its own process) has no final state
+        results: dict[int, dict[str, Any]] = {r: {"replica": r, "step": None, "digest": None}
+                                              for r in range(self.cfg.replicas) if r not in tasks}
         final_at: dict[int, float] = {}
         caught_up: set[int] = set()
-        while len(results) < len(tasks):
+        while len(results) < self.cfg.replicas:
             await asyncio.wait([t for r, t in tasks.items() if r not in results], timeout=1.0,
                                return_when=asyncio.FIRST_COMPLETED)
             for r, t in tasks.items():

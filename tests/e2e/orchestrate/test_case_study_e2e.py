@@ -29,7 +29,7 @@ COMMON = [
 
 # (seconds after the first training step, replica, kind, rank)
 SCHEDULE_A = [(10, 0, "kill", 1), (28, 1, "exception", 0), (46, 0, "segfault", 0), (64, 1, "exit", 1)]
-SCHEDULE_B = [(10, 1, "hang", 1), (34, 0, "node", 0), (58, 1, "comm", 0)]
+SCHEDULE_B = [(10, 1, "hang", 1), (32, 0, "node", 0), (52, 1, "comm", 0), (68, 0, "supervisor", 0)]
 
 
 class Run:
@@ -71,7 +71,7 @@ def run_a(tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_b")
-    return run_regent(d / "run", "--duration", "82s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
+    return run_regent(d / "run", "--duration", "90s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
 
 
 def check_fault_recovered(run: Run, kind: str) -> None:
@@ -113,9 +113,24 @@ def test_fresh_allocation_after_k_in_place_restarts(run_a):
         assert any(e["kind"] == "allocation" for e in kinds), f"replica {r} got no fresh allocation"
 
 
-@pytest.mark.parametrize("kind", ["hang", "node"])
+@pytest.mark.parametrize("kind", ["hang", "node", "supervisor"])
 def test_fault_heals_from_peer_b(run_b, kind):
     check_fault_recovered(run_b, kind)
+
+
+def test_a_dead_replica_actor_is_replaced_and_nothing_it_reported_is_written_twice(run_b):
+    """The `supervisor` fault kills a replica's own process (its ReplicaActor) under a live controller: the run
+    goes on, the controller starts a new ReplicaActor (a respawn), and what the dead one journaled reaches the
+    run's files once, whether it arrived before the death or was read from its journal after it."""
+    fault = next(e for e in run_b.events if e["kind"] == "fault_injected" and e["fault_kind"] == "supervisor")
+    r = fault["replica"]
+    after = [e for e in run_b.events if e["time"] >= fault["time"] and e["replica"] == r]
+    detected = next(e for e in after if e["kind"] == "failure_detected")
+    assert "ReplicaActor" in detected["error"] and not detected.get("detached"), detected
+    assert any(e["kind"] == "restart_started" and e.get("action") == "respawn" for e in after)
+    for r_ in (0, 1):
+        seqs = [x["rseq"] for x in run_b.events + run_b.metrics if x.get("replica") == r_ and x.get("rseq")]
+        assert len(seqs) == len(set(seqs)), f"replica {r_}: an item written twice"
 
 
 def test_exception_traceback_captured(run_a):
