@@ -373,12 +373,22 @@ def check_state_votes(events: list[dict[str, Any]], config: dict[str, Any] | Non
 # The sample ledger: every sample exactly once
 # ---------------------------------------------------------------------------------------------------------
 
-def effective_ledger(lines: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+def effective_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None
+                     ) -> dict[int, list[dict[str, Any]]]:
     """Ledger lines by committed step: per (step, replica) the last one written (a step committed again after
-    a counted reset or a checkpoint restart replaces the lost one)."""
+    a counted reset or a checkpoint restart replaces the lost one). With `events`, a line of a step above the
+    step a later `state_lost` restored is left out: that commit's lineage was lost (a counted reset, a
+    checkpoint restart), so its samples count as trained only where the restored lineage trains them again
+    (a restart whose step is not committed again with samples, e.g. a DiLoCo restart's first sync, would
+    otherwise keep the lost round's line beside the round that retrains it)."""
+    resets = [(float(e["time"]), int(e["restored_step"])) for e in events or ()
+              if e.get("kind") == "state_lost" and e.get("restored_step") is not None and e.get("time") is not None]
     last: dict[tuple[Any, Any], dict[str, Any]] = {}
     for line in sorted((x for x in lines if x.get("step") is not None and x.get("samples") is not None),
                        key=lambda x: x.get("time") or 0.0):
+        t = float(line.get("time") or 0.0)
+        if any(t < at and int(line["step"]) > restored for at, restored in resets):
+            continue
         last[(line["step"], line.get("replica"))] = line
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for (step, _), line in last.items():
@@ -386,14 +396,14 @@ def effective_ledger(lines: list[dict[str, Any]]) -> dict[int, list[dict[str, An
     return dict(sorted(by_step.items()))
 
 
-def ledger_totals(lines: list[dict[str, Any]]) -> dict[str, int]:
+def ledger_totals(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> dict[str, int]:
     """Samples in committed steps, and samples recorded as skipped (shards no replica of the quorum covered; in
     DiLoCo also the rounds' samples no contributor covered, and whole global batches of rounds that did not
     commit and that no committed round consumed)."""
     consumed = skipped = 0
     rounds: dict[int, int] = {}  # DiLoCo: global batch -> samples in it
     whole: dict[int, int] = {}  # DiLoCo: global batch recorded as skipped whole -> samples in it
-    for ls in effective_ledger(lines).values():
+    for ls in effective_ledger(lines, events).values():
         consumed += sum(hi - lo for line in ls for lo, hi in line["samples"])
         first = ls[0]
         if "round" in first:
@@ -529,7 +539,7 @@ def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | Non
     owners: list[tuple[int, int, int, Any]] = []  # (lo, hi, step, replica)
     batches: dict[int, int] = {}  # global batch -> the committed step that consumed it
     whole: set[int] = set()  # DiLoCo: global batches recorded skipped whole (their round did not commit)
-    for step, ls in effective_ledger(lines).items():
+    for step, ls in effective_ledger(lines, events).items():
         if any("round" in x for x in ls):
             out += _check_round(step, ls, failures, owners, batches, whole)
         else:

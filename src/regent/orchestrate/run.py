@@ -1219,7 +1219,7 @@ class OrchestrationManager:
         from regent.orchestrate.invariants import LEDGER_FILE, ledger_totals
 
         # the sample ledger: samples in committed steps (DiLoCo: rounds), and those recorded as skipped
-        summary["samples"] = ledger_totals(list(read_jsonl(self.run_dir / LEDGER_FILE)))
+        summary["samples"] = ledger_totals(list(read_jsonl(self.run_dir / LEDGER_FILE)), events)
         summary["final_states"] = self.final_states
         summary["final_states_diverged"] = self.final_diverged
         summary["baseline"] = self.cfg.baseline

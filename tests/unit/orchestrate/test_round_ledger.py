@@ -161,3 +161,16 @@ def test_a_round_that_did_not_commit_is_recorded_at_the_next_commit_this_replica
     write, pending = round_outcome(nxt, {"committed": True, "weight": 1.5}, pending)
     assert write == [[H, 2 * H]] and pending == []
     assert round_outcome([], {"committed": False}, []) == (None, [])  # nothing trained: nothing to record
+
+
+def test_a_round_lost_to_a_checkpoint_restart_is_trained_again_not_twice():
+    """Seen with `--recovery restart`: a survivor committed round 3 alone, then the whole job restarted from the
+    checkpoint of step 2; its first sync committed step 3 with no samples, and round [H, 2H) was trained again as
+    step 4. The lost step 3's line is void (the `state_lost` restored step 2 after it), so each sample counts once."""
+    lost = [line(3, H, 1, members=1, contributors=1, weight_sum=1.0, t=3.0)]
+    lines = full_round(2, 0) + lost + [x | {"time": 6.0} for x in full_round(4, H)]
+    reset = {"kind": "state_lost", "time": 5.0, "replica": 0, "lost_step": 3, "restored_step": 2}
+    assert check_ledger(lines, [reset]) == []
+    assert ledger_totals(lines, [reset]) == {"samples_committed": 2 * H * SPAN, "samples_skipped": 0}
+    # without the reset the same lines are a sample twice: the void line is what made it hold
+    assert any("consumed twice" in v for v in check_ledger(lines))
