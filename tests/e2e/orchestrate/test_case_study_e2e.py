@@ -29,7 +29,9 @@ COMMON = [
 
 # (seconds after the first training step, replica, kind, rank)
 SCHEDULE_A = [(10, 0, "kill", 1), (28, 1, "exception", 0), (46, 0, "segfault", 0), (64, 1, "exit", 1)]
-SCHEDULE_B = [(10, 1, "hang", 1), (32, 0, "node", 0), (52, 1, "comm", 0), (68, 0, "supervisor", 0)]
+SCHEDULE_B = [(10, 1, "hang", 1), (22, None, "lighthouse", 0), (32, 0, "node", 0), (52, 1, "comm", 0),
+              (68, 0, "supervisor", 0)]
+NOT_FAILING = ("comm", "lighthouse")  # kinds after which no replica fails (reconfigured; nothing of it hit)
 
 
 class Run:
@@ -118,6 +120,25 @@ def test_fault_heals_from_peer_b(run_b, kind):
     check_fault_recovered(run_b, kind)
 
 
+def test_a_killed_lighthouse_is_started_again_on_its_address_and_training_goes_on(run_b):
+    lh = next(e for e in run_b.events if e["kind"] == "fault_injected" and e["fault_kind"] == "lighthouse")
+    assert lh["replica"] is None and lh["replicas"] == []
+    restarted = [e for e in run_b.events if e["kind"] == "lighthouse_restarted" and e["time"] > lh["time"]]
+    assert restarted and restarted[0]["cause"] == "injected", "the Lighthouse was not started again"
+    attach = json.loads((run_b.dir / "controller" / "attach.json").read_text())
+    assert restarted[0]["address"] == attach["lighthouse"]["address"]
+    ids_before = [e["quorum_id"] for e in run_b.events if e["kind"] == "quorum" and e["time"] < lh["time"]]
+    ids_after = [e["quorum_id"] for e in run_b.events if e["kind"] == "quorum" and e["time"] > restarted[0]["time"]]
+    assert ids_after and min(ids_after) > max(ids_before), "quorum ids went back after the Lighthouse restart"
+    # nobody failed for it: the next failure after the kill is the node fault's
+    nxt = next(e for e in run_b.events if e["kind"] == "failure_detected" and e["time"] > lh["time"])
+    node = next(e for e in run_b.events if e["kind"] == "fault_injected" and e["fault_kind"] == "node")
+    assert nxt["time"] >= node["time"], nxt
+    for r in (0, 1):
+        assert [m for m in run_b.metrics if m["replica"] == r and restarted[0]["time"] < m["time"] < node["time"]
+                and m["committed"]], f"replica {r} stopped after the Lighthouse kill"
+
+
 def test_a_dead_replica_actor_is_replaced_and_nothing_it_reported_is_written_twice(run_b):
     """The `supervisor` fault kills a replica's own process (its ReplicaActor) under a live controller: the run
     goes on, the controller starts a new ReplicaActor (a respawn), and what the dead one journaled reaches the
@@ -168,7 +189,7 @@ def test_run_level_properties(request, which):
     assert s["replicas_consistent"] is True, s.get("final_states")
     assert s["final_loss"] < s["initial_loss"]
     # every failing fault recovered (comm reconfigures the group, no process fails), none left open
-    failing = [k for _, _, k, _ in (SCHEDULE_A if which == "a" else SCHEDULE_B) if k != "comm"]
+    failing = [k for _, _, k, _ in (SCHEDULE_A if which == "a" else SCHEDULE_B) if k not in NOT_FAILING]
     assert s["recoveries"] == len(failing) and s["recoveries_open"] == 0, s["recovery_breakdown"]
     assert s["recovery_seconds"]["p50"] > 0
     assert s["replicas_compared"] == 2 and s["final_step"] is not None

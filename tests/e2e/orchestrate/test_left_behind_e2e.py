@@ -21,6 +21,8 @@ PAUSE_AT, PAUSE_S, DURATION_S = 30, 25, 50
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test's budget (71 s in CI); the rule: test_orchestrate_pure's left_behind cases, and the
+# heal at the end (`heal_at_end`, the same pull from a finished peer) in the case study's flip-after-the-last-vote run
 @pytest.mark.timeout(420)
 def test_a_replica_that_missed_the_last_sync_is_caught_up(tmp_path):
     sched = tmp_path / "faults.jsonl"
