@@ -36,8 +36,6 @@ LIGHTHOUSE_AT, HANG_AT = 12, 32
 
 
 @pytest.mark.slow
-@pytest.mark.long  # make test's budget; its parts: the case study's run B (a Lighthouse kill, a hang) and the
-# adaptive hang rule's unit tests (tests/unit/orchestrate/test_hang_and_chaos.py)
 @pytest.mark.timeout(400)
 def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
     sched = tmp_path / "faults.jsonl"

@@ -150,7 +150,7 @@ def test_example_trainer_runs_under_the_orchestrator_with_faults(tmp_path, mode)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, "-m", "regent.cli", "train", "--trainer", "examples.mlp_trainer:make_trainer",
-         "--trainer-opt", "hidden=32", "--replicas", "2", "--procs-per-replica", "1", "--duration", "36s",
+         "--trainer-opt", "hidden=32", "--replicas", "2", "--procs-per-replica", "1", "--duration", "30s",
          "--faults-file", str(faults), "--no-live", "--run-dir", str(run_dir), "--ft.mode", mode,
          "--ft.sync-every", "10", "--faults.hang-timeout", "8",
          *(["--train.tensorboard", "true"] if mode == "ddp" else [])],
