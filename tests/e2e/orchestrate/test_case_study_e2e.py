@@ -344,6 +344,8 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     assert not s["ended_failed"] and s["replicas_compared"] == 3 and s["replicas_consistent"] is True, s
 
 
+@pytest.mark.long  # make test's budget; its parts: the vote's decisions (test_run_checker: a tie, backstop on no
+# majority), the vouched restore (test_state_integrity) and the counted restore across processes (test_committed_state_e2e)
 def test_two_replicas_that_disagree_restore_the_backstop_and_count_it(tmp_path):
     """With two replicas a disagreement has no majority: neither state can be trusted, both are stopped, the
     backstop is restored (a counted state_lost), and the run holds: the drop is exactly the one counted."""
