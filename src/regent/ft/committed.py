@@ -317,6 +317,12 @@ class CommittedStateRecovery:
             raise RuntimeError(f"holder {plan['donor']} serves step {served}, behind committed step {plan['watermark']}")
         return state
 
+    def group_agree(self, key: str, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Group rank 0's `decide()`, the same on every rank of this replica (through the group store; `key` must
+        be new for each decision). For decisions that read a clock or a race, which the ranks of one replica
+        would otherwise make differently and then wait for each other in different places."""
+        return self._share(key, decide if self.group_rank == 0 else None)
+
     def _share(self, key: str, decide: Callable[[], Any] | None) -> Any:
         """Group rank 0's decision, seen by every group rank (through the group store)."""
         if self.group_world_size == 1:

@@ -401,6 +401,7 @@ class DiLoCo:
         self._round_steps = 0
         self._step_micro = 1
         self._round_info: dict[str, Any] | None = None  # a holder's round clock, from an early heal
+        self._joins = 0  # join_now calls: each rank-agreed decision gets a key of its own
         self._step_s: float | None = None  # inner-step seconds (moving average, syncs left out)
         self._step_t: float | None = None
         self.joined_mid_round: dict[str, Any] | None = None  # how the last join went (for the caller's events)
@@ -505,6 +506,14 @@ class DiLoCo:
         (a sit-out), so from there its local steps run in phase with theirs. At the very start of training this
         is the initial weight sync (a no-op outer step). Returns whether a sync committed now."""
         taken = self.round_position_estimate()
+        agree = getattr(self._manager, "group_agree", None)
+        if callable(agree):
+            # Every rank of this replica must take the same path (join mid-round at the same inner step, or sit
+            # out): each rank's estimate reads its own clock, and two ranks that chose differently waited for each
+            # other in different collectives until something killed the replica (a 33 s stall at load 10).
+            self._joins += 1
+            estimate = taken
+            taken = agree(f"regent/diloco/join/{self._joins}", lambda: {"taken": estimate})["taken"]
         if taken is not None:
             # Aim to reach the round's end ARRIVE_EARLY_STEPS before the holders: their quorum there forms the
             # moment its previous members are all back (the fast quorum), so a joiner arriving a moment after them

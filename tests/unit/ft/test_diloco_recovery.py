@@ -85,6 +85,32 @@ def test_a_mid_round_joiners_weight_cancels_in_the_average(lighthouse):
         manager.shutdown()
 
 
+def test_every_rank_of_a_replica_takes_group_rank_0s_round_position(lighthouse, monkeypatch):
+    """The ranks of one replica must join the round at the same inner step (or all sit out): each rank's own
+    estimate reads its own clock. Here this rank's clock says the round is nearly over (sit out), group rank 0
+    decided to join 5 steps in: this rank joins 5 steps in too."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    manager = _solo_manager(lighthouse, model)
+    asked: list[str] = []
+
+    def rank0_decided(key, decide):
+        asked.append(key)
+        decide()  # this rank's own estimate is made (it consumes the round clock), then rank 0's value is taken
+        return {"taken": 3}
+
+    monkeypatch.setattr(manager, "group_agree", rank0_decided)
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=10) as diloco:
+            diloco._round_info = {"at": time.time() - 0.85, "step_s": 0.1}  # its own clock: 9 steps in
+            assert not diloco.join_now() and diloco.joined_mid_round == {"round_position": 5, "period": 10}
+            assert diloco.local_step == 5 and asked == ["regent/diloco/join/1"]
+    finally:
+        manager.shutdown()
+
+
 def test_a_pseudo_gradient_counts_by_the_round_share_and_the_micro_batches_it_covered():
     assert pseudo_gradient_weight(trained=None, full=10, micro_batches=10, steps=10) == 1.0  # a whole round
     assert pseudo_gradient_weight(trained=4, full=10, micro_batches=4, steps=4) == 0.4  # joined for 4 of 10
