@@ -44,6 +44,17 @@ ARRIVE_EARLY_STEPS = 2
 DEFAULT_BUCKET_CAP_MB = 32.0  # with use_bucketization and no bucket_cap_mb
 
 
+def contributor_step(step_sum: float, whole: float, part_step_sum: float, part: float) -> int | None:
+    """The step a sit-out lines up with after a sync (its round's end), from the sync's averaged sums: the step of
+    the contributors that took the whole round, else that of those that joined it mid-way (they end it at the same
+    step), else None (nobody trained: nothing to line up with)."""
+    if whole > 0:
+        return round(step_sum / whole)
+    if part > 0:
+        return round(part_step_sum / part)
+    return None
+
+
 def pseudo_gradient_weight(*, trained: int | None, full: int, micro_batches: int, steps: int) -> float:
     """What a replica's pseudo-gradient counts for in the sync's weighted average: the share of a whole round's
     inner steps it took (`trained` of `full` after joining mid-round; None: the whole round) times the
@@ -213,8 +224,11 @@ class _Fragment:
             w = 0.0 if sit_out else weight
             whole = (w == 1.0) if whole_round is None else (whole_round and not sit_out)
             full = 1.0 if whole else 0.0
-            self._weight = torch.tensor([w, full * round_step, full, 1.0 if w > 0.0 else 0.0], dtype=torch.float64,
-                                        device=device)
+            # a contributor that took only part of the round (joined mid-round) ends it at the same step as the
+            # whole-round ones: its step is the fallback a sit-out lines up with when nobody took the whole round
+            part = 1.0 if w > 0.0 and not whole else 0.0
+            self._weight = torch.tensor([w, full * round_step, full, 1.0 if w > 0.0 else 0.0, part * round_step, part],
+                                        dtype=torch.float64, device=device)
         if self.bucket_bytes:
             self._futures = self._allreduce_bucketed(list(self._pseudo.values()))
         else:
@@ -246,9 +260,12 @@ class _Fragment:
         for f in self._futures:
             f.wait()
         self._futures = []
-        committed_weight, step_sum, full, contributed = (self._weight.tolist() if self._weight is not None
-                                                          else (1.0, 0.0, 0.0, 1.0))
-        self.contributor_step = round(step_sum / full) if full > 0 else None
+        committed_weight, step_sum, full, contributed, part_step_sum, part = (
+            self._weight.tolist() if self._weight is not None else (1.0, 0.0, 0.0, 1.0, 0.0, 0.0))
+        # Seen in a soak: a mid-round joiner was a sync's only contributor and two healed replicas sat it out; with
+        # no whole-round step to line up with they kept their healed position, a round behind, and the next round's
+        # replicas read different data.
+        self.contributor_step = contributor_step(step_sum, full, part_step_sum, part)
         with torch.no_grad():
             # The local parameters mixed back in (alpha > 0) are the current ones, as in TorchFT: with a sync
             # delay they include the local steps taken while the average was in flight.

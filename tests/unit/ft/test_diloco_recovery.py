@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD, pseudo_gradient_weight
+from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD, contributor_step, pseudo_gradient_weight
 from regent.ft.manager import Manager
 
 
@@ -109,6 +109,16 @@ def test_every_rank_of_a_replica_takes_group_rank_0s_round_position(lighthouse, 
             assert diloco.local_step == 5 and asked == ["regent/diloco/join/1"]
     finally:
         manager.shutdown()
+
+
+def test_a_sit_out_lines_up_with_a_mid_round_joiner_when_nobody_took_the_whole_round():
+    # averaged sums over 3 members: two whole-round contributors at step 740 and a sit-out
+    assert contributor_step(2 * 740 / 3, 2 / 3, 0.0, 0.0) == 740
+    # the soak's case: one mid-round joiner at the round's end (740), two sit-outs (720): they move to 740
+    assert contributor_step(0.0, 0.0, 740 / 3, 1 / 3) == 740
+    # whole-round contributors win over a joiner (whose estimate of the round could be off)
+    assert contributor_step(740 / 3, 1 / 3, 745 / 3, 1 / 3) == 740
+    assert contributor_step(0.0, 0.0, 0.0, 0.0) is None  # nobody trained: nothing to line up with
 
 
 def test_a_pseudo_gradient_counts_by_the_round_share_and_the_micro_batches_it_covered():
