@@ -54,6 +54,58 @@ def pseudo_gradient_weight(*, trained: int | None, full: int, micro_batches: int
     return share * (micro_batches / steps if steps > 0 else 1.0)
 
 
+def steps_given_back(*, committed: bool, fragments: int, local_steps: int) -> int:
+    """The inner steps a replica gives back when a sync ends: all of the round's (`local_steps`, those since the
+    last sync, a mid-round joiner's skipped ones included) when the sync of plain DiLoCo's one fragment did not
+    commit, else none.
+
+    Plain DiLoCo: a sync that did not commit put the parameters back to the last global ones, so the round's
+    samples had no effect; its data position (and step count and schedule, which move with it) goes back to the
+    round's first batch and the round is trained again, as per-step mode gives a discarded step's batch back.
+    Every replica of that sync does the same, so their positions stay equal. Streaming DiLoCo (several
+    fragments) gives nothing back: only the failed fragment lost the samples' effect, the others keep it and
+    commit it at their own syncs; training those samples again would count them twice there (the session
+    records them as skipped for that fragment instead)."""
+    return local_steps if not committed and fragments == 1 else 0
+
+
+def fragment_bounds(sizes: list[int], n: int) -> list[tuple[int, int]]:
+    """Split parameters of `sizes` elements (in registration order) into `n` contiguous, non-empty groups
+    [lo, hi) of about equal elements: Streaming DiLoCo's fragments of a model that names none (each syncs the
+    same share of the bytes)."""
+    if not 1 <= n <= len(sizes):
+        raise ValueError(f"{n} fragments of {len(sizes)} parameters: need 1 <= fragments <= parameters")
+    total = sum(sizes)
+    bounds, lo, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        left = n - len(bounds) - 1  # groups still to open after the one being filled
+        # close the group once it holds its share, or when every parameter left must open a group of its own
+        if left > 0 and (acc * n >= total * (len(bounds) + 1) or len(sizes) - (i + 1) == left):
+            bounds.append((lo, i + 1))
+            lo = i + 1
+    bounds.append((lo, len(sizes)))
+    return bounds
+
+
+class _ParameterGroup(nn.Module):
+    """Some parameters of a model, registered under their dotted names made flat (the same Parameter objects,
+    so the fragment's sync changes the model's)."""
+
+    def __init__(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        super().__init__()
+        for name, p in named:
+            self.register_parameter(name.replace(".", "__"), p)
+
+
+def model_fragments(model: nn.Module, n: int) -> list[nn.Module]:
+    """`model` as `n` Streaming DiLoCo fragments (`fragment_bounds`); [model] itself for one."""
+    if n == 1:
+        return [model]
+    named = list(model.named_parameters())
+    return [_ParameterGroup(named[lo:hi]) for lo, hi in fragment_bounds([p.numel() for _, p in named], n)]
+
+
 class LocalSGD:
     """Average the model parameters across replicas every `sync_every` optimizer steps.
 
@@ -329,6 +381,10 @@ class DiLoCo:
         join_mid_round (keyword-only): a restarted replica may join the round in progress (`join_now`); False
             (a constant global batch: the round's members cover its shard for the whole round) makes it sit the
             round out and join at its sync.
+        on_round_failed (keyword-only): plain DiLoCo, a sync that did not commit: called (inside the optimizer
+            step of the round's last inner step) with the inner steps to give back (`steps_given_back`): the
+            caller moves its step count, schedule and data position back to the round's first batch, and the
+            round is trained again.
     """
 
     def __init__(
@@ -354,6 +410,7 @@ class DiLoCo:
         round_step: Callable[[], int] = lambda: 0,
         on_contributor_step: Callable[[int], None] = lambda step: None,
         join_mid_round: bool = True,
+        on_round_failed: Callable[[int], None] = lambda steps: None,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -413,6 +470,7 @@ class DiLoCo:
         self.load_committed_extra = load_committed_extra
         self.round_step = round_step
         self.on_contributor_step = on_contributor_step
+        self.on_round_failed = on_round_failed
         self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(inner_optimizer) if hook_optimizer
                         else lambda: None)
         if early_heal:
@@ -536,12 +594,25 @@ class DiLoCo:
         self.last_sync = self._sync_record(fragment, committed)
         return committed
 
-    def _sync_record(self, fragment: _Fragment, committed: bool) -> dict[str, Any]:
+    def _sync_record(self, fragment: _Fragment, committed: bool, given_back: int = 0) -> dict[str, Any]:
         """What the caller learns of a sync: whether it committed, this replica's weight in it (0: it sat out),
-        and the sum of the contributors' weights and their number (the sample ledger's skip record)."""
-        return {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step(),
-                "weight": self._pending_weight, "weight_sum": fragment.weight_sum,
-                "contributors": fragment.contributors}
+        the sum of the contributors' weights and their number (the sample ledger's skip record), and the inner
+        steps given back to be trained again (`steps_given_back`)."""
+        return {"fragment": fragment.index, "fragments": len(self.fragments), "committed": committed,
+                "step": self._manager.current_step(), "weight": self._pending_weight,
+                "weight_sum": fragment.weight_sum, "contributors": fragment.contributors, "given_back": given_back}
+
+    def _restart_fragments(self) -> None:
+        """Streaming DiLoCo, healed in a quorum: the model's parameters are now its donor's live ones, whose local
+        progress on every fragment would come back in this replica's next pseudo-gradients (the donor's samples
+        counted twice on each fragment). Every fragment starts again from its global parameters (just received),
+        and this replica's pseudo-gradients count only the inner steps it trains from here, as after a mid-round
+        join (`pseudo_gradient_weight`)."""
+        with torch.no_grad():
+            for f in self.fragments:
+                for name, p in f.params.items():
+                    p.copy_(f.original[name])
+        self._trained = 0
 
     def count_micro_batches(self, n: int) -> None:
         """A constant global batch: the inner step in progress covers `n` replica-shard micro-batches (its own and
@@ -579,6 +650,8 @@ class DiLoCo:
                 # Healed in this quorum: its parameters are now its donor's, and so would be its pseudo-gradient
                 # (counting the donor's samples twice). It sits this sync out, as a restarted replica does.
                 self._sit_out = True
+                if len(self.fragments) > 1:
+                    self._restart_fragments()
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
             weight = self._weight_now()  # resets the round's counts, sitting out or not
@@ -590,8 +663,12 @@ class DiLoCo:
             self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None
-            self._local_step = 0
+            steps, self._local_step = self._local_step, 0
             if fragment is None:
                 return
             committed = self._sync(fragment)
-            self.last_sync = self._sync_record(fragment, committed)
+            back = steps_given_back(committed=committed, fragments=len(self.fragments), local_steps=steps)
+            if back:
+                self._trained = None  # trained again from the round's first batch: a whole round of its own
+                self.on_round_failed(back)
+            self.last_sync = self._sync_record(fragment, committed, given_back=back)
