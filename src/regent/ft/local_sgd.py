@@ -581,6 +581,11 @@ class DiLoCo:
             self.joined_mid_round = {"round_position": taken, "period": self._period}
             return False
         self._manager.start_quorum()
+        if len(self.fragments) > 1 and self._manager.current_step() > 0:
+            # Streaming DiLoCo, joining a run in progress: every fragment's window began before this replica
+            # joined, so its pseudo-gradients count only what it trains from here (at the run's first sync every
+            # replica starts every window together: whole)
+            self._restart_fragments()
         self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
         self._pending.prepare_sync(sit_out=True, round_step=self.round_step())
@@ -603,11 +608,12 @@ class DiLoCo:
                 "weight_sum": fragment.weight_sum, "contributors": fragment.contributors, "given_back": given_back}
 
     def _restart_fragments(self) -> None:
-        """Streaming DiLoCo, healed in a quorum: the model's parameters are now its donor's live ones, whose local
-        progress on every fragment would come back in this replica's next pseudo-gradients (the donor's samples
-        counted twice on each fragment). Every fragment starts again from its global parameters (just received),
-        and this replica's pseudo-gradients count only the inner steps it trains from here, as after a mid-round
-        join (`pseudo_gradient_weight`)."""
+        """Streaming DiLoCo, healed in a quorum or joining a run in progress: the model's parameters are (or may
+        be) its donor's live ones, whose local progress on every fragment would come back in this replica's next
+        pseudo-gradients (the donor's samples counted twice on each fragment). Every fragment starts again from
+        its global parameters (just received), and this replica's pseudo-gradients count only the inner steps it
+        trains from here, as after a mid-round join (`pseudo_gradient_weight`), until it has trained a whole
+        window of every fragment."""
         with torch.no_grad():
             for f in self.fragments:
                 for name, p in f.params.items():
