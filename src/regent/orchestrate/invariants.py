@@ -530,7 +530,8 @@ def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[f
     """DiLoCo: one committed round's lines (each a contributor's inner steps since the last sync) cover the
     round's global batches, less the samples recorded skipped (`skipped_samples`: replicas that died in the round
     or joined it late); global batches of rounds that did not commit are recorded skipped whole
-    (`skipped_batches`, collected into `whole`)."""
+    (`skipped_batches`, collected into `whole`: ledgers written before such rounds were given back and trained
+    again; today's leave it empty)."""
     out: list[str] = []
     rounds = {tuple(x.get("round") or ()) for x in ls}
     layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
