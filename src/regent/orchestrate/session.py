@@ -269,7 +269,10 @@ class TrainingSession:
         equal. A replica for which the sync failed while it committed for the others (it missed the vote's
         answer) gives its round back alone; at the next quorum it is behind and heals from a donor, taking the
         donor's position (its batches trained meanwhile count for nothing, `_load_peer_state`), so positions
-        never differ past one round. A replica that joined mid-round gives back the steps it skipped to line up
+        never differ past one round. Its samples of the round were committed by the others' sync (its
+        pseudo-gradient was in their average) but it writes no line of them, not knowing: `regent check` then
+        reports that round's gap rather than pass over it (a known false alarm of this rare split vote, never a
+        sample counted twice). A replica that joined mid-round gives back the steps it skipped to line up
         with the others too (`DiLoCo` counts them in the round's steps): it lands on the same first batch."""
         self.trainer.advance(-steps)
         self.trainer.skip_batches(-steps)
