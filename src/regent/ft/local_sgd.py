@@ -446,6 +446,11 @@ class DiLoCo:
         self._local_step = 0
         self._pending: _Fragment | None = None
         self._sit_out = False
+        # Streaming DiLoCo: per fragment, whether this replica has trained since that fragment's last sync (its
+        # pseudo-gradient of it is a whole window of its own); a replica that joined a run in progress sits out
+        # each fragment's next sync until it is (`_restart_fragments`). The sync in flight sits out (`_pending_sit`)
+        self._whole = [True] * n
+        self._pending_sit = False
         # Joining mid-round (`join_now`): inner steps taken since this replica joined, until its fragments carry
         # a whole round of their own (None: they do); what its pseudo-gradients are weighted by until then
         self._trained: int | None = None
@@ -525,8 +530,8 @@ class DiLoCo:
             logger.warning("fragment %d sync failed; retrying with the replicas still alive (%d/%d)",
                            fragment.index, attempt, self.sync_retries)
             self._manager.start_quorum()
-            fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step(),
-                                  weight=self._pending_weight if not self._sit_out else 1.0,
+            fragment.prepare_sync(sit_out=self._pending_sit, retry=True, round_step=self.round_step(),
+                                  weight=self._pending_weight if not self._pending_sit else 1.0,
                                   whole_round=self._pending_whole)
             committed = fragment.perform_sync()
         fragment.drop_local()
@@ -575,21 +580,25 @@ class DiLoCo:
             # at least two steps of its own before the allreduce starts, or sitting out costs less
             self.on_contributor_step(self.round_step() + taken)
             self._local_step = taken
-            self._trained = 0
+            if len(self.fragments) > 1:
+                self._restart_fragments()  # Streaming DiLoCo: it sits out each fragment's next sync instead
+            else:
+                self._trained = 0
             self._sit_out = False
             self._step_t = None
             self.joined_mid_round = {"round_position": taken, "period": self._period}
             return False
         self._manager.start_quorum()
-        if len(self.fragments) > 1 and self._manager.current_step() > 0:
+        if len(self.fragments) > 1 and (self._manager.current_step() > 0 or self.round_step() > 0):
             # Streaming DiLoCo, joining a run in progress: every fragment's window began before this replica
-            # joined, so its pseudo-gradients count only what it trains from here (at the run's first sync every
-            # replica starts every window together: whole)
+            # joined (at the run's very start, nothing trained yet, every replica starts every window together)
             self._restart_fragments()
         self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
         self._pending.prepare_sync(sit_out=True, round_step=self.round_step())
+        self._whole[self._pending.index] = True  # the fragment's next window starts at this sync
         self._pending_weight = 0.0
+        self._pending_sit = True
         self._local_step = self._period - self._delay
         if self._local_step < self._period:
             return False  # the allreduce is in flight; it is applied after `fragment_sync_delay` steps
@@ -611,14 +620,17 @@ class DiLoCo:
         """Streaming DiLoCo, healed in a quorum or joining a run in progress: the model's parameters are (or may
         be) its donor's live ones, whose local progress on every fragment would come back in this replica's next
         pseudo-gradients (the donor's samples counted twice on each fragment). Every fragment starts again from
-        its global parameters (just received), and this replica's pseudo-gradients count only the inner steps it
-        trains from here, as after a mid-round join (`pseudo_gradient_weight`), until it has trained a whole
-        window of every fragment."""
+        its global parameters (just received), and this replica sits out each fragment's next sync: its window
+        of it began before this replica joined, and how long ago only the replicas that saw it begin know (a
+        failed sync of another fragment makes windows longer than `sync_every`), so no share of a window could
+        weigh its part exactly. Its samples of those partial windows are recorded as skipped (the contributors'
+        weights sum to less), and from each fragment's next window on it contributes whole, weight 1."""
         with torch.no_grad():
             for f in self.fragments:
                 for name, p in f.params.items():
                     p.copy_(f.original[name])
-        self._trained = 0
+        self._whole = [False] * len(self.fragments)
+        self._trained = None
 
     def count_micro_batches(self, n: int) -> None:
         """A constant global batch: the inner step in progress covers `n` replica-shard micro-batches (its own and
@@ -662,10 +674,14 @@ class DiLoCo:
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
             weight = self._weight_now()  # resets the round's counts, sitting out or not
             self._pending_whole = self._trained is None
-            self._pending_weight = 0.0 if self._sit_out else weight
-            self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step(),
-                                       weight=self._pending_weight if not self._sit_out else 1.0,
+            # sits out: just healed (`_sit_out`), or (Streaming DiLoCo) joined inside this fragment's window
+            sit = self._sit_out or not self._whole[self._pending.index]
+            self._pending_sit = sit
+            self._pending_weight = 0.0 if sit else weight
+            self._pending.prepare_sync(sit_out=sit, round_step=self.round_step(),
+                                       weight=self._pending_weight if not sit else 1.0,
                                        whole_round=self._pending_whole)
+            self._whole[self._pending.index] = True  # the fragment's next window starts at this sync
             self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None

@@ -287,3 +287,31 @@ def test_fragments_split_the_parameters_contiguously_by_size():
     assert model_fragments(model, 1) == [model]
     shared = [p for f in parts for p in f.parameters()]
     assert len(shared) == 4 and all(a is b for a, b in zip(shared, model.parameters()))  # the model's own tensors
+
+
+def test_a_streaming_joiner_restarts_its_fragments_and_sits_out_each_ones_next_sync(lighthouse):
+    """Streaming DiLoCo: a replica joining a run in progress (here: `join_now` at committed step 2, with the
+    trainer's step count past 0) takes every fragment's global parameters, sits out the sync it joins and the
+    next sync of every other fragment (its window of that fragment began before it joined), then contributes
+    whole (weight 1) to every fragment."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    manager = _solo_manager(lighthouse, model)
+    try:
+        parts = model_fragments(model, 2)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outers = [torch.optim.SGD(f.parameters(), lr=1.0) for f in parts]
+        with DiLoCo(manager, parts, inner, outers, sync_every=4, round_step=lambda: 4) as diloco:
+            _inner_steps(model, inner, 4)  # fragments 0 and 1 commit, whole
+            assert diloco.last_sync["step"] == 2 and diloco.last_sync["weight"] == 1.0
+            _inner_steps(model, inner, 1)  # local progress on both fragments, then a (re)join
+            assert diloco.join_now()
+            assert all(torch.equal(p, f.original[n]) for f in diloco.fragments for n, p in f.params.items())
+            assert diloco.last_sync["fragment"] == 0 and diloco.last_sync["weight"] == 0.0
+            weights = []
+            for _ in range(3):
+                _inner_steps(model, inner, 2)
+                weights.append((diloco.last_sync["fragment"], diloco.last_sync["weight"]))
+            assert weights == [(1, 0.0), (0, 1.0), (1, 1.0)]
+    finally:
+        manager.shutdown()
