@@ -231,7 +231,7 @@ class _Fragment:
                 self.original[name].copy_(p.detach())
 
     def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0,
-                     weight: float = 1.0, whole_round: bool | None = None) -> None:
+                     weight: float = 1.0, whole_round: bool | None = None, in_phase: bool = False) -> None:
         """Pseudo-gradient = last global - local; launch its average (asynchronously).
 
         `sit_out`: this replica has no local steps of its own in this round (it has just healed or joined): it
@@ -243,7 +243,9 @@ class _Fragment:
         failed; start again from the local parameters it had. `round_step`: the caller's step count at this
         sync; the value of the replicas that took the whole round (`whole_round`; None: weight 1) is reported
         back (`contributor_step`) so that a sit-out can line up with them (it did not take the round's
-        steps)."""
+        steps). `in_phase`: sitting out with a step count that is the run's all the same (Streaming DiLoCo, a
+        replica inside its first window of this fragment since it joined): it reports its step too, or a
+        replica joining at this sync would find no step to line up with when every other member sits out."""
         if not sit_out and not weight > 0.0:
             raise ValueError(f"weight={weight}: must be > 0")
         with torch.no_grad():
@@ -263,7 +265,7 @@ class _Fragment:
                         t.mul_(weight)
             device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
             w = 0.0 if sit_out else weight
-            whole = (w == 1.0) if whole_round is None else (whole_round and not sit_out)
+            whole = in_phase or ((w == 1.0) if whole_round is None else (whole_round and not sit_out))
             full = 1.0 if whole else 0.0
             self._weight = torch.tensor([w, full * round_step, full, 1.0 if w > 0.0 else 0.0], dtype=torch.float64,
                                         device=device)
@@ -532,7 +534,7 @@ class DiLoCo:
             self._manager.start_quorum()
             fragment.prepare_sync(sit_out=self._pending_sit, retry=True, round_step=self.round_step(),
                                   weight=self._pending_weight if not self._pending_sit else 1.0,
-                                  whole_round=self._pending_whole)
+                                  whole_round=self._pending_whole, in_phase=self._pending_sit and not self._sit_out)
             committed = fragment.perform_sync()
         fragment.drop_local()
         if committed and self._sit_out and fragment.contributor_step is not None:
@@ -680,7 +682,7 @@ class DiLoCo:
             self._pending_weight = 0.0 if sit else weight
             self._pending.prepare_sync(sit_out=sit, round_step=self.round_step(),
                                        weight=self._pending_weight if not sit else 1.0,
-                                       whole_round=self._pending_whole)
+                                       whole_round=self._pending_whole, in_phase=sit and not self._sit_out)
             self._whole[self._pending.index] = True  # the fragment's next window starts at this sync
             self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:

@@ -112,3 +112,26 @@ def test_streaming_diloco_kill_every_sample_once_per_fragment(tmp_path):
     assert run.summary["samples"] == totals and totals["fragments"] == 2
     assert 0 < totals["samples_skipped"] < totals["samples_committed"]
     assert run.summary["replicas_consistent"] is True and run.summary["full_restarts"] == 0
+
+
+def test_streaming_diloco_failed_fragment_syncs_are_recorded_per_fragment(tmp_path):
+    """Streaming DiLoCo with --ft.min-replica-size 2: replica 1 is killed and every fragment sync of the survivor
+    fails until it is back. A failed sync drops the effect of its window on that fragment only, so nothing is
+    given back: the survivor records those batches as skipped for that fragment at its next commit of it, the
+    fragment's windows still follow each other, and `regent check` proves every sample once per fragment."""
+    from regent.orchestrate.invariants import check_ledger, effective_ledger, fragment_windows
+
+    sched = write_schedule(tmp_path / "faults.jsonl", [(6, 1, "kill", 0)])
+    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.fragments", "2", "--ft.sync-every", "6",
+                     "--ft.min-replica-size", "2", "--duration", "25s", "--faults-file", sched)
+    failed = [e for e in run.events if e["kind"] == "commit" and e.get("committed") is False and e["replica"] == 0]
+    assert failed, "no fragment sync of the survivor failed (nothing was tested)"
+    ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
+    assert check_ledger(ledger, run.events) == []
+    assert any(x["skipped_batches"] for x in ledger), "no failed fragment sync was recorded"
+    windows = fragment_windows(effective_ledger(ledger))
+    for f in (0, 1):
+        mine = [w for w in windows if w["fragment"] == f]
+        assert mine and mine[0]["lo"] == 0 and all(a["hi"] == b["lo"] for a, b in zip(mine, mine[1:]))
+    assert run.summary["samples"]["samples_skipped"] >= sum(len(w["skipped_whole"]) for w in windows) * 2 * 4
+    assert run.summary["replicas_consistent"] is True

@@ -293,7 +293,8 @@ def test_a_streaming_joiner_restarts_its_fragments_and_sits_out_each_ones_next_s
     """Streaming DiLoCo: a replica joining a run in progress (here: `join_now` at committed step 2, with the
     trainer's step count past 0) takes every fragment's global parameters, sits out the sync it joins and the
     next sync of every other fragment (its window of that fragment began before it joined), then contributes
-    whole (weight 1) to every fragment."""
+    whole (weight 1) to every fragment. Sitting a fragment's sync out that way, its step count is still the
+    run's, and it reports it (`in_phase`)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     manager = _solo_manager(lighthouse, model)
@@ -308,10 +309,15 @@ def test_a_streaming_joiner_restarts_its_fragments_and_sits_out_each_ones_next_s
             assert diloco.join_now()
             assert all(torch.equal(p, f.original[n]) for f in diloco.fragments for n, p in f.params.items())
             assert diloco.last_sync["fragment"] == 0 and diloco.last_sync["weight"] == 0.0
+            _inner_steps(model, inner, 2)
+            assert (diloco.last_sync["fragment"], diloco.last_sync["weight"]) == (1, 0.0)
+            # sitting fragment 1's sync out, it still reported its step count (it is in phase with the run): a
+            # replica joining at that sync, with every member sitting it out, lines up with it
+            assert diloco.fragments[1].contributor_step == 4
             weights = []
-            for _ in range(3):
+            for _ in range(2):
                 _inner_steps(model, inner, 2)
                 weights.append((diloco.last_sync["fragment"], diloco.last_sync["weight"]))
-            assert weights == [(1, 0.0), (0, 1.0), (1, 1.0)]
+            assert weights == [(0, 1.0), (1, 1.0)]
     finally:
         manager.shutdown()
