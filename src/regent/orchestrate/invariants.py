@@ -478,11 +478,12 @@ def _lost_lines(ls: list[dict[str, Any]], failures: dict[Any, list[float]]) -> i
     """How many of a commit's missing lines (fewer lines than participants) were lost with their writers: as many
     replicas without a line failed around that commit."""
     participants = max(int(x.get("participants") or 0) for x in ls)
-    unwritten = participants - len(ls)
+    contributed = [x for x in ls if not x.get("sat_out")]  # Streaming DiLoCo: a sat-out replica's line is none
+    unwritten = participants - len(contributed)
     if unwritten <= 0 or not failures:
         return 0
     t = max(float(x.get("time") or 0.0) for x in ls)
-    present = {x.get("replica") for x in ls}
+    present = {x.get("replica") for x in contributed}
     died = [r for r, ts in failures.items()
             if r not in present and any(t - LOST_LINE_WINDOW_S <= f <= t + LOST_LINE_WINDOW_S for f in ts)]
     return unwritten if len(died) >= unwritten else 0

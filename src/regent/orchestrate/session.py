@@ -357,6 +357,13 @@ class TrainingSession:
         fragment = int(sync.get("fragment") or 0)
         cover, self._covers[fragment] = self._covers[fragment], []
         skipped_batches, self._failed[fragment] = round_outcome(cover, sync, self._failed[fragment])
+        sat_out = False
+        if skipped_batches is None and self._fragments > 1 and sync.get("committed") and cover:
+            # Streaming DiLoCo: it sat this committed sync out though it trained in the window (it joined inside
+            # it, `DiLoCo._restart_fragments`): nobody committed its batches. A line without samples says where
+            # the window ends, so that the checker counts it as skipped; with no contributor at all there would
+            # be no line of this sync, and the window's samples would vanish without a record
+            skipped_batches, self._failed[fragment], sat_out = self._failed[fragment], [], True
         if skipped_batches is None:
             return
         common = dict(step=int(sync["step"]), cover=cover, replica=self.replica_index, generation=self.generation,
@@ -364,7 +371,7 @@ class TrainingSession:
                       replicas=self.cfg.replicas, ranks=self.world_size,
                       batch_size=int(self.trainer.dataloader.batch_size), skipped_batches=skipped_batches)
         if self._fragments > 1:
-            line = fragment_ledger_line(fragment=fragment, fragments=self._fragments, **common)
+            line = fragment_ledger_line(fragment=fragment, fragments=self._fragments, sat_out=sat_out, **common)
         else:
             line = round_ledger_line(period=self.cfg.ft.sync_every, **common)
         append_line(self._ledger_path, line)
@@ -631,7 +638,7 @@ def round_ledger_line(*, step: int, cover: list[tuple[int, list[int]]], replica:
 
 def fragment_ledger_line(*, step: int, fragment: int, fragments: int, cover: list[tuple[int, list[int]]], replica: int,
                          generation: int, contributors: int, weight_sum: float, replicas: int, ranks: int,
-                         batch_size: int, skipped_batches: list[list[int]]) -> dict[str, Any]:
+                         batch_size: int, skipped_batches: list[list[int]], sat_out: bool = False) -> dict[str, Any]:
     """One Streaming DiLoCo line of the sample ledger: replica `replica` covered the (global batch, replica-shards)
     of `cover`, its inner steps since fragment `fragment`'s last sync, and the sync of that fragment committed as
     step `step` averaged their effect on it.
@@ -642,16 +649,17 @@ def fragment_ledger_line(*, step: int, fragment: int, fragments: int, cover: lis
     checker takes it from the fragment's previous committed sync (`regent.orchestrate.invariants`), and the
     samples no contributor covered from `weight_sum` (a whole contributor's weight is 1, a late joiner's the
     share of a window it trained). `skipped_batches` are batches whose effect on this fragment a sync of it that
-    did not commit dropped."""
+    did not commit dropped. `sat_out`: this replica trained `cover` but sat the sync out (it joined inside the
+    window): the line commits no samples (`samples` empty) and only says where the window ends."""
     from regent.train.coverage import round_sample_ranges
 
-    ranges = round_sample_ranges(cover, replicas=replicas, ranks=ranks, batch_size=batch_size)
+    ranges = [] if sat_out else round_sample_ranges(cover, replicas=replicas, ranks=ranks, batch_size=batch_size)
     return {"time": time.time(), "step": step, "fragment": fragment, "fragments": fragments,
             "batches": [min(n for n, _ in cover), max(n for n, _ in cover) + 1], "replica": replica,
             "generation": generation, "micro_batches": sum(len(shards) for _, shards in cover),
             "participants": contributors, "weight_sum": weight_sum, "replicas": replicas, "ranks": ranks,
             "batch_size": batch_size, "samples": [list(r) for r in ranges],
-            "skipped_batches": [list(b) for b in skipped_batches]}
+            "skipped_batches": [list(b) for b in skipped_batches], "sat_out": sat_out}
 
 
 def append_line(path: str, record: dict[str, Any]) -> None:

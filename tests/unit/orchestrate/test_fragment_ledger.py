@@ -14,13 +14,14 @@ SPAN = R * W * B  # samples of one global batch
 
 
 def line(step: int, fragment: int, start: int, end: int, replica: int, *, weight_sum: float = R,
-         contributors: int = R, skipped: list[list[int]] | None = None, t: float | None = None) -> dict:
+         contributors: int = R, skipped: list[list[int]] | None = None, t: float | None = None,
+         sat_out: bool = False) -> dict:
     """Replica `replica`'s line of fragment `fragment`'s sync committed as `step`: it trained its own shard of
     global batches [start, end) since its last sync of that fragment."""
     out = fragment_ledger_line(step=step, fragment=fragment, fragments=F, cover=[(n, [replica]) for n in
                                                                                  range(start, end)],
                                replica=replica, generation=0, contributors=contributors, weight_sum=weight_sum,
-                               replicas=R, ranks=W, batch_size=B, skipped_batches=skipped or [])
+                               replicas=R, ranks=W, batch_size=B, skipped_batches=skipped or [], sat_out=sat_out)
     out["time"] = float(step) if t is None else t
     return out
 
@@ -112,3 +113,22 @@ def test_a_line_lost_with_its_killed_writer_is_accepted_only_with_that_failure()
     died = [{"kind": "failure_detected", "replica": 2, "time": 4.5}]
     assert check_ledger(lines, died) == []
     assert any("silent gap" in v for v in check_ledger(lines, []))
+
+
+def test_a_sync_everyone_sat_out_is_recorded_by_the_sat_out_lines():
+    # replica 0 joined inside fragment 0's window [0, 2P) (at batch P) and the others died: it sits the sync out
+    # (weight 0), and its line without samples tells the checker where the window ends: all of it skipped
+    lines = fault_free(1) + [line(3, 0, P, 2 * P, 0, weight_sum=0.0, contributors=0, sat_out=True)]
+    assert lines[-1]["samples"] == [] and lines[-1]["sat_out"] is True
+    lines += [line(4, 1, P, 3 * P, 0, weight_sum=1.0, contributors=1), line(5, 0, 2 * P, 4 * P, 0,
+                                                                            weight_sum=1.0, contributors=1)]
+    assert check_ledger(lines) == []
+    assert ledger_totals(lines)["samples_skipped"] == 2 * P * SPAN + (R - 1) * (2 * P + 2 * P) * W * B
+    # without it, the next sync of fragment 0 starts its window at 0: the dropped window shows as a silent gap
+    assert any("silent gap" in v for v in check_ledger([x for x in lines if not x["sat_out"]]))
+    # a sat-out line is no contributor's line: the one contributor of a sync whose line was lost with its killed
+    # writer (replica 1) is still missed, and accepted with that failure
+    lost = fault_free(1) + [line(3, 0, P, 2 * P, 0, weight_sum=1.0, contributors=1, sat_out=True)]
+    died = [{"kind": "failure_detected", "replica": 1, "time": 3.5}]
+    assert check_ledger(lost, died) == []
+    assert any("silent gap" in v for v in check_ledger(lost, []))
