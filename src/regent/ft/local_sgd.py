@@ -15,7 +15,9 @@ Fault tolerance: the last global parameters and the outer optimizer state of eve
 with the Manager (`register_state_dict_fn`), so a replica that heals receives them, outer momentum
 included. The Manager step counts successful fragment syncs; every replica picks fragment
 `step % len(fragments)`, so a failed sync (no commit) rolls the fragment back to its last global
-parameters and the same fragment is retried at the next sync.
+parameters and the same fragment is retried at the next sync. Plain DiLoCo (one fragment) then also gives the
+round's inner steps back to the caller (`steps_given_back`, `on_round_failed`): its data position goes back to
+the round's first batch and the round is trained again, so every sample counts once, in a committed round.
 """
 
 from __future__ import annotations
