@@ -60,13 +60,14 @@ def test_diloco_constant_batch_kill_every_sample_once(tmp_path):
 
 
 def test_diloco_failed_sync_round_is_trained_again(tmp_path):
-    """With --ft.min-replica-size 2, a sync needs both replicas: replica 1 is killed, and every sync of the
-    survivor until it is back does not commit. Each time the survivor gives the round back (data position, step
+    """With --ft.min-replica-size 2, a sync needs both replicas: replica 1 hangs, and every sync of the survivor
+    until it is detected, restarted and back does not commit (a kill was restarted from a warm spare before the
+    survivor's next sync on an idle box: no sync failed). Each time the survivor gives the round back (data position, step
     count and schedule to its first batch) and trains it again: the committed rounds are consecutive from batch
     0, none records a skipped batch, and the run's own `regent check` proves every sample once."""
     from regent.orchestrate.invariants import check_ledger, effective_ledger
 
-    sched = write_schedule(tmp_path / "faults.jsonl", [(6, 1, "kill", 0)])
+    sched = write_schedule(tmp_path / "faults.jsonl", [(6, 1, "hang", 0)])
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.min-replica-size", "2", "--duration",
                      "25s", "--faults-file", sched)
     failed = [e for e in run.events if e["kind"] == "commit" and e.get("committed") is False and e["replica"] == 0]
