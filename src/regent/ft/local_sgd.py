@@ -15,7 +15,9 @@ Fault tolerance: the last global parameters and the outer optimizer state of eve
 with the Manager (`register_state_dict_fn`), so a replica that heals receives them, outer momentum
 included. The Manager step counts successful fragment syncs; every replica picks fragment
 `step % len(fragments)`, so a failed sync (no commit) rolls the fragment back to its last global
-parameters and the same fragment is retried at the next sync.
+parameters and the same fragment is retried at the next sync. Plain DiLoCo (one fragment) then also gives the
+round's inner steps back to the caller (`steps_given_back`, `on_round_failed`): its data position goes back to
+the round's first batch and the round is trained again, so every sample counts once, in a committed round.
 """
 
 from __future__ import annotations
@@ -63,6 +65,58 @@ def pseudo_gradient_weight(*, trained: int | None, full: int, micro_batches: int
     the contributors' weights is then the replica-shards of the round they covered (`regent.train.coverage`)."""
     share = 1.0 if trained is None else max(trained, 1) / full
     return share * (micro_batches / steps if steps > 0 else 1.0)
+
+
+def steps_given_back(*, committed: bool, fragments: int, local_steps: int) -> int:
+    """The inner steps a replica gives back when a sync ends: all of the round's (`local_steps`, those since the
+    last sync, a mid-round joiner's skipped ones included) when the sync of plain DiLoCo's one fragment did not
+    commit, else none.
+
+    Plain DiLoCo: a sync that did not commit put the parameters back to the last global ones, so the round's
+    samples had no effect; its data position (and step count and schedule, which move with it) goes back to the
+    round's first batch and the round is trained again, as per-step mode gives a discarded step's batch back.
+    Every replica of that sync does the same, so their positions stay equal. Streaming DiLoCo (several
+    fragments) gives nothing back: only the failed fragment lost the samples' effect, the others keep it and
+    commit it at their own syncs; training those samples again would count them twice there (the session
+    records them as skipped for that fragment instead)."""
+    return local_steps if not committed and fragments == 1 else 0
+
+
+def fragment_bounds(sizes: list[int], n: int) -> list[tuple[int, int]]:
+    """Split parameters of `sizes` elements (in registration order) into `n` contiguous, non-empty groups
+    [lo, hi) of about equal elements: Streaming DiLoCo's fragments of a model that names none (each syncs the
+    same share of the bytes)."""
+    if not 1 <= n <= len(sizes):
+        raise ValueError(f"{n} fragments of {len(sizes)} parameters: need 1 <= fragments <= parameters")
+    total = sum(sizes)
+    bounds, lo, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        left = n - len(bounds) - 1  # groups still to open after the one being filled
+        # close the group once it holds its share, or when every parameter left must open a group of its own
+        if left > 0 and (acc * n >= total * (len(bounds) + 1) or len(sizes) - (i + 1) == left):
+            bounds.append((lo, i + 1))
+            lo = i + 1
+    bounds.append((lo, len(sizes)))
+    return bounds
+
+
+class _ParameterGroup(nn.Module):
+    """Some parameters of a model, registered under their dotted names made flat (the same Parameter objects,
+    so the fragment's sync changes the model's)."""
+
+    def __init__(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        super().__init__()
+        for name, p in named:
+            self.register_parameter(name.replace(".", "__"), p)
+
+
+def model_fragments(model: nn.Module, n: int) -> list[nn.Module]:
+    """`model` as `n` Streaming DiLoCo fragments (`fragment_bounds`); [model] itself for one."""
+    if n == 1:
+        return [model]
+    named = list(model.named_parameters())
+    return [_ParameterGroup(named[lo:hi]) for lo, hi in fragment_bounds([p.numel() for _, p in named], n)]
 
 
 class LocalSGD:
@@ -190,7 +244,7 @@ class _Fragment:
                 self.original[name].copy_(p.detach())
 
     def prepare_sync(self, sit_out: bool = False, retry: bool = False, round_step: int = 0,
-                     weight: float = 1.0, whole_round: bool | None = None) -> None:
+                     weight: float = 1.0, whole_round: bool | None = None, in_phase: bool = False) -> None:
         """Pseudo-gradient = last global - local; launch its average (asynchronously).
 
         `sit_out`: this replica has no local steps of its own in this round (it has just healed or joined): it
@@ -202,7 +256,9 @@ class _Fragment:
         failed; start again from the local parameters it had. `round_step`: the caller's step count at this
         sync; the value of the replicas that took the whole round (`whole_round`; None: weight 1) is reported
         back (`contributor_step`) so that a sit-out can line up with them (it did not take the round's
-        steps)."""
+        steps). `in_phase`: sitting out with a step count that is the run's all the same (Streaming DiLoCo, a
+        replica inside its first window of this fragment since it joined): it reports its step too, or a
+        replica joining at this sync would find no step to line up with when every other member sits out."""
         if not sit_out and not weight > 0.0:
             raise ValueError(f"weight={weight}: must be > 0")
         with torch.no_grad():
@@ -222,7 +278,7 @@ class _Fragment:
                         t.mul_(weight)
             device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
             w = 0.0 if sit_out else weight
-            whole = (w == 1.0) if whole_round is None else (whole_round and not sit_out)
+            whole = in_phase or ((w == 1.0) if whole_round is None else (whole_round and not sit_out))
             full = 1.0 if whole else 0.0
             # a contributor that took only part of the round (joined mid-round) ends it at the same step as the
             # whole-round ones: its step is the fallback a sit-out lines up with when nobody took the whole round
@@ -346,6 +402,10 @@ class DiLoCo:
         join_mid_round (keyword-only): a restarted replica may join the round in progress (`join_now`); False
             (a constant global batch: the round's members cover its shard for the whole round) makes it sit the
             round out and join at its sync.
+        on_round_failed (keyword-only): plain DiLoCo, a sync that did not commit: called (inside the optimizer
+            step of the round's last inner step) with the inner steps to give back (`steps_given_back`): the
+            caller moves its step count, schedule and data position back to the round's first batch, and the
+            round is trained again.
     """
 
     def __init__(
@@ -371,6 +431,7 @@ class DiLoCo:
         round_step: Callable[[], int] = lambda: 0,
         on_contributor_step: Callable[[int], None] = lambda step: None,
         join_mid_round: bool = True,
+        on_round_failed: Callable[[int], None] = lambda steps: None,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -406,6 +467,11 @@ class DiLoCo:
         self._local_step = 0
         self._pending: _Fragment | None = None
         self._sit_out = False
+        # Streaming DiLoCo: per fragment, whether this replica has trained since that fragment's last sync (its
+        # pseudo-gradient of it is a whole window of its own); a replica that joined a run in progress sits out
+        # each fragment's next sync until it is (`_restart_fragments`). The sync in flight sits out (`_pending_sit`)
+        self._whole = [True] * n
+        self._pending_sit = False
         # Joining mid-round (`join_now`): inner steps taken since this replica joined, until its fragments carry
         # a whole round of their own (None: they do); what its pseudo-gradients are weighted by until then
         self._trained: int | None = None
@@ -431,6 +497,7 @@ class DiLoCo:
         self.load_committed_extra = load_committed_extra
         self.round_step = round_step
         self.on_contributor_step = on_contributor_step
+        self.on_round_failed = on_round_failed
         self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(inner_optimizer) if hook_optimizer
                         else lambda: None)
         if early_heal:
@@ -485,9 +552,9 @@ class DiLoCo:
             logger.warning("fragment %d sync failed; retrying with the replicas still alive (%d/%d)",
                            fragment.index, attempt, self.sync_retries)
             self._manager.start_quorum()
-            fragment.prepare_sync(sit_out=self._sit_out, retry=True, round_step=self.round_step(),
-                                  weight=self._pending_weight if not self._sit_out else 1.0,
-                                  whole_round=self._pending_whole)
+            fragment.prepare_sync(sit_out=self._pending_sit, retry=True, round_step=self.round_step(),
+                                  weight=self._pending_weight if not self._pending_sit else 1.0,
+                                  whole_round=self._pending_whole, in_phase=self._pending_sit and not self._sit_out)
             committed = fragment.perform_sync()
         fragment.drop_local()
         if committed and self._sit_out and fragment.contributor_step is not None:
@@ -543,16 +610,25 @@ class DiLoCo:
             # at least two steps of its own before the allreduce starts, or sitting out costs less
             self.on_contributor_step(self.round_step() + taken)
             self._local_step = taken
-            self._trained = 0
+            if len(self.fragments) > 1:
+                self._restart_fragments()  # Streaming DiLoCo: it sits out each fragment's next sync instead
+            else:
+                self._trained = 0
             self._sit_out = False
             self._step_t = None
             self.joined_mid_round = {"round_position": taken, "period": self._period}
             return False
         self._manager.start_quorum()
+        if len(self.fragments) > 1 and (self._manager.current_step() > 0 or self.round_step() > 0):
+            # Streaming DiLoCo, joining a run in progress: every fragment's window began before this replica
+            # joined (at the run's very start, nothing trained yet, every replica starts every window together)
+            self._restart_fragments()
         self._sit_out = True  # no local steps of its own yet: it contributes nothing to this round's average
         self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
         self._pending.prepare_sync(sit_out=True, round_step=self.round_step())
+        self._whole[self._pending.index] = True  # the fragment's next window starts at this sync
         self._pending_weight = 0.0
+        self._pending_sit = True
         self._local_step = self._period - self._delay
         if self._local_step < self._period:
             return False  # the allreduce is in flight; it is applied after `fragment_sync_delay` steps
@@ -562,12 +638,29 @@ class DiLoCo:
         self.last_sync = self._sync_record(fragment, committed)
         return committed
 
-    def _sync_record(self, fragment: _Fragment, committed: bool) -> dict[str, Any]:
+    def _sync_record(self, fragment: _Fragment, committed: bool, given_back: int = 0) -> dict[str, Any]:
         """What the caller learns of a sync: whether it committed, this replica's weight in it (0: it sat out),
-        and the sum of the contributors' weights and their number (the sample ledger's skip record)."""
-        return {"fragment": fragment.index, "committed": committed, "step": self._manager.current_step(),
-                "weight": self._pending_weight, "weight_sum": fragment.weight_sum,
-                "contributors": fragment.contributors}
+        the sum of the contributors' weights and their number (the sample ledger's skip record), and the inner
+        steps given back to be trained again (`steps_given_back`)."""
+        return {"fragment": fragment.index, "fragments": len(self.fragments), "committed": committed,
+                "step": self._manager.current_step(), "weight": self._pending_weight,
+                "weight_sum": fragment.weight_sum, "contributors": fragment.contributors, "given_back": given_back}
+
+    def _restart_fragments(self) -> None:
+        """Streaming DiLoCo, healed in a quorum or joining a run in progress: the model's parameters are (or may
+        be) its donor's live ones, whose local progress on every fragment would come back in this replica's next
+        pseudo-gradients (the donor's samples counted twice on each fragment). Every fragment starts again from
+        its global parameters (just received), and this replica sits out each fragment's next sync: its window
+        of it began before this replica joined, and how long ago only the replicas that saw it begin know (a
+        failed sync of another fragment makes windows longer than `sync_every`), so no share of a window could
+        weigh its part exactly. Its samples of those partial windows are recorded as skipped (the contributors'
+        weights sum to less), and from each fragment's next window on it contributes whole, weight 1."""
+        with torch.no_grad():
+            for f in self.fragments:
+                for name, p in f.params.items():
+                    p.copy_(f.original[name])
+        self._whole = [False] * len(self.fragments)
+        self._trained = None
 
     def count_micro_batches(self, n: int) -> None:
         """A constant global batch: the inner step in progress covers `n` replica-shard micro-batches (its own and
@@ -605,19 +698,29 @@ class DiLoCo:
                 # Healed in this quorum: its parameters are now its donor's, and so would be its pseudo-gradient
                 # (counting the donor's samples twice). It sits this sync out, as a restarted replica does.
                 self._sit_out = True
+                if len(self.fragments) > 1:
+                    self._restart_fragments()
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]
             weight = self._weight_now()  # resets the round's counts, sitting out or not
             self._pending_whole = self._trained is None
-            self._pending_weight = 0.0 if self._sit_out else weight
-            self._pending.prepare_sync(sit_out=self._sit_out, round_step=self.round_step(),
-                                       weight=self._pending_weight if not self._sit_out else 1.0,
-                                       whole_round=self._pending_whole)
+            # sits out: just healed (`_sit_out`), or (Streaming DiLoCo) joined inside this fragment's window
+            sit = self._sit_out or not self._whole[self._pending.index]
+            self._pending_sit = sit
+            self._pending_weight = 0.0 if sit else weight
+            self._pending.prepare_sync(sit_out=sit, round_step=self.round_step(),
+                                       weight=self._pending_weight if not sit else 1.0,
+                                       whole_round=self._pending_whole, in_phase=sit and not self._sit_out)
+            self._whole[self._pending.index] = True  # the fragment's next window starts at this sync
             self._step_t = None  # the quorum's wait is no inner step
         if self._local_step >= self._period:
             fragment, self._pending = self._pending, None
-            self._local_step = 0
+            steps, self._local_step = self._local_step, 0
             if fragment is None:
                 return
             committed = self._sync(fragment)
-            self.last_sync = self._sync_record(fragment, committed)
+            back = steps_given_back(committed=committed, fragments=len(self.fragments), local_steps=steps)
+            if back:
+                self._trained = None  # trained again from the round's first batch: a whole round of its own
+                self.on_round_failed(back)
+            self.last_sync = self._sync_record(fragment, committed, given_back=back)

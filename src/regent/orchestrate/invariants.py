@@ -396,14 +396,72 @@ def effective_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] |
     return dict(sorted(by_step.items()))
 
 
+def fragment_windows(by_step: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Streaming DiLoCo: each committed fragment sync (lines with `fragment`) and the window of global batches
+    [lo, hi) it closes. A fragment's sync commits, on that fragment, the samples trained since its previous sync,
+    so the window starts where the fragment's previous committed sync ended (0 for its first) and ends where
+    the contributors' batches end. Per window: `skipped_whole`, its batches a sync of this fragment that did not
+    commit dropped (recorded in `skipped_batches` by any line of the fragment), and `skipped_samples`, the
+    samples of the rest no contributor covered: (replicas - the contributors' weight sum) replica-shards of
+    each batch (a whole contributor weighs 1). `problem` names what makes a window unreadable."""
+    dropped: dict[int, set[int]] = defaultdict(set)
+    for ls in by_step.values():
+        for x in ls:
+            if "fragment" in x:
+                dropped[int(x["fragment"])].update(n for lo, hi in x.get("skipped_batches") or []
+                                                   for n in range(int(lo), int(hi)))
+    prev: dict[int, int] = {}
+    out: list[dict[str, Any]] = []
+    for step, ls in by_step.items():
+        if not any("fragment" in x for x in ls):
+            continue
+        w: dict[str, Any] = {"step": step, "lines": ls, "problem": None}
+        out.append(w)
+        frags = {x.get("fragment") for x in ls}
+        ends = {int((x.get("batches") or (0, 0))[1]) for x in ls}
+        layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
+        if len(frags) != 1 or None in frags:
+            w["problem"] = f"lines of different fragments {sorted(frags, key=str)}"
+            continue
+        if len(ends) != 1:
+            w["problem"] = f"contributors ending at different global batches {sorted(ends)} (their data positions differ)"
+            continue
+        if len(layout) != 1 or None in next(iter(layout)):
+            w["problem"] = f"replicas report different layouts {sorted(layout, key=str)}"
+            continue
+        f, hi = int(frags.pop()), ends.pop()
+        lo = prev.get(f, 0)
+        replicas, ranks, batch_size = (int(v) for v in layout.pop())
+        w.update(fragment=f, lo=lo, hi=hi, span=replicas * ranks * batch_size, replicas=replicas, ranks=ranks,
+                 batch_size=batch_size)
+        if hi <= lo:
+            w["problem"] = (f"its batches end at {hi}, not after the end of fragment {f}'s previous committed sync "
+                            f"({lo}): the same batches committed twice on it")
+            continue
+        whole = {n for n in dropped[f] if lo <= n < hi}
+        weight_sum = max(float(x.get("weight_sum") or 0.0) for x in ls)
+        w["skipped_whole"] = whole
+        w["skipped_samples"] = max(0, round((replicas - weight_sum) * (hi - lo - len(whole)))) * ranks * batch_size
+        prev[f] = hi
+    return out
+
+
 def ledger_totals(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> dict[str, int]:
     """Samples in committed steps, and samples recorded as skipped (shards no replica of the quorum covered; in
     DiLoCo also the rounds' samples no contributor covered, and whole global batches of rounds that did not
-    commit and that no committed round consumed)."""
+    commit and that no committed round consumed). Streaming DiLoCo counts per fragment (`fragment_windows`): a
+    sample committed on all F fragments counts F times, and `fragments` says F."""
     consumed = skipped = 0
     rounds: dict[int, int] = {}  # DiLoCo: global batch -> samples in it
     whole: dict[int, int] = {}  # DiLoCo: global batch recorded as skipped whole -> samples in it
-    for ls in effective_ledger(lines, events).values():
+    by_step = effective_ledger(lines, events)
+    windows = [w for w in fragment_windows(by_step) if w["problem"] is None]
+    for w in windows:
+        consumed += sum(hi - lo for line in w["lines"] for lo, hi in line["samples"])
+        skipped += w["skipped_samples"] + len(w["skipped_whole"]) * w["span"]
+    for ls in by_step.values():
+        if any("fragment" in x for x in ls):
+            continue
         consumed += sum(hi - lo for line in ls for lo, hi in line["samples"])
         first = ls[0]
         if "round" in first:
@@ -415,7 +473,10 @@ def ledger_totals(lines: list[dict[str, Any]], events: list[dict[str, Any]] | No
         skipped += max(int(x.get("skipped") or 0) for x in ls) * int(first.get("ranks") or 1) * \
             int(first.get("batch_size") or 0)
     skipped += sum(span for n, span in whole.items() if n not in rounds)
-    return {"samples_committed": consumed, "samples_skipped": skipped}
+    out = {"samples_committed": consumed, "samples_skipped": skipped}
+    if windows:
+        out["fragments"] = max(int(x.get("fragments") or 1) for w in windows for x in w["lines"])
+    return out
 
 
 # A participant's ledger line is written by itself just after its commit: one killed in between committed its
@@ -427,11 +488,12 @@ def _lost_lines(ls: list[dict[str, Any]], failures: dict[Any, list[float]]) -> i
     """How many of a commit's missing lines (fewer lines than participants) were lost with their writers: as many
     replicas without a line failed around that commit."""
     participants = max(int(x.get("participants") or 0) for x in ls)
-    unwritten = participants - len(ls)
+    contributed = [x for x in ls if not x.get("sat_out")]  # Streaming DiLoCo: a sat-out replica's line is none
+    unwritten = participants - len(contributed)
     if unwritten <= 0 or not failures:
         return 0
     t = max(float(x.get("time") or 0.0) for x in ls)
-    present = {x.get("replica") for x in ls}
+    present = {x.get("replica") for x in contributed}
     died = [r for r, ts in failures.items()
             if r not in present and any(t - LOST_LINE_WINDOW_S <= f <= t + LOST_LINE_WINDOW_S for f in ts)]
     return unwritten if len(died) >= unwritten else 0
@@ -479,7 +541,8 @@ def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[f
     """DiLoCo: one committed round's lines (each a contributor's inner steps since the last sync) cover the
     round's global batches, less the samples recorded skipped (`skipped_samples`: replicas that died in the round
     or joined it late); global batches of rounds that did not commit are recorded skipped whole
-    (`skipped_batches`, collected into `whole`)."""
+    (`skipped_batches`, collected into `whole`: ledgers written before such rounds were given back and trained
+    again; today's leave it empty)."""
     out: list[str] = []
     rounds = {tuple(x.get("round") or ()) for x in ls}
     layout = {(x.get("replicas"), x.get("ranks"), x.get("batch_size")) for x in ls}
@@ -522,6 +585,53 @@ def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[f
     return out
 
 
+def _check_fragment_sync(w: dict[str, Any], failures: dict[Any, list[float]],
+                         owners: list[tuple[int, int, int, Any]]) -> list[str]:
+    """Streaming DiLoCo: one committed fragment sync's lines (each a contributor's inner steps since its last
+    sync of the fragment) cover the window `fragment_windows` gives it, less the samples recorded skipped."""
+    step, ls = w["step"], w["lines"]
+    if w["problem"] is not None:
+        return [f"ledger: committed fragment sync {step}: {w['problem']}"]
+    f, lo, hi, span = w["fragment"], w["lo"], w["hi"], w["span"]
+    out: list[str] = []
+    covered = 0
+    for x in ls:
+        b0, b1 = (int(v) for v in x.get("batches") or (lo, hi))
+        if not lo <= b0 < b1 <= hi:
+            out.append(f"ledger: committed sync {step} of fragment {f}, replica {x.get('replica')}: batches "
+                       f"[{b0}, {b1}) lie outside its window [{lo}, {hi}) (after the fragment's previous sync)")
+        for a, b in x["samples"]:
+            if not b0 * span <= a < b <= b1 * span:
+                out.append(f"ledger: committed sync {step} of fragment {f}, replica {x.get('replica')}: samples "
+                           f"[{a}, {b}) lie outside its batches [{b0}, {b1}) = [{b0 * span}, {b1 * span})")
+            owners.append((a, b, step, x.get("replica")))
+            covered += b - a
+    recorded = w["skipped_samples"] + len(w["skipped_whole"]) * span
+    lost = _lost_lines(ls, failures)
+    if lost:
+        contributors = max(int(x.get("participants") or 0) for x in ls)
+        recorded += lost * -(-w["replicas"] // contributors) * (hi - lo) * w["ranks"] * w["batch_size"]
+    total = (hi - lo) * span
+    if total - covered > recorded:
+        out.append(f"ledger: committed sync {step} of fragment {f} (global batches [{lo}, {hi})) left "
+                   f"{total - covered - recorded} of its {total} samples unconsumed on that fragment without a skip "
+                   f"record (covered {covered}, recorded skipped {recorded}): a silent gap")
+    return out
+
+
+def _overlaps(owners: list[tuple[int, int, int, Any]], what: str = "") -> list[str]:
+    """Every sample range that two committed lines both claim (`owners`: (lo, hi, step, replica))."""
+    out = []
+    reach: tuple[int, int, int, Any] | None = None  # the range seen so far that reaches furthest
+    for cur in sorted(owners):
+        if reach is not None and cur[0] < reach[1]:
+            out.append(f"ledger: samples [{cur[0]}, {min(reach[1], cur[1])}) consumed twice{what}: committed step "
+                       f"{reach[2]} (replica {reach[3]}) and committed step {cur[2]} (replica {cur[3]})")
+        if reach is None or cur[1] > reach[1]:
+            reach = cur
+    return out
+
+
 def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> list[str]:
     """Every sample of every global batch up to the last committed one was consumed exactly once in committed
     steps, or recorded as skipped: no sample in two committed steps (or twice in one), no batch with fewer
@@ -530,7 +640,10 @@ def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | Non
 
     With `events`: a step that has fewer lines than participants, where as many of the replicas without a line
     failed around that commit (`failure_detected`), lost those lines with their writers, not the samples: the
-    samples they covered (at most ceil(replicas / participants) shards each) are accepted as consumed."""
+    samples they covered (at most ceil(replicas / participants) shards each) are accepted as consumed.
+
+    Streaming DiLoCo's lines (`fragment` in the line) are checked per fragment: every sample once in each
+    fragment's committed syncs, or recorded skipped for it (`fragment_windows`, `_check_fragment_sync`)."""
     failures: dict[Any, list[float]] = defaultdict(list)
     for e in events or []:
         if e.get("kind") == "failure_detected" and e.get("replica") is not None and e.get("time") is not None:
@@ -539,19 +652,20 @@ def check_ledger(lines: list[dict[str, Any]], events: list[dict[str, Any]] | Non
     owners: list[tuple[int, int, int, Any]] = []  # (lo, hi, step, replica)
     batches: dict[int, int] = {}  # global batch -> the committed step that consumed it
     whole: set[int] = set()  # DiLoCo: global batches recorded skipped whole (their round did not commit)
-    for step, ls in effective_ledger(lines, events).items():
+    by_step = effective_ledger(lines, events)
+    per_fragment: dict[Any, list[tuple[int, int, int, Any]]] = defaultdict(list)  # Streaming DiLoCo's owners
+    for w in fragment_windows(by_step):
+        out += _check_fragment_sync(w, failures, per_fragment[w.get("fragment")])
+    for step, ls in by_step.items():
+        if any("fragment" in x for x in ls):
+            continue
         if any("round" in x for x in ls):
             out += _check_round(step, ls, failures, owners, batches, whole)
         else:
             out += _check_step(step, ls, failures, owners, batches)
-    owners.sort()
-    reach: tuple[int, int, int, Any] | None = None  # the range seen so far that reaches furthest
-    for cur in owners:
-        if reach is not None and cur[0] < reach[1]:
-            out.append(f"ledger: samples [{cur[0]}, {min(reach[1], cur[1])}) consumed twice: committed step "
-                       f"{reach[2]} (replica {reach[3]}) and committed step {cur[2]} (replica {cur[3]})")
-        if reach is None or cur[1] > reach[1]:
-            reach = cur
+    out += _overlaps(owners)
+    for f, claimed in sorted(per_fragment.items(), key=lambda kv: str(kv[0])):
+        out += _overlaps(claimed, f" on fragment {f}")
     if batches:
         missing = sorted(set(range(max(batches) + 1)) - set(batches) - whole)
         if missing:

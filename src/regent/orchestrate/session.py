@@ -111,24 +111,29 @@ class TrainingSession:
             raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
                              "(the built-in trainer's); this trainer's cannot: drop --ft.constant-batch")
         self._ledger_path = os.path.join(cfg.run_dir, LEDGER_FILE) if cfg.run_dir else None
-        # DiLoCo's sample ledger: (global batch, replica-shards) of each inner step since the last sync, the
-        # global batches of rounds whose sync did not commit (recorded as skipped at the next commit), and the
-        # last sync seen (`DiLoCo.last_sync`, a new record per sync)
-        self._round_cover: list[tuple[int, list[int]]] = []
-        self._failed_batches: list[list[int]] = []
+        # DiLoCo's sample ledger, per fragment (one in plain DiLoCo): (global batch, replica-shards) of each inner
+        # step since that fragment's last sync, the global batches whose effect a sync of it that did not commit
+        # dropped (Streaming DiLoCo: recorded as skipped at its next commit; plain DiLoCo trains them again), and
+        # the last sync seen (`DiLoCo.last_sync`, a new record per sync)
+        self._fragments = max(1, int(getattr(ft, "fragments", 1) or 1)) if ft.mode == "diloco" else 1
+        self._covers: list[list[tuple[int, list[int]]]] = [[] for _ in range(self._fragments)]
+        self._skip_note = False  # the step in progress healed: its batch is not noted (`_clear_covers`)
+        self._failed: list[list[list[int]]] = [[] for _ in range(self._fragments)]
         self._seen_sync: Any = None
         self._ledger_writer: bool | None = None  # `_ledger_on`, decided once
         if ft.mode == "diloco":
-            from regent.ft.local_sgd import DiLoCo
+            from regent.ft.local_sgd import DiLoCo, model_fragments
 
-            outer = torch.optim.SGD(
-                self.trainer.model.parameters(), lr=ft.outer_lr, momentum=ft.outer_momentum, nesterov=True
-            )
+            # Streaming DiLoCo (`ft.fragments` > 1): the model's parameters in that many contiguous groups of about
+            # equal size, each with its own outer optimizer, synced in turn
+            fragments = model_fragments(self.trainer.model, self._fragments)
+            outers = [torch.optim.SGD(f.parameters(), lr=ft.outer_lr, momentum=ft.outer_momentum, nesterov=True)
+                      for f in fragments]
             self.diloco = DiLoCo(
                 self.manager,
-                [self.trainer.model],
+                fragments,
                 self.trainer.optimizer,
-                outer,
+                outers if len(outers) > 1 else outers[0],
                 sync_every=ft.sync_every,
                 fragment_sync_delay=ft.fragment_sync_delay,
                 fragment_update_alpha=ft.fragment_update_alpha,
@@ -142,6 +147,7 @@ class TrainingSession:
                 # with a constant global batch the round's members cover a restarted replica's shard for the whole
                 # round: it joins at the round's sync (training its shard too would consume those samples twice)
                 join_mid_round=not self.constant_batch,
+                on_round_failed=self._give_back_round,
             )
         else:
             if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:
@@ -204,7 +210,7 @@ class TrainingSession:
             # the sync it joined is a commit like any other: it votes there too (without this, every replica
             # rejoining at a vote's sync left it, and a flip was found a vote late in a run with many restarts)
             self._maybe_vote(joined)
-            self._round_cover = []  # a sync it sat out, or a round joined in progress: nothing of its own yet
+            self._clear_covers()  # a sync it sat out, or a round joined in progress: nothing of its own yet
             self._seen_sync = self.diloco.last_sync
 
     # -- the state a healer receives ------------------------------------------------------------------
@@ -231,7 +237,7 @@ class TrainingSession:
         self.trainer.load_extra_state(extra)
         self.trainer.advance(delta)
         self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
-        self._round_cover = []  # the batches trained before are not this state's: they count for nothing
+        self._clear_covers()  # the batches trained before are not this state's: they count for nothing
 
     def _align_step(self, step: int) -> None:
         """A replica that sat out a round takes the contributors' step count, schedule position and data
@@ -240,7 +246,7 @@ class TrainingSession:
         if delta > 0:
             self.trainer.advance(delta)
             self.trainer.skip_batches(delta)
-            self._round_cover = []
+            self._clear_covers()
 
     def _load_peer_state(self, sd: dict[str, Any]) -> None:
         sd = dict(sd)
@@ -250,7 +256,34 @@ class TrainingSession:
         self.trainer.load_state_dict(sd)
         self.trainer.advance(delta)
         self.trainer.skip_batches(delta)  # the data position is a step boundary's: it follows the step
-        self._round_cover = []  # a healer's batches of this round were not its donor's: they count for nothing
+        self._clear_covers()  # a healer's batches of this round were not its donor's: they count for nothing
+
+    def _give_back_round(self, steps: int) -> None:
+        """Plain DiLoCo, a sync that did not commit (`regent.ft.local_sgd.steps_given_back`): the parameters went
+        back to the last global ones, so the step count, the schedule and the data position go back `steps` inner
+        steps too, to the round's first batch, and the round's samples are trained again (and count once, in the
+        round that commits them). Called inside the update of the round's last inner step, which the trainer
+        counts after it, so the step in progress lands on the round's first step.
+
+        Every replica of that sync gives back the same steps from the same position, so their positions stay
+        equal. A replica for which the sync failed while it committed for the others (it missed the vote's
+        answer) gives its round back alone; at the next quorum it is behind and heals from a donor, taking the
+        donor's position (its batches trained meanwhile count for nothing, `_load_peer_state`), so positions
+        never differ past one round. Its samples of the round were committed by the others' sync (its
+        pseudo-gradient was in their average) but it writes no line of them, not knowing: `regent check` then
+        reports that round's gap rather than pass over it (a known false alarm of this rare split vote, never a
+        sample counted twice). A replica that joined mid-round gives back the steps it skipped to line up
+        with the others too (`DiLoCo` counts them in the round's steps): it lands on the same first batch."""
+        self.trainer.advance(-steps)
+        self.trainer.skip_batches(-steps)
+
+    def _clear_covers(self) -> None:
+        """Forget the batches noted since each fragment's last sync: this replica's state is no longer the one
+        they trained. Inside a step (a heal in its quorum) that step's batch is not noted either: it trained the
+        state just replaced."""
+        for cover in self._covers:
+            cover.clear()
+        self._skip_note = self._in_step
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
@@ -267,16 +300,18 @@ class TrainingSession:
     def _ledger_applies(self) -> bool:
         """Whether this rank writes the sample ledger: rank 0 of a replica, with Regent's own loaders (their batch
         n of shard k is the sample range the ledger names; a spec's or user trainer's own data path has its own
-        numbering, which the ledger cannot vouch for). DiLoCo: plain DiLoCo only (one fragment, no sync delay);
-        Streaming DiLoCo commits a sample's effect fragment by fragment, and a delayed sync drops the steps taken
-        while its allreduce runs, which no round boundary describes."""
+        numbering, which the ledger cannot vouch for). DiLoCo: with no sync delay (plain or Streaming DiLoCo).
+        A delayed sync (`ft.fragment_sync_delay` > 0) applies the average of pseudo-gradients taken `delay`
+        inner steps before it and then sets the fragment to the new global parameters: the samples of those
+        `delay` steps changed the fragment locally and their effect is dropped (with `fragment_update_alpha` > 0,
+        part of it is mixed back without ever being averaged), so no sync commits them exactly once."""
         from regent.train.data import HFStreamBatches, ShardedBatches
 
         loader = getattr(self.trainer, "dataloader", None)
         if (self.rank != 0 or self._ledger_path is None or not isinstance(loader, (ShardedBatches, HFStreamBatches))
                 or not hasattr(self.trainer, "last_coverage")):
             return False
-        return self.diloco is None or (self.cfg.ft.fragments == 1 and self.cfg.ft.fragment_sync_delay == 0)
+        return self.diloco is None or self.cfg.ft.fragment_sync_delay == 0
 
     def _record_samples(self) -> None:
         """After a committed step, rank 0 of each participating replica appends the global sample ranges it
@@ -300,29 +335,45 @@ class TrainingSession:
         append_line(self._ledger_path, line)
 
     def _record_round(self) -> None:
-        """DiLoCo, after every inner step: note the batch it covered; at a sync, a committed round's samples go to
-        the ledger (`round_ledger_line`), those of a round whose sync did not commit are recorded as skipped
-        whole at this replica's next commit. What "committed" means per round: the sync that closes it
-        committed and averaged this replica's pseudo-gradient (weight > 0); a replica that sat the sync out
-        (just restarted, or healed in its quorum) writes nothing of that round."""
+        """DiLoCo, after every inner step: note the batch it covered, for every fragment; at a sync, the samples
+        since the synced fragment's last sync go to the ledger when it committed (`round_ledger_line`, Streaming
+        DiLoCo: `fragment_ledger_line`). What "committed" means: the sync committed and averaged this replica's
+        pseudo-gradient (weight > 0); a replica that sat the sync out (just restarted, or healed in its quorum)
+        writes nothing of it. A sync that did not commit: plain DiLoCo gives the round back and trains it again
+        (`_give_back_round`), so its batches are simply noted again; Streaming DiLoCo records them as skipped for
+        that fragment at this replica's next commit of it (`round_outcome`)."""
         if not self._ledger_on():
             return
         batch, shards = self.trainer.last_coverage
-        self._round_cover.append((batch, list(shards)))
+        if self._skip_note:
+            self._skip_note = False
+        else:
+            for cover in self._covers:
+                cover.append((batch, list(shards)))
         sync = self.diloco.last_sync
         if sync is self._seen_sync or not sync:
             return
         self._seen_sync = sync
-        cover, self._round_cover = self._round_cover, []
-        skipped_batches, self._failed_batches = round_outcome(cover, sync, self._failed_batches)
+        fragment = int(sync.get("fragment") or 0)
+        cover, self._covers[fragment] = self._covers[fragment], []
+        skipped_batches, self._failed[fragment] = round_outcome(cover, sync, self._failed[fragment])
+        sat_out = False
+        if skipped_batches is None and self._fragments > 1 and sync.get("committed") and cover:
+            # Streaming DiLoCo: it sat this committed sync out though it trained in the window (it joined inside
+            # it, `DiLoCo._restart_fragments`): nobody committed its batches. A line without samples says where
+            # the window ends, so that the checker counts it as skipped; with no contributor at all there would
+            # be no line of this sync, and the window's samples would vanish without a record
+            skipped_batches, self._failed[fragment], sat_out = self._failed[fragment], [], True
         if skipped_batches is None:
             return
-        line = round_ledger_line(step=int(sync["step"]), cover=cover, replica=self.replica_index,
-                                 generation=self.generation, contributors=int(sync.get("contributors") or 0),
-                                 weight_sum=float(sync.get("weight_sum") or 0.0), period=self.cfg.ft.sync_every,
-                                 replicas=self.cfg.replicas, ranks=self.world_size,
-                                 batch_size=int(self.trainer.dataloader.batch_size),
-                                 skipped_batches=skipped_batches)
+        common = dict(step=int(sync["step"]), cover=cover, replica=self.replica_index, generation=self.generation,
+                      contributors=int(sync.get("contributors") or 0), weight_sum=float(sync.get("weight_sum") or 0.0),
+                      replicas=self.cfg.replicas, ranks=self.world_size,
+                      batch_size=int(self.trainer.dataloader.batch_size), skipped_batches=skipped_batches)
+        if self._fragments > 1:
+            line = fragment_ledger_line(fragment=fragment, fragments=self._fragments, sat_out=sat_out, **common)
+        else:
+            line = round_ledger_line(period=self.cfg.ft.sync_every, **common)
         append_line(self._ledger_path, line)
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -543,12 +594,17 @@ def ledger_line(*, step: int, batch: int, replica: int, generation: int, shards:
 
 def round_outcome(cover: list[tuple[int, list[int]]], sync: dict[str, Any], failed: list[list[int]]
                   ) -> tuple[list[list[int]] | None, list[list[int]]]:
-    """What a DiLoCo sync makes of the round it closes, for the ledger: (the `skipped_batches` of the line to write,
-    or None to write none; the rounds still to record). A sync that did not commit adds its round's global batches
-    to those to record; one that committed and averaged this replica's pseudo-gradient (weight > 0) writes a line
-    carrying them all; a committed one it sat out (or trained nothing in) writes none and keeps them for its next."""
+    """What a DiLoCo sync makes of the batches trained since its fragment's last sync (`cover`), for the ledger:
+    (the `skipped_batches` of the line to write, or None to write none; the batches still to record as skipped).
+
+    A sync that did not commit and gave its round back (plain DiLoCo, `given_back` > 0) records nothing: the
+    round is trained again and its samples count in the round that commits them. One that did not commit and
+    gave nothing back (Streaming DiLoCo: only this fragment lost the samples' effect) adds those batches to the
+    ones to record as skipped for this fragment. One that committed and averaged this replica's pseudo-gradient
+    (weight > 0) writes a line carrying them all; a committed one it sat out (or trained nothing in) writes none
+    and keeps them for its next."""
     if not sync.get("committed"):
-        if not cover:
+        if not cover or int(sync.get("given_back") or 0) > 0:
             return None, failed
         return None, [*failed, [min(n for n, _ in cover), max(n for n, _ in cover) + 1]]
     if not cover or float(sync.get("weight") or 0.0) <= 0.0:
@@ -578,6 +634,32 @@ def round_ledger_line(*, step: int, cover: list[tuple[int, list[int]]], replica:
             "skipped_samples": round_skipped_samples(weight_sum, replicas=replicas, period=period, ranks=ranks,
                                                      batch_size=batch_size),
             "skipped_batches": [list(b) for b in skipped_batches]}
+
+
+def fragment_ledger_line(*, step: int, fragment: int, fragments: int, cover: list[tuple[int, list[int]]], replica: int,
+                         generation: int, contributors: int, weight_sum: float, replicas: int, ranks: int,
+                         batch_size: int, skipped_batches: list[list[int]], sat_out: bool = False) -> dict[str, Any]:
+    """One Streaming DiLoCo line of the sample ledger: replica `replica` covered the (global batch, replica-shards)
+    of `cover`, its inner steps since fragment `fragment`'s last sync, and the sync of that fragment committed as
+    step `step` averaged their effect on it.
+
+    A fragment's sync commits, on that fragment, the samples trained since its previous sync, so exactly-once is
+    per fragment: each fragment's committed lines cover every sample once, or a record says it was skipped. The
+    line does not name the window it closes (a replica that joined since cannot know where it starts): the
+    checker takes it from the fragment's previous committed sync (`regent.orchestrate.invariants`), and the
+    samples no contributor covered from `weight_sum` (a whole contributor's weight is 1, a late joiner's the
+    share of a window it trained). `skipped_batches` are batches whose effect on this fragment a sync of it that
+    did not commit dropped. `sat_out`: this replica trained `cover` but sat the sync out (it joined inside the
+    window): the line commits no samples (`samples` empty) and only says where the window ends."""
+    from regent.train.coverage import round_sample_ranges
+
+    ranges = [] if sat_out else round_sample_ranges(cover, replicas=replicas, ranks=ranks, batch_size=batch_size)
+    return {"time": time.time(), "step": step, "fragment": fragment, "fragments": fragments,
+            "batches": [min(n for n, _ in cover), max(n for n, _ in cover) + 1], "replica": replica,
+            "generation": generation, "micro_batches": sum(len(shards) for _, shards in cover),
+            "participants": contributors, "weight_sum": weight_sum, "replicas": replicas, "ranks": ranks,
+            "batch_size": batch_size, "samples": [list(r) for r in ranges],
+            "skipped_batches": [list(b) for b in skipped_batches], "sat_out": sat_out}
 
 
 def append_line(path: str, record: dict[str, Any]) -> None:

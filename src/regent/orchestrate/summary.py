@@ -402,16 +402,27 @@ def _rollback_losses(
 
 def failed_sync_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """DiLoCo: each failed sync rolls its replica back to the last global parameters, losing the local
-    steps since that replica's previous sync (of the same generation; none before its first)."""
+    steps since that replica's previous sync (of the same generation; none before its first).
+
+    Plain DiLoCo gives a failed round back (its step count goes back to the round's first step) and trains it
+    again: a failed sync at a step no later than the previous failed one's trained the same round again, and
+    lost the steps since the same sync as that one."""
     prev: dict[Any, int] = {}
+    anchor: dict[Any, tuple[int, int]] = {}  # (step lost from, step of the last failed sync) since the last commit
     out = []
     for e in sorted(events, key=lambda e: e["time"]):
         if e["kind"] != "commit" or e.get("step") is None:
             continue
         key = (e.get("replica"), e.get("generation"))
         if not e.get("committed", True) and key in prev:
+            base = prev[key]
+            if key in anchor and e["step"] <= anchor[key][1]:
+                base = anchor[key][0]  # the round given back and trained again
+            anchor[key] = (base, e["step"])
             out.append({"time": e["time"], "replica": e.get("replica"), "step": e["step"],
-                        "lost": max(0, e["step"] - prev[key])})
+                        "lost": max(0, e["step"] - base)})
+        elif e.get("committed", True):
+            anchor.pop(key, None)
         prev[key] = e["step"]
     return out
 
@@ -581,8 +592,8 @@ def accounting(
             "steps_lost": "steps_lost_uncommitted + steps_lost_reset: replica-steps trained and then thrown away.",
             "steps_lost_uncommitted": (
                 "Metric records with committed false (ddp), plus in DiLoCo the local steps of each failed sync "
-                "(trainer step at the failed commit minus at that replica's previous sync), less any a later "
-                "rollback already counts."),
+                "(trainer step at the failed commit minus at that replica's previous sync; a round given back and "
+                "failed again: minus at its sync before that round), less any a later rollback already counts."),
             "steps_lost_reset": (
                 "For every rollback of all replicas (lineage reset, checkpoint restart, undetected drop): per "
                 "replica, its highest trainer step before it minus the step it went on from (all of it when "

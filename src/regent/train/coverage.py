@@ -30,9 +30,14 @@ DiLoCo (`ft.mode=diloco`) commits a round of `period` inner steps at once, so th
   step of a whole round (`regent.ft.local_sgd.pseudo_gradient_weight`): the weighted average is over the
   configured samples, each once;
 - a round whose sync did not commit (voted down, or failed after its retries) put back the last global
-  parameters: its global batches are recorded as skipped whole by its members, at their next commit
-  (`skipped_batches` in the ledger), not consumed again (the data position moves with the step count, which
-  a replica joining mid-round relies on to line up with the others).
+  parameters: its members give the round back (step count, schedule and data position go back to its first
+  batch, `regent.ft.local_sgd.steps_given_back`) and train it again, so its samples count once, in the round
+  that commits them.
+
+Streaming DiLoCo (several fragments) applies them per fragment: a fragment's sync commits, on that fragment, the
+samples trained since its previous sync, so every sample must appear once in each fragment's committed syncs or
+be recorded as skipped for it (a sync of it that did not commit drops the effect of its window on that fragment
+only: recorded as skipped, not trained again, which would count the samples twice on the other fragments).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """DiLoCo / Streaming DiLoCo with real replicas: late joiners get the global params and outer momentum;
-a failed sync rolls back and retries the same fragment."""
+a failed sync rolls back and retries the same fragment; plain DiLoCo gives the failed round's inner steps back
+(they are trained again), Streaming DiLoCo does not (the other fragments keep their effect)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import pytest
 import torch
 
 from regent.ft.lighthouse import LighthouseServer
-from regent.ft.local_sgd import ARRIVE_EARLY_STEPS, DiLoCo, LocalSGD, contributor_step, pseudo_gradient_weight
+from regent.ft.local_sgd import (
+    ARRIVE_EARLY_STEPS,
+    DiLoCo,
+    LocalSGD,
+    contributor_step,
+    fragment_bounds,
+    model_fragments,
+    pseudo_gradient_weight,
+    steps_given_back,
+)
 from regent.ft.manager import Manager
 
 
@@ -42,8 +52,8 @@ def test_diloco_outer_step_math_single_replica(lighthouse):
                 model(torch.ones(3, 4)).sum().backward()
                 inner.step()
             # alone with a whole round: weight 1, the contributors' weights sum to 1 (nothing of the round skipped)
-            assert diloco.last_sync == {"fragment": 0, "committed": True, "step": 1, "weight": 1.0,
-                                        "weight_sum": 1.0, "contributors": 1}
+            assert diloco.last_sync == {"fragment": 0, "fragments": 1, "committed": True, "step": 1, "weight": 1.0,
+                                        "weight_sum": 1.0, "contributors": 1, "given_back": 0}
         # Inner SGD on a linear model: two identical steps; outer lr 1 reproduces the local result.
         for n, p in model.named_parameters():
             grad = torch.ones(1, 4) * 3 if n == "weight" else torch.tensor([3.0])
@@ -211,5 +221,140 @@ def test_local_sgd_single_replica_keeps_params(lighthouse):
         after = list(model.parameters())
         assert manager.current_step() == 2  # two syncs committed
         assert not all(torch.equal(a, b) for a, b in zip(before, after))
+    finally:
+        manager.shutdown()
+
+
+def _inner_steps(model: torch.nn.Module, inner: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        inner.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        inner.step()
+
+
+def test_steps_given_back_only_by_plain_diloco_and_only_when_not_committed():
+    assert steps_given_back(committed=False, fragments=1, local_steps=5) == 5
+    assert steps_given_back(committed=True, fragments=1, local_steps=5) == 0
+    # Streaming DiLoCo: the other fragments keep the samples' effect; training them again would count them twice
+    assert steps_given_back(committed=False, fragments=2, local_steps=5) == 0
+    assert steps_given_back(committed=False, fragments=1, local_steps=0) == 0  # a sit-out sync trained nothing
+
+
+def test_a_plain_sync_that_did_not_commit_gives_its_round_back(lighthouse):
+    """The sync's allreduce breaks (the error is reported after its quorum, where a broken collective reports
+    it): the sync does not commit, the parameters go back to the last global ones, and the round's 3 inner steps
+    are handed to `on_round_failed` to be trained again; the next round commits as the next step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    manager = _solo_manager(lighthouse, model)
+    given: list[int] = []
+    fail = [False]
+
+    def round_step() -> int:
+        if fail[0]:
+            manager.report_error(RuntimeError("injected: the sync's allreduce broke"))
+        return 0
+
+    try:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = torch.optim.SGD(model.parameters(), lr=1.0)
+        with DiLoCo(manager, [model], inner, outer, sync_every=3, round_step=round_step,
+                    on_round_failed=given.append) as diloco:
+            _inner_steps(model, inner, 3)
+            assert diloco.last_sync["committed"] and given == []
+            global_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+            fail[0] = True
+            _inner_steps(model, inner, 3)
+            assert not diloco.last_sync["committed"] and diloco.last_sync["given_back"] == 3 and given == [3]
+            assert all(torch.equal(p, global_params[n]) for n, p in model.named_parameters())
+            fail[0] = False
+            _inner_steps(model, inner, 3)
+            assert diloco.last_sync["committed"] and diloco.last_sync["step"] == 2 and given == [3]
+    finally:
+        manager.shutdown()
+
+
+def test_a_streaming_sync_that_did_not_commit_gives_nothing_back(lighthouse):
+    """Two fragments: the failed fragment goes back to its global parameters and is retried at the next sync;
+    the other keeps its local progress, so nothing is given back (its samples are recorded as skipped for the
+    failed fragment instead)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    manager = _solo_manager(lighthouse, model)
+    given: list[int] = []
+    fail = [False]
+
+    def round_step() -> int:
+        if fail[0]:
+            manager.report_error(RuntimeError("injected: the sync's allreduce broke"))
+        return 0
+
+    try:
+        parts = model_fragments(model, 2)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outers = [torch.optim.SGD(f.parameters(), lr=1.0) for f in parts]
+        with DiLoCo(manager, parts, inner, outers, sync_every=4, round_step=round_step,
+                    on_round_failed=given.append) as diloco:
+            _inner_steps(model, inner, 2)
+            assert diloco.last_sync["committed"] and diloco.last_sync["fragment"] == 0
+            fail[0] = True
+            _inner_steps(model, inner, 2)
+            assert not diloco.last_sync["committed"] and diloco.last_sync["fragment"] == 1
+            assert diloco.last_sync["given_back"] == 0 and given == []
+            fail[0] = False
+            _inner_steps(model, inner, 2)
+            assert diloco.last_sync["committed"] and diloco.last_sync["fragment"] == 1  # the same one, retried
+    finally:
+        manager.shutdown()
+
+
+def test_fragments_split_the_parameters_contiguously_by_size():
+    assert fragment_bounds([4, 4, 4, 4], 2) == [(0, 2), (2, 4)]
+    assert fragment_bounds([100, 1, 1], 3) == [(0, 1), (1, 2), (2, 3)]  # never an empty fragment
+    assert fragment_bounds([1, 1, 100], 2) == [(0, 2), (2, 3)]
+    assert fragment_bounds([5], 1) == [(0, 1)]
+    for sizes, n in (([3, 1, 4, 1, 5, 9, 2, 6], 3), ([1] * 7, 7), ([7, 1, 1, 1], 2)):
+        bounds = fragment_bounds(sizes, n)
+        assert len(bounds) == n and bounds[0][0] == 0 and bounds[-1][1] == len(sizes)
+        assert all(lo < hi for lo, hi in bounds) and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    with pytest.raises(ValueError):
+        fragment_bounds([1, 1], 3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    parts = model_fragments(model, 2)
+    assert model_fragments(model, 1) == [model]
+    shared = [p for f in parts for p in f.parameters()]
+    assert len(shared) == 4 and all(a is b for a, b in zip(shared, model.parameters()))  # the model's own tensors
+
+
+def test_a_streaming_joiner_restarts_its_fragments_and_sits_out_each_ones_next_sync(lighthouse):
+    """Streaming DiLoCo: a replica joining a run in progress (here: `join_now` at committed step 2, with the
+    trainer's step count past 0) takes every fragment's global parameters, sits out the sync it joins and the
+    next sync of every other fragment (its window of that fragment began before it joined), then contributes
+    whole (weight 1) to every fragment. Sitting a fragment's sync out that way, its step count is still the
+    run's, and it reports it (`in_phase`)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    manager = _solo_manager(lighthouse, model)
+    try:
+        parts = model_fragments(model, 2)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        outers = [torch.optim.SGD(f.parameters(), lr=1.0) for f in parts]
+        with DiLoCo(manager, parts, inner, outers, sync_every=4, round_step=lambda: 4) as diloco:
+            _inner_steps(model, inner, 4)  # fragments 0 and 1 commit, whole
+            assert diloco.last_sync["step"] == 2 and diloco.last_sync["weight"] == 1.0
+            _inner_steps(model, inner, 1)  # local progress on both fragments, then a (re)join
+            assert diloco.join_now()
+            assert all(torch.equal(p, f.original[n]) for f in diloco.fragments for n, p in f.params.items())
+            assert diloco.last_sync["fragment"] == 0 and diloco.last_sync["weight"] == 0.0
+            _inner_steps(model, inner, 2)
+            assert (diloco.last_sync["fragment"], diloco.last_sync["weight"]) == (1, 0.0)
+            # sitting fragment 1's sync out, it still reported its step count (it is in phase with the run): a
+            # replica joining at that sync, with every member sitting it out, lines up with it
+            assert diloco.fragments[1].contributor_step == 4
+            weights = []
+            for _ in range(2):
+                _inner_steps(model, inner, 2)
+                weights.append((diloco.last_sync["fragment"], diloco.last_sync["weight"]))
+            assert weights == [(0, 1.0), (1, 1.0)]
     finally:
         manager.shutdown()

@@ -151,6 +151,29 @@ def test_diloco_failed_sync_loses_its_window_but_is_no_reset():
     assert s["replica_steps_useful"] == 60 - 2 * h
 
 
+def test_diloco_rounds_given_back_each_lose_the_round_once(tmp_path):
+    """Plain DiLoCo gives a failed round back and trains it again (the trainer step goes back to the round's
+    first step): two failed syncs of the same round each lose that round's steps, not the first the round and
+    the second nothing; and the trainer step going back is no loss of committed progress."""
+    h = 5
+    events = [ev("run_started", 0.0, generation=None, mode="diloco")]
+    metrics = []
+    manager, t = 0, 0.0
+    for ok_round, first in ((True, 1), (True, 6), (False, 11), (False, 11), (True, 11), (True, 16)):
+        for step in range(first, first + h):
+            t += 1.0
+            for r in (0, 1):
+                metrics.append(rec(t, r, step, manager_step=manager))
+        for r in (0, 1):
+            events.append(ev("commit", t + 0.5, r, committed=ok_round, step=first + h - 1,
+                             manager_step=manager + ok_round))
+        manager += ok_round
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    assert s["steps_lost_uncommitted"] == 2 * 2 * h and s["steps_lost_reset"] == 0
+    assert s["lineage_resets_undetected"] == 0
+    assert check_run(write_run(tmp_path / "a", events, metrics, replicas=2)) == []
+
+
 def test_time_below_n_and_vulnerability_window():
     events = [ev("run_started", 0.0, generation=None, mode="diloco"),
               ev("fault_injected", 9.0, 0, fault_kind="kill"), ev("failure_detected", 9.5, 0),

@@ -1,6 +1,7 @@
 """The sample ledger in DiLoCo mode on crafted ledgers: a line per contributor per committed round
 (`round_ledger_line`), and the run checker's verdicts: a sample twice, a skip without a record, a non-committed
-round's batches recorded as skipped or consumed again (once, not twice), a late joiner's tail, a lost line."""
+round's batches recorded as skipped or consumed again (once, not twice), a round given back and trained again, a
+late joiner's tail, a lost line."""
 
 from __future__ import annotations
 
@@ -174,3 +175,27 @@ def test_a_round_lost_to_a_checkpoint_restart_is_trained_again_not_twice():
     assert ledger_totals(lines, [reset]) == {"samples_committed": 2 * H * SPAN, "samples_skipped": 0}
     # without the reset the same lines are a sample twice: the void line is what made it hold
     assert any("consumed twice" in v for v in check_ledger(lines))
+
+
+def test_a_round_given_back_records_nothing_and_is_trained_again():
+    from regent.orchestrate.session import round_outcome
+
+    cover = [(n, [0]) for n in range(H, 2 * H)]
+    # plain DiLoCo's sync did not commit and gave the round back: nothing to record, nothing pending
+    assert round_outcome(cover, {"committed": False, "weight": 1.0, "given_back": H}, []) == (None, [])
+    # the same batches trained again commit in the next round, which carries no skip record
+    write, pending = round_outcome(cover, {"committed": True, "weight": 1.0, "given_back": 0}, [])
+    assert write == [] and pending == []
+
+
+def test_a_round_trained_again_after_a_failed_sync_counts_once():
+    # the sync closing [H, 2H) failed (step 2 not committed); every replica went back to batch H and trained the
+    # round again, committed as step 2 on the same batches: each sample once, nothing skipped
+    lines = full_round(1, 0) + [dict(x, time=10.0 + x["time"]) for x in full_round(2, H)] + full_round(3, 2 * H)
+    assert check_ledger(lines) == []
+    assert ledger_totals(lines) == {"samples_committed": 3 * H * SPAN, "samples_skipped": 0}
+    # a replica that did not give its round back would train the next batches instead: the retrained round then
+    # names different rounds on different replicas, and the round it skipped is a silent gap
+    ahead = full_round(1, 0) + [line(2, H, r) for r in range(2)] + [line(2, 2 * H, 2)]
+    found = check_ledger(ahead)
+    assert any("different rounds" in v for v in found), found
