@@ -46,6 +46,7 @@ import asyncio
 import bisect
 import collections
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ from typing import Any
 from regent.ft.compact import RoundShares
 from regent.ft.joins import decode_joins, encode_joins, join_record
 from regent.ft.quorum import LighthouseState, note_heartbeat
-from regent.ft.rpc_security import CallVerifier
+from regent.ft.rpc_security import CallVerifier, proof_nonce
 
 logger = logging.getLogger(__name__)
 
@@ -617,12 +618,18 @@ class FrontEnd:
         self.blob = b""
         self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
         self.shares: RoundShares | None = None  # the last K_PLAN's
+        # What a call needs of `regent.ft.lighthouse` (which imports this module), bound once: a function-level
+        # import per call cost ~1 us of a heartbeat's ~10 us of Python (issue 37).
+        from regent.ft import lighthouse
+
+        self._decode_heartbeat = lighthouse.decode_heartbeat_request
+        self._decode_quorum = lighthouse.decode_quorum_request
+        self._compact_ask = lighthouse._compact_ask
+        self._empty_heartbeat = lighthouse.EMPTY_HEARTBEAT_RESPONSE
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
     def heartbeat(self, request: bytes, deadline: float | None) -> bytes:
-        from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE, decode_heartbeat_request
-
-        message = decode_heartbeat_request(request)
+        message = self._decode_heartbeat(request)
         committed = None
         if message.HasField("regent_committed"):
             c = message.regent_committed
@@ -636,27 +643,26 @@ class FrontEnd:
             self._soon()
             return future
         batch_beat(self.beats, message.replica_id, time.monotonic(), committed)
-        self._soon()
-        return EMPTY_HEARTBEAT_RESPONSE
+        if self.flush_handle is None:
+            self._soon()
+        return self._empty_heartbeat
 
     def _nonce(self) -> tuple[int, int]:
-        from regent.ft.rpc_security import proof_nonce
-
-        return proof_nonce(self.server.current_volatile if self.server is not None else None) or (0, 0)
+        token = self.server.current_volatile if self.server is not None else None
+        return (proof_nonce(token) or (0, 0)) if token is not None else (0, 0)
 
     def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
-        from regent.ft.lighthouse import _compact_ask, decode_quorum_request
-
-        message = decode_quorum_request(request)  # refuse what the owner would refuse, here
+        message = self._decode_quorum(request)  # refuse what the owner would refuse, here
         # Decoded here, on this core (`regent.ft.joins`); the heartbeats received so far go first in the batch:
         # the owner sees them before this join.
         future = self._new_call()
         call_id = self.next_call
         self.joins.append(join_record(call_id, self._nonce(), message, request))
-        ask = _compact_ask(message)
+        ask = self._compact_ask(message)
         if ask is not None:
             self.asks[call_id] = (message.requester.replica_id, *ask)
-        self._soon()
+        if self.flush_handle is None:
+            self._soon()
         return future
 
     def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
@@ -672,7 +678,7 @@ class FrontEnd:
         call_id = self.next_call
         future = self.loop.create_future()
         self.calls[call_id] = future
-        future.add_done_callback(lambda f, c=call_id: self._ended(c, f))
+        future.add_done_callback(functools.partial(self._ended, call_id))
         return future
 
     def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
@@ -759,7 +765,6 @@ class FrontEnd:
                     self._share(call_id, future)
         elif kind == K_VERDICT:
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
-            from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE
 
             futures = self.verdicts.popleft()
             refused = {int(i): str(message) for i, message in json.loads(payload)}
@@ -769,7 +774,7 @@ class FrontEnd:
                 if i in refused:
                     future.set_exception(RpcStatusError(StatusCode.UNAUTHENTICATED, refused[i]))
                 else:
-                    future.set_result(EMPTY_HEARTBEAT_RESPONSE)
+                    future.set_result(self._empty_heartbeat)
         elif kind == K_BLOB:
             self.blob = payload
         elif kind == K_PLAN:
