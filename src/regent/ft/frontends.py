@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regent.ft.compact import RoundShares
+from regent.ft.grpc_lite import Reply
 from regent.ft.joins import decode_joins, encode_joins, join_record
 from regent.ft.quorum import LighthouseState, note_heartbeat
 from regent.ft.rpc_security import CallVerifier, proof_nonce
@@ -612,7 +613,7 @@ class FrontEnd:
         self.beats: dict[str, Beat] = {}
         self.out: list[bytes] = []
         self.flush_handle: asyncio.Handle | None = None
-        self.calls: dict[int, asyncio.Future] = {}
+        self.calls: dict[int, Reply] = {}  # calls to the owner not answered yet
         self.joins: list[tuple[list, bytes, bytes]] = []  # Quorum calls since the last frame (`joins.join_record`)
         self.next_call = 0
         self.blob = b""
@@ -651,7 +652,7 @@ class FrontEnd:
         token = self.server.current_volatile if self.server is not None else None
         return (proof_nonce(token) or (0, 0)) if token is not None else (0, 0)
 
-    def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
+    def quorum(self, request: bytes, deadline: float | None) -> Reply:
         message = self._decode_quorum(request)  # refuse what the owner would refuse, here
         # Decoded here, on this core (`regent.ft.joins`); the heartbeats received so far go first in the batch:
         # the owner sees them before this join.
@@ -665,23 +666,23 @@ class FrontEnd:
             self._soon()
         return future
 
-    def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
+    def holders(self, request: bytes, deadline: float | None) -> Reply:
         from regent.ft.lighthouse import decode_holders_request
 
         decode_holders_request(request)
         nonce = _NONCE.pack(*self._nonce())
         return self._call(K_HOLDERS, lambda c: _CALL.pack(c) + nonce)
 
-    def _new_call(self) -> asyncio.Future:
-        """A call to the owner under the next id; the future resolves with its answer (a cancel withdraws it)."""
+    def _new_call(self) -> Reply:
+        """A call to the owner under the next id: a `grpc_lite.Reply`, answered when the owner's answer comes (no
+        future, no loop turn per call); its cancel (the client gave up) withdraws the call."""
         self.next_call += 1
         call_id = self.next_call
-        future = self.loop.create_future()
-        self.calls[call_id] = future
-        future.add_done_callback(functools.partial(self._ended, call_id))
-        return future
+        reply = Reply(functools.partial(self._ended, call_id))
+        self.calls[call_id] = reply
+        return reply
 
-    def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
+    def _call(self, kind: int, payload: Callable[[int], bytes]) -> Reply:
         """Forward one call to the owner as its own frame."""
         future = self._new_call()
         self._out(frame(kind, payload(self.next_call)))
@@ -698,10 +699,11 @@ class FrontEnd:
             self.out.append(frame(K_JOINS, encode_joins(self.joins)))
             self.joins = []
 
-    def _ended(self, call_id: int, future: asyncio.Future) -> None:
+    def _ended(self, call_id: int, reply: Reply) -> None:
+        """A call the client stopped waiting for (reset, deadline, disconnect): withdrawn from the owner."""
         self.asks.pop(call_id, None)
-        if self.calls.pop(call_id, None) is not None and future.cancelled():
-            self._out(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
+        if self.calls.pop(call_id, None) is not None:
+            self._out(frame(K_WITHDRAW, _CALL.pack(call_id)))
 
     # batching ----------------------------------------------------------------------------------------------------
     def _soon(self) -> None:
@@ -730,23 +732,25 @@ class FrontEnd:
         if parts and self.link.transport is not None:
             self.link.transport.write(b"".join(parts))
 
-    def _share(self, call_id: int, future: asyncio.Future) -> None:
+    def _share(self, call_id: int, future: Reply) -> None:
         """Answer a compact call with its share of the round (the last K_PLAN's)."""
         try:
             if self.shares is None:
                 raise RuntimeError("the owner answered a compact call before sending the round's plan")
-            rid, world_size, init_sync = self.asks[call_id]
+            rid, world_size, init_sync = self.asks.pop(call_id)
             future.set_result(self.shares.answer(rid, world_size, init_sync))
         except Exception as err:  # answered to the caller (INTERNAL), as a failed owner call would be
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
 
             logger.exception("front end: computing a compact quorum share failed")
-            future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
+            if not future.done():
+                future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == K_ANSWER:
             call_id, code = _ANSWER.unpack_from(payload)
             future = self.calls.pop(call_id, None)
+            self.asks.pop(call_id, None)
             if future is None or future.done():
                 return
             body = payload[_ANSWER.size:]
