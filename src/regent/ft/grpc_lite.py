@@ -557,7 +557,7 @@ class _Connection(asyncio.Protocol):
             pos = 0
             end = len(source)
             unpack = _FRAME_HEAD.unpack_from
-            copy = bytes if source is buf else None
+            copy = None if type(source) is bytes else bytes  # frames are cut as bytes (they key the header cache)
             while end - pos >= 9 and not self._closing:
                 high, low, kind, flags, stream_id = unpack(source, pos)
                 length = high << 16 | low
