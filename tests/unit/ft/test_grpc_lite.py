@@ -24,7 +24,7 @@ class LoopServer:
         self.cancelled = threading.Event()
         self.started = threading.Event()
         self.deadlines: list[float | None] = []
-        self.replies: list[grpc_lite.Reply] = []  # the Later calls' replies, in arrival order
+        self.replies: dict[bytes, grpc_lite.Reply] = {}  # the Later calls' replies, by request
         self.reply_cancelled = threading.Event()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -69,13 +69,13 @@ class LoopServer:
 
     def later(self, request: bytes, deadline: float | None) -> grpc_lite.Reply:
         reply = grpc_lite.Reply(lambda r: self.reply_cancelled.set())
-        self.replies.append(reply)
+        self.replies[request] = reply
         return reply
 
-    def settle(self, index: int, payload: bytes | None = None, err: Exception | None = None) -> None:
-        """Answer the index-th Later call from the loop, as a Lighthouse front end answers from its link."""
+    def settle(self, request: bytes, payload: bytes | None = None, err: Exception | None = None) -> None:
+        """Answer the Later call of `request` from the loop, as a Lighthouse front end answers from its link."""
         async def go() -> None:
-            reply = self.replies[index]
+            reply = self.replies[request]
             reply.set_result(payload) if err is None else reply.set_exception(err)
 
         self.call(go())
@@ -330,12 +330,12 @@ def test_ipv6_wildcard_is_dual_stack():
 def test_a_reply_is_answered_later_without_a_future(server, channel):
     """A handler's `Reply` (what a Lighthouse front end returns for a Quorum call): answered, with a status, or
     large enough to wait for flow-control window, each from the loop after the handler returned."""
-    calls = [method(channel, "Later").future(b"", timeout=30) for _ in range(3)]
+    calls = [method(channel, "Later").future(key, timeout=30) for key in (b"a", b"b", b"c")]
     server.wait_replies(3)
     big = bytes(range(256)) * (3 * 1024 * 1024 // 256)
-    server.settle(0, b"answer")
-    server.settle(1, err=RpcStatusError(StatusCode.FAILED_PRECONDITION, "not now"))
-    server.settle(2, big)
+    server.settle(b"a", b"answer")
+    server.settle(b"b", err=RpcStatusError(StatusCode.FAILED_PRECONDITION, "not now"))
+    server.settle(b"c", big)
     assert calls[0].result(timeout=10) == b"answer"
     with pytest.raises(grpc.RpcError) as info:
         calls[1].result(timeout=10)
@@ -343,23 +343,23 @@ def test_a_reply_is_answered_later_without_a_future(server, channel):
     assert calls[2].result(timeout=10) == big
     assert not server.reply_cancelled.is_set()
     with pytest.raises(asyncio.InvalidStateError):  # answered once
-        server.settle(0, b"again")
+        server.settle(b"a", b"again")
 
 
 def test_a_reply_the_client_gave_up_on_is_cancelled(server, channel):
     """Deadline: the server answers DEADLINE_EXCEEDED and cancels the reply (its on_cancel runs: a front end
     withdraws the call); a client's cancel (RST_STREAM) cancels it too. A late answer is refused, never sent."""
     with pytest.raises(grpc.RpcError) as info:
-        method(channel, "Later")(b"", timeout=0.3)
+        method(channel, "Later")(b"x", timeout=0.3)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert server.reply_cancelled.wait(5) and server.replies[0].cancelled()
+    assert server.reply_cancelled.wait(5) and server.replies[b"x"].cancelled()
     server.reply_cancelled.clear()
-    future = method(channel, "Later").future(b"", timeout=30)
+    future = method(channel, "Later").future(b"y", timeout=30)
     server.wait_replies(2)
     future.cancel()
-    assert server.reply_cancelled.wait(5) and server.replies[1].cancelled()
+    assert server.reply_cancelled.wait(5) and server.replies[b"y"].cancelled()
     with pytest.raises(asyncio.InvalidStateError):
-        server.settle(1, b"too late")
+        server.settle(b"y", b"too late")
     assert method(channel, "Echo")(b"still serving", timeout=5) == b"still serving"
 
 
