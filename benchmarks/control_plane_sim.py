@@ -22,6 +22,12 @@ with N front-end processes sharing its port (`regent.ft.frontends`); its CPU is 
 ends' (the owner's alone in its own column), and "into table" is how late the batched heartbeats reached the
 owner's liveness table (the simulator's lag then ends at the front end's answer).
 
+- frontend: one front end's CPU per call (`regent lighthouse --frontends 1`: the Lighthouse process tree's CPU
+  less the owner's), N groups (`--round-groups`, one connection each): `--rounds` + 2 rounds of one heartbeat per
+  group, then `--rounds` rounds of compact joins (the first of each kind dropped as warm-up); median per call.
+  HTTP/2, HPACK, protobuf, the pre-decoding and the answers, and the socket calls: what decides a round's wall
+  time once the owner is fast (issue 37).
+
 - owner: the quorum owner's own CPU for a round of N front-end joins (`--round-groups`), in process, without
   the front ends' processes or clients: the link frames front ends send (pre-decoded joins, `--owner-batch` per
   frame; `--secret`: nonces spent) into the owner's link handler, until every call is answered: the part of a
@@ -114,8 +120,55 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
         stop_lighthouse(proc)
     mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
     return {"section": "round", "server": kind, "groups": groups, "compact": compact, "wall_ms": 1e3 * walls[mid],
-            "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid], "frontends": frontends, "all_wall_ms": [round(1e3 * w) for w in walls],
-            "bytes_per_answer": nbytes / rounds / groups}
+            "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid], "frontends": frontends,
+            "all_wall_ms": [round(1e3 * w) for w in walls], "bytes_per_answer": nbytes / rounds / groups}
+
+
+def frontend_round(pid: int, conns: list, sel: selectors.BaseSelector, requests: list[bytes], settle: float) -> float:
+    """Send each connection its call, read every answer, wait `settle` s: the front ends' CPU meanwhile (the
+    Lighthouse process tree's less the owner's), seconds."""
+    tree0, owner0 = tree_cpu_seconds(pid), cpu_seconds(pid)
+    _, failed, _ = send_and_collect(conns, sel, requests, limit_s=300)
+    time.sleep(settle)
+    if failed:
+        raise RuntimeError(f"{failed} calls failed")
+    return (tree_cpu_seconds(pid) - tree0) - (cpu_seconds(pid) - owner0)
+
+
+def frontend_rows(groups_list: list[int], rounds: int) -> list[dict]:
+    """One front end's CPU per heartbeat and per compact join (the `frontend` section): the Lighthouse's process
+    tree less the owner, measured around each round of one call per group (a heartbeat round includes the front
+    end's batch reaching the owner, 50 ms later)."""
+    from scale_bench import HEARTBEAT_PATH, heartbeat_message
+
+    rows = []
+    for groups in groups_list:
+        port = free_port_pair()
+        proc = start_lighthouse(port, None, None, "regent", min_replicas=groups, frontends=1,
+                                heartbeat_timeout_ms=120_000)
+        try:
+            conns = [H2Client(port) for _ in range(groups)]
+            sel = selectors.DefaultSelector()
+            for i, c in enumerate(conns):
+                c.sock.setblocking(False)
+                sel.register(c.sock, selectors.EVENT_READ, i)
+
+            beats = [1e6 * frontend_round(proc.pid, conns, sel, [c.request(heartbeat_message(f"group{i}:x"),
+                                                                            HEARTBEAT_PATH) for i, c in enumerate(conns)],
+                                          0.05) / groups for _ in range(rounds + 3)][1:]
+            joins = [1e6 * frontend_round(proc.pid, conns, sel, [c.request(quorum_message(f"group{i}:x", r, True),
+                                                                            QUORUM_PATH) for i, c in enumerate(conns)],
+                                          0.0) / groups for r in range(rounds + 1)][1:]
+            for c in conns:
+                c.sock.close()
+        finally:
+            stop_lighthouse(proc)
+        row = {"section": "frontend", "groups": groups, "us_per_heartbeat": sorted(beats)[len(beats) // 2],
+               "us_per_join": sorted(joins)[len(joins) // 2], "all_heartbeat_us": [round(x, 1) for x in beats],
+               "all_join_us": [round(x, 1) for x in joins], "load_avg": os.getloadavg()[0]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def owner_frames(groups: int, step: int, batch: int, secret: bytes | None = None) -> list[bytes]:
@@ -247,7 +300,7 @@ def plot(rows: list[dict], path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("sim", "round", "owner"), action="append")
+    parser.add_argument("--only", choices=("sim", "round", "frontend", "owner"), action="append")
     parser.add_argument("--groups", type=int, nargs="+", default=[1000, 4000, 12800])
     parser.add_argument("--round-groups", type=int, nargs="+", default=[1024, 4096, 12800])
     parser.add_argument("--full-up-to", type=int, default=4096, help="largest round measured with full answers")
@@ -274,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--secret", action="store_true", help="owner rows: with a job secret (nonces spent)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
-    sections = args.only or ["sim", "round", "owner"]
+    sections = args.only or ["sim", "round", "frontend", "owner"]
     rows: list[dict] = []
     if "sim" in sections:
         rows += sim_rows(args)
@@ -295,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["load_avg"] = os.getloadavg()[0]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if "frontend" in sections:
+        rows += frontend_rows(args.round_groups, args.rounds)
     if "owner" in sections:
         rows += owner_join_rows(args.round_groups, args.rounds, args.owner_batch, args.secret)
     out = Path(args.out)
@@ -321,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['server']} | {fes} | {r['config']['groups']} | {r['heartbeats_per_s']:.0f} | {lag['p50_ms']:.1f} / "
               f"{lag['p99_ms']:.0f} / {lag['max_ms']:.0f} | {r['counters'].get('late', 0)} | {rounds} | {r['faults']} | "
               f"{miss} | {false} | {100 * r['lighthouse_cpu_share']:.0f}%{owner} | {into} |")
-    print("\n| server | front ends | groups | answer | wall ms (rounds) | Lighthouse CPU ms (owner) | bytes per answer |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+    print("\n| server | front ends | groups | answer | wall ms (rounds) | Lighthouse CPU ms (owner) | front ends' CPU "
+          "per join, us | bytes per answer |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         if r["section"] != "round":
             continue
@@ -331,8 +387,15 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | FAILED: {r['error']} | | |")
             continue
+        per_join = f"{1e3 * (r['server_cpu_ms'] - r['owner_cpu_ms']) / r['groups']:.1f}" if fes else "-"
         print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
-              f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {r['bytes_per_answer']:.0f} |")
+              f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {per_join} | {r['bytes_per_answer']:.0f} |")
+    print("\n| one front end: groups | CPU per heartbeat, us (rounds) | CPU per compact join, us (rounds) |")
+    print("|---:|---:|---:|")
+    for r in rows:
+        if r["section"] == "frontend":
+            print(f"| {r['groups']} | {r['us_per_heartbeat']:.1f} {r['all_heartbeat_us']} | {r['us_per_join']:.1f} "
+                  f"{r['all_join_us']} |")
     print("\n| quorum owner alone: groups | joins per frame | secret | CPU ms per round (rounds) | us per join |")
     print("|---:|---:|---|---:|---:|")
     for r in rows:

@@ -23,6 +23,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from regent.ft.proto import torchft_pb2
 from regent.ft.recovery import LINEAGE_KEY, QuorumPlan, QuorumResult, state_version
 
+_quote = json.encoder.encode_basestring_ascii  # json.dumps's escaper for str (ensure_ascii, its default)
+
 
 def varint(n: int) -> bytes:
     """Protobuf's base-128 varint of a non-negative int (the wire's lengths and tags; also used by the load
@@ -64,13 +66,18 @@ def compact_share(plan: QuorumPlan, replica_id: str, world_size: int, init_sync:
     return msg
 
 
-def encode_compact_response(common: bytes, share: torchft_pb2.RegentCompactQuorum) -> bytes:
+def encode_compact_response(common: bytes, share: torchft_pb2.RegentCompactQuorum | bytes) -> bytes:
     """A serialized `LighthouseQuorumResponse` whose quorum is `common` (a serialized `Quorum` without members:
-    id, created, watermark; encoded once per round) plus `share`: protobuf merges concatenated fields, so only
-    the share is encoded per member."""
-    body = share.SerializeToString()
+    id, created, watermark; encoded once per round) plus `share` (or its serialized bytes): protobuf merges
+    concatenated fields, so only the share is encoded per member."""
+    body = share if type(share) is bytes else share.SerializeToString()
     quorum = common + _QUORUM_COMPACT_TAG + varint(len(body)) + body
     return _RESPONSE_QUORUM_TAG + varint(len(quorum)) + quorum
+
+
+# RegentCompactQuorum's per-member scalar fields, as protobuf encodes them (varint fields 1 and 6)
+_RANK_TAG = varint(1 << 3)
+_MAX_RANK_TAG = varint(6 << 3)
 
 
 def plan_entry(member: Any) -> bytes:
@@ -81,8 +88,14 @@ def plan_entry(member: Any) -> bytes:
     lineage = data.get(LINEAGE_KEY, 0) if type(data) is dict else 0
     if type(lineage) is not int:  # the rare odd value: `state_version`'s reading of it
         lineage = state_version(member)[1]
-    return json.dumps([member.replica_id, member.address, member.store_address, member.step, lineage,
-                       member.commit_failures], separators=(",", ":")).encode()
+    rid, address, store, step, failures = (member.replica_id, member.address, member.store_address, member.step,
+                                           member.commit_failures)
+    if type(rid) is str and type(address) is str and type(store) is str and type(step) is int \
+            and type(failures) is int:
+        # What json.dumps writes for these types (its own C string escaper, ints in decimal), at a third of the
+        # cost: a front end makes one per join (issue 37).
+        return (f"[{_quote(rid)},{_quote(address)},{_quote(store)},{step},{lineage},{failures}]").encode()
+    return json.dumps([rid, address, store, step, lineage, failures], separators=(",", ":")).encode()
 
 
 def encode_plan(quorum_id: int, participants: list[Any], committed: torchft_pb2.RegentCommitted,
@@ -126,6 +139,7 @@ class RoundShares:
         head = torchft_pb2.Quorum(quorum_id=self.quorum_id, regent_committed=committed)
         head.created.CopyFrom(created)
         self.common = head.SerializeToString()
+        self._pieces: dict[int, tuple[bytes, bytes]] = {}  # group size -> `_share_pieces`
 
     @classmethod
     def from_plan(cls, payload: bytes) -> RoundShares:
@@ -136,8 +150,36 @@ class RoundShares:
                    Timestamp(seconds=seconds, nanos=nanos))
 
     def answer(self, replica_id: str, world_size: int, init_sync: bool) -> bytes:
-        """`replica_id`'s serialized compact `LighthouseQuorumResponse` (KeyError if it is not a member)."""
-        return encode_compact_response(self.common, compact_share(self.plan, replica_id, world_size, init_sync))
+        """`replica_id`'s serialized compact `LighthouseQuorumResponse` (KeyError if it is not a member).
+
+        In a round where nobody heals (no member behind, not a step-0 init_sync), every share is the same but for
+        the member's rank and its index among the up-to-date: those two varints are written per member, the rest
+        (fields 2-5 and 7-9) is encoded once per group size. The bytes are `compact_share`'s (tested): protobuf
+        writes fields in number order, so the pieces concatenate to its encoding."""
+        plan = self.plan
+        if plan.recover_dst or (init_sync and plan.max_step == 0):
+            return encode_compact_response(self.common, compact_share(plan, replica_id, world_size, init_sync))
+        rank = plan.rank[replica_id]
+        ranks = max(1, world_size)
+        pieces = self._pieces.get(ranks)
+        if pieces is None:
+            pieces = self._pieces[ranks] = _share_pieces(plan, ranks)
+        max_index = plan.max_index(rank)
+        body = ((_RANK_TAG + varint(rank) if rank else b"") + pieces[0]
+                + (_MAX_RANK_TAG + varint(max_index) if max_index is not None else b"") + pieces[1])
+        return encode_compact_response(self.common, body)
+
+
+def _share_pieces(plan: QuorumPlan, ranks: int) -> tuple[bytes, bytes]:
+    """The parts of `compact_share`'s encoding that every member of a round without healing shares, for a group
+    of `ranks` ranks: fields 2-5, then fields 7-9."""
+    m = len(plan.max_ranks)
+    head = torchft_pb2.RegentCompactQuorum(replica_world_size=len(plan.members), max_step=plan.max_step,
+                                           max_lineage=plan.max_version[1], max_world_size=m)
+    tail = torchft_pb2.RegentCompactQuorum(
+        commit_failures=plan.commit_failures, members_digest=plan.digest,
+        store_addresses=[plan.members[plan.max_ranks[j]].store_address for j in range(min(ranks, m))])
+    return head.SerializeToString(), tail.SerializeToString()
 
 
 @dataclass(frozen=True)

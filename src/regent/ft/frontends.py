@@ -46,6 +46,7 @@ import asyncio
 import bisect
 import collections
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -59,9 +60,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regent.ft.compact import RoundShares
+from regent.ft.grpc_lite import Reply
 from regent.ft.joins import decode_joins, encode_joins, join_record
 from regent.ft.quorum import LighthouseState, note_heartbeat
-from regent.ft.rpc_security import CallVerifier
+from regent.ft.rpc_security import CallVerifier, proof_nonce
 
 logger = logging.getLogger(__name__)
 
@@ -611,18 +613,24 @@ class FrontEnd:
         self.beats: dict[str, Beat] = {}
         self.out: list[bytes] = []
         self.flush_handle: asyncio.Handle | None = None
-        self.calls: dict[int, asyncio.Future] = {}
+        self.calls: dict[int, Reply] = {}  # calls to the owner not answered yet
         self.joins: list[tuple[list, bytes, bytes]] = []  # Quorum calls since the last frame (`joins.join_record`)
         self.next_call = 0
         self.blob = b""
         self.asks: dict[int, tuple[str, int, bool]] = {}  # compact Quorum calls: (replica id, group size, init_sync)
         self.shares: RoundShares | None = None  # the last K_PLAN's
+        # What a call needs of `regent.ft.lighthouse` (which imports this module), bound once: a function-level
+        # import per call cost ~1 us of a heartbeat's ~10 us of Python (issue 37).
+        from regent.ft import lighthouse
+
+        self._decode_heartbeat = lighthouse.decode_heartbeat_request
+        self._decode_quorum = lighthouse.decode_quorum_request
+        self._compact_ask = lighthouse._compact_ask
+        self._empty_heartbeat = lighthouse.EMPTY_HEARTBEAT_RESPONSE
 
     # gRPC handlers -----------------------------------------------------------------------------------------------
     def heartbeat(self, request: bytes, deadline: float | None) -> bytes:
-        from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE, decode_heartbeat_request
-
-        message = decode_heartbeat_request(request)
+        message = self._decode_heartbeat(request)
         committed = None
         if message.HasField("regent_committed"):
             c = message.regent_committed
@@ -636,46 +644,45 @@ class FrontEnd:
             self._soon()
             return future
         batch_beat(self.beats, message.replica_id, time.monotonic(), committed)
-        self._soon()
-        return EMPTY_HEARTBEAT_RESPONSE
+        if self.flush_handle is None:
+            self._soon()
+        return self._empty_heartbeat
 
     def _nonce(self) -> tuple[int, int]:
-        from regent.ft.rpc_security import proof_nonce
+        token = self.server.current_volatile if self.server is not None else None
+        return (proof_nonce(token) or (0, 0)) if token is not None else (0, 0)
 
-        return proof_nonce(self.server.current_volatile if self.server is not None else None) or (0, 0)
-
-    def quorum(self, request: bytes, deadline: float | None) -> asyncio.Future:
-        from regent.ft.lighthouse import _compact_ask, decode_quorum_request
-
-        message = decode_quorum_request(request)  # refuse what the owner would refuse, here
+    def quorum(self, request: bytes, deadline: float | None) -> Reply:
+        message = self._decode_quorum(request)  # refuse what the owner would refuse, here
         # Decoded here, on this core (`regent.ft.joins`); the heartbeats received so far go first in the batch:
         # the owner sees them before this join.
         future = self._new_call()
         call_id = self.next_call
         self.joins.append(join_record(call_id, self._nonce(), message, request))
-        ask = _compact_ask(message)
+        ask = self._compact_ask(message)
         if ask is not None:
             self.asks[call_id] = (message.requester.replica_id, *ask)
-        self._soon()
+        if self.flush_handle is None:
+            self._soon()
         return future
 
-    def holders(self, request: bytes, deadline: float | None) -> asyncio.Future:
+    def holders(self, request: bytes, deadline: float | None) -> Reply:
         from regent.ft.lighthouse import decode_holders_request
 
         decode_holders_request(request)
         nonce = _NONCE.pack(*self._nonce())
         return self._call(K_HOLDERS, lambda c: _CALL.pack(c) + nonce)
 
-    def _new_call(self) -> asyncio.Future:
-        """A call to the owner under the next id; the future resolves with its answer (a cancel withdraws it)."""
+    def _new_call(self) -> Reply:
+        """A call to the owner under the next id: a `grpc_lite.Reply`, answered when the owner's answer comes (no
+        future, no loop turn per call); its cancel (the client gave up) withdraws the call."""
         self.next_call += 1
         call_id = self.next_call
-        future = self.loop.create_future()
-        self.calls[call_id] = future
-        future.add_done_callback(lambda f, c=call_id: self._ended(c, f))
-        return future
+        reply = Reply(functools.partial(self._ended, call_id))
+        self.calls[call_id] = reply
+        return reply
 
-    def _call(self, kind: int, payload: Callable[[int], bytes]) -> asyncio.Future:
+    def _call(self, kind: int, payload: Callable[[int], bytes]) -> Reply:
         """Forward one call to the owner as its own frame."""
         future = self._new_call()
         self._out(frame(kind, payload(self.next_call)))
@@ -692,10 +699,11 @@ class FrontEnd:
             self.out.append(frame(K_JOINS, encode_joins(self.joins)))
             self.joins = []
 
-    def _ended(self, call_id: int, future: asyncio.Future) -> None:
+    def _ended(self, call_id: int, reply: Reply) -> None:
+        """A call the client stopped waiting for (reset, deadline, disconnect): withdrawn from the owner."""
         self.asks.pop(call_id, None)
-        if self.calls.pop(call_id, None) is not None and future.cancelled():
-            self._out(frame(K_WITHDRAW, _CALL.pack(call_id)))  # the client stopped waiting
+        if self.calls.pop(call_id, None) is not None:
+            self._out(frame(K_WITHDRAW, _CALL.pack(call_id)))
 
     # batching ----------------------------------------------------------------------------------------------------
     def _soon(self) -> None:
@@ -724,23 +732,25 @@ class FrontEnd:
         if parts and self.link.transport is not None:
             self.link.transport.write(b"".join(parts))
 
-    def _share(self, call_id: int, future: asyncio.Future) -> None:
+    def _share(self, call_id: int, future: Reply) -> None:
         """Answer a compact call with its share of the round (the last K_PLAN's)."""
         try:
             if self.shares is None:
                 raise RuntimeError("the owner answered a compact call before sending the round's plan")
-            rid, world_size, init_sync = self.asks[call_id]
+            rid, world_size, init_sync = self.asks.pop(call_id)
             future.set_result(self.shares.answer(rid, world_size, init_sync))
         except Exception as err:  # answered to the caller (INTERNAL), as a failed owner call would be
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
 
             logger.exception("front end: computing a compact quorum share failed")
-            future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
+            if not future.done():
+                future.set_exception(RpcStatusError(StatusCode.INTERNAL, f"{type(err).__name__}: {err}"))
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == K_ANSWER:
             call_id, code = _ANSWER.unpack_from(payload)
             future = self.calls.pop(call_id, None)
+            self.asks.pop(call_id, None)
             if future is None or future.done():
                 return
             body = payload[_ANSWER.size:]
@@ -759,7 +769,6 @@ class FrontEnd:
                     self._share(call_id, future)
         elif kind == K_VERDICT:
             from regent.ft.grpc_lite import RpcStatusError, StatusCode
-            from regent.ft.lighthouse import EMPTY_HEARTBEAT_RESPONSE
 
             futures = self.verdicts.popleft()
             refused = {int(i): str(message) for i, message in json.loads(payload)}
@@ -769,7 +778,7 @@ class FrontEnd:
                 if i in refused:
                     future.set_exception(RpcStatusError(StatusCode.UNAUTHENTICATED, refused[i]))
                 else:
-                    future.set_result(EMPTY_HEARTBEAT_RESPONSE)
+                    future.set_result(self._empty_heartbeat)
         elif kind == K_BLOB:
             self.blob = payload
         elif kind == K_PLAN:

@@ -98,6 +98,34 @@ def test_round_shares_from_the_plan_match_the_owners_for_every_member() -> None:
             front.answer("not-a-member", 1, False)
 
 
+def test_round_shares_answer_is_compact_share_byte_for_byte() -> None:
+    """`RoundShares.answer` writes a round without healers from pieces encoded once per group size; the bytes
+    must be `compact_share`'s encoding for every member, group size and init_sync (rounds with healers, step 0,
+    rank 0, up-to-date and behind members, odd store addresses)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from regent.ft.compact import encode_compact_response
+
+    rng = random.Random(7)
+    quiet = 0
+    for trial in range(200):
+        members = random_members(rng, rng.randint(1, 13))
+        if trial % 3 == 0:  # everyone at one version: the pieces' path
+            members = [QuorumMember(**{**m.__dict__, "step": 6, "data": {LINEAGE_KEY: 1}}) for m in members]
+        if trial % 7 == 0:
+            members[0] = QuorumMember(**{**members[0].__dict__, "store_address": "é\"x\u0001"})
+        committed = torchft_pb2.RegentCommitted(step=rng.choice([0, 5]), lineage=rng.randrange(3), resets=0)
+        shares = RoundShares(trial + 1, members, committed, Timestamp(seconds=trial, nanos=5))
+        quiet += not shares.plan.recover_dst
+        for m in members:
+            for world_size in (0, 1, 3, 8, 20):
+                for init_sync in (False, True):
+                    want = encode_compact_response(shares.common,
+                                                   compact_share(shares.plan, m.replica_id, world_size, init_sync))
+                    assert shares.answer(m.replica_id, world_size, init_sync) == want, (trial, m.replica_id)
+    assert quiet > 60  # the pieces' path was taken
+
+
 def test_digest_follows_membership_only() -> None:
     a = QuorumPlan(1, [SimpleNamespace(replica_id=r, step=1, data={}, commit_failures=0) for r in ("x:1", "y:1")])
     b = QuorumPlan(2, [SimpleNamespace(replica_id=r, step=9, data={}, commit_failures=0) for r in ("y:1", "x:1")])

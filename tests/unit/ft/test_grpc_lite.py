@@ -24,13 +24,16 @@ class LoopServer:
         self.cancelled = threading.Event()
         self.started = threading.Event()
         self.deadlines: list[float | None] = []
+        self.replies: dict[bytes, grpc_lite.Reply] = {}  # the Later calls' replies, by request
+        self.reply_cancelled = threading.Event()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.server = grpc_lite.Server(
             grpc_lite.method_table(
                 "test.Svc",
-                {"Echo": self.echo, "Slow": self.slow, "Fail": self.fail, "Wait": self.wait, "Big": self.big},
+                {"Echo": self.echo, "Slow": self.slow, "Fail": self.fail, "Wait": self.wait, "Big": self.big,
+                 "Later": self.later},
             ),
             max_message_bytes=8 * 1024 * 1024,  # above the 4 MiB default: the large-message case sends 5 MiB
         )
@@ -63,6 +66,25 @@ class LoopServer:
         finally:
             self.cancelled.set()
         return b""
+
+    def later(self, request: bytes, deadline: float | None) -> grpc_lite.Reply:
+        reply = grpc_lite.Reply(lambda r: self.reply_cancelled.set())
+        self.replies[request] = reply
+        return reply
+
+    def settle(self, request: bytes, payload: bytes | None = None, err: Exception | None = None) -> None:
+        """Answer the Later call of `request` from the loop, as a Lighthouse front end answers from its link."""
+        async def go() -> None:
+            reply = self.replies[request]
+            reply.set_result(payload) if err is None else reply.set_exception(err)
+
+        self.call(go())
+
+    def wait_replies(self, n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(self.replies) < n:
+            assert time.monotonic() < deadline, "the Later calls did not arrive"
+            time.sleep(0.01)
 
     def big(self, request: bytes, deadline: float | None) -> bytes:
         return bytes(range(256)) * (int(request.decode()) // 256)
@@ -303,3 +325,49 @@ def test_ipv6_wildcard_is_dual_stack():
         thread.join(timeout=10)
     finally:
         loop.close()
+
+
+def test_a_reply_is_answered_later_without_a_future(server, channel):
+    """A handler's `Reply` (what a Lighthouse front end returns for a Quorum call): answered, with a status, or
+    large enough to wait for flow-control window, each from the loop after the handler returned."""
+    calls = [method(channel, "Later").future(key, timeout=30) for key in (b"a", b"b", b"c")]
+    server.wait_replies(3)
+    big = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+    server.settle(b"a", b"answer")
+    server.settle(b"b", err=RpcStatusError(StatusCode.FAILED_PRECONDITION, "not now"))
+    server.settle(b"c", big)
+    assert calls[0].result(timeout=10) == b"answer"
+    with pytest.raises(grpc.RpcError) as info:
+        calls[1].result(timeout=10)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and info.value.details() == "not now"
+    assert calls[2].result(timeout=10) == big
+    assert not server.reply_cancelled.is_set()
+    with pytest.raises(asyncio.InvalidStateError):  # answered once
+        server.settle(b"a", b"again")
+
+
+def test_a_reply_the_client_gave_up_on_is_cancelled(server, channel):
+    """Deadline: the server answers DEADLINE_EXCEEDED and cancels the reply (its on_cancel runs: a front end
+    withdraws the call); a client's cancel (RST_STREAM) cancels it too. A late answer is refused, never sent."""
+    with pytest.raises(grpc.RpcError) as info:
+        method(channel, "Later")(b"x", timeout=0.3)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert server.reply_cancelled.wait(5) and server.replies[b"x"].cancelled()
+    server.reply_cancelled.clear()
+    future = method(channel, "Later").future(b"y", timeout=30)
+    server.wait_replies(2)
+    future.cancel()
+    assert server.reply_cancelled.wait(5) and server.replies[b"y"].cancelled()
+    with pytest.raises(asyncio.InvalidStateError):
+        server.settle(b"y", b"too late")
+    assert method(channel, "Echo")(b"still serving", timeout=5) == b"still serving"
+
+
+def test_shutdown_cancels_a_pending_reply(server, channel):
+    future = method(channel, "Later").future(b"", timeout=30)
+    server.wait_replies(1)
+    server.call(server.server.stop())
+    with pytest.raises(grpc.RpcError) as info:
+        future.result(timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert server.reply_cancelled.wait(5)

@@ -95,10 +95,19 @@ async def _echo_later(request: bytes, deadline: float | None) -> bytes:
     return request
 
 
-def converse(data: bytes, cuts: list[int]) -> tuple[grpc_lite._Connection, FakeTransport, list]:
-    """Feed `data` to a fresh connection in pieces; let async handlers finish; return what it wrote."""
+def _reply_later(request: bytes, deadline: float | None) -> grpc_lite.Reply:
+    """Answered from the loop after the handler returned, as a Lighthouse front end answers from its link."""
+    reply = grpc_lite.Reply()
+    asyncio.get_running_loop().call_soon(lambda: reply.done() or reply.set_result(request))
+    return reply
+
+
+def converse(data: bytes, cuts: list[int], wrap=bytes) -> tuple[grpc_lite._Connection, FakeTransport, list]:
+    """Feed `data` to a fresh connection in pieces (each as `wrap` makes it: the reads asyncio hands over are
+    bytes); let later answers finish; return what it wrote."""
     async def run() -> tuple[grpc_lite._Connection, FakeTransport]:
-        server = grpc_lite.Server({"/t.S/Echo": lambda req, deadline: req, "/t.S/Later": _echo_later})
+        server = grpc_lite.Server({"/t.S/Echo": lambda req, deadline: req, "/t.S/Later": _echo_later,
+                                   "/t.S/Reply": _reply_later})
         conn = grpc_lite._Connection(server)
         transport = FakeTransport()
         conn.connection_made(transport)  # type: ignore[arg-type]
@@ -106,7 +115,7 @@ def converse(data: bytes, cuts: list[int]) -> tuple[grpc_lite._Connection, FakeT
         pos = i = 0
         while pos < len(data):
             n = sizes[i % len(sizes)]
-            conn.data_received(data[pos:pos + n])  # must not raise, whatever the bytes
+            conn.data_received(wrap(data[pos:pos + n]))  # must not raise, whatever the bytes
             assert len(conn._buf) <= 9 + 16_384 + n  # at most one unfinished frame (plus this read) is held
             assert len(conn._streams) <= grpc_lite.MAX_CONCURRENT_STREAMS
             pos += n
@@ -149,12 +158,13 @@ cuts = st.lists(st.integers(0, 20_000), max_size=10)
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.binary(max_size=100_000), st.booleans()), min_size=1, max_size=4), cuts)
-def test_valid_calls_round_trip_in_any_chunks(calls: list[tuple[bytes, bool]], chunking: list[int]) -> None:
+@given(st.lists(st.tuples(st.binary(max_size=100_000), st.sampled_from(["Echo", "Later", "Reply"])), min_size=1,
+                max_size=4), cuts, st.sampled_from([bytes, bytearray, memoryview]))
+def test_valid_calls_round_trip_in_any_chunks(calls: list[tuple[bytes, str]], chunking: list[int], wrap) -> None:
     encoder = hpack.Encoder()  # one encoder: later blocks refer to the dynamic table, as real clients' do
-    data = START + b"".join(request(1 + 2 * i, payload, encoder, "/t.S/Later" if later else "/t.S/Echo")
-                            for i, (payload, later) in enumerate(calls))
-    _, _, frames = converse(data, chunking)
+    data = START + b"".join(request(1 + 2 * i, payload, encoder, f"/t.S/{name}")
+                            for i, (payload, name) in enumerate(calls))
+    _, _, frames = converse(data, chunking, wrap)
     got = responses(frames)
     for i, (payload, _) in enumerate(calls):
         body, trailers = got[1 + 2 * i]

@@ -25,7 +25,7 @@ from regent.ft.quorum import (
 )
 from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, accepted_loss, state_version
 from regent.ft.rpc_security import CallVerifier
-from regent.ft.types import QuorumMember
+from regent.ft.types import QuorumMember, decode_member_data
 
 ODD_DATA = ["", "not json", "[1, 2]", json.dumps({LINEAGE_KEY: "7"}), json.dumps({LINEAGE_KEY: True}),
             json.dumps({ACCEPTED_LOSS_KEY: [5, 1], LINEAGE_KEY: 2}), json.dumps({ACCEPTED_LOSS_KEY: [5, "x"]}),
@@ -69,6 +69,24 @@ def test_a_join_reads_as_the_member_the_owner_would_parse() -> None:
             assert join.accepted == (list(accepted_loss(member)) if accepted_loss(member) else None)
             assert join.compact == request.HasField("regent_compact")
             assert join.to_json() == member.to_json()
+
+
+def test_a_plan_entry_is_what_json_dumps_writes() -> None:
+    """`compact.plan_entry` writes the JSON itself for the usual types; the bytes must be json.dumps's (odd
+    strings: quotes, backslashes, control and non-ASCII characters; big and negative ints; odd lineages)."""
+    from regent.ft.compact import plan_entry
+
+    rng = random.Random(9)
+    odd = ["", "a\"b", "back\\slash", "\u0000\n\t", "é", "日本", "\ud83d\ude00", "x" * 300]
+    for i in range(500):
+        member = QuorumMember(replica_id=rng.choice(odd) + str(i), address=rng.choice(odd),
+                              store_address=rng.choice(odd), step=rng.choice([0, 5, 2**62, -3]),
+                              data=decode_member_data(rng.choice(ODD_DATA)) if rng.random() < 0.5 else {LINEAGE_KEY: i},
+                              commit_failures=rng.choice([0, 7]))
+        lineage = state_version(member)[1]
+        assert plan_entry(member) == json.dumps([member.replica_id, member.address, member.store_address,
+                                                 member.step, lineage, member.commit_failures],
+                                                separators=(",", ":")).encode(), i
 
 
 def test_a_malformed_joins_frame_is_refused() -> None:
