@@ -129,9 +129,11 @@ def test_a_killed_front_end_is_replaced_and_its_clients_come_back() -> None:
 
 @linux_only
 def test_the_owner_dying_ends_its_front_ends() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from regent.ports import free_port_pair
+
+    # the Lighthouse serves its dashboard at port + 1: a port from the ephemeral range often had that one taken
+    # by some connection's source port (the owner then exited at once, with nothing on stdout)
+    port = free_port_pair()
     env = dict(os.environ, REGENT_FT_RPC_AUTH="0", PYTHONPATH=os.pathsep.join(
         p for p in (str(Path(frontends.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p))
     owner = subprocess.Popen([sys.executable, "-m", "regent.cli", "lighthouse", "--bind", f"127.0.0.1:{port}",
