@@ -113,8 +113,7 @@ def test_lighthouse_process_takes_the_secret_from_its_environment(tmp_path):
 
 
 def _free_port() -> int:
-    import socket
+    """A port whose next one is free too (the Lighthouse's dashboard binds port + 1), outside the ephemeral range."""
+    from regent.ports import free_port_pair
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_pair()
