@@ -402,6 +402,11 @@ class DiLoCo:
         join_mid_round (keyword-only): a restarted replica may join the round in progress (`join_now`); False
             (a constant global batch: the round's members cover its shard for the whole round) makes it sit the
             round out and join at its sync.
+        exactly_once (keyword-only): Streaming DiLoCo, a replica that heals or joins a run in progress restarts
+            every fragment from its global parameters and sits out each fragment's next sync
+            (`_restart_fragments`), so that the sample ledger can prove each sample once per fragment. Off by
+            default: TorchFT's Streaming DiLoCo keeps the donor's live parameters, and TorchFT-style users (and
+            TorchFT's own tests) get its numbers; `regent train` turns it on.
         on_round_failed (keyword-only): plain DiLoCo, a sync that did not commit: called (inside the optimizer
             step of the round's last inner step) with the inner steps to give back (`steps_given_back`): the
             caller moves its step count, schedule and data position back to the round's first batch, and the
@@ -432,6 +437,7 @@ class DiLoCo:
         on_contributor_step: Callable[[int], None] = lambda step: None,
         join_mid_round: bool = True,
         on_round_failed: Callable[[int], None] = lambda steps: None,
+        exactly_once: bool = False,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -498,6 +504,7 @@ class DiLoCo:
         self.round_step = round_step
         self.on_contributor_step = on_contributor_step
         self.on_round_failed = on_round_failed
+        self.exactly_once = exactly_once
         self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(inner_optimizer) if hook_optimizer
                         else lambda: None)
         if early_heal:
@@ -610,7 +617,7 @@ class DiLoCo:
             # at least two steps of its own before the allreduce starts, or sitting out costs less
             self.on_contributor_step(self.round_step() + taken)
             self._local_step = taken
-            if len(self.fragments) > 1:
+            if len(self.fragments) > 1 and self.exactly_once:
                 self._restart_fragments()  # Streaming DiLoCo: it sits out each fragment's next sync instead
             else:
                 self._trained = 0
@@ -619,7 +626,7 @@ class DiLoCo:
             self.joined_mid_round = {"round_position": taken, "period": self._period}
             return False
         self._manager.start_quorum()
-        if len(self.fragments) > 1 and (self._manager.current_step() > 0 or self.round_step() > 0):
+        if len(self.fragments) > 1 and self.exactly_once and (self._manager.current_step() > 0 or self.round_step() > 0):
             # Streaming DiLoCo, joining a run in progress: every fragment's window began before this replica
             # joined (at the run's very start, nothing trained yet, every replica starts every window together)
             self._restart_fragments()
@@ -698,7 +705,7 @@ class DiLoCo:
                 # Healed in this quorum: its parameters are now its donor's, and so would be its pseudo-gradient
                 # (counting the donor's samples twice). It sits this sync out, as a restarted replica does.
                 self._sit_out = True
-                if len(self.fragments) > 1:
+                if len(self.fragments) > 1 and self.exactly_once:
                     self._restart_fragments()
             # Chosen after the quorum: a healer has just loaded the donor's step, so everyone agrees.
             self._pending = self.fragments[self._manager.current_step() % len(self.fragments)]

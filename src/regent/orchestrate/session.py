@@ -148,6 +148,7 @@ class TrainingSession:
                 # round: it joins at the round's sync (training its shard too would consume those samples twice)
                 join_mid_round=not self.constant_batch,
                 on_round_failed=self._give_back_round,
+                exactly_once=True,  # Streaming DiLoCo's per-fragment ledger needs a healer's windows its own
             )
         else:
             if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:

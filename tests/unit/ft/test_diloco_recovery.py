@@ -339,7 +339,7 @@ def test_a_streaming_joiner_restarts_its_fragments_and_sits_out_each_ones_next_s
         parts = model_fragments(model, 2)
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         outers = [torch.optim.SGD(f.parameters(), lr=1.0) for f in parts]
-        with DiLoCo(manager, parts, inner, outers, sync_every=4, round_step=lambda: 4) as diloco:
+        with DiLoCo(manager, parts, inner, outers, sync_every=4, round_step=lambda: 4, exactly_once=True) as diloco:
             _inner_steps(model, inner, 4)  # fragments 0 and 1 commit, whole
             assert diloco.last_sync["step"] == 2 and diloco.last_sync["weight"] == 1.0
             _inner_steps(model, inner, 1)  # local progress on both fragments, then a (re)join
