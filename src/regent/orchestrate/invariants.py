@@ -558,18 +558,9 @@ def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[f
     if clash:
         out.append(f"ledger: global batches of [{r0}, {r1}) consumed by committed steps {clash} and {step}")
     batches.update((n, step) for n in range(r0, r1))
-    covered = 0
+    covered = _cover_lines(ls, step, r0, r1, span, owners, out, f"ledger: committed round {step}",
+                           f"its round [{r0}, {r1})")
     for x in ls:
-        b0, b1 = (int(v) for v in x.get("batches") or (r0, r1))
-        if not r0 <= b0 < b1 <= r1:
-            out.append(f"ledger: committed round {step}, replica {x.get('replica')}: batches [{b0}, {b1}) lie "
-                       f"outside its round [{r0}, {r1})")
-        for lo, hi in x["samples"]:
-            if not b0 * span <= lo < hi <= b1 * span:
-                out.append(f"ledger: committed round {step}, replica {x.get('replica')}: samples [{lo}, {hi}) lie "
-                           f"outside its batches [{b0}, {b1}) = [{b0 * span}, {b1 * span})")
-            owners.append((lo, hi, step, x.get("replica")))
-            covered += hi - lo
         whole.update(n for lo, hi in x.get("skipped_batches") or [] for n in range(int(lo), int(hi)))
     recorded = max(int(x.get("skipped_samples") or 0) for x in ls)
     lost = _lost_lines(ls, failures)
@@ -585,6 +576,25 @@ def _check_round(step: int, ls: list[dict[str, Any]], failures: dict[Any, list[f
     return out
 
 
+def _cover_lines(ls: list[dict[str, Any]], step: int, lo: int, hi: int, span: int,
+                 owners: list[tuple[int, int, int, Any]], out: list[str], what: str, window: str) -> int:
+    """The samples a round's (or a fragment sync's) lines cover, each line's batches inside [lo, hi) and its
+    samples inside its batches (else a violation in `out`, named by `what` and `window`); the samples go to
+    `owners` for the overlap check."""
+    covered = 0
+    for x in ls:
+        b0, b1 = (int(v) for v in x.get("batches") or (lo, hi))
+        if not lo <= b0 < b1 <= hi:
+            out.append(f"{what}, replica {x.get('replica')}: batches [{b0}, {b1}) lie outside {window}")
+        for a, b in x["samples"]:
+            if not b0 * span <= a < b <= b1 * span:
+                out.append(f"{what}, replica {x.get('replica')}: samples [{a}, {b}) lie outside its batches "
+                           f"[{b0}, {b1}) = [{b0 * span}, {b1 * span})")
+            owners.append((a, b, step, x.get("replica")))
+            covered += b - a
+    return covered
+
+
 def _check_fragment_sync(w: dict[str, Any], failures: dict[Any, list[float]],
                          owners: list[tuple[int, int, int, Any]]) -> list[str]:
     """Streaming DiLoCo: one committed fragment sync's lines (each a contributor's inner steps since its last
@@ -594,18 +604,8 @@ def _check_fragment_sync(w: dict[str, Any], failures: dict[Any, list[float]],
         return [f"ledger: committed fragment sync {step}: {w['problem']}"]
     f, lo, hi, span = w["fragment"], w["lo"], w["hi"], w["span"]
     out: list[str] = []
-    covered = 0
-    for x in ls:
-        b0, b1 = (int(v) for v in x.get("batches") or (lo, hi))
-        if not lo <= b0 < b1 <= hi:
-            out.append(f"ledger: committed sync {step} of fragment {f}, replica {x.get('replica')}: batches "
-                       f"[{b0}, {b1}) lie outside its window [{lo}, {hi}) (after the fragment's previous sync)")
-        for a, b in x["samples"]:
-            if not b0 * span <= a < b <= b1 * span:
-                out.append(f"ledger: committed sync {step} of fragment {f}, replica {x.get('replica')}: samples "
-                           f"[{a}, {b}) lie outside its batches [{b0}, {b1}) = [{b0 * span}, {b1 * span})")
-            owners.append((a, b, step, x.get("replica")))
-            covered += b - a
+    covered = _cover_lines(ls, step, lo, hi, span, owners, out, f"ledger: committed sync {step} of fragment {f}",
+                           f"its window [{lo}, {hi}) (after the fragment's previous sync)")
     recorded = w["skipped_samples"] + len(w["skipped_whole"]) * span
     lost = _lost_lines(ls, failures)
     if lost:
