@@ -929,12 +929,8 @@ class _Connection(asyncio.Protocol):
 
     def _replied(self, stream: _Stream, payload: bytes, err: BaseException | None) -> None:
         """A `Reply` was answered: as `_task_done` does for a finished future, without a loop turn."""
-        if stream.timer is not None:
-            stream.timer.cancel()
-            stream.timer = None
-        stream.task = None
-        if self._streams.get(stream.id) is not stream:
-            return  # reset by the client or the connection is gone: nobody to answer
+        if not self._settled(stream):
+            return
         if err is None:
             self._respond(stream, payload)
         elif isinstance(err, RpcStatusError):
@@ -943,13 +939,18 @@ class _Connection(asyncio.Protocol):
             logger.error("handler for %s failed", stream.path.decode(errors="replace"), exc_info=err)
             self._finish(stream, StatusCode.UNKNOWN, f"{type(err).__name__}: {err}")
 
-    def _task_done(self, stream: _Stream, task: asyncio.Future) -> None:
+    def _settled(self, stream: _Stream) -> bool:
+        """A call's handler is done: its deadline timer is dropped; False when nobody is left to answer (reset by
+        the client, or the connection is gone)."""
         if stream.timer is not None:
             stream.timer.cancel()
             stream.timer = None
         stream.task = None
-        if self._streams.get(stream.id) is not stream:
-            return  # reset by the client or the connection is gone: nobody to answer
+        return self._streams.get(stream.id) is stream
+
+    def _task_done(self, stream: _Stream, task: asyncio.Future) -> None:
+        if not self._settled(stream):
+            return
         if task.cancelled():
             if stream.expired:
                 self._finish(stream, StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
