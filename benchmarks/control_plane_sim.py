@@ -98,11 +98,7 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
     proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends,
                             heartbeat_timeout_ms=heartbeat_timeout_ms)
     try:
-        conns = [H2Client(port) for _ in range(groups)]
-        sel = selectors.DefaultSelector()
-        for i, c in enumerate(conns):
-            c.sock.setblocking(False)
-            sel.register(c.sock, selectors.EVENT_READ, i)
+        conns, sel = open_clients(port, groups)
         walls, cpus, owner_cpus, nbytes = [], [], [], 0
         for r in range(rounds):
             requests = [c.request(quorum_message(f"group{i}:x", r, compact), QUORUM_PATH) for i, c in enumerate(conns)]
@@ -122,6 +118,16 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
     return {"section": "round", "server": kind, "groups": groups, "compact": compact, "wall_ms": 1e3 * walls[mid],
             "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid], "frontends": frontends,
             "all_wall_ms": [round(1e3 * w) for w in walls], "bytes_per_answer": nbytes / rounds / groups}
+
+
+def open_clients(port: int, groups: int) -> tuple[list, selectors.BaseSelector]:
+    """One non-blocking HTTP/2 client per group, registered for reading under its index."""
+    conns = [H2Client(port) for _ in range(groups)]
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(conns):
+        c.sock.setblocking(False)
+        sel.register(c.sock, selectors.EVENT_READ, i)
+    return conns, sel
 
 
 def frontend_round(pid: int, conns: list, sel: selectors.BaseSelector, requests: list[bytes], settle: float) -> float:
@@ -147,11 +153,7 @@ def frontend_rows(groups_list: list[int], rounds: int) -> list[dict]:
         proc = start_lighthouse(port, None, None, "regent", min_replicas=groups, frontends=1,
                                 heartbeat_timeout_ms=120_000)
         try:
-            conns = [H2Client(port) for _ in range(groups)]
-            sel = selectors.DefaultSelector()
-            for i, c in enumerate(conns):
-                c.sock.setblocking(False)
-                sel.register(c.sock, selectors.EVENT_READ, i)
+            conns, sel = open_clients(port, groups)
 
             beats = [1e6 * frontend_round(proc.pid, conns, sel, [c.request(heartbeat_message(f"group{i}:x"),
                                                                             HEARTBEAT_PATH) for i, c in enumerate(conns)],
