@@ -5,6 +5,7 @@ a failed sync rolls back and retries the same fragment; plain DiLoCo gives the f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -240,6 +241,19 @@ def test_steps_given_back_only_by_plain_diloco_and_only_when_not_committed():
     assert steps_given_back(committed=False, fragments=1, local_steps=0) == 0  # a sit-out sync trained nothing
 
 
+def _sync_breaker(manager: Manager) -> tuple[list[bool], Callable[[], int]]:
+    """A `round_step` that, while `fail[0]` is set, reports an error to the Manager at the sync (where a broken
+    collective reports it), so that sync does not commit."""
+    fail = [False]
+
+    def round_step() -> int:
+        if fail[0]:
+            manager.report_error(RuntimeError("injected: the sync's allreduce broke"))
+        return 0
+
+    return fail, round_step
+
+
 def test_a_plain_sync_that_did_not_commit_gives_its_round_back(lighthouse):
     """The sync's allreduce breaks (the error is reported after its quorum, where a broken collective reports
     it): the sync does not commit, the parameters go back to the last global ones, and the round's 3 inner steps
@@ -248,13 +262,7 @@ def test_a_plain_sync_that_did_not_commit_gives_its_round_back(lighthouse):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     manager = _solo_manager(lighthouse, model)
     given: list[int] = []
-    fail = [False]
-
-    def round_step() -> int:
-        if fail[0]:
-            manager.report_error(RuntimeError("injected: the sync's allreduce broke"))
-        return 0
-
+    fail, round_step = _sync_breaker(manager)
     try:
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         outer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -282,13 +290,7 @@ def test_a_streaming_sync_that_did_not_commit_gives_nothing_back(lighthouse):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     manager = _solo_manager(lighthouse, model)
     given: list[int] = []
-    fail = [False]
-
-    def round_step() -> int:
-        if fail[0]:
-            manager.report_error(RuntimeError("injected: the sync's allreduce broke"))
-        return 0
-
+    fail, round_step = _sync_breaker(manager)
     try:
         parts = model_fragments(model, 2)
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
