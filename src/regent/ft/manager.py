@@ -212,6 +212,7 @@ class Manager(CommittedStateRecovery):
         # the build whose failure was announced ("group_failed"), or that a peer's report aborted
         self._announced_group: str | None = None
         self._errored: Exception | None = None
+        self._voted = False  # this step's commit vote is cast (a later error cannot change its outcome)
         self._healing = False
         self._pending_state: Any = None
         self._participating_rank: int | None = None
@@ -404,6 +405,14 @@ class Manager(CommittedStateRecovery):
             logger.warning("step %d: error reported: %s", self._step, err)
             self._errored = err
             self._emit("error", step=self._step, error=f"{type(err).__name__}: {err}")
+            if not self._voted:
+                # From here on this replica skips the step's collectives (`allreduce`): its peers, who have not
+                # failed, would wait for it until their timeout. The group tells them (`build_notice`). Before
+                # the vote only: this vote is then no, so every member rebuilds the group at the next quorum
+                # and the notice cannot reach a later step.
+                announce = getattr(self._pg, "announce_abandoned", None)
+                if announce is not None:
+                    announce(self.replica_id)
         self._announce_group_failure()
 
     def _announce_group_failure(self) -> None:
@@ -441,6 +450,7 @@ class Manager(CommittedStateRecovery):
             if self._committed_live:
                 self.publish_committed()
         self._errored = None
+        self._voted = False
         self._healing = False
         self._pending_state = None
         if self.use_async_quorum:
@@ -736,6 +746,7 @@ class Manager(CommittedStateRecovery):
         except grpc.RpcError as err:
             self.report_error(_rpc_error("should_commit", self._manager_addr, err))
             decision = False
+        self._voted = True
         if decision:
             self._step += 1
             self._batches_committed += self._participating_world_size

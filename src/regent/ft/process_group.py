@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from regent import settings
+from regent.ft.build_notice import BuildNotice
 from regent.ft.types import to_seconds
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,8 @@ class ReplicatedGroup:
         self._inflight: dict[int, Callable[[Exception], None]] = {}
         self._next_op = 0
         self._op_timeout = self.timeout  # Gloo's own per-operation timeout of the current communicator
+        # a member whose step failed tells the build's peers, whose collectives then fail at once (build_notice)
+        self._notice = BuildNotice(_WATCHDOG.schedule, self._peer_abandoned, lambda: self.timeout)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def configure(self, store_addr: str, replica_id: str, rank: int, world_size: int, **_newer: Any) -> None:
@@ -306,6 +309,7 @@ class ReplicatedGroup:
             self._rank = rank
             self._world_size = world_size
             self.replica_id = replica_id
+            self._notice.set_build(self._generation, made["store"], prefix)
         logger.info("replicated group configured at %s: rank %d of %d", store_addr, rank, world_size)
 
     def _connect(self, build: Callable[[], Any], store_addr: str, generation: int) -> Any:
@@ -387,6 +391,7 @@ class ReplicatedGroup:
             pg, self._pg = self._pg, None
             self._store = None
             self._generation += 1
+            self._notice.clear()
             failed = reason is not None or self._error is not None
             if reason is not None and self._error is None:
                 self._error = reason
@@ -425,6 +430,18 @@ class ReplicatedGroup:
         and a step that waited for them can still commit; the next operation on the group fails."""
         with self._lock:
             return self._error is not None and self._error_hit_ops
+
+    def announce_abandoned(self, who: str) -> bool:
+        """This member will issue none of the current build's remaining collectives (its step failed): tell the
+        build's peers, whose collectives waiting for it then fail at once instead of at the timeout
+        (`build_notice`). Returns at once; False if no build is up."""
+        return self._notice.announce(who)
+
+    def _peer_abandoned(self, generation: int, who: str) -> None:
+        err = RuntimeError(f"peer replica {who} abandoned this build of the replicated group (its step failed; "
+                           "it issues none of the step's remaining collectives); rebuilt at the next quorum")
+        if self.abort(err, wait=False, fail_pending=True, only_generation=generation):
+            logger.warning("replicated group (rank %d): %s", self._rank, err)
 
     def rank(self) -> int:
         return self._rank
@@ -665,11 +682,14 @@ class ReplicatedGroup:
         reason = self._register_inflight(op, generation, fail_now)
         if reason is not None and self.backend != "nccl":
             fail_now(reason)
+        started = time.monotonic()
+        self._notice.watch(generation, lambda: op in self._inflight)
 
         def on_done(fut: torch.futures.Future) -> None:
             _WATCHDOG.cancel(token)
             try:
                 fut.value()
+                self._notice.completed(time.monotonic() - started)
             except Exception as err:  # noqa: BLE001 - reported: the group is failed and the caller's future raises it
                 if claim():
                     self._fail(generation, err)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 37 on the GPU machine's host CPUs (16 cores): the Lighthouse's control plane beside TorchFT's, one call.
+# From the repository root, with the wheels the host lacks in .whl/ (benchmarks/README.md, "GPU machine"):
+#
+#   OUT=/tmp/cp bash benchmarks/gpu/control_plane_host.sh          # full sizes (~8 min on 16 cores)
+#   SMALL=1 OUT=/tmp/cp bash benchmarks/gpu/control_plane_host.sh  # a smoke run at small sizes
+#
+# Writes one JSON file per part under $OUT and prints each part's table.
+set -u
+OUT=${OUT:-runs/control-plane-host}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+if [ -z "${NO_WHL:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD/src
+fi
+export OMP_NUM_THREADS=1 NCCL_NVLS_ENABLE=0
+ulimit -n 262144 2>/dev/null || ulimit -n 65536 2>/dev/null
+sysctl -qw net.ipv4.ip_local_port_range="15000 64999" 2>/dev/null
+if [ -n "${SMALL:-}" ]; then G1=256; G2=1024; HB=1000; FE="2"; S=4; W=2
+else G1=1024; G2=12800; HB=12800; FE="6 8"; S=12; W=8; fi
+B=benchmarks
+part() { local name=$1 limit=$2; shift 2
+  echo "=== $name $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) cores $(nproc)"
+  timeout "$limit" "$@" || echo "=== $name: exit $?"; }
+echo "=== $(git rev-parse --short HEAD 2>/dev/null) $($PY -V) $(uname -r)"
+part owner 90 $PY $B/control_plane_sim.py --only owner --round-groups $G1 $G2 --rounds 5 --out "$OUT/owner.json"
+part frontend 120 $PY $B/control_plane_sim.py --only frontend --round-groups $G1 $G2 --rounds 3 --out "$OUT/frontend.json"
+part round 200 $PY $B/control_plane_sim.py --only round --round-groups $G1 $G2 --rounds 5 --frontends $FE \
+  --full-up-to 0 --torchft-rounds-up-to $G1 --round-heartbeat-timeout-ms 120000 --out "$OUT/round.json"
+part sim 150 $PY $B/control_plane_sim.py --only sim --groups $HB --interval-ms 100 --frontends $FE --seconds $S \
+  --workers $W --no-torchft --out "$OUT/sim.json"
+part steady 100 $PY $B/scale_bench.py --only steady --groups $G1 4096 --servers regent torchft --seconds 8 \
+  --json "$OUT/steady.json"
