@@ -28,8 +28,9 @@ COMMON = [
 ]
 
 # (seconds after the first training step, replica, kind, rank)
-SCHEDULE_A = [(10, 0, "kill", 1), (28, 1, "exception", 0), (46, 0, "segfault", 0), (64, 1, "exit", 1)]
-SCHEDULE_B = [(10, 1, "hang", 1), (32, 0, "node", 0), (52, 1, "comm", 0), (68, 0, "supervisor", 0)]
+# 15-16 s apart: each recovery took 2-6 s on a 2-core box at load 3 (hang: 5 s to detect, then 1 s)
+SCHEDULE_A = [(10, 0, "kill", 1), (25, 1, "exception", 0), (40, 0, "segfault", 0), (55, 1, "exit", 1)]
+SCHEDULE_B = [(10, 1, "hang", 1), (26, 0, "node", 0), (42, 1, "comm", 0), (57, 0, "supervisor", 0)]
 NOT_FAILING = ("comm", "lighthouse")  # kinds after which no replica fails (reconfigured; nothing of it hit)
 
 
@@ -65,14 +66,14 @@ def write_schedule(path: Path, schedule: list[tuple[int, int, str, int]]) -> str
 def run_a(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_a")
     # every restart gets a fresh allocation from the job layer (a new local worker host)
-    return run_regent(d / "run", "--duration", "82s", "--in-place-restarts", "0",
+    return run_regent(d / "run", "--duration", "70s", "--in-place-restarts", "0",
                       "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_A))
 
 
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_b")
-    return run_regent(d / "run", "--duration", "84s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
+    return run_regent(d / "run", "--duration", "73s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
 
 
 def check_fault_recovered(run: Run, kind: str) -> None:
@@ -213,7 +214,7 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     bit-identical."""
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
-                     "--duration", "30s", "--faults-file", sched)
+                     "--duration", "24s", "--faults-file", sched)
     check_fault_recovered(run, "kill")
     kill = next(e for e in run.events if e["kind"] == "fault_injected")
     # the survivor dropped its group with the dead replica without waiting out a collective timeout (10 s):
@@ -254,7 +255,7 @@ def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
 
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.constant-batch",
-                     "--duration", "30s", "--faults-file", sched)
+                     "--duration", "24s", "--faults-file", sched)
     check_fault_recovered(run, "kill")
     ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
     # with the events: a line lost with its writer (replica 1 killed between its commit and its ledger write, the
@@ -293,7 +294,7 @@ def test_bitflip_is_found_by_the_state_vote_and_healed(tmp_path, mode):
     # votes often enough that both flips are found well before the end on a busy 2-core box
     extra = (["--ft.mode", "ddp", "--ft.bucket-mb", "0.05", "--ft.vote-every", "3", "--procs-per-replica", "1"]
              if mode == "ddp" else ["--ft.vote-every", "1"])
-    run = run_regent(tmp_path / "run", "--replicas", "3", "--duration", "40s", "--faults-file", sched, *extra)
+    run = run_regent(tmp_path / "run", "--replicas", "3", "--duration", "34s", "--faults-file", sched, *extra)
     flips = [e for e in run.events if e["kind"] == "bitflip_applied"]
     diverged = [e for e in run.events if e["kind"] == "state_diverged"]
     # on failure, say where each flip went: injected (fault_injected), then applied at the replica's next step

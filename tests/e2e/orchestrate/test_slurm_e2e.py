@@ -42,7 +42,7 @@ def test_kill_and_scancel_under_slurm_heal_from_peer(tmp_path: Path) -> None:
     events_path = run_dir / "events.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "regent.cli", "train", *ARGS, "--job.shared-dir", str(tmp_path / "jobs"),
-           "--duration", "70s", "--faults-file", str(faults), "--run-dir", str(run_dir)]
+           "--duration", "50s", "--faults-file", str(faults), "--run-dir", str(run_dir)]
     log = (tmp_path / "train.log").open("w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     cancelled_job = None
