@@ -143,9 +143,20 @@ class BuildNotice:
                     self._read(*item[1:])
             except Exception:  # a notice must never end its thread; each failure is logged
                 logger.exception("replicated group build notice failed")
+            del item  # hold no build (its store) while waiting for the next
+
+    def _claim_store(self) -> bool:
+        """Mark a store call as in progress, unless the process is exiting (set first, then checked: the exit
+        hook sets `_exiting` first, then reads the mark, so one of the two always sees the other)."""
+        self._busy_until = time.monotonic() + self._timeout()
+        if _exiting.is_set():
+            self._busy_until = 0.0
+            return False
+        return True
 
     def _write(self, build: _Build, who: str) -> None:
-        self._busy_until = time.monotonic() + self._timeout()
+        if not self._claim_store():
+            return
         try:
             build.store.set(KEY, who)
             logger.info("told the peers of build %d that %s will issue none of its remaining collectives",
@@ -163,7 +174,8 @@ class BuildNotice:
         now = time.monotonic()
         if build.abandoned_by is None and now - build.last_read >= MIN_GAP_S:
             build.last_read = now
-            self._busy_until = now + self._timeout()
+            if not self._claim_store():
+                return
             try:
                 if build.store.check([KEY]):
                     build.abandoned_by = build.store.get(KEY).decode(errors="replace")
@@ -179,12 +191,15 @@ class BuildNotice:
 
 
 _NOTICES: list[BuildNotice] = []
+_exiting = threading.Event()  # set at exit: no new store call starts (the busy flag is set before the check)
 
 
 @atexit.register
 def _drain_at_exit() -> None:
-    """Let a store call in progress end before the interpreter finalizes: a thread returning from torch's C++
-    into a finalized interpreter aborts the process (see `process_group._await_abandoned_connects`)."""
+    """Start no store call from here on, and let one in progress end before the interpreter finalizes: a thread
+    returning from torch's C++ into a finalized interpreter aborts the process ("terminate called without an
+    active exception"; see `process_group._await_abandoned_connects`)."""
+    _exiting.set()
     for notice in list(_NOTICES):
         left = notice._busy_until - time.monotonic()
         if left > 0:
