@@ -28,6 +28,7 @@ import queue
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,6 +97,14 @@ class BuildNotice:
         with self._lock:
             self._build = None
 
+    def close(self) -> None:
+        """The group is gone: drop the build and end the notice's thread."""
+        with self._lock:
+            self._build = None
+            running = self._thread is not None
+        if running:
+            self._queue.put(("stop",))
+
     # ---- this member -----------------------------------------------------------------------------------
     def announce(self, who: str) -> bool:
         """Tell the current build's peers that `who` will issue none of its remaining collectives. Returns at
@@ -131,11 +140,13 @@ class BuildNotice:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="regent-ft-build-notice", daemon=True)
                 self._thread.start()
-                _NOTICES.append(self)
+                _NOTICES.add(self)
 
     def _serve(self) -> None:
         while True:
             item = self._queue.get()
+            if item[0] == "stop":
+                return
             try:
                 if item[0] == "announce":
                     self._write(item[1], item[2])
@@ -190,7 +201,7 @@ class BuildNotice:
             self._schedule(later, lambda: self._suspect(generation, running, later))
 
 
-_NOTICES: list[BuildNotice] = []
+_NOTICES: weakref.WeakSet[BuildNotice] = weakref.WeakSet()
 _exiting = threading.Event()  # set at exit: no new store call starts (the busy flag is set before the check)
 
 

@@ -114,3 +114,31 @@ def test_a_failed_replica_does_not_leave_its_peer_waiting_for_the_collectives_it
         for m in managers:
             m.shutdown()
         lighthouse.shutdown()
+
+
+def test_a_dropped_group_is_freed_at_once_and_its_notice_thread_ends():
+    """No reference cycle through the notice: a group nobody holds is freed by reference counting, not left to the
+    cyclic collector (which could destroy a live Gloo communicator during interpreter shutdown: "terminate called
+    without an active exception")."""
+    import gc
+    import threading
+    import weakref
+
+    before = set(threading.enumerate())
+    with gloo_groups(timeout=1.0) as groups:
+        works = [g.allreduce(torch.ones(2)) for g in groups]
+        [w.wait() for w in works]
+        groups[0].announce_abandoned("r0")  # starts the notice's thread
+        time.sleep(1.5)  # the watchdog's entries for the operation (its timeout) have passed
+        refs = [weakref.ref(g) for g in groups]
+    notices = [t for t in set(threading.enumerate()) - before if t.name == "regent-ft-build-notice"]
+    assert notices
+    gc.disable()
+    try:
+        del groups, works
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
+    for t in notices:
+        t.join(5)
+    assert not any(t.is_alive() for t in notices)
