@@ -212,8 +212,10 @@ def _drain_at_exit() -> None:
     active exception"; see `process_group._await_abandoned_connects`)."""
     _exiting.set()
     for notice in list(_NOTICES):
-        left = notice._busy_until - time.monotonic()
-        if left > 0:
-            deadline = time.monotonic() + left
-            while notice._busy_until and time.monotonic() < deadline:
-                time.sleep(0.01)
+        thread = notice._thread
+        if thread is None or not thread.is_alive():
+            continue
+        # End the thread now, while freeing what its items hold is still safe (they hold operations' futures;
+        # see `process_group._Watchdog.stop`), after any store call in progress.
+        notice._queue.put(("stop",))
+        thread.join(max(1.0, notice._busy_until - time.monotonic()))

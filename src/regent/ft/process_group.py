@@ -71,6 +71,7 @@ class _Watchdog:
         self._cancelled: set[int] = set()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._stopping = False
 
     def schedule(self, delay: float, callback: Callable[[], None]) -> int:
         with self._cond:
@@ -86,11 +87,26 @@ class _Watchdog:
         with self._cond:
             self._cancelled.add(token)
 
+    def stop(self) -> None:
+        """At exit, before the interpreter finalizes: end the thread. Callbacks hold operations' futures, and a
+        daemon thread that frees a torch future once finalization has begun aborts the process (the future's
+        destructor gives up the GIL, and taking it back then ends the thread inside C++: "terminate called
+        without an active exception", seen at the end of TorchFT's test files). What is left in the heap is
+        freed by the main thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._heap:
+                while not self._heap and not self._stopping:
                     self._cond.wait()
+                if self._stopping:
+                    return
                 deadline, token = self._heap[0][:2]
                 now = time.monotonic()
                 if token in self._cancelled:
@@ -109,6 +125,7 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+atexit.register(_WATCHDOG.stop)
 
 
 class _AbandonedWork:
