@@ -90,13 +90,95 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def _round_client(port: int, first: int, count: int, rounds: int, compact: bool, pipe) -> None:
+    """One of `--round-clients` processes: groups first..first+count, one connection each. Per round: build the
+    requests, say ready, wait for go, send them all, read every answer, report (started, sent, answered, failed,
+    bytes, own CPU). CLOCK_MONOTONIC is one clock for every process of the host."""
+    conns, sel = open_clients(port, count)
+    for r in range(rounds):
+        requests = [c.request(quorum_message(f"group{first + i}:x", r, compact), QUORUM_PATH)
+                    for i, c in enumerate(conns)]
+        pipe.send("ready")
+        pipe.recv()
+        cpu0, t0 = time.process_time(), time.monotonic()
+        for c, req in zip(conns, requests):
+            c.sock.sendall(req)
+        sent = time.monotonic()
+        _, failed, got = send_and_collect(conns, sel, [b""] * len(conns), limit_s=300)
+        pipe.send((t0, sent, time.monotonic(), failed, got, time.process_time() - cpu0))
+    for c in conns:
+        c.sock.close()
+
+
+def _rounds_from_clients(port: int, pid: int, groups: int, rounds: int, compact: bool,
+                         clients: int) -> tuple[list, list, list, list, int, list]:
+    """Each round's (wall, after the last join left its client, tree CPU, owner CPU), bytes, clients' CPU: the
+    joins sent by `clients` processes at once, so that the clients' own Python (one process sends 12,800
+    requests and reads 12,800 answers in ~0.3 s on a 16-core host) does not stand in for the Lighthouse's time."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    share = [groups // clients + (1 if k < groups % clients else 0) for k in range(clients)]
+    pipes, procs, first = [], [], 0
+    for n in share:
+        here, there = ctx.Pipe()
+        p = ctx.Process(target=_round_client, args=(port, first, n, rounds, compact, there), daemon=True)
+        p.start()
+        pipes.append(here)
+        procs.append(p)
+        first += n
+    walls, afters, cpus, owner_cpus, client_cpus, nbytes = [], [], [], [], [], 0
+    try:
+        for _ in range(rounds):
+            for pipe in pipes:
+                if not pipe.poll(300):
+                    raise TimeoutError("a round client did not get ready in 300 s")
+                pipe.recv()
+            cpu0, owner0 = tree_cpu_seconds(pid), cpu_seconds(pid)
+            for pipe in pipes:
+                pipe.send("go")
+            reports = []
+            for pipe in pipes:
+                if not pipe.poll(330):
+                    raise TimeoutError("a round client did not finish its round in 330 s")
+                reports.append(pipe.recv())
+            cpus.append(tree_cpu_seconds(pid) - cpu0)
+            owner_cpus.append(cpu_seconds(pid) - owner0)
+            if any(r[3] for r in reports):
+                raise RuntimeError(f"{sum(r[3] for r in reports)} quorum calls failed")
+            walls.append(max(r[2] for r in reports) - min(r[0] for r in reports))
+            afters.append(max(r[2] for r in reports) - max(r[1] for r in reports))
+            client_cpus.append(max(r[5] for r in reports))
+            nbytes += sum(r[4] for r in reports)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return walls, afters, cpus, owner_cpus, nbytes, client_cpus
+
+
 def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0,
-               heartbeat_timeout_ms: int = 5000) -> dict:
+               heartbeat_timeout_ms: int = 5000, clients: int = 1) -> dict:
     """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU
-    (with front ends: the owner's, and the owner's plus the front ends')."""
+    (with front ends: the owner's, and the owner's plus the front ends'). `clients` > 1: the groups' joins come
+    from that many processes, and the row adds the time from the last join's send to the last answer."""
     port = free_port_pair()
     proc = start_lighthouse(port, None, None, kind, min_replicas=groups, frontends=frontends,
                             heartbeat_timeout_ms=heartbeat_timeout_ms)
+    if clients > 1:
+        try:
+            walls, afters, cpus, owner_cpus, nbytes, client_cpus = _rounds_from_clients(
+                port, proc.pid, groups, rounds, compact, clients)
+        finally:
+            stop_lighthouse(proc)
+        mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
+        return {"section": "round", "server": kind, "groups": groups, "compact": compact,
+                "wall_ms": 1e3 * walls[mid], "after_last_join_ms": 1e3 * afters[mid],
+                "all_after_last_join_ms": [round(1e3 * a) for a in afters], "client_cpu_ms": 1e3 * client_cpus[mid],
+                "clients": clients, "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid],
+                "frontends": frontends, "all_wall_ms": [round(1e3 * w) for w in walls],
+                "bytes_per_answer": nbytes / rounds / groups}
     try:
         conns, sel = open_clients(port, groups)
         walls, cpus, owner_cpus, nbytes = [], [], [], 0
@@ -326,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                              "sending 12,800 joins can outlast 5 s, and the first joiners then expire)")
     parser.add_argument("--owner-batch", type=int, default=16,
                         help="owner rows: Quorum calls per front-end link frame (default 16)")
+    parser.add_argument("--round-clients", type=int, default=1,
+                        help="round rows: the joins come from this many client processes (>1 adds the time from "
+                             "the last join's send to the last answer)")
     parser.add_argument("--secret", action="store_true", help="owner rows: with a job secret (nonces spent)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
@@ -343,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                 plans.append(("torchft", False, 0))
             for kind, compact, n in plans:
                 try:
-                    row = join_round(kind, groups, args.rounds, compact, n, args.round_heartbeat_timeout_ms)
+                    row = join_round(kind, groups, args.rounds, compact, n, args.round_heartbeat_timeout_ms,
+                                     args.round_clients)
                 except Exception as err:  # noqa: BLE001 - recorded as a result
                     row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
                            "frontends": n, "error": f"{type(err).__name__}: {err}"}
@@ -390,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | FAILED: {r['error']} | | |")
             continue
         per_join = f"{1e3 * (r['server_cpu_ms'] - r['owner_cpu_ms']) / r['groups']:.1f}" if fes else "-"
+        if "after_last_join_ms" in r:  # several client processes: the Lighthouse's time after the last join too
+            kind += (f", {r['clients']} clients; after the last join {r['after_last_join_ms']:.0f} "
+                     f"{r['all_after_last_join_ms']}; a client's CPU {r['client_cpu_ms']:.0f}")
         print(f"| {r['server']} | {fes} | {r['groups']} | {kind} | {r['wall_ms']:.0f} {r['all_wall_ms']} | "
               f"{r['server_cpu_ms']:.0f} ({r['owner_cpu_ms']:.0f}) | {per_join} | {r['bytes_per_answer']:.0f} |")
     print("\n| one front end: groups | CPU per heartbeat, us (rounds) | CPU per compact join, us (rounds) |")
