@@ -330,9 +330,9 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     a finished peer and is collected again. All three end compared and identical; none ends failed."""
     # late enough that every replica has joined: a replica that heals from the flipped one before any vote takes
     # the flip too (the majority is then the flipped state, and the checker says so)
-    sched = write_schedule(tmp_path / "faults.jsonl", [(15, 1, "bitflip", 0)])
+    sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "bitflip", 0)])
     extra = ["--ft.mode", "ddp", "--ft.bucket-mb", "0.05"] if mode == "ddp" else []
-    run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "35s",
+    run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "29s",
                      "--faults-file", sched, "--ft.vote-every", "10000", *extra)
     (flip,) = [e for e in run.events if e["kind"] == "bitflip_applied"]
     (diverged,) = [e for e in run.events if e["kind"] == "state_diverged"]
