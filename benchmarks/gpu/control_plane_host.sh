@@ -27,11 +27,15 @@ part() { local name=$1 limit=$2; shift 2
   echo "=== $name $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) cores $(nproc)"
   timeout "$limit" "$@" || echo "=== $name: exit $?"; }
 echo "=== $(git rev-parse --short HEAD 2>/dev/null) $($PY -V) $(uname -r)"
-part owner 90 $PY $B/control_plane_sim.py --only owner --round-groups $G1 $G2 --rounds 5 --out "$OUT/owner.json"
-part frontend 120 $PY $B/control_plane_sim.py --only frontend --round-groups $G1 $G2 --rounds 3 --out "$OUT/frontend.json"
-part round 200 $PY $B/control_plane_sim.py --only round --round-groups $G1 $G2 --rounds 5 --frontends $FE \
-  --full-up-to 0 --torchft-rounds-up-to $G1 --round-heartbeat-timeout-ms 120000 --out "$OUT/round.json"
-part sim 150 $PY $B/control_plane_sim.py --only sim --groups $HB --interval-ms 100 --frontends $FE --seconds $S \
-  --workers $W --no-torchft --out "$OUT/sim.json"
+# The anchors first: after the 12,800-connection parts, closed connections (TIME_WAIT) held the ports they chose.
 part steady 100 $PY $B/scale_bench.py --only steady --groups $G1 4096 --servers regent torchft --seconds 8 \
   --json "$OUT/steady.json"
+part owner 90 $PY $B/control_plane_sim.py --only owner --round-groups $G1 $G2 --rounds 5 --out "$OUT/owner.json"
+part frontend 120 $PY $B/control_plane_sim.py --only frontend --round-groups $G1 $G2 --rounds 3 --out "$OUT/frontend.json"
+# the joins from several client processes: the Lighthouse's time after the last join left a client (one client
+# process's own Python was most of a 12,800-group round's wall time here, 2026-12-05)
+part round 240 $PY $B/control_plane_sim.py --only round --round-groups $G1 $G2 --rounds 5 --frontends $FE \
+  --round-clients ${CLIENTS:-4} --full-up-to 0 --torchft-rounds-up-to $G1 --round-heartbeat-timeout-ms 120000 \
+  --out "$OUT/round.json"
+part sim 150 $PY $B/control_plane_sim.py --only sim --groups $HB --interval-ms 100 --frontends $FE --seconds $S \
+  --workers $W --no-torchft --out "$OUT/sim.json"
