@@ -905,9 +905,9 @@ def _wait_event(event: Any, timeout: float) -> bool:
 
 def _notice_for(group: ReplicatedGroup) -> BuildNotice:
     """The group's `BuildNotice`, holding the group only weakly. A strong cycle (group -> notice -> bound method
-    -> group) left dropped groups to the cyclic collector, which could then destroy a live Gloo communicator
-    during interpreter shutdown ("terminate called without an active exception" in 9 of 10 runs of TorchFT's
-    local_sgd tests); now a dropped group is freed at once, as before, and stops its notice's thread."""
+    -> group) would leave dropped groups to the cyclic collector, which can run at any moment, interpreter
+    shutdown included, and destroy a live Gloo communicator there; so a dropped group is freed at once, as
+    before the notice, and stops its notice's thread."""
     ref = weakref.ref(group)
 
     def on_abandoned(generation: int, who: str) -> None:
