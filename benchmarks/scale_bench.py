@@ -367,9 +367,14 @@ def send_and_collect(conns: list, sel: selectors.BaseSelector, requests: list[by
                      limit_s: float) -> tuple[int, int, int]:
     """Send each connection its request at once and read until every one is answered: (ok, errors, bytes read).
     `sel` has every connection's socket registered, non-blocking, with its index as data."""
-    t0 = time.monotonic()
     for c, req in zip(conns, requests):
         c.sock.sendall(req)
+    return collect_answers(conns, sel, limit_s)
+
+
+def collect_answers(conns: list, sel: selectors.BaseSelector, limit_s: float) -> tuple[int, int, int]:
+    """Read until every connection's request (already sent) is answered: (ok, errors, bytes read)."""
+    t0 = time.monotonic()
     done = failed = nbytes = 0
     while done < len(conns):
         if time.monotonic() - t0 > limit_s:
