@@ -99,10 +99,8 @@ class BuildNotice:
 
     def close(self) -> None:
         """The group is gone: drop the build and end the notice's thread."""
-        with self._lock:
-            self._build = None
-            running = self._thread is not None
-        if running:
+        self.clear()
+        if self._thread is not None:
             self._queue.put(("stop",))
 
     # ---- this member -----------------------------------------------------------------------------------
