@@ -58,6 +58,7 @@ from scale_bench import (  # noqa: E402
     send_and_collect,
     start_lighthouse,
     stop_lighthouse,
+    tree_cpu_seconds,
 )
 
 from regent.ft.simulate import SimConfig, format_report, run_simulation, torchft_lighthouse_exe  # noqa: E402
@@ -73,22 +74,6 @@ def quorum_message(replica_id: str, step: int, compact: bool) -> bytes:
         request.regent_compact.SetInParent()
     body = request.SerializeToString()
     return b"\x00" + len(body).to_bytes(4, "big") + body
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process and its children (the Lighthouse and its front ends)."""
-    total = cpu_seconds(pid)
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in children:
-            try:
-                total += cpu_seconds(int(child))
-            except FileNotFoundError:
-                continue
-    return total
 
 
 def _round_client(port: int, first: int, count: int, rounds: int, compact: bool, pipe) -> None:

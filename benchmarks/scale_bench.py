@@ -50,6 +50,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -193,16 +194,21 @@ def start_lighthouse(port: int, src: str | None, profile: str | None, kind: str 
             cmd += ["--server", "grpcio"]
         if frontends:
             cmd += ["--frontends", str(frontends)]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the Lighthouse exited with {proc.returncode}") from None
-            time.sleep(0.05)
+    # stderr goes to a file, not a pipe nobody reads: a chatty server must not block on it, and a failed start
+    # reports why
+    with tempfile.TemporaryFile() as err_file:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err_file)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return proc
+            except OSError:
+                if proc.poll() is not None:
+                    err_file.seek(0)
+                    tail = err_file.read()[-2000:].decode(errors="replace").strip()
+                    raise RuntimeError(f"the Lighthouse ({cmd[0]}) exited with {proc.returncode}: {tail}") from None
+                time.sleep(0.05)
     proc.kill()
     raise TimeoutError(f"no Lighthouse on 127.0.0.1:{port} after 60 s")
 
@@ -224,6 +230,22 @@ def cpu_seconds(pid: int) -> float:
         with contextlib.suppress(FileNotFoundError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
     return total / 1e9
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process and its children (the Lighthouse and its front ends)."""
+    total = cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in children:
+            try:
+                total += cpu_seconds(int(child))
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def serve_profiled(port: int, out: str) -> None:
@@ -300,14 +322,14 @@ def bench_steady(port: int, pid: int, groups: int, rate: float, seconds: float, 
     run_for(warmup)
     if profiling:
         os.kill(pid, signal.SIGUSR1)
-    cpu0, answered0, t0 = cpu_seconds(pid), answered, time.monotonic()
+    cpu0, answered0, t0 = tree_cpu_seconds(pid), answered, time.monotonic()
     run_for(seconds)
-    cpu1, answered1, t1 = cpu_seconds(pid), answered, time.monotonic()
+    cpu1, answered1, t1 = tree_cpu_seconds(pid), answered, time.monotonic()
     while len(idle) < groups:  # let the calls in flight finish, then listen to the quiet
         run_for(0.1, send=False)
-    cpu2, t2 = cpu_seconds(pid), time.monotonic()
+    cpu2, t2 = tree_cpu_seconds(pid), time.monotonic()
     run_for(seconds / 2, send=False)
-    idle_ms_per_s = 1e3 * (cpu_seconds(pid) - cpu2) / (time.monotonic() - t2)
+    idle_ms_per_s = 1e3 * (tree_cpu_seconds(pid) - cpu2) / (time.monotonic() - t2)
     for c in conns:
         sel.unregister(c.sock)
         c.sock.close()
@@ -434,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per group count")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--ids", type=int, default=10_000, help="new incarnations per phase")
+    parser.add_argument("--frontends", type=int, default=0,
+                        help="Regent's `--frontends N` for the regent server (CPU counts the front ends too)")
     parser.add_argument("--src", help="a source tree to put first on the server's PYTHONPATH")
     parser.add_argument("--profile", help="write a cProfile of the server's loop thread here (one server run)")
     parser.add_argument("--json", help="also write the rows here")
@@ -451,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(kind: str, min_replicas: int, measure, section: str, groups: int) -> None:
         port = free_port_pair()
-        proc = start_lighthouse(port, args.src, args.profile, kind, min_replicas)
+        proc = start_lighthouse(port, args.src, args.profile, kind, min_replicas,
+                                frontends=args.frontends if kind == "regent" else 0)
         try:
             measured = measure(port, proc.pid)
         except (OSError, RuntimeError, TimeoutError) as err:  # a server that breaks under the load is a result
@@ -460,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_lighthouse(proc)
         for row in measured:
             row["server"] = kind
+            row["frontends"] = args.frontends if kind == "regent" else 0
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -477,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                 run(kind, groups, lambda port, pid, g=groups: [bench_join(port, pid, g, args.join_rounds)], "join", groups)
     print(f"\nload average while measuring: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in rows:
-        who = f"{r['server']:<14}"
+        label = r["server"] + (f" ({r['frontends']} fe)" if r.get("frontends") else "")
+        who = f"{label:<14}"
         if "error" in r:
             print(f"{who} {r['section']:<13} {r['groups']:>6}         FAILED: {r['error']}")
         elif r["section"] == "steady":

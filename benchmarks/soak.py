@@ -140,9 +140,16 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
+def regent_command() -> list[str]:
+    """`regent` of the checkout's .venv, else this interpreter's (a GPU machine's host has no .venv: there the
+    package comes from PYTHONPATH)."""
+    exe = ROOT / ".venv/bin/regent"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "regent.cli"]
+
+
 def regent_train(run_dir: Path, args: argparse.Namespace, duration: str, faults: bool,
                  baseline: Path | None = None) -> int:
-    cmd = [str(ROOT / ".venv/bin/regent"), "train", "--replicas", str(args.replicas), "--procs-per-replica",
+    cmd = [*regent_command(), "train", "--replicas", str(args.replicas), "--procs-per-replica",
            str(args.procs_per_replica), "--model", "debug", "--duration", duration, "--seed", str(args.seed),
            "--no-live", "--run-dir", str(run_dir), "--ft.mode", args.mode]
     cmd += ["--chaos", "--fault-every", args.fault_every] if faults else ["--no-faults"]
@@ -190,7 +197,7 @@ def kill_and_resume_controller(current: list[subprocess.Popen], run_dir: Path, a
                   f"{down:g} s\n")
         log.flush()
         time.sleep(down)
-        cmd = [str(ROOT / ".venv/bin/regent"), "train", "--resume", str(run_dir), "--no-live"]
+        cmd = [*regent_command(), "train", "--resume", str(run_dir), "--no-live"]
         print("$", " ".join(cmd), flush=True)
         current[0] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         time.sleep(5.0)  # let it re-attach and write the resent commits before the stall clock runs again
@@ -225,6 +232,10 @@ def main() -> int:
     ap.add_argument("--controller-down", default="20s", help="how long the run goes without a controller each time")
     ap.add_argument("--baseline-duration", default="10m")
     ap.add_argument("--baseline", help="a recorded fault-free run of the same config (skips step 1)")
+    ap.add_argument("--baseline-beside", action="store_true",
+                    help="run the fault-free run at the same time as the soak, for as long, on a host with a core "
+                         "per trainer: both see the same machine. The soak reads the baseline's pace at its own end "
+                         "(`healthy_step_rate` over the baseline's records so far: all but its last few seconds)")
     ap.add_argument("--out", default="runs/soak")
     ap.add_argument("--stack-dump-after", type=float, default=10.0,
                     help="seconds without a commit (at least 3x the median interval between commits) after which "
@@ -235,12 +246,20 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     baseline = Path(args.baseline) if args.baseline else out / f"{args.mode}-baseline-{stamp}"
-    if not args.baseline:
+    beside = None
+    if args.baseline_beside and not args.baseline:
+        # started first and as long: when the soak reads its pace, it has trained for as long as the soak
+        beside = threading.Thread(target=regent_train, args=(baseline, args, args.duration, False), daemon=True)
+        beside.start()
+        time.sleep(5.0)
+    elif not args.baseline:
         regent_train(baseline, args, args.baseline_duration, faults=False)
     soak = out / f"{args.mode}-soak-{stamp}"
     t0 = time.time()
     code = regent_train(soak, args, args.duration, faults=True, baseline=baseline)
     wall = time.time() - t0
+    if beside is not None:
+        beside.join()
     summary = json.loads((soak / "summary.json").read_text())
     from regent.orchestrate.invariants import check_run
 

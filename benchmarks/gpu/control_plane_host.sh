@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Issue 37 on the GPU machine's host CPUs (16 cores): the Lighthouse's control plane beside TorchFT's, one call.
-# From the repository root, with the wheels the host lacks in .whl/ (benchmarks/README.md, "GPU machine"):
+# From the repository root, with the wheels the host lacks in .whl/ (py3.12 manylinux, `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64`): grpcio, protobuf, cloudpickle, hpack,
+# pydantic (+ pydantic_core, annotated_types, typing_inspection), torchft-nightly and the opentelemetry packages it
+# imports (api, sdk, semantic-conventions, exporter-otlp-proto-grpc and -common, proto, googleapis-common-protos):
 #
 #   OUT=/tmp/cp bash benchmarks/gpu/control_plane_host.sh          # full sizes (~8 min on 16 cores)
 #   SMALL=1 OUT=/tmp/cp bash benchmarks/gpu/control_plane_host.sh  # a smoke run at small sizes
+#   FE="8 10" CLIENTS=4 ...                                         # the front-end counts, the round client processes
 #
 # Writes one JSON file per part under $OUT and prints each part's table.
 set -u
@@ -21,7 +25,7 @@ export OMP_NUM_THREADS=1 NCCL_NVLS_ENABLE=0
 ulimit -n 262144 2>/dev/null || ulimit -n 65536 2>/dev/null
 sysctl -qw net.ipv4.ip_local_port_range="15000 64999" 2>/dev/null
 if [ -n "${SMALL:-}" ]; then G1=256; G2=1024; HB=1000; FE="2"; S=4; W=2
-else G1=1024; G2=12800; HB=12800; FE="6 8"; S=12; W=8; fi
+else G1=1024; G2=12800; HB=12800; FE=${FE:-"6 8"}; S=12; W=8; fi
 B=benchmarks
 part() { local name=$1 limit=$2; shift 2
   echo "=== $name $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) cores $(nproc)"
