@@ -61,8 +61,8 @@ class FTConfig:
     sync_retries: int = 2
     # Replicas vote on their state (regent.ft.digest) every this many commits: a replica whose digest differs
     # from the majority's is stopped and healed from a majority member. None: every VOTE_STEPS training steps,
-    # rounded to commits (30 in ddp mode, 2 DiLoCo syncs of 20 steps): a digest of `1b`'s whole 18 GB state
-    # costs 0.28 of a step on an H200, so a vote every 30 steps costs under 1% (benchmarks/RESULTS.md).
+    # rounded down to commits (30 in ddp mode, every DiLoCo sync of 20 steps): a digest of `1b`'s whole 18 GB state
+    # costs 0.28 of a step on an H200, so a vote every 20-30 steps costs 1-1.4% (benchmarks/RESULTS.md).
     # 0 turns voting off.
     vote_every: int | None = None
     # Who may call the control plane (regent.ft.rpc_security). rpc_auth: every gRPC call to the Lighthouse and
@@ -82,7 +82,9 @@ class FTConfig:
         if self.vote_every is not None:
             return int(self.vote_every)
         steps_per_commit = 1 if self.mode == "ddp" else max(1, self.sync_every // max(1, self.fragments))
-        return max(1, -(-VOTE_STEPS // steps_per_commit))
+        # at least every VOTE_STEPS steps: DiLoCo's rounds of 20 vote at every sync, so a replica that heals
+        # copies a state its step's vote can vouch for (`vote.StateVotes.verified`)
+        return max(1, VOTE_STEPS // steps_per_commit)
 
     def rpc_env(self) -> dict[str, str]:
         """The environment that carries `rpc_auth` and the TLS files to the processes `regent train` starts

@@ -40,6 +40,7 @@ EVENT_KINDS = (
     "run_failed",
     "lighthouse_restarted",
     "state_digest",  # one rank's digest of its agreed state (regent.ft.digest): a ballot, not written to the log
+    "heal_digest",  # one rank of a healed replica digested the state it copied (compared with that step's vote)
     "state_vote",  # the controller compared the replicas' digests of one committed step (orchestrate/vote.py)
     "state_diverged",  # replicas whose state differed from the majority: stopped and healed (or the backstop)
     "bitflip_applied",  # the `bitflip` fault flipped one bit of a replica's state: where, and at which commit

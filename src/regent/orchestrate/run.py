@@ -171,9 +171,12 @@ class OrchestrationManager:
             self._failure_seen_at[r] = time.time()
         if e["kind"] in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
             donor = donor_replica(e.get("donor"))
-            if donor is not None:  # a copy is no witness in the next state vote (vote.decide)
-                self.votes.note_heal(r, donor, int(e["manager_step"]))
+            if donor is not None:  # a copy is no witness in the next state vote (vote.decide), unless verified
+                self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
             self._distrust_copies(e)
+        if e["kind"] == "heal_digest" and r is not None:
+            self.votes.note_heal_digest(r, e.get("generation"), int(e["manager_step"]), int(e.get("rank") or 0),
+                                        int(e.get("ranks") or 1), str(e["digest"]))
         if e["kind"] == "state_lost" and e.get("restored_step") is not None:
             self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
@@ -594,7 +597,10 @@ class OrchestrationManager:
             if e.get("kind") in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
                 donor = donor_replica(e.get("donor"))
                 if donor is not None:
-                    self.votes.note_heal(r, donor, int(e["manager_step"]))
+                    self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
+            if e.get("kind") == "heal_digest" and r is not None:
+                self.votes.note_heal_digest(r, e.get("generation"), int(e["manager_step"]), int(e.get("rank") or 0),
+                                            int(e.get("ranks") or 1), str(e["digest"]))
             if e.get("kind") == "state_lost" and e.get("restored_step") is not None:
                 self.votes.forget_after(int(e["restored_step"]))
             if e.get("kind") in ("failure_detected", "gave_up", "restart_started") and r is not None:

@@ -291,6 +291,20 @@ class TrainingSession:
         details = dict(details)
         details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
         self.on_event(kind, details)
+        if kind == "early_heal_done":
+            self._report_heal_digest(details.get("manager_step", details.get("step")))
+
+    def _report_heal_digest(self, step: int | None) -> None:
+        """Right after an early heal, this rank's digest of the state it copied, committed step `step`. The
+        controller compares it with the vote of that step: a copy of the vouched state is a witness in the next
+        vote, and a tie between a flipped replica and a correct one with its copy becomes a majority
+        (`vote.StateVotes.verified`). Without it such a tie restored the backstop (a counted lineage reset)."""
+        if not self.vote_every or step is None or step % self.vote_every:
+            return  # no vote at that step to compare with
+        t0 = time.perf_counter()
+        digest, _ = self.state_digest()
+        self.on_event("heal_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
+                                      "seconds": round(time.perf_counter() - t0, 6)})
 
     # -- the sample ledger -----------------------------------------------------------------------------
     def _ledger_on(self) -> bool:

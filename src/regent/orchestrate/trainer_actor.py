@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 FORWARDED_KINDS = frozenset({
     "quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
     "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt", "backstop_unvouched", "state_digest",
+    "heal_digest",
     "bitflip_applied", "round_joined"})
 NOT_FORWARDED_KINDS = frozenset({"error"})
 

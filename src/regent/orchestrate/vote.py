@@ -106,7 +106,10 @@ class StateVotes:
         self._open: dict[int, _Ballot] = {}
         self._decided: dict[int, Verdict] = {}
         self._late: dict[int, _Ballot] = {}  # digests of steps decided already
-        self._heals: list[tuple[int, int, int]] = []  # (replica, donor, committed step it healed to), in order
+        self._heals: list[tuple[int, int, int, int | None]] = []  # (replica, donor, committed step it healed to,
+        #   its generation), in order
+        self._heal_digests: dict[tuple[int, int | None, int], tuple[int, dict[int, str]]] = {}  # (replica,
+        #   generation, step) -> (ranks, rank -> digest of the state it copied)
 
     def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
             now: float | None = None, parts: dict[str, str] | None = None) -> Verdict | None:
@@ -171,17 +174,50 @@ class StateVotes:
         return out
 
 
-    def note_heal(self, replica: int, donor: int, step: int) -> None:
+    def note_heal(self, replica: int, donor: int, step: int, generation: int | None = None) -> None:
         """`replica` copied `donor`'s state, committed step `step` (heal_done / early_heal_done)."""
-        self._heals.append((replica, donor, step))
+        self._heals.append((replica, donor, step, generation))
         if len(self._heals) > 4096:
             del self._heals[:2048]
 
+    def note_heal_digest(self, replica: int, generation: int | None, step: int, rank: int, ranks: int,
+                         digest: str) -> None:
+        """One rank of `replica` (incarnation `generation`) digested the state it copied at committed step `step`
+        (`heal_digest`, sent by the healer's every rank right after an early heal)."""
+        held = self._heal_digests.setdefault((replica, generation, step), (ranks, {}))
+        held[1][rank] = digest
+        if len(self._heal_digests) > 4096:
+            for key in list(self._heal_digests)[:2048]:
+                del self._heal_digests[key]
+
+    def verified(self, replica: int, generation: int | None, step: int) -> bool:
+        """Whether the copy `replica` (incarnation `generation`) made at committed step `step` is the state the
+        vote of that step decided: every rank's digest of what it copied, combined, is the vote's majority. Such a
+        healer holds a vouched state and computes what follows on its own, so it is a witness in the next vote.
+        A copy of a flip made after the donor's ballot (or of a step nobody voted on) stays a copy."""
+        verdict = self._decided.get(step)
+        ranks, digests = self._heal_digests.get((replica, generation, step), (0, {}))
+        if verdict is None or verdict.majority is None or verdict.late or not ranks or len(digests) < ranks:
+            return False
+        return _replica_digest(digests) == verdict.majority
+
     def copies(self, step: int) -> list[tuple[int, int]]:
-        """(replica, donor) of the heals since the previous decided vote, up to committed step `step`, in the
-        order they were reported."""
+        """(replica, donor) of the heals to the committed steps from the previous decided vote's to `step`, in the
+        order they were reported.
+
+        A heal to a step after the previous vote copied a state no vote has judged: a copy. A heal to the previous
+        vote's own step copied a state that vote judged, but the donor may have changed after its ballot (a flip in
+        between): when the healer digested what it copied (`heal_digest`), the copy is a witness only if it is
+        the state that vote decided (`verified`). An undigested one (a heal at a quorum, `heal_done`) is taken as
+        the state the vote judged."""
         before = self.previous(step)
-        return [(r, d) for r, d, s in self._heals if before < s <= step and r != d]
+        out = []
+        for r, d, s, g in self._heals:
+            if r == d or not before <= s <= step:
+                continue
+            if s > before or ((r, g, s) in self._heal_digests and not self.verified(r, g, s)):
+                out.append((r, d))
+        return out
 
     def previous(self, step: int) -> int:
         """The step of the decided vote before `step` (-1 when none)."""
@@ -190,7 +226,7 @@ class StateVotes:
     def healed_since(self, replica: int, step: int) -> bool:
         """Whether `replica` healed to committed step `step` or later: it holds a copy, and no state of its own
         at `step` to vote with."""
-        return any(r == replica and s >= step for r, _, s in self._heals)
+        return any(r == replica and s >= step for r, _, s, _ in self._heals)
 
     def forget_after(self, step: int) -> None:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by

@@ -73,7 +73,9 @@ def run_a(tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory) -> Run:
     d = tmp_path_factory.mktemp("case_b")
-    return run_regent(d / "run", "--duration", "73s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B))
+    # a vote at every sync: each early heal copies a state a vote judged, and digests it (`heal_digest`)
+    return run_regent(d / "run", "--duration", "73s", "--faults-file", write_schedule(d / "faults.jsonl", SCHEDULE_B),
+                      "--ft.vote-every", "1")
 
 
 def check_fault_recovered(run: Run, kind: str) -> None:
@@ -133,6 +135,30 @@ def test_a_dead_replica_actor_is_replaced_and_nothing_it_reported_is_written_twi
     for r_ in (0, 1):
         seqs = [x["rseq"] for x in run_b.events + run_b.metrics if x.get("replica") == r_ and x.get("rseq")]
         assert len(seqs) == len(set(seqs)), f"replica {r_}: an item written twice"
+
+
+def test_a_healed_replica_digests_what_it_copied_and_it_is_what_the_vote_decided(run_b):
+    """Every rank of a replica that healed early digests the state it copied (`heal_digest`); combined, that is
+    the majority the vote of the same committed step decided (a state_vote line shows its first 16 hex digits).
+    The controller counts such a copy as a witness in the next vote (`vote.StateVotes.verified`)."""
+    from regent.ft.digest import combine_rank_digests
+
+    votes = {e["manager_step"]: e for e in run_b.events if e["kind"] == "state_vote"}
+    digests: dict[tuple, dict[int, str]] = {}
+    for e in run_b.events:
+        if e["kind"] == "heal_digest":
+            digests.setdefault((e["replica"], e["generation"], e["manager_step"]), {})[e["rank"]] = e["digest"]
+    heals = [e for e in run_b.events if e["kind"] == "early_heal_done"]
+    assert heals, "no early heal in run B"
+    compared = 0
+    for h in heals:
+        ranks = digests.get((h["replica"], h["generation"], h["manager_step"]))
+        assert ranks is not None and sorted(ranks) == [0, 1], (h, sorted(digests))
+        vote = votes.get(h["manager_step"])
+        if vote is not None and vote["majority"]:
+            assert combine_rank_digests([ranks[0], ranks[1]])[:16] == vote["majority"], (h, vote)
+            compared += 1
+    assert compared, (heals, sorted(votes))
 
 
 def test_exception_traceback_captured(run_a):

@@ -333,11 +333,13 @@ def test_votes_say_which_parts_differ_and_forget_a_reset_lineage():
     assert again.agreed
 
 
-def test_default_vote_interval_is_thirty_steps_rounded_to_commits():
+def test_default_vote_interval_is_at_least_every_thirty_steps_in_commits():
     from regent.ft.config import FTConfig
 
     assert FTConfig(mode="ddp").vote_interval() == 30
-    assert FTConfig(mode="diloco", sync_every=20).vote_interval() == 2
+    assert FTConfig(mode="diloco", sync_every=20).vote_interval() == 1
+    assert FTConfig(mode="diloco", sync_every=50).vote_interval() == 1
+    assert FTConfig(mode="diloco", sync_every=7).vote_interval() == 4
     assert FTConfig(mode="diloco", sync_every=5).vote_interval() == 6
     assert FTConfig(mode="diloco", sync_every=20, fragments=4).vote_interval() == 6
     assert FTConfig(mode="ddp", vote_every=0).vote_interval() == 0
@@ -367,6 +369,48 @@ def test_a_copy_is_no_witness():
         votes.add(30, r, 0, 1, d, 0, now=0.0)
     (v,) = votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=0.0)
     assert v.action == "backstop" and v.diverged == [0, 1, 2]
+
+
+def _vote_round(votes, step, held: dict[int, list[str]]) -> list:
+    for r, ranks in held.items():
+        for rank, d in enumerate(ranks):
+            votes.add(step, r, rank, len(ranks), d, 0, now=0.0)
+    return votes.due(live={0, 1, 2}, expected={0, 1, 2}, now=0.0)
+
+
+def test_a_copy_of_the_state_its_step_vouched_for_is_a_witness():
+    """The soak of 2026-12-05 15:31 UTC (16-core host): replica 0 healed from replica 1 at committed step 97,
+    then a bit flipped on replica 2. At step 98 replicas 0 and 1 agreed and 2 differed, but 0 held a copy of 1, so
+    it was a tie and the backstop was restored (a counted lineage reset). The healer's every rank digests what it
+    copied (`heal_digest`): when that is the state the vote of step 97 decided, the copy is a witness and the
+    flipped replica is healed instead. A copy that differs from that vote, or is not digested by every rank,
+    stays a copy."""
+    from regent.orchestrate.vote import StateVotes
+
+    def run(heal_digests: list[str]):
+        votes = StateVotes(3)
+        assert _vote_round(votes, 96, {0: ["a0", "a1"], 1: ["a0", "a1"], 2: ["a0", "a1"]})[0].agreed
+        votes.note_heal(0, 1, 97, generation=15)
+        for rank, d in enumerate(heal_digests):
+            votes.note_heal_digest(0, 15, 97, rank, 2, d)
+        (v97,) = _vote_round(votes, 97, {1: ["b0", "b1"], 2: ["b0", "b1"]})  # 0 healed to 97: no ballot of its own
+        assert v97.agreed
+        (v98,) = _vote_round(votes, 98, {0: ["c0", "c1"], 1: ["c0", "c1"], 2: ["c0", "flipped"]})
+        return v98
+
+    verified = run(["b0", "b1"])
+    assert (verified.action, verified.diverged) == ("heal", [2])
+    assert run(["b0", "flipped"]).action == "backstop"  # it copied something else than step 97's vouched state
+    assert run(["b0"]).action == "backstop"  # one rank's digest is missing
+    undigested = StateVotes(3)  # a heal at a quorum (heal_done) to the vote's step: as that vote judged the donor
+    assert _vote_round(undigested, 97, {0: ["b0", "b1"], 1: ["b0", "b1"], 2: ["b0", "b1"]})[0].agreed
+    undigested.note_heal(0, 1, 97, generation=15)
+    assert undigested.copies(98) == []
+    votes = StateVotes(3)  # no vote at the step it copied: nothing to verify against
+    votes.note_heal(0, 1, 97, generation=15)
+    votes.note_heal_digest(0, 15, 97, 0, 1, "b")
+    assert not votes.verified(0, 15, 97)
+    assert votes.copies(98) == [(0, 1)]
 
 
 def test_a_flip_copied_by_a_heal_lives_on_in_the_healer(tmp_path):
