@@ -76,11 +76,21 @@ def quorum_message(replica_id: str, step: int, compact: bool) -> bytes:
     return b"\x00" + len(body).to_bytes(4, "big") + body
 
 
-def _round_client(port: int, first: int, count: int, rounds: int, compact: bool, pipe) -> None:
+def _round_client(port: int, first: int, count: int, rounds: int, compact: bool, pipe, warm: bool = True) -> None:
     """One of `--round-clients` processes: groups first..first+count, one connection each. Per round: build the
     requests, say ready, wait for go, send them all, read every answer, report (started, sent, answered, failed,
-    bytes, own CPU). CLOCK_MONOTONIC is one clock for every process of the host."""
+    bytes, own CPU). CLOCK_MONOTONIC is one clock for every process of the host. `warm`: first one heartbeat per
+    connection, as a Manager heartbeats from its start: its first quorum call then rides a connection whose
+    HTTP/2 settings and header table are set up (without it the first round also pays every connection's setup)."""
+    from scale_bench import heartbeat_message
+
     conns, sel = open_clients(port, count)
+    if warm:
+        for i, c in enumerate(conns):
+            c.sock.sendall(c.request(heartbeat_message(f"group{first + i}:x")))
+        _, failed, _ = collect_answers(conns, sel, limit_s=300)
+        if failed:
+            raise RuntimeError(f"{failed} warm-up heartbeats failed")
     for r in range(rounds):
         requests = [c.request(quorum_message(f"group{first + i}:x", r, compact), QUORUM_PATH)
                     for i, c in enumerate(conns)]
@@ -97,7 +107,7 @@ def _round_client(port: int, first: int, count: int, rounds: int, compact: bool,
 
 
 def _rounds_from_clients(port: int, pid: int, groups: int, rounds: int, compact: bool,
-                         clients: int) -> tuple[list, list, list, list, int, list]:
+                         clients: int, warm: bool = True) -> tuple[list, list, list, list, int, list]:
     """Each round's (wall, after the last join left its client, tree CPU, owner CPU), bytes, clients' CPU: the
     joins sent by `clients` processes at once, so that the clients' own Python (one process sends 12,800
     requests and reads 12,800 answers in ~0.3 s on a 16-core host) does not stand in for the Lighthouse's time."""
@@ -108,7 +118,7 @@ def _rounds_from_clients(port: int, pid: int, groups: int, rounds: int, compact:
     pipes, procs, first = [], [], 0
     for n in share:
         here, there = ctx.Pipe()
-        p = ctx.Process(target=_round_client, args=(port, first, n, rounds, compact, there), daemon=True)
+        p = ctx.Process(target=_round_client, args=(port, first, n, rounds, compact, there, warm), daemon=True)
         p.start()
         pipes.append(here)
         procs.append(p)
@@ -145,7 +155,7 @@ def _rounds_from_clients(port: int, pid: int, groups: int, rounds: int, compact:
 
 
 def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: int = 0,
-               heartbeat_timeout_ms: int = 5000, clients: int = 1) -> dict:
+               heartbeat_timeout_ms: int = 5000, clients: int = 1, warm: bool = True) -> dict:
     """`groups` groups ask for one quorum at once, `rounds` times; the median round's wall time and server CPU
     (with front ends: the owner's, and the owner's plus the front ends'). `clients` > 1: the groups' joins come
     from that many processes, and the row adds the time from the last join's send to the last answer."""
@@ -155,14 +165,14 @@ def join_round(kind: str, groups: int, rounds: int, compact: bool, frontends: in
     if clients > 1:
         try:
             walls, afters, cpus, owner_cpus, nbytes, client_cpus = _rounds_from_clients(
-                port, proc.pid, groups, rounds, compact, clients)
+                port, proc.pid, groups, rounds, compact, clients, warm)
         finally:
             stop_lighthouse(proc)
         mid = sorted(range(rounds), key=lambda i: walls[i])[rounds // 2]
         return {"section": "round", "server": kind, "groups": groups, "compact": compact,
                 "wall_ms": 1e3 * walls[mid], "after_last_join_ms": 1e3 * afters[mid],
                 "all_after_last_join_ms": [round(1e3 * a) for a in afters], "client_cpu_ms": 1e3 * client_cpus[mid],
-                "clients": clients, "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid],
+                "clients": clients, "warm": warm, "server_cpu_ms": 1e3 * cpus[mid], "owner_cpu_ms": 1e3 * owner_cpus[mid],
                 "frontends": frontends, "all_wall_ms": [round(1e3 * w) for w in walls],
                 "bytes_per_answer": nbytes / rounds / groups}
     try:
@@ -334,35 +344,49 @@ def sim_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
+    """Heartbeat lag (simulator rows), a round's time (the 200 ms target is a time: wall, and after the last join
+    where clients were several processes) and its Lighthouse CPU (spread over the front ends' cores), by groups."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     sims = [r for r in rows if r["section"] == "sim" and "error" not in r]
     for server, fes in sorted({(r["server"], r["config"].get("frontends", 0)) for r in sims}):
-        pts = [(r["config"]["groups"], r["heartbeat_lag"]["p99_ms"]) for r in sims
-               if r["server"] == server and r["config"].get("frontends", 0) == fes]
+        pts = sorted((r["config"]["groups"], r["heartbeat_lag"]["p99_ms"]) for r in sims
+                     if r["server"] == server and r["config"].get("frontends", 0) == fes)
         name = f"{server}, {fes} front ends" if fes else server
         a.plot(*zip(*pts), marker="o", label=f"{name} p99 heartbeat lag")
     a.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="ms", title="heartbeat lag (simulator)")
-    a.legend()
-    regent_rounds = [r for r in rows if r["section"] == "round" and r["server"] == "regent" and "error" not in r]
-    for compact, fes in sorted({(r["compact"], r.get("frontends", 0)) for r in regent_rounds}):
-        pts = [(r["groups"], r["server_cpu_ms"]) for r in regent_rounds
-               if r["compact"] == compact and r.get("frontends", 0) == fes]
-        b.plot(*zip(*pts), marker="o", label="Regent, " + ("compact" if compact else "full (TorchFT's answer)")
-               + (f", {fes} front ends" if fes else ""))
-    pts = [(r["groups"], r["server_cpu_ms"]) for r in rows if r["section"] == "round" and r["server"] == "torchft"
-           and "error" not in r]
-    if pts:
-        b.plot(*zip(*pts), marker="s", label="TorchFT, full")
+    if sims:
+        a.legend(fontsize=8)
+    rounds = [r for r in rows if r["section"] == "round" and "error" not in r]
+
+    def label(r: dict) -> str:
+        if r["server"] == "torchft":
+            return "TorchFT, full"
+        fes = r.get("frontends", 0)
+        return ("Regent, " + ("compact" if r["compact"] else "full (TorchFT's answer)")
+                + (f", {fes} front ends" if fes else ""))
+
+    for name in sorted({label(r) for r in rounds}):
+        mine = sorted((r for r in rounds if label(r) == name), key=lambda r: r["groups"])
+        marker = "s" if name.startswith("TorchFT") else "o"
+        line = b.plot([r["groups"] for r in mine], [r["wall_ms"] for r in mine], marker=marker, label=f"{name}: wall")
+        after = [(r["groups"], r["after_last_join_ms"]) for r in mine if r.get("after_last_join_ms") is not None]
+        if after:
+            b.plot(*zip(*after), marker=marker, linestyle="--", color=line[0].get_color(),
+                   label=f"{name}: after the last join")
+        c.plot([r["groups"] for r in mine], [r["server_cpu_ms"] for r in mine], marker=marker, label=name)
     b.axhline(200, color="grey", linestyle=":", label="target at 12,800: 200 ms")
-    b.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="Lighthouse CPU per round, ms",
-          title="one quorum round")
-    b.legend(fontsize=8)
+    b.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="ms", title="one quorum round: time")
+    c.set(xscale="log", yscale="log", xlabel="replica groups", ylabel="ms of CPU, all processes",
+          title="one quorum round: Lighthouse CPU")
+    for ax in (b, c):
+        if rounds:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
@@ -397,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-clients", type=int, default=1,
                         help="round rows: the joins come from this many client processes (>1 adds the time from "
                              "the last join's send to the last answer)")
+    parser.add_argument("--round-cold", action="store_true",
+                        help="round rows with --round-clients > 1: no heartbeat on each connection before the first "
+                             "round (by default one, as a Manager heartbeats before its first quorum)")
     parser.add_argument("--secret", action="store_true", help="owner rows: with a job secret (nonces spent)")
     parser.add_argument("--out", default=str(HERE / "results" / "control_plane_sim.json"))
     args = parser.parse_args(argv)
@@ -415,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, compact, n in plans:
                 try:
                     row = join_round(kind, groups, args.rounds, compact, n, args.round_heartbeat_timeout_ms,
-                                     args.round_clients)
+                                     args.round_clients, not args.round_cold)
                 except Exception as err:  # noqa: BLE001 - recorded as a result
                     row = {"section": "round", "server": kind, "groups": groups, "compact": compact,
                            "frontends": n, "error": f"{type(err).__name__}: {err}"}

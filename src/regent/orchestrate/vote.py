@@ -235,6 +235,8 @@ class StateVotes:
         for book in (self._open, self._decided, self._late):
             for s in [s for s in book if s > step]:
                 del book[s]
+        for key in [k for k in self._heal_digests if k[2] > step]:
+            del self._heal_digests[key]  # copies of the old history: none can be verified against the new one
 
 
 def _replica_digest(ranks: dict[int, str]) -> str:
