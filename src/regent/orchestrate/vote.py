@@ -205,19 +205,14 @@ class StateVotes:
         """(replica, donor) of the heals to the committed steps from the previous decided vote's to `step`, in the
         order they were reported.
 
-        A heal to a step after the previous vote copied a state no vote has judged: a copy. A heal to the previous
-        vote's own step copied a state that vote judged, but the donor may have changed after its ballot (a flip in
-        between): when the healer digested what it copied (`heal_digest`), the copy is a witness only if it is
-        the state that vote decided (`verified`). An undigested one (a heal at a quorum, `heal_done`) is taken as
-        the state the vote judged."""
+        A heal to a step after the previous vote copied a state no vote has judged. A heal to the previous vote's
+        own step copied a state that vote judged, but the donor may have changed after its ballot: a bit flipped
+        on the donor after its ballot, a heal at the next quorum copied it, and the flipped replica and its copy
+        then outvoted the correct one (`test_bitflip_is_found_by_the_state_vote_and_healed[diloco]`). So both are
+        copies, unless the healer digested what it copied (`heal_digest`, after an early heal) and it is the state
+        that vote decided (`verified`): then it is a witness."""
         before = self.previous(step)
-        out = []
-        for r, d, s, g in self._heals:
-            if r == d or not before <= s <= step:
-                continue
-            if s > before or ((r, g, s) in self._heal_digests and not self.verified(r, g, s)):
-                out.append((r, d))
-        return out
+        return [(r, d) for r, d, s, g in self._heals if before <= s <= step and r != d and not self.verified(r, g, s)]
 
     def previous(self, step: int) -> int:
         """The step of the decided vote before `step` (-1 when none)."""

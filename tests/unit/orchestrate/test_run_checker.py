@@ -402,10 +402,11 @@ def test_a_copy_of_the_state_its_step_vouched_for_is_a_witness():
     assert (verified.action, verified.diverged) == ("heal", [2])
     assert run(["b0", "flipped"]).action == "backstop"  # it copied something else than step 97's vouched state
     assert run(["b0"]).action == "backstop"  # one rank's digest is missing
-    undigested = StateVotes(3)  # a heal at a quorum (heal_done) to the vote's step: as that vote judged the donor
+    # a heal at a quorum (heal_done, undigested) to the vote's step: the donor may have flipped after its ballot
+    undigested = StateVotes(3)
     assert _vote_round(undigested, 97, {0: ["b0", "b1"], 1: ["b0", "b1"], 2: ["b0", "b1"]})[0].agreed
     undigested.note_heal(0, 1, 97, generation=15)
-    assert undigested.copies(98) == []
+    assert undigested.copies(98) == [(0, 1)]
     votes = StateVotes(3)  # no vote at the step it copied: nothing to verify against
     votes.note_heal(0, 1, 97, generation=15)
     votes.note_heal_digest(0, 15, 97, 0, 1, "b")
