@@ -169,14 +169,8 @@ class OrchestrationManager:
             self.healthy_since[r] = None
             self._failure_awaited.pop(r, None)
             self._failure_seen_at[r] = time.time()
-        if e["kind"] in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
-            donor = donor_replica(e.get("donor"))
-            if donor is not None:  # a copy is no witness in the next state vote (vote.decide), unless verified
-                self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
+        if self._note_heal(e):
             self._distrust_copies(e)
-        if e["kind"] == "heal_digest" and r is not None:
-            self.votes.note_heal_digest(r, e.get("generation"), int(e["manager_step"]), int(e.get("rank") or 0),
-                                        int(e.get("ranks") or 1), str(e["digest"]))
         if e["kind"] == "state_lost" and e.get("restored_step") is not None:
             self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
@@ -202,6 +196,24 @@ class OrchestrationManager:
                 self._spawn(self._tell_peers(r, e.get("group")))
 
     # -- state votes (orchestrate/vote.py) ------------------------------------------------------------------
+    def _note_heal(self, e: dict[str, Any]) -> bool:
+        """What the state votes must know of a heal (live, or replayed from events.jsonl on resume): who copied
+        whom at which committed step (a copy is no witness in the next vote, `vote.decide`) and the healer's
+        digests of what it copied (a verified copy is one, `vote.StateVotes.verified`). True for a heal."""
+        r = e.get("replica")
+        if r is None or e.get("manager_step") is None:
+            return False
+        if e.get("kind") == "heal_digest":
+            self.votes.note_heal_digest(r, e.get("generation"), int(e["manager_step"]), int(e.get("rank") or 0),
+                                        int(e.get("ranks") or 1), str(e["digest"]))
+            return False
+        if e.get("kind") not in ("heal_done", "early_heal_done"):
+            return False
+        donor = donor_replica(e.get("donor"))
+        if donor is not None:
+            self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
+        return True
+
     def _ballot(self, e: dict[str, Any]) -> None:
         late = self.votes.add(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
                               int(e.get("ranks") or 1), str(e["digest"]), e.get("generation"), parts=e.get("parts"))
@@ -594,13 +606,7 @@ class OrchestrationManager:
                 self.t_start = float(e["time"])
             if r is not None and e.get("replica_id") and e.get("generation") is not None:
                 self._replica_ids.setdefault(r, {})[e["replica_id"]] = e["generation"]
-            if e.get("kind") in ("heal_done", "early_heal_done") and r is not None and e.get("manager_step") is not None:
-                donor = donor_replica(e.get("donor"))
-                if donor is not None:
-                    self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
-            if e.get("kind") == "heal_digest" and r is not None:
-                self.votes.note_heal_digest(r, e.get("generation"), int(e["manager_step"]), int(e.get("rank") or 0),
-                                            int(e.get("ranks") or 1), str(e["digest"]))
+            self._note_heal(e)
             if e.get("kind") == "state_lost" and e.get("restored_step") is not None:
                 self.votes.forget_after(int(e["restored_step"]))
             if e.get("kind") in ("failure_detected", "gave_up", "restart_started") and r is not None:
