@@ -197,7 +197,7 @@ class StateVotes:
         A copy of a flip made after the donor's ballot (or of a step nobody voted on) stays a copy."""
         verdict = self._decided.get(step)
         ranks, digests = self._heal_digests.get((replica, generation, step), (0, {}))
-        if verdict is None or verdict.majority is None or verdict.late or not ranks or len(digests) < ranks:
+        if verdict is None or verdict.majority is None or not ranks or len(digests) < ranks:
             return False
         return _replica_digest(digests) == verdict.majority
 
