@@ -13,9 +13,13 @@ class Rules:
     def __init__(self, reduce: Callable[[list], Any] | None = None, commit: bool | Callable[[], bool] = True,
                  plan: Callable[[int], Any] | None = None) -> None:
         self.reduce, self.commit, self.plan = reduce, commit, plan
+        self.backwards: list[bool] = []  # micro_batch_backward's `last`, in order
 
     def micro_batch_plan(self, index: int) -> Any:
         return self.plan(index) if self.plan is not None else None
+
+    def micro_batch_backward(self, last: bool) -> None:
+        self.backwards.append(last)
 
     def reduce_gradients(self, grads: Callable[[], list]) -> None:
         if self.reduce is not None:

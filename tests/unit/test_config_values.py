@@ -104,3 +104,29 @@ def test_a_constant_batch_takes_plain_diloco_and_refuses_streaming():
         FTConfig(mode="diloco", constant_batch=True, sync_every=20, fragments=2).validate()
     with pytest.raises(ValueError, match="ft.fragments=1 and ft.fragment_sync_delay=0"):
         FTConfig(mode="diloco", constant_batch=True, fragment_sync_delay=1).validate()
+
+
+def test_a_constant_batch_is_on_by_default_in_per_step_mode_only_where_the_data_path_allows():
+    from regent.orchestrate.config import RunConfig, constant_batch_choice
+
+    def choice(**ft: object) -> tuple[bool, str]:
+        cfg = RunConfig()
+        for k, v in ft.items():
+            if k in ("trainer", "no_ft"):
+                setattr(cfg, k, v)
+            elif k == "data":
+                cfg.train.data = v  # type: ignore[assignment]
+            else:
+                setattr(cfg.ft, k, v)
+        return constant_batch_choice(cfg)
+
+    assert RunConfig().ft.constant_batch is None  # nobody chose: the mode and the data path decide
+    assert choice(mode="ddp") == (True, "per-step mode's default: survivors take a missing replica's micro-batches")
+    on, why = choice(mode="diloco")
+    assert not on and "round in progress" in why  # DiLoCo keeps the mid-round join (issue 36 item 5)
+    assert choice(mode="ddp", trainer="pkg.mod:make")[0] is False
+    assert choice(mode="ddp", data="hf:wikitext")[0] is False
+    assert choice(mode="ddp", no_ft=True)[0] is False
+    # a value given wins either way
+    assert choice(mode="ddp", constant_batch=False) == (False, "set by --ft.constant-batch")
+    assert choice(mode="diloco", constant_batch=True) == (True, "set by --ft.constant-batch")

@@ -41,14 +41,16 @@ class FTConfig:
     bucket_mb: float = 100.0
     # A constant global batch. ddp mode: a step whose quorum has fewer replicas than configured still averages
     # over the configured global batch: the survivors take the missing replicas' micro-batches (gradient
-    # accumulation, regent.train.coverage), and no shard's samples are skipped; gradients are then averaged
-    # after backward (bucket_mb does not apply). DiLoCo (one fragment, no sync delay): the inner steps of a
-    # round cover every replica-shard of their batches; the members of the quorum that opened the round take
-    # the missing replicas' micro-batches, and the pseudo-gradients are weighted by the micro-batches they
-    # covered; a replica restarted mid-round joins at the round's sync instead of mid-round. Costs extra
-    # micro-batches per step while replicas are down (counted: summary.json `extra_micro_batches`). Opt-in until
-    # measured; then the default.
-    constant_batch: bool = False
+    # accumulation, regent.train.coverage), and no shard's samples are skipped; only a step's last micro-batch
+    # starts the bucketed allreduce (bucket_mb still applies). DiLoCo (one fragment, no sync delay): the inner
+    # steps of a round cover every replica-shard of their batches; the members of the quorum that opened the
+    # round take the missing replicas' micro-batches, and the pseudo-gradients are weighted by the micro-batches
+    # they covered; a replica restarted mid-round joins at the round's sync instead of mid-round. Costs extra
+    # micro-batches per step while replicas are down (counted: summary.json `extra_micro_batches`).
+    # None (the default) lets `regent train` choose (`regent.orchestrate.config.constant_batch_choice`): on in
+    # per-step mode where the data path can read any replica's shard, off in DiLoCo, where a restarted replica
+    # joining the round in progress saves more than covering its shard would. True or False forces it.
+    constant_batch: bool | None = None
     # The durable backstop (regent.ft.backstop): committed state saved to disk this often, asynchronously, and
     # restored only when no live replica holds it. 0 turns it off (then losing every replica stops the run).
     backstop_every_s: float = 120.0

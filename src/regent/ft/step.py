@@ -175,6 +175,12 @@ class FaultTolerantStep:
             count(1 if plan is None else len(plan[0]))
         return plan
 
+    def micro_batch_backward(self, last: bool) -> None:
+        """A constant global batch's extra micro-batches: their gradients accumulate, and only the step's last
+        backward hands buckets to the overlapped allreduce (which then carries the sum of them all)."""
+        if self.overlapped is not None:
+            self.overlapped.enabled = last
+
     def reduce_gradients(self, grads: Callable[[], list[torch.Tensor]]) -> None:
         """Per-step mode: average `grads()` (this rank's gradient tensors, the same list on every replica) across
         the replicas, in place. DiLoCo averages pseudo-gradients at its syncs instead."""

@@ -245,6 +245,27 @@ def apply_toml(cfg: RunConfig, data: dict[str, Any]) -> None:
             set_option(cfg, key, value, toml=True)
 
 
+def constant_batch_choice(cfg: RunConfig) -> tuple[bool, str]:
+    """Whether the run trains with a constant global batch (`ft.constant_batch`), and why: the value given, or,
+    when none was (None), the default for this mode and data path. Pure, so the controller's launch line and
+    every trainer decide the same."""
+    given = getattr(cfg.ft, "constant_batch", None)
+    if given is not None:
+        return bool(given), "set by --ft.constant-batch"
+    if getattr(cfg, "no_ft", False):
+        return False, "no fault tolerance (--no-ft): one replica group, nothing to cover"
+    if getattr(cfg, "trainer", ""):
+        return False, f"the user trainer {cfg.trainer} reads its own batches"
+    from regent.train.data import data_kind
+
+    if data_kind(cfg.train.data) == "hf":
+        return False, "a streamed hf: dataset cannot read another replica's shard"
+    if cfg.ft.mode == "diloco":
+        return False, ("DiLoCo's default: a restarted replica trains in the round in progress instead of sitting it "
+                       "out; its missed samples are recorded as skipped (--ft.constant-batch covers them)")
+    return True, "per-step mode's default: survivors take a missing replica's micro-batches"
+
+
 def validate(cfg: RunConfig) -> None:
     """Refuse a bad configuration before anything starts."""
     check_fields(cfg, lambda name: _option_name(name, toml=False))  # types, Literal values included

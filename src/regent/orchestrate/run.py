@@ -34,7 +34,7 @@ from typing import Any
 from regent import settings
 from regent.actor import ActorError, Channel, this_host
 from regent.actor import config as actor_config
-from regent.orchestrate.config import RunConfig
+from regent.orchestrate.config import RunConfig, constant_batch_choice
 from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import (
     PlannedFault,
@@ -523,6 +523,9 @@ class OrchestrationManager:
         self.view.dashboard = dashboard
         print(f"[regent] run directory {self.run_dir}", flush=True)
         print(f"[regent] Lighthouse {addr}  dashboard {dashboard}", flush=True)
+        if not cfg.no_ft and cfg.replicas > 1:
+            on, why = constant_batch_choice(cfg)
+            print(f"[regent] constant global batch {'on' if on else 'off'}: {why}", flush=True)
         replicas = self._spawn_replicas(host, addr, port, first_generation=0)
         await self._introduce(replicas)
         try:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from regent import settings
 from regent.integrity import file_sha256
+from regent.orchestrate.config import constant_batch_choice
 from regent.train.coverage import LEDGER_FILE
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class TrainingSession:
         self.build_marks.append(("manager", time.time()))
         self.diloco: Any = None
         self.grad_sync: Any = None  # ddp mode, unsharded: gradients averaged while backward runs
-        self.constant_batch = bool(getattr(ft, "constant_batch", False))
+        self.constant_batch = constant_batch_choice(cfg)[0]
         if self.constant_batch and not callable(getattr(getattr(self.trainer, "dataloader", None), "shard_batch",
                                                         None)):
             raise ValueError("ft.constant_batch needs a data loader that can read any shard's batch "
@@ -151,7 +152,7 @@ class TrainingSession:
                 exactly_once=True,  # Streaming DiLoCo's per-fragment ledger needs a healer's windows its own
             )
         else:
-            if ft.bucket_mb > 0 and not self.trainer.sharded and not self.constant_batch:
+            if ft.bucket_mb > 0 and not self.trainer.sharded:
                 from regent.ft.grad_sync import OverlappedAllreduce
 
                 self.grad_sync = OverlappedAllreduce(self.manager, self.trainer.model.parameters(),

@@ -59,6 +59,10 @@ class StepRules(Protocol):
         """A constant global batch: the replica-shards of batch `index` to cover and the factor on their summed
         gradients; None: this replica's own shard only."""
 
+    def micro_batch_backward(self, last: bool) -> None:
+        """Before the backward of one of a step's micro-batches: only the last one's may start averaging the
+        gradients across the replicas while it runs (the earlier ones accumulate into them)."""
+
     def reduce_gradients(self, grads: Callable[[], list[torch.Tensor]]) -> None:
         """Average `grads()` across the replicas, in place (or nothing: DiLoCo averages at its syncs)."""
 
@@ -256,7 +260,7 @@ class Trainer:
             loss.backward()
         else:
             shards, scale = plan
-            loss = self._accumulate(index, shards, scale, inputs, labels)
+            loss = self._accumulate(index, shards, scale, inputs, labels, ft)
         self.last_coverage = (index, list(shards))
         self._prefetch_next_batch()
 
@@ -315,18 +319,20 @@ class Trainer:
         return record
 
     def _accumulate(self, index: int, shards: list[int], scale: float, own_inputs: torch.Tensor,
-                    own_labels: torch.Tensor) -> torch.Tensor:
+                    own_labels: torch.Tensor, ft: StepRules | None = None) -> torch.Tensor:
         """Forward and backward over batch `index` of each replica-shard in `shards` (this rank's loader shard of
         each), gradients summed and scaled by `scale`: a smaller quorum still averages over the configured global
         batch. Returns the mean loss of the micro-batches."""
         losses = []
-        for j in shards:
+        for n, j in enumerate(shards):
             if j == self.replica_index:
                 inputs, labels = own_inputs, own_labels
             else:
                 inputs, labels = self.dataloader.shard_batch(index, j * self.world_size + self.rank)
                 inputs, labels = inputs.to(self.device), labels.to(self.device)
             loss = self._loss(inputs, labels)
+            if ft is not None:
+                ft.micro_batch_backward(last=n == len(shards) - 1)
             (loss * scale).backward()
             losses.append(loss.detach())
         if not losses:  # no shard for this replica (cannot happen with participants <= replicas): zero gradients

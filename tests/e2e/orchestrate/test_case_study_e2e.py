@@ -35,8 +35,9 @@ NOT_FAILING = ("comm", "lighthouse")  # kinds after which no replica fails (reco
 
 
 class Run:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, stdout: str = "") -> None:
         self.dir = run_dir
+        self.stdout = stdout
         self.summary = json.loads((run_dir / "summary.json").read_text())
         self.events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
         self.metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -51,7 +52,7 @@ def run_regent(run_dir: Path, *extra: str, timeout: float = 600) -> Run:
     # 0: the run finished and its checker holds (3 would be a violation, named on the last line)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert (run_dir / "report.html").exists()
-    run = Run(run_dir)
+    run = Run(run_dir, proc.stdout)
     assert run.summary["check"] == {"holds": True, "violations": []}
     return run
 
@@ -240,7 +241,7 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     bit-identical."""
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
     run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
-                     "--duration", "24s", "--faults-file", sched)
+                     "--ft.constant-batch", "false", "--duration", "24s", "--faults-file", sched)
     check_fault_recovered(run, "kill")
     kill = next(e for e in run.events if e["kind"] == "fault_injected")
     # the survivor dropped its group with the dead replica without waiting out a collective timeout (10 s):
@@ -268,20 +269,24 @@ def test_per_step_mode_kill_heals_and_replicas_agree(tmp_path):
     assert s["full_restarts"] == 0 and s["max_quorum_id"] >= 3
     assert s["replicas_consistent"] is True, s.get("final_states")
     assert s["final_loss"] < s["initial_loss"]
-    # without a constant batch, the dead replica's shard is recorded as skipped in the sample ledger (checked)
+    # without a constant batch (turned off: per-step mode's default is on), the dead replica's shard is recorded
+    # as skipped in the sample ledger (checked)
     assert s["samples"]["samples_skipped"] > 0 and s["samples"]["samples_committed"] > 0
     assert s["extra_micro_batches"] == 0
 
 
 def test_per_step_constant_batch_kill_every_sample_once(tmp_path):
-    """ft.mode=ddp with --ft.constant-batch: while replica 1 is down, the survivor takes its micro-batches, so
-    every committed step averages over the configured global batch (2 shards), and the sample ledger shows every
-    sample of every global batch consumed exactly once (the run's own `regent check` proves it too)."""
+    """ft.mode=ddp, whose default is a constant global batch (no flag given): while replica 1 is down, the
+    survivor takes its micro-batches, so every committed step averages over the configured global batch (2
+    shards), and the sample ledger shows every sample of every global batch consumed exactly once (the run's own
+    `regent check` proves it too). Small buckets: a step's extra micro-batch accumulates, and only its last
+    backward starts the overlapped allreduce."""
     from regent.orchestrate.invariants import check_ledger, effective_ledger
 
     sched = write_schedule(tmp_path / "faults.jsonl", [(12, 1, "kill", 0)])
-    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.constant-batch",
+    run = run_regent(tmp_path / "run", "--procs-per-replica", "1", "--ft.mode", "ddp", "--ft.bucket-mb", "0.05",
                      "--duration", "24s", "--faults-file", sched)
+    assert "constant global batch on: per-step mode's default" in run.stdout
     check_fault_recovered(run, "kill")
     ledger = [json.loads(x) for x in (run.dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
     # with the events: a line lost with its writer (replica 1 killed between its commit and its ledger write, the

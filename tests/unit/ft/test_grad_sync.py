@@ -84,3 +84,39 @@ def test_sharded_parameters_are_refused():
     p.placements = ()  # what a DTensor parameter carries
     with pytest.raises(ValueError, match="FSDP"):
         OverlappedAllreduce(object(), [p])
+
+
+def test_a_constant_batch_step_accumulates_and_overlaps_only_its_last_micro_batch():
+    """Two participants of three replicas (a constant global batch): participant 0 covers shards 0 and 2, 1 covers
+    shard 1, each scaling by 2/3. The earlier micro-batch's backward launches nothing (its gradients would be
+    partial); the last one's launches every bucket during backward, and the average is the mean over the three
+    shards, as a full quorum's would be."""
+    from regent.ft.step import FaultTolerantStep
+
+    shards = [torch.randn(5, 8, generator=torch.Generator().manual_seed(10 + j)) for j in range(3)]
+    per_shard = [_grads(_model(0), x) for x in shards]
+    expected = [sum(g) / 3 for g in zip(*per_shard)]
+    cover = {0: [0, 2], 1: [1]}
+    models = [_model(0), _model(0)]
+
+    def replica(r: int) -> tuple[list[torch.Tensor], list[int], int]:
+        model = models[r]
+        averager = _GroupAverager(groups[r])
+        sync = OverlappedAllreduce(averager, model.parameters(), bucket_bytes=16 * 17 * 4)
+        step = FaultTolerantStep(averager, per_step=True, overlapped=sync)
+        model.zero_grad(set_to_none=True)
+        launched_after = []
+        for n, j in enumerate(cover[r]):
+            step.micro_batch_backward(last=n == len(cover[r]) - 1)
+            (model(shards[j]).pow(2).sum() * (2 / 3)).backward()
+            launched_after.append(len(averager.launched))
+        sync.finish()
+        return [p.grad.clone() for p in model.parameters()], launched_after, sync.num_buckets
+
+    with gloo_groups(timeout=10) as groups, ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(replica, range(2)))
+    assert results[0][1] == [0, results[0][2]]  # nothing during the first micro-batch, every bucket in the last
+    assert results[1][1] == [results[1][2]]
+    for grads, _, _ in results:
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got, want)

@@ -78,10 +78,11 @@ def test_survivor_gradient_is_the_mean_over_the_configured_global_batch():
 
     survivor = Trainer(TrainConfig(**cfg), replica_index=1, num_replicas=3)
     seen: list[list[torch.Tensor]] = []
-    record = survivor.train_step(Rules(
-        reduce=lambda grads: seen.append(_grads(survivor)), commit=False,
-        plan=lambda index: (micro_batch_shards(0, 1, 3, index), gradient_scale(1, 3))))
+    rules = Rules(reduce=lambda grads: seen.append(_grads(survivor)), commit=False,
+                  plan=lambda index: (micro_batch_shards(0, 1, 3, index), gradient_scale(1, 3)))
+    record = survivor.train_step(rules)
     assert record["micro_batches"] == 3 and record["extra_micro_batches"] == 2
+    assert rules.backwards == [False, False, True]  # only the last backward may start the overlapped allreduce
     assert survivor.last_coverage == (0, [0, 1, 2])
     for got, want in zip(seen[0], expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
