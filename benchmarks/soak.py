@@ -219,6 +219,18 @@ def fault_counts(run_dir: Path) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
+def by_kind(recoveries: list[dict]) -> str:
+    """Recovery p50 per fault kind, slowest first: which kinds set the run's p50 (fault to the first commit; in
+    DiLoCo that commit closes the round the new incarnation joined, so a fast kind still waits for it)."""
+    from regent.orchestrate.summary import percentile
+
+    kinds: dict[str, list[float]] = {}
+    for r in recoveries:
+        kinds.setdefault(r.get("fault_kind") or "?", []).append(r["total"])
+    med = {k: percentile(v, 0.5) or 0.0 for k, v in kinds.items()}
+    return ", ".join(f"{k} {med[k]:.1f} s ({len(kinds[k])})" for k in sorted(kinds, key=lambda k: -med[k]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["diloco", "ddp"], default="diloco")
@@ -274,6 +286,7 @@ def main() -> int:
         return f"{value:.{digits}f}" if isinstance(value, float) else value
 
     rec = summary.get("recovery_seconds") or {}
+    back = summary.get("back_to_training_seconds") or {}
     rows = [
         ("mode / config", f"{args.mode}, {args.replicas} x {args.procs_per_replica} debug, --chaos every "
                           f"{args.fault_every}, seed {args.seed}"),
@@ -293,6 +306,8 @@ def main() -> int:
         ("vulnerability window p50 / max", f"{num(vw.get('p50'))} / {num(vw.get('max'))} s (n={vw.get('n')}, "
                                            f"open {vw.get('open')})"),
         ("recovery p50 / max", f"{num(rec.get('p50'))} / {num(rec.get('max'))} s (open {rec.get('open')})"),
+        ("back to training p50 / max", f"{num(back.get('p50'))} / {num(back.get('max'))} s"),
+        ("recovery p50 by fault kind (n)", by_kind(summary.get("recovery_breakdown") or [])),
         ("steps committed (soak / baseline)", f"{summary.get('steps_committed')} / {base.get('steps_committed')}"),
         ("goodput vs fault-free", f"{num(summary.get('goodput'), 3)} ({summary.get('goodput_basis')})"
          if summary.get("goodput") is not None else
