@@ -263,7 +263,14 @@ def main() -> int:
         # started first and as long: when the soak reads its pace, it has trained for as long as the soak
         beside = threading.Thread(target=regent_train, args=(baseline, args, args.duration, False), daemon=True)
         beside.start()
-        time.sleep(5.0)
+        # `regent train --baseline` refuses a directory without metrics.jsonl: a fixed 5 s sleep lost a 15-minute
+        # soak on a fresh host whose baseline took longer to start (the soak died at once, the baseline ran alone)
+        deadline = time.time() + 600.0
+        while not (baseline / "metrics.jsonl").exists():
+            if not beside.is_alive() or time.time() > deadline:
+                print(f"[soak] the fault-free run beside ({baseline}) wrote no metrics.jsonl: see its log", flush=True)
+                return 1
+            time.sleep(1.0)
     elif not args.baseline:
         regent_train(baseline, args, args.baseline_duration, faults=False)
     soak = out / f"{args.mode}-soak-{stamp}"
