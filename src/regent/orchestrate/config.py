@@ -93,6 +93,10 @@ class RunConfig:
     no_ft: bool = False
     baseline: str | None = None
     warm_spares: bool = True
+    # A standby ReplicaActor with warm trainer processes (local job, --recovery peer, warm spares on): a replica
+    # whose own process (its ReplicaActor) dies is replaced by it instead of by a cold one. Costs one idle
+    # process and procs_per_replica warm ones (torch imported) on the controller's host.
+    standby_replica: bool = True
     # K: consecutive starts that fail before making progress, then a fresh allocation from the job layer (the host
     # may be bad); 0 asks for one at every restart. A replica that recovers fine stays on its host.
     in_place_restarts: int = 3

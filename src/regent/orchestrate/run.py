@@ -76,6 +76,11 @@ EXIT_REPLACED = 4  # another controller took the run over while this one was sto
 # After one replica reported its final state, how long the others may take to report theirs before a replica
 # still without one is taken to have missed the last sync (a member of it only reports a digest later).
 LEFT_BEHIND_GRACE_S = 15.0
+# A standby ReplicaActor (`_keep_standby`) starts this long after training began, and the next one this long after
+# the last was adopted: its warm processes' imports (seconds of CPU) would compete with the replicas' own start
+# or restart. Short runs (tests, smoke runs) end before the first is needed.
+STANDBY_FIRST_DELAY_S = 20.0
+STANDBY_DELAY_S = 10.0
 
 
 class OrchestrationManager:
@@ -144,6 +149,12 @@ class OrchestrationManager:
         self._rseq_held: dict[int, int] = {}  # replica -> the highest journal rseq written (drain drops repeats)
         self._respawns: dict[int, asyncio.Task] = {}  # replica -> its ReplicaActor's respawn in progress
         self._respawn_streak: dict[int, tuple[int, int]] = {}  # replica -> (deaths in a row, step at the last one)
+        # the standby ReplicaActor (`_keep_standby`): (its proc mesh, its actor mesh) once warm, and every standby
+        # proc mesh started (stopped at the end; an adopted one is a replica's then, and stopped as one)
+        self._standby: tuple[Any, Any] | None = None
+        self._standby_task: asyncio.Task | None = None
+        self._standby_procs: list[Any] = []
+        self._standby_closed = False  # the run is stopping: no new standby
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
         # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
         self._distrusted: dict[str, str] = {}  # replica id -> why
@@ -469,6 +480,7 @@ class OrchestrationManager:
                 self.t_start = time.time()
             else:
                 replicas = await self._resume_run(host, port)
+            self._keep_standby(STANDBY_FIRST_DELAY_S)
             try:
                 with self.display:
                     await self._unless_failed(self._supervise_run(replicas))
@@ -487,7 +499,11 @@ class OrchestrationManager:
             if self._lh_task is not None:
                 self._lh_task.cancel()
             rep_meshes = self._replicas.proc_meshes() if self._replicas is not None else []
-            for mesh in [m for m in (*rep_meshes, *self._lh_procs) if m is not None]:
+            self._standby_closed = True
+            if self._standby_task is not None:
+                self._standby_task.cancel()
+            standbys = [m for m in self._standby_procs if not any(m is r for r in rep_meshes)]
+            for mesh in [m for m in (*rep_meshes, *standbys, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(as_awaitable(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
@@ -764,10 +780,80 @@ class OrchestrationManager:
         await self._release_lost_allocations(only=set(lost))
         journal = str((self.run_dir / "journal").resolve())
         for r in sorted(lost) if spawn else ():
-            procs = host.spawn_procs(per_host={"replicas": 1}, **self._detach_options())
-            actors = procs.spawn("replica", ReplicaActor, self.cfg, addr, port, journal, self._generations_seen + 1, r)
+            adopted = await self._adopt_standby(r, addr) if attached else None
+            if adopted is not None:
+                procs, actors = adopted
+            else:
+                procs = host.spawn_procs(per_host={"replicas": 1}, **self._detach_options())
+                actors = procs.spawn("replica", ReplicaActor, self.cfg, addr, port, journal,
+                                     self._generations_seen + 1, r)
             self._replicas.add(procs, actors, {r: 0}, size=1)
         return imported
+
+    # -- the standby ReplicaActor ---------------------------------------------------------------------------
+    def _standby_wanted(self) -> bool:
+        """Local job only: elsewhere a replica's trainers run on hosts of its own allocation, where the
+        controller's host has no warm processes to give."""
+        cfg = self.cfg
+        return (cfg.standby_replica and cfg.warm_spares and cfg.job == "local" and cfg.recovery == "peer"
+                and not cfg.no_ft and self.failed_reason is None and not self._standby_closed)
+
+    def _keep_standby(self, delay_s: float) -> None:
+        """Start a standby ReplicaActor in `delay_s` (once training runs: its warm processes import torch, seconds
+        of CPU that a start or a restart should not share), unless one is there or starting."""
+        if self._standby is not None or self._standby_task is not None or not self._standby_wanted():
+            return
+        self._standby_task = asyncio.get_running_loop().create_task(self._start_standby(delay_s))
+
+    async def _start_standby(self, delay_s: float) -> None:
+        from regent.orchestrate.replica import ReplicaActor
+
+        try:
+            while self.max_step < 1 and self.failed_reason is None:  # not before the replicas train
+                await asyncio.sleep(1.0)
+            await asyncio.sleep(delay_s)
+            if not self._standby_wanted() or self.stop_requested_at is not None:
+                return
+            addr = self.cfg.lighthouse.address or self._lh_address
+            # no detach grace: a standby dies with this controller (a successor would not know of it); `adopt`
+            # gives it the grace of a replica
+            procs = self._host.spawn_procs(per_host={"replicas": 1})
+            self._standby_procs.append(procs)
+            actors = procs.spawn("replica_standby", ReplicaActor, self.cfg, addr, self._report_port,
+                                 str((self.run_dir / "journal").resolve()), 0, -1, True)
+            if await actors.warm_standby.call_one():
+                self._standby = (procs, actors)
+        except Exception as exc:  # noqa: BLE001 - reported; replicas are then replaced cold, as before
+            logger.warning("could not start a standby ReplicaActor: %r", exc)
+        finally:
+            self._standby_task = None
+
+    def _standby_lost(self, standby: tuple[Any, Any]) -> None:
+        if self._standby is standby:
+            self._standby = None
+            self._keep_standby(STANDBY_DELAY_S)
+
+    async def _adopt_standby(self, r: int, addr: str) -> tuple[Any, Any] | None:
+        """The warm standby as replica `r`'s new ReplicaActor (None: there is none, or it failed: a cold one)."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            self._keep_standby(STANDBY_DELAY_S)
+            return None
+        grace = self._detach_options()
+        try:
+            await standby[1].adopt.call_one(r, self._generations_seen + 1, addr,
+                                            float(grace.get("detach_grace", 0.0)), grace.get("detach_log_dir"))
+        except Exception as exc:  # noqa: BLE001 - reported; a cold ReplicaActor replaces the replica instead
+            logger.warning("the standby ReplicaActor could not become replica %d: %r", r, exc)
+            try:
+                await asyncio.wait_for(as_awaitable(standby[0].stop()), timeout=30)
+            except Exception as stop_exc:  # noqa: BLE001 - reported; the end of the run stops it again
+                logger.warning("stopping the failed standby: %r", stop_exc)
+            return None
+        finally:
+            self._keep_standby(STANDBY_DELAY_S)  # the next one, once this restart has its CPU
+        print(f"[regent] replica {r}: its new ReplicaActor is the warm standby", flush=True)
+        return standby
 
     def _import_journal_tails(self, replicas: Any, held: dict[int, int] | None = None) -> dict[str, int]:
         """`replicas` are gone (nothing of the run is alive, or their ReplicaActor process died): what they
@@ -874,6 +960,11 @@ class OrchestrationManager:
             if lost and self._loop is not None:
                 why = failure.report() if hasattr(failure, "report") else str(failure)
                 self._loop.call_soon_threadsafe(self._replica_process_died, lost, why)
+                return
+            standby = self._standby
+            if standby is not None and any(mesh is m for m in standby) and self._loop is not None:
+                logger.warning("the standby ReplicaActor failed (%s); starting another", failure)
+                self._loop.call_soon_threadsafe(self._standby_lost, standby)
                 return
             if not any(mesh is a for a in self._lh_actors):
                 previous(failure)

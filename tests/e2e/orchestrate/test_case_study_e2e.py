@@ -125,14 +125,19 @@ def test_fault_heals_from_peer_b(run_b, kind):
 
 def test_a_dead_replica_actor_is_replaced_and_nothing_it_reported_is_written_twice(run_b):
     """The `supervisor` fault kills a replica's own process (its ReplicaActor) under a live controller: the run
-    goes on, the controller starts a new ReplicaActor (a respawn), and what the dead one journaled reaches the
-    run's files once, whether it arrived before the death or was read from its journal after it."""
+    goes on, the controller makes its warm standby ReplicaActor the replica's new one (a respawn whose trainers
+    start from warm processes), and what the dead one journaled reaches the run's files once, whether it arrived
+    before the death or was read from its journal after it."""
     fault = next(e for e in run_b.events if e["kind"] == "fault_injected" and e["fault_kind"] == "supervisor")
     r = fault["replica"]
     after = [e for e in run_b.events if e["time"] >= fault["time"] and e["replica"] == r]
     detected = next(e for e in after if e["kind"] == "failure_detected")
     assert "ReplicaActor" in detected["error"] and not detected.get("detached"), detected
     assert any(e["kind"] == "restart_started" and e.get("action") == "respawn" for e in after)
+    # the new ReplicaActor was the controller's warm standby, whose trainers started from its warm spares
+    assert f"replica {r}: its new ReplicaActor is the warm standby" in run_b.stdout
+    respawned = next(e for e in after if e["kind"] == "restart_done" and e.get("action") == "respawn")
+    assert respawned["warm_spare"] is True and respawned["spares_claimed"] >= 1, respawned
     for r_ in (0, 1):
         seqs = [x["rseq"] for x in run_b.events + run_b.metrics if x.get("replica") == r_ and x.get("rseq")]
         assert len(seqs) == len(set(seqs)), f"replica {r_}: an item written twice"
