@@ -149,8 +149,8 @@ class OrchestrationManager:
         self._rseq_held: dict[int, int] = {}  # replica -> the highest journal rseq written (drain drops repeats)
         self._respawns: dict[int, asyncio.Task] = {}  # replica -> its ReplicaActor's respawn in progress
         self._respawn_streak: dict[int, tuple[int, int]] = {}  # replica -> (deaths in a row, step at the last one)
-        # the standby ReplicaActor (`_keep_standby`): (its proc mesh, its actor mesh) once warm, and every standby
-        # proc mesh started (stopped at the end; an adopted one is a replica's then, and stopped as one)
+        # the standby ReplicaActor (`_keep_standby`): (its proc mesh, its actor mesh) once warm, and the standby proc
+        # meshes started and not adopted (stopped at the end; an adopted one is a replica's, stopped as one)
         self._standby: tuple[Any, Any] | None = None
         self._standby_task: asyncio.Task | None = None
         self._standby_procs: list[Any] = []
@@ -502,8 +502,7 @@ class OrchestrationManager:
             self._standby_closed = True
             if self._standby_task is not None:
                 self._standby_task.cancel()
-            standbys = [m for m in self._standby_procs if not any(m is r for r in rep_meshes)]
-            for mesh in [m for m in (*rep_meshes, *standbys, *self._lh_procs) if m is not None]:
+            for mesh in [m for m in (*rep_meshes, *self._standby_procs, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(as_awaitable(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
@@ -851,6 +850,7 @@ class OrchestrationManager:
                 logger.warning("stopping the failed standby: %r", stop_exc)
             return None
         finally:
+            self._standby_procs = [m for m in self._standby_procs if m is not standby[0]]
             self._keep_standby(STANDBY_DELAY_S)  # the next one, once this restart has its CPU
         print(f"[regent] replica {r}: its new ReplicaActor is the warm standby", flush=True)
         return standby
