@@ -81,6 +81,7 @@ LEFT_BEHIND_GRACE_S = 15.0
 # or restart. Short runs (tests, smoke runs) end before the first is needed.
 STANDBY_FIRST_DELAY_S = 20.0
 STANDBY_DELAY_S = 10.0
+STANDBY_CALL_TIMEOUT_S = 30.0  # a standby answers `warm_standby` and `adopt` at once; longer means it is stuck
 
 
 class OrchestrationManager:
@@ -820,7 +821,7 @@ class OrchestrationManager:
             self._standby_procs.append(procs)
             actors = procs.spawn("replica_standby", ReplicaActor, self.cfg, addr, self._report_port,
                                  str((self.run_dir / "journal").resolve()), 0, -1, True)
-            if await actors.warm_standby.call_one():
+            if await asyncio.wait_for(as_awaitable(actors.warm_standby.call_one()), timeout=STANDBY_CALL_TIMEOUT_S):
                 self._standby = (procs, actors)
         except Exception as exc:  # noqa: BLE001 - reported; replicas are then replaced cold, as before
             logger.warning("could not start a standby ReplicaActor: %r", exc)
@@ -840,8 +841,10 @@ class OrchestrationManager:
             return None
         grace = self._detach_options()
         try:
-            await standby[1].adopt.call_one(r, self._generations_seen + 1, addr,
-                                            float(grace.get("detach_grace", 0.0)), grace.get("detach_log_dir"))
+            # bounded: a standby that does not answer (stopped, swapped out) is replaced by a cold ReplicaActor
+            await asyncio.wait_for(as_awaitable(standby[1].adopt.call_one(
+                r, self._generations_seen + 1, addr, float(grace.get("detach_grace", 0.0)),
+                grace.get("detach_log_dir"))), timeout=STANDBY_CALL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - reported; a cold ReplicaActor replaces the replica instead
             logger.warning("the standby ReplicaActor could not become replica %d: %r", r, exc)
             try:
