@@ -150,11 +150,12 @@ class OrchestrationManager:
         self._rseq_held: dict[int, int] = {}  # replica -> the highest journal rseq written (drain drops repeats)
         self._respawns: dict[int, asyncio.Task] = {}  # replica -> its ReplicaActor's respawn in progress
         self._respawn_streak: dict[int, tuple[int, int]] = {}  # replica -> (deaths in a row, step at the last one)
-        # the standby ReplicaActor (`_keep_standby`): (its proc mesh, its actor mesh) once warm, and the standby proc
-        # meshes started and not adopted (stopped at the end; an adopted one is a replica's, stopped as one)
+        # the standby ReplicaActor (`_keep_standby`): (its proc mesh, its actor mesh) once warm, and every standby
+        # started and not adopted, warm or still warming (the fault hook knows them all: a standby's death must
+        # not reach the hook that ends the run; stopped at the end; an adopted one is stopped as a replica)
         self._standby: tuple[Any, Any] | None = None
         self._standby_task: asyncio.Task | None = None
-        self._standby_procs: list[Any] = []
+        self._standbys: list[tuple[Any, Any]] = []
         self._standby_closed = False  # the run is stopping: no new standby
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
         # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
@@ -503,7 +504,8 @@ class OrchestrationManager:
             self._standby_closed = True
             if self._standby_task is not None:
                 self._standby_task.cancel()
-            for mesh in [m for m in (*rep_meshes, *self._standby_procs, *self._lh_procs) if m is not None]:
+            standby_procs = [procs for procs, _ in self._standbys]
+            for mesh in [m for m in (*rep_meshes, *standby_procs, *self._lh_procs) if m is not None]:
                 try:
                     await asyncio.wait_for(as_awaitable(mesh.stop()), timeout=30)
                 except Exception as exc:  # noqa: BLE001 - reported; the other meshes are still stopped
@@ -818,9 +820,9 @@ class OrchestrationManager:
             # no detach grace: a standby dies with this controller (a successor would not know of it); `adopt`
             # gives it the grace of a replica
             procs = self._host.spawn_procs(per_host={"replicas": 1})
-            self._standby_procs.append(procs)
             actors = procs.spawn("replica_standby", ReplicaActor, self.cfg, addr, self._report_port,
                                  str((self.run_dir / "journal").resolve()), 0, -1, True)
+            self._standbys.append((procs, actors))
             if await asyncio.wait_for(as_awaitable(actors.warm_standby.call_one()), timeout=STANDBY_CALL_TIMEOUT_S):
                 self._standby = (procs, actors)
         except Exception as exc:  # noqa: BLE001 - reported; replicas are then replaced cold, as before
@@ -829,9 +831,11 @@ class OrchestrationManager:
             self._standby_task = None
 
     def _standby_lost(self, standby: tuple[Any, Any]) -> None:
+        """A standby's process died (warm or still warming): forget it and start another."""
+        self._standbys = [p for p in self._standbys if p is not standby]
         if self._standby is standby:
             self._standby = None
-            self._keep_standby(STANDBY_DELAY_S)
+        self._keep_standby(STANDBY_DELAY_S)
 
     async def _adopt_standby(self, r: int, addr: str) -> tuple[Any, Any] | None:
         """The warm standby as replica `r`'s new ReplicaActor (None: there is none, or it failed: a cold one)."""
@@ -853,7 +857,7 @@ class OrchestrationManager:
                 logger.warning("stopping the failed standby: %r", stop_exc)
             return None
         finally:
-            self._standby_procs = [m for m in self._standby_procs if m is not standby[0]]
+            self._standbys = [p for p in self._standbys if p is not standby]
             self._keep_standby(STANDBY_DELAY_S)  # the next one, once this restart has its CPU
         print(f"[regent] replica {r}: its new ReplicaActor is the warm standby", flush=True)
         return standby
@@ -964,9 +968,9 @@ class OrchestrationManager:
                 why = failure.report() if hasattr(failure, "report") else str(failure)
                 self._loop.call_soon_threadsafe(self._replica_process_died, lost, why)
                 return
-            standby = self._standby
-            if standby is not None and any(mesh is m for m in standby) and self._loop is not None:
-                logger.warning("the standby ReplicaActor failed (%s); starting another", failure)
+            standby = next((p for p in list(self._standbys) if any(mesh is m for m in p)), None)
+            if standby is not None and self._loop is not None:
+                logger.warning("a standby ReplicaActor failed (%s); starting another", failure)
                 self._loop.call_soon_threadsafe(self._standby_lost, standby)
                 return
             if not any(mesh is a for a in self._lh_actors):
