@@ -315,6 +315,8 @@ def main() -> int:
         ("recovery p50 / max", f"{num(rec.get('p50'))} / {num(rec.get('max'))} s (open {rec.get('open')})"),
         ("back to training p50 / max", f"{num(back.get('p50'))} / {num(back.get('max'))} s"),
         ("recovery p50 by fault kind (n)", by_kind(summary.get("recovery_breakdown") or [])),
+        ("Lighthouse restarts / steps committed without it", f"{summary.get('lighthouse_restarts')} / "
+                                                              f"{summary.get('steps_without_lighthouse')}"),
         ("steps committed (soak / baseline)", f"{summary.get('steps_committed')} / {base.get('steps_committed')}"),
         ("goodput vs fault-free", f"{num(summary.get('goodput'), 3)} ({summary.get('goodput_basis')})"
          if summary.get("goodput") is not None else

@@ -58,6 +58,11 @@ class FTConfig:
     # DiLoCo: a restarted replica pulls the committed state from a live holder as soon as it is up, instead of
     # at the holders' next sync (closes the window in which only the holders have it).
     early_heal: bool = True
+    # While the Lighthouse is unreachable (killed, restarting, its host down), the members of the last quorum may
+    # agree among themselves to keep it for the next step (regent.ft.quorum_reuse): only when nothing changed
+    # (the same groups, all at the step they just committed together) and only if every member agrees, else
+    # they wait for the Lighthouse as TorchFT does. A new replica still needs the Lighthouse to join.
+    quorum_reuse: bool = True
     # DiLoCo: a sync that fails because a replica died is retried at once with the survivors (this many times)
     # instead of rolling every replica back to the last global parameters.
     sync_retries: int = 2

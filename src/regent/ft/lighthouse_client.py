@@ -14,6 +14,11 @@ Security (`regent.ft.rpc_security`): with a job secret (`secret=`, else `$REGENT
 and every retry, carries a fresh proof of it; a Lighthouse without a secret ignores it, so this client works
 against TorchFT's. With TLS files (`tls=`, else `$REGENT_FT_TLS_*`), or an https:// address, the channel is TLS.
 
+`unavailable_since` (monotonic seconds, or None) says since when every call has found the Lighthouse unreachable:
+set by the first UNAVAILABLE of any call, cleared by any answer. A Quorum call with `give_up` stops retrying once
+that says so (`LighthouseUnavailable`): a ManagerServer that may reuse its last quorum through an outage
+(`regent.ft.quorum_reuse`) asks its peers instead of waiting here.
+
 Errors: DEADLINE_EXCEEDED / CANCELLED -> TimeoutError; unreachable -> ConnectionError naming the address and
 the fix; UNAUTHENTICATED (wrong or missing secret) -> `regent.auth.AuthenticationError`, at once, not retried; anything else ->
 RuntimeError.
@@ -60,6 +65,10 @@ BACKOFF_FACTOR = 1.5
 BACKOFF_JITTER_S = 0.1
 
 
+class LighthouseUnavailable(ConnectionError):
+    """A call's `give_up` stopped its retries while the Lighthouse was unreachable."""
+
+
 def normalize_address(addr: str) -> str:
     """'http://host:port' or 'host:port' -> 'host:port' (the form grpc wants)."""
     addr = addr.strip()
@@ -97,6 +106,7 @@ class LighthouseClient:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: torchft_pb2_grpc.LighthouseServiceStub | None = None
+        self.unavailable_since: float | None = None
         self._connect()
 
     @property
@@ -137,13 +147,17 @@ class LighthouseClient:
         commit_failures: int = 0,
         *,
         compact: bool | None = None,
+        give_up: Callable[[], bool] | None = None,
     ) -> Quorum:
         """Join the next quorum and block until one that includes this replica is issued, or `timeout`.
 
         `compact` (Regent extension): None asks for TorchFT's full answer; True / False ask a Regent Lighthouse
         for this member's share only (`regent.ft.compact`), computed with init_sync = `compact`. The answer is
         then a `Quorum` whose `compact` holds the share and whose `participants` is empty; a Lighthouse that does
-        not know the extension (TorchFT's) answers in full, and `compact` stays None."""
+        not know the extension (TorchFT's) answers in full, and `compact` stays None.
+
+        `give_up` (Regent extension): asked each time the Lighthouse is found unreachable; True ends the call
+        with `LighthouseUnavailable` instead of retrying until it answers."""
         member = QuorumMember(
             replica_id=replica_id,
             address=address,
@@ -158,7 +172,7 @@ class LighthouseClient:
         if compact is not None:
             request.regent_compact.init_sync = compact
             request.regent_compact.SetInParent()
-        response = self._call("Quorum", lambda stub, t: stub.Quorum(request, timeout=t), timeout)
+        response = self._call("Quorum", lambda stub, t: stub.Quorum(request, timeout=t), timeout, give_up)
         quorum = Quorum.from_proto(response.quorum)
         if compact is not None and response.quorum.HasField("regent_compact"):
             quorum = dataclasses.replace(quorum, compact=CompactQuorum(
@@ -194,6 +208,7 @@ class LighthouseClient:
         name: str,
         invoke: Callable[[torchft_pb2_grpc.LighthouseServiceStub, float], T],
         timeout: timedelta | float,
+        give_up: Callable[[], bool] | None = None,
     ) -> T:
         timeout_s = to_seconds(timeout)
         start = time.monotonic()
@@ -209,7 +224,9 @@ class LighthouseClient:
                 raise TimeoutError(f"Lighthouse {name} at {self._target} timed out after {timeout_s:.3g} s")
             stub = self._connect()
             try:
-                return invoke(stub, remaining)
+                answer = invoke(stub, remaining)
+                self.unavailable_since = None
+                return answer
             except grpc.RpcError as err:
                 code = err.code() if hasattr(err, "code") else None
                 detail = err.details() if hasattr(err, "details") else str(err)
@@ -223,6 +240,11 @@ class LighthouseClient:
                 if code != grpc.StatusCode.UNAVAILABLE:
                     raise RuntimeError(f"Lighthouse {name} at {self._target} failed: {code}: {detail}") from None
                 now = time.monotonic()
+                if self.unavailable_since is None:
+                    self.unavailable_since = now
+                if give_up is not None and give_up():
+                    raise LighthouseUnavailable(f"Lighthouse {name} at {self._target}: unavailable ({detail}); "
+                                                "the caller stopped waiting for it") from None
                 if first_unavailable is None:
                     first_unavailable = now
                     logger.info("Lighthouse at %s unavailable (%s); retrying", self._target, detail)

@@ -134,7 +134,11 @@ class Manager(CommittedStateRecovery):
             "raise" (`StateLostError`).
         world_size_mode / rank / world_size / checkpoint_transport: TorchFT's spellings (`WorldSizeMode`;
             group_rank, group_world_size and transport).
-        on_event: called as on_event(kind, details) for "quorum", "heal_started", "heal_done", "commit",
+        quorum_reuse: (Regent) while the Lighthouse is unreachable, the members of the last quorum may agree to
+            keep it for the next step instead of waiting for the Lighthouse (`regent.ft.quorum_reuse`); each
+            such step is a "quorum_reused" event. Off by default, as TorchFT has no such thing; `regent train`
+            turns it on (`--ft.quorum-reuse`).
+        on_event: called as on_event(kind, details) for "quorum", "quorum_reused", "heal_started", "heal_done", "commit",
             "error", "peer_abort" and "group_failed" (this build `group` of this replica's replicated group
             failed: no collective in it can complete any more; pass it on to the other replicas'
             `peer_failed(prefix, group=...)` so that they stop waiting for one now).
@@ -168,6 +172,7 @@ class Manager(CommittedStateRecovery):
         lost_state: str = "accept",
         world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
         *,
+        quorum_reuse: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         checkpoint_transport: CheckpointTransport | None = None,
@@ -227,6 +232,7 @@ class Manager(CommittedStateRecovery):
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="regent-quorum")
 
         self._server: ManagerServer | None = None
+        self._reused_seen = 0  # the server's `quorums_reused` already told as events
         # Committed state (Regent): served to restarted replicas between syncs (`serve_committed`), restored
         # from the durable backstop when no live replica holds it (`recover_committed`).
         self.backstop = backstop
@@ -269,6 +275,7 @@ class Manager(CommittedStateRecovery):
                 quorum_retries=quorum_retries,
                 secret=self._security.secret or b"",
                 tls=self._security.tls,
+                quorum_reuse=quorum_reuse,
             )
             self._group_store.set(_MANAGER_ADDR_KEY, self._server.address())
             self._group_store.set(_REPLICA_ID_KEY, full_id)
@@ -496,6 +503,9 @@ class Manager(CommittedStateRecovery):
 
     def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: float) -> None:
         result = self._quorum_rpc(shrink_only, timeout)
+        if self._server is not None and self._server.quorums_reused > self._reused_seen:
+            self._reused_seen = self._server.quorums_reused
+            self._emit("quorum_reused", quorum_id=result.quorum_id, step=self._step, members=result.replica_world_size)
         if result.state_lost:
             # Every member holds less than the run has committed: training on would silently reset the
             # lineage. Do not commit; the next start_quorum() recovers the committed state first.

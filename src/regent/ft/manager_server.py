@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -30,7 +30,9 @@ from google.protobuf.message import DecodeError
 from regent import settings
 from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite
+from regent.ft.lighthouse_client import LighthouseClient, LighthouseUnavailable
 from regent.ft.proto import torchft_pb2
+from regent.ft.quorum_reuse import agree_to_reuse, reissue
 from regent.ft.recovery import (
     ACCEPTED_LOSS_KEY,
     LINEAGE_KEY,
@@ -39,10 +41,7 @@ from regent.ft.recovery import (
     state_version,
 )
 from regent.ft.rpc_security import Security, TLSFiles
-from regent.ft.types import to_seconds
-
-if TYPE_CHECKING:
-    from regent.ft.lighthouse_client import LighthouseClient
+from regent.ft.types import Quorum, to_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +49,8 @@ logger = logging.getLogger(__name__)
 COMMIT_REPORT_TIMEOUT_S = 1.0
 # Above this many members a ManagerServer asks the Lighthouse for the compact quorum answer (REGENT_COMPACT_QUORUM)
 COMPACT_AUTO_MEMBERS = 64
+# How long connecting to (and each call of) the TCPStore a quorum reuse is agreed in may take.
+REUSE_STORE_TIMEOUT_S = 5.0
 # At shutdown, calls in flight get this long to end (their waits are woken with CANCELLED) before the server
 # answers the rest with UNAVAILABLE.
 SHUTDOWN_GRACE_S = 0.5
@@ -125,6 +126,8 @@ class ManagerServer:
         quorum_retries: how many times a failed Lighthouse quorum call is retried.
         secret: (Regent) the job secret; None takes the environment.
         tls: (Regent) the TLS files; None takes the environment.
+        quorum_reuse: (Regent) while the Lighthouse is unreachable, the last quorum's members may agree to keep
+            it for the next step (`regent.ft.quorum_reuse`) instead of waiting for the Lighthouse.
     """
 
     def __init__(
@@ -142,9 +145,8 @@ class ManagerServer:
         store_addr: str | None = None,
         secret: bytes | None = None,
         tls: TLSFiles | None = None,
+        quorum_reuse: bool = False,
     ) -> None:
-        from regent.ft.lighthouse_client import LighthouseClient
-
         store_address = _one_of("store_address", store_address, "store_addr", store_addr)  # TorchFT: store_addr
         if store_address is None:
             raise TypeError("ManagerServer: store_address (TorchFT: store_addr) is required")
@@ -158,6 +160,9 @@ class ManagerServer:
         # member list: events name the members and `peer_failed` checks membership exactly), "1" always, "0" never.
         self.compact_quorum = settings.REGENT_COMPACT_QUORUM.get()
         self._last_members = 0
+        self.quorum_reuse = quorum_reuse
+        self._last_quorum: Quorum | None = None  # the last quorum this group trained in (from the Lighthouse or reused)
+        self.quorums_reused = 0  # steps that went on without the Lighthouse (read by the Manager for its events)
         self._lighthouse_addr = lighthouse_addr
         self._connect_timeout = connect_timeout
         self.security = Security.resolve(secret, tls)
@@ -344,6 +349,12 @@ class ManagerServer:
         compact = init_syncs.pop() if wanted and len(init_syncs) == 1 else None
         deadline = time.monotonic() + timeout
         attempt = 0
+        reusable = self._reusable(requests)
+        if reusable is not None and self._client.unavailable_since is not None:  # known to be down: ask the peers
+            if self._agree(reusable, deadline):
+                self._took(rnd, reusable, reused=True)
+                return
+            reusable = None  # the members decided to ask the Lighthouse: wait for it
         while True:
             try:
                 quorum = self._client.quorum(
@@ -358,15 +369,17 @@ class ManagerServer:
                     data={LINEAGE_KEY: self._lineage, **({ACCEPTED_LOSS_KEY: list(self.accepted)}
                                                            if self.accepted else {})},
                     compact=compact,
+                    # a reusable last quorum: at the first sign of an outage, ask the peers instead (once)
+                    give_up=(lambda: True) if reusable is not None else None,
                 )
-                rnd.result = quorum
-                self._round_quorum_id = int(quorum.quorum_id)
-                # the lineage of the up-to-date members: what this replica's state becomes if it heals now
-                self.heal_lineage = (quorum.compact.max_lineage if quorum.compact is not None
-                                     else max(state_version(m) for m in quorum.participants)[1])
-                self._last_members = (quorum.compact.msg.replica_world_size if quorum.compact is not None
-                                      else len(quorum.participants))
-                break
+                self._took(rnd, quorum, reused=False)
+                return
+            except LighthouseUnavailable:
+                assert reusable is not None
+                if self._agree(reusable, deadline):
+                    self._took(rnd, reusable, reused=True)
+                    return
+                reusable = None  # the members decided to ask the Lighthouse: wait for it
             except Exception as err:  # noqa: BLE001 - retried; the last error is kept in rnd.error and sent back to the caller
                 attempt += 1
                 if attempt > self.quorum_retries or time.monotonic() >= deadline:
@@ -374,9 +387,49 @@ class ManagerServer:
                     break
                 time.sleep(max(0.1, timeout / (self.quorum_retries + 1)))
         del last
+        self._finish(rnd)
+
+    def _finish(self, rnd: _Round) -> None:
         with self._cond:
             rnd.done = True
             self._cond.notify_all()
+
+    def _took(self, rnd: _Round, quorum: Quorum, reused: bool) -> None:
+        """`quorum` is this round's answer: remember what the group needs from it and wake the group's ranks."""
+        rnd.result = quorum
+        self._round_quorum_id = int(quorum.quorum_id)
+        # the lineage of the up-to-date members: what this replica's state becomes if it heals now
+        self.heal_lineage = (quorum.compact.max_lineage if quorum.compact is not None
+                             else max(state_version(m) for m in quorum.participants)[1])
+        self._last_members = (quorum.compact.msg.replica_world_size if quorum.compact is not None
+                              else len(quorum.participants))
+        self._last_quorum = quorum
+        if reused:
+            self.quorums_reused += 1
+            logger.info("quorum %d reused for step %d without the Lighthouse (unreachable)", quorum.quorum_id,
+                        quorum.participants[0].step)
+        self._finish(rnd)
+
+    def _reusable(self, requests: list[Any]) -> Quorum | None:
+        """The last quorum as this round's answer, if the rules of `quorum_reuse.reissue` allow it (and it is on)."""
+        if not self.quorum_reuse:
+            return None
+        return reissue(self._last_quorum, max(r.step for r in requests), self._lineage,
+                       max(r.commit_failures for r in requests), any(r.shrink_only for r in requests))
+
+    def _agree(self, quorum: Quorum, deadline: float) -> bool:
+        """Whether every member of `quorum` agreed to reuse it (`quorum_reuse.agree_to_reuse`), through the TCPStore
+        of its first member (every member at the same state: that is each group rank's store primary)."""
+        first = min(quorum.participants, key=lambda m: m.replica_id)
+        try:
+            store = _store_client(first.store_address, max(0.1, min(REUSE_STORE_TIMEOUT_S, deadline - time.monotonic())))
+            return agree_to_reuse(store, quorum.quorum_id, quorum.participants[0].step, self.replica_id,
+                                  [m.replica_id for m in quorum.participants], deadline,
+                                  lambda: self._client.unavailable_since is None or self._stopped.is_set())
+        except Exception as err:  # noqa: BLE001 - reported; without the agreement this group asks the Lighthouse
+            logger.warning("could not agree on reusing quorum %d (%s); waiting for the Lighthouse",
+                           quorum.quorum_id, err)
+            return False
 
     def CheckpointMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self._cond:
@@ -479,6 +532,15 @@ def _result_from_proto(m: Any) -> QuorumResult:
         members_digest=bytes(m.regent_members_digest),
         recover_src_replica_id=m.regent_recover_src_replica_id,
     )
+
+
+def _store_client(address: str, timeout_s: float) -> Any:
+    """A client of the TCPStore at "host:port" (a bracketed IPv6 host too)."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(host.strip("[]"), int(port), is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _rpc_error(what: str, addr: str, err: grpc.RpcError) -> Exception:

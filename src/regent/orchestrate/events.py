@@ -19,6 +19,7 @@ EVENT_KINDS = (
     "heal_started",
     "heal_done",
     "quorum",
+    "quorum_reused",  # the last quorum's members kept it for a step while the Lighthouse was unreachable
     "commit",
     "peer_abort",
     "group_failed",

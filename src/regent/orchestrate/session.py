@@ -102,6 +102,7 @@ class TrainingSession:
             on_event=self._manager_event,
             backstop=self.backstop,
             lost_state="raise",  # regent train keeps a backstop; with none, stopping beats a silent reset
+            quorum_reuse=ft.quorum_reuse,
         )
         self.build_marks.append(("manager", time.time()))
         self.diloco: Any = None

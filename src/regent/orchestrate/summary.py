@@ -228,6 +228,11 @@ def compute_summary(
         "back_to_training_seconds": {"p50": percentile([r["training"] for r in recs], 0.5),
                                      "max": max([r["training"] for r in recs] + open_totals, default=None)},
         "rounds_joined": sum(e["kind"] == "round_joined" for e in events),
+        # Lighthouse outages (each `lighthouse_restarted`) and the steps the replicas committed through them by
+        # keeping their last quorum (ft.quorum_reuse): distinct (quorum, step) pairs of the `quorum_reused` events
+        "lighthouse_restarts": sum(e["kind"] == "lighthouse_restarted" for e in events),
+        "steps_without_lighthouse": len({(e.get("quorum_id"), e.get("step")) for e in events
+                                         if e["kind"] == "quorum_reused"}),
         # replicas that missed the run's last sync and were healed to the final state (run._collect_final_states)
         "left_behind_at_end": sorted({e["replica"] for e in events if e["kind"] == "left_behind"}),
         "recovery_breakdown": recs,

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 # step's failure is in its "commit" event, committed false, with the error). tests/e2e/orchestrate check that every
 # kind the FT layer emits is one or the other, so that none is dropped silently.
 FORWARDED_KINDS = frozenset({
-    "quorum", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
+    "quorum", "quorum_reused", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
     "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt", "backstop_unvouched", "state_digest",
     "heal_digest",
     "bitflip_applied", "round_joined"})

@@ -75,6 +75,14 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
     assert ids_after and min(ids_after) > max(ids_before), "quorum ids went back after the Lighthouse restart"
     for r in (0, 1):
         assert len(committed_after(restarted[0]["time"], r)) >= 3, f"replica {r} stopped after the Lighthouse kill"
+    # ... and while it was down, both replicas kept their last quorum and went on committing (ft.quorum_reuse):
+    # every sync of the outage but the ones in its first moments (before the first failed call)
+    down = (lh["time"] + 0.5, restarted[0]["time"] - 0.3)
+    reused = [e for e in events if e["kind"] == "quorum_reused" and down[0] < e["time"] < down[1]]
+    assert {e["replica"] for e in reused} == {0, 1}, "no step went on without the Lighthouse"
+    for r in (0, 1):
+        during = [m for m in committed_after(down[0], r) if m["time"] < down[1]]
+        assert during, f"replica {r} committed nothing while the Lighthouse was down"
 
     # the hang: detected by the adaptive rule in well under the 15 s ceiling, and training went on after it
     hang = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "hang")

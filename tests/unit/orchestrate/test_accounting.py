@@ -292,3 +292,13 @@ def test_fatal_reset_loses_everything():
     s = compute_summary(events, metrics, replicas=2, replicas_consistent=None, baseline_rate=1.0)
     assert s["lineage_resets"] == 1 and s["lineage_resets_fatal"] == 1 and s["full_restarts"] == 1
     assert s["steps_lost_reset"] == 60 and s["replica_steps_useful"] == 0 and s["goodput"] == 0.0
+
+
+def test_steps_committed_through_a_lighthouse_outage_are_counted_once_per_step():
+    events, metrics = all_down_run(with_state_lost=True)
+    events += [ev("fault_injected", 20.0, fault_kind="lighthouse", generation=None),
+               ev("lighthouse_restarted", 23.2, generation=None, cause="injected", down_s=3.0)]
+    # two replicas kept quorum 1 for steps 21 and 22: one event per replica and step
+    events += [{**ev("quorum_reused", 20.5 + i, r), "quorum_id": 1, "step": 21 + i} for i in (0, 1) for r in (0, 1)]
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    assert (s["lighthouse_restarts"], s["steps_without_lighthouse"]) == (1, 2)
