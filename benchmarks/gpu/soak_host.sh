@@ -7,7 +7,8 @@
 #   OUT=$OUT bash benchmarks/gpu/soak_host.sh wait   # progress until it ends or LIMIT s pass; then the files in $OUT
 #
 # Call `wait` again (on the same warm machine) until it prints "=== soak ended". DUR, EVERY, SEED, PPR, REPLICAS
-# change the config; WORK is where the runs go.
+# change the config; EXTRA adds `regent train` flags to both runs (e.g. EXTRA="--ft.sync-every 10"); WORK is where
+# the runs go.
 set -u
 WORK=${WORK:-/tmp/regent-soak-host}
 OUT=${OUT:-runs/soak-host}
@@ -27,7 +28,7 @@ start)
     "load $(cut -d' ' -f1-3 /proc/loadavg), start $(date -u +%H:%M:%S)"
   setsid nohup $PY benchmarks/soak.py --mode diloco --replicas "${REPLICAS:-3}" --procs-per-replica "${PPR:-2}" \
     --duration "${DUR:-15m}" --fault-every "${EVERY:-15s}" --seed "${SEED:-7}" --baseline-beside --out "$WORK/runs" \
-    >"$WORK/soak.log" 2>&1 </dev/null &
+    ${EXTRA:+-- $EXTRA} >"$WORK/soak.log" 2>&1 </dev/null &
   echo $! >"$WORK/pid"
   sleep 20
   tail -5 "$WORK/soak.log"

@@ -466,8 +466,10 @@ class ManagerServer:
 
     def _report_commit(self) -> None:
         """Tell the Lighthouse of a commit at once (bounded); while it is unreachable, the heartbeats retry."""
-        if self._lighthouse_unreachable:
-            self._beat_now.set()  # no per-step stall while the Lighthouse is down; the heartbeat loop reports it
+        if self._lighthouse_unreachable or self._client.unavailable_since is not None:
+            # known to be down (a failed report, or any call since the last answer): no per-step stall of
+            # COMMIT_REPORT_TIMEOUT_S; the heartbeat loop reports the commit once it answers
+            self._beat_now.set()
             return
         try:
             self.heartbeat_now(timeout=COMMIT_REPORT_TIMEOUT_S)
