@@ -159,9 +159,9 @@ def test_three_replicas_commit_while_their_lighthouse_is_down_and_wait_when_one_
             reused = [(n, d["step"]) for n, k, d in events if k == "quorum_reused" and d["step"] == step]
             assert sorted(reused) == [("a", step), ("b", step), ("c", step)]
         # one member missing: nobody reuses (the others would wait for it in the collective); both wait for the
-        # Lighthouse and give up after their quorum timeout (6 s)
+        # Lighthouse and give up after their quorum timeout (3 s)
         results = {}
-        _step(managers[:2], results, quorum_timeout=6.0)
+        _step(managers[:2], results, quorum_timeout=3.0)
         assert all(isinstance(results[n], Exception) and "Lighthouse" in str(results[n]) for n in "ab"), results
         assert not [e for e in events if e[1] == "quorum_reused" and e[2]["step"] == 4]
         # the Lighthouse back on its address: the next quorum is its again
