@@ -340,7 +340,6 @@ class ManagerServer:
 
     def _run_lighthouse_quorum(self, rnd: _Round, timeout: float) -> None:
         requests = list(rnd.arrived.values())
-        last = requests[-1]
         # The compact answer (regent.ft.compact) is computed for one init_sync: ask for it when the group's ranks
         # agree (they always do with one Manager config), else for the full member list.
         init_syncs = {bool(r.init_sync) for r in requests}
@@ -350,11 +349,6 @@ class ManagerServer:
         deadline = time.monotonic() + timeout
         attempt = 0
         reusable = self._reusable(requests)
-        if reusable is not None and self._client.unavailable_since is not None:  # known to be down: ask the peers
-            if self._agree(reusable, deadline):
-                self._took(rnd, reusable, reused=True)
-                return
-            reusable = None  # the members decided to ask the Lighthouse: wait for it
         while True:
             try:
                 quorum = self._client.quorum(
@@ -386,7 +380,6 @@ class ManagerServer:
                     rnd.error = err
                     break
                 time.sleep(max(0.1, timeout / (self.quorum_retries + 1)))
-        del last
         self._finish(rnd)
 
     def _finish(self, rnd: _Round) -> None:
@@ -419,7 +412,7 @@ class ManagerServer:
 
     def _agree(self, quorum: Quorum, deadline: float) -> bool:
         """Whether every member of `quorum` agreed to reuse it (`quorum_reuse.agree_to_reuse`), through the TCPStore
-        of its first member (every member at the same state: that is each group rank's store primary)."""
+        of its first member by replica id (one store every member names alike)."""
         first = min(quorum.participants, key=lambda m: m.replica_id)
         try:
             store = _store_client(first.store_address, max(0.1, min(REUSE_STORE_TIMEOUT_S, deadline - time.monotonic())))
