@@ -62,7 +62,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -92,6 +92,8 @@ from regent.ft.quorum import (
     quorum_compute,
     quorum_possible,
     restart_grace,
+    restore_last_quorum,
+    seed_watermark,
 )
 from regent.ft.recovery import accepted_loss, state_version
 from regent.ft.types import Quorum, QuorumMember
@@ -126,22 +128,33 @@ def advertised_host(host: str) -> str:
 
 def load_state(path: Path) -> tuple[int, Watermark]:
     """The last quorum id and committed watermark a previous Lighthouse saved at `path` (zeros if none yet)."""
-    quorum_id, watermark, _ = load_state_groups(path)
-    return quorum_id, watermark
+    saved = load_saved(path)
+    return saved.quorum_id, saved.watermark
 
 
-def load_state_groups(path: Path) -> tuple[int, Watermark, list[str]]:
-    """`load_state`, and the replica groups of the last quorum saved (empty if none, or an older file)."""
+class SavedState(NamedTuple):
+    """What a Lighthouse keeps in its state file for the one restarted after it."""
+
+    quorum_id: int
+    watermark: Watermark
+    groups: list[str]  # the replica groups of the last quorum (empty if none)
+    members: list[str]  # its replica ids, sorted (empty if none, or a file of an older Regent)
+
+
+def load_saved(path: Path) -> SavedState:
+    """The state a previous Lighthouse saved at `path` (zeros and empty lists if none yet)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return 0, Watermark(), []
+        return SavedState(0, Watermark(), [], [])
     try:
         data = json.loads(text)
         quorum_id = int(data["quorum_id"])
         w = data.get("committed", {})
-        watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), int(w.get("resets", 0)))
+        watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), int(w.get("resets", 0)),
+                              int(w.get("lost_lineage", 0)))
         groups = [str(g) for g in data.get("groups", [])]
+        members = sorted(str(m) for m in data.get("members", []))
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(
             f"Lighthouse state file {path} is not valid ({err}); delete it to start quorum ids from 1 "
@@ -149,7 +162,7 @@ def load_state_groups(path: Path) -> tuple[int, Watermark, list[str]]:
         ) from None
     logger.info("resuming quorum ids after %d, committed watermark step %d (from %s)", quorum_id,
                 watermark.step, path)
-    return quorum_id, watermark, groups
+    return SavedState(quorum_id, watermark, groups, members)
 
 
 def load_quorum_id(path: Path) -> int:
@@ -158,15 +171,16 @@ def load_quorum_id(path: Path) -> int:
 
 
 def save_quorum_id(path: Path, quorum_id: int, watermark: Watermark | None = None,
-                   groups: list[str] | None = None) -> None:
-    """Atomically record the latest quorum id, watermark and the last quorum's replica groups (write a sibling
-    file, then rename over)."""
+                   groups: list[str] | None = None, members: list[str] | None = None) -> None:
+    """Atomically record the latest quorum id, watermark and the last quorum's replica groups and replica ids
+    (write a sibling file, then rename over)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     w = watermark or Watermark()
     tmp.write_text(json.dumps({"quorum_id": quorum_id, "saved": datetime.now(timezone.utc).isoformat(),
-                               "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets},
-                               "groups": sorted(groups or [])}))
+                               "committed": {"step": w.step, "lineage": w.lineage, "resets": w.resets,
+                                             "lost_lineage": w.lost_lineage},
+                               "groups": sorted(groups or []), "members": sorted(members or [])}))
     os.replace(tmp, path)
 
 
@@ -336,6 +350,7 @@ class LighthouseServer:
         expect_within_s: float = 60.0,
         frontends: int | None = None,
         frontend_batch_ms: float = 2.0,
+        seed_committed: tuple[int, int] | None = None,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
@@ -351,7 +366,12 @@ class LighthouseServer:
         `frontends` (Regent, Linux): serve gRPC from this many front-end processes sharing the port
         (`regent.ft.frontends`: heartbeats answered there, batched into this process every `frontend_batch_ms`;
         the decision stays here). 0 serves gRPC from this process, as before; None takes
-        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0)."""
+        `$REGENT_LIGHTHOUSE_FRONTENDS` (default 0).
+
+        `seed_committed` (Regent, for the launcher that restarts this Lighthouse): the highest (manager step,
+        lineage) the launcher saw committed. The watermark rises to it if the state file stops short of it
+        (`quorum.seed_watermark`: steps committed while the Lighthouse was down, whose holders all died before
+        telling the new one)."""
         if frontends is None:
             frontends = settings.REGENT_LIGHTHOUSE_FRONTENDS.get()
         if frontends < 0:
@@ -380,8 +400,17 @@ class LighthouseServer:
         self._state = LighthouseState()
         self._state_file = Path(state_file) if state_file is not None else None
         if self._state_file is not None:
-            self._state.quorum_id, self._state.watermark, groups = load_state_groups(self._state_file)
-            restart_grace(self._state, groups, time.monotonic(), self._opts)
+            saved = load_saved(self._state_file)
+            self._state.quorum_id, self._state.watermark = saved.quorum_id, saved.watermark
+            restart_grace(self._state, saved.groups, time.monotonic(), self._opts)
+            restore_last_quorum(self._state, saved.members, datetime.now(timezone.utc))
+        if seed_committed is not None:
+            before = self._state.watermark.step
+            if seed_watermark(self._state, int(seed_committed[0]), int(seed_committed[1])):
+                logger.warning("committed watermark %d -> %d: step %d (lineage %d) was committed while the "
+                               "Lighthouse was down and no replica has reported it here yet", before,
+                               self._state.watermark.step, seed_committed[0], seed_committed[1])
+                self._save_state()
         if expect_groups:
             expect_first_groups(self._state, list(expect_groups), time.monotonic(), expect_within_s)
         self._member_wire: dict[str, torchft_pb2.QuorumMember] = {}  # each replica's last quorum request
@@ -651,10 +680,11 @@ class LighthouseServer:
             return
         try:
             prev = self._state.prev_quorum
-            groups = sorted({group_name(rid) or rid for rid in prev.replica_ids()}) if prev is not None else None
+            members = prev.replica_ids() if prev is not None else None
+            groups = sorted({group_name(rid) or rid for rid in members}) if members is not None else None
             if groups is None and self._state.expected_groups:
                 groups = sorted(self._state.expected_groups)  # no quorum yet since the restart: keep the last one's
-            save_quorum_id(self._state_file, self._state.quorum_id, self._state.watermark, groups)
+            save_quorum_id(self._state_file, self._state.quorum_id, self._state.watermark, groups, members)
         except OSError:
             logger.exception("could not save Lighthouse state to %s; ids may repeat after a restart",
                              self._state_file)

@@ -74,11 +74,15 @@ class Participant:
 
 @dataclass
 class Watermark:
-    """The run's highest committed state: `step` committed in quorum `lineage`; `resets` lineage resets so far."""
+    """The run's highest committed state: `step` committed in quorum `lineage`; `resets` lineage resets so far;
+    `lost_lineage` the lineage of the watermark the last reset gave up (0: none yet). Every commit made after that
+    reset is in a quorum issued after it, so its lineage is above `lost_lineage`; every commit made before it is
+    at or below (the lost watermark was the highest). `seed_watermark` tells the two apart by it."""
 
     step: int = 0
     lineage: int = 0
     resets: int = 0
+    lost_lineage: int = 0
 
 
 @dataclass
@@ -111,12 +115,28 @@ def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: 
     state.committed[replica_id] = (step, lineage)
     w = state.watermark
     if accepted is not None and accepted[0] and tuple(accepted) == (w.step, w.lineage) and step < w.step:
-        state.watermark = Watermark(step, lineage, w.resets + 1)
+        state.watermark = Watermark(step, lineage, w.resets + 1, max(w.lineage, w.lost_lineage))
         return True
     if (step, lineage) > (w.step, w.lineage):
-        state.watermark = Watermark(step, lineage, w.resets)
+        state.watermark = Watermark(step, lineage, w.resets, w.lost_lineage)
         return True
     return False
+
+
+def seed_watermark(state: LighthouseState, step: int, lineage: int) -> bool:
+    """Raise the watermark of a restarted Lighthouse to a commit it never heard of; returns whether it rose.
+
+    While the Lighthouse is down, the replicas may go on committing (`regent.ft.quorum_reuse`); their heartbeats
+    report those steps once it is back. If every replica dies first, only whoever watched the commits (the
+    controller) knows them, and without this the restarted Lighthouse's watermark, and the loss it counts, would
+    stop short of them (the loss must be counted in full). A commit from before the last counted reset
+    (`lineage <= lost_lineage`) must not raise it again: that loss was accepted already, and raising the watermark
+    would send the restored replicas to restore a second time."""
+    w = state.watermark
+    if step <= 0 or lineage <= w.lost_lineage or (step, lineage) <= (w.step, w.lineage):
+        return False
+    state.watermark = Watermark(step, lineage, w.resets, w.lost_lineage)
+    return True
 
 
 # A holder of the committed state counts as alive for this many heartbeat timeouts, not one. Being named a holder
@@ -255,6 +275,17 @@ def restart_grace(state: LighthouseState, groups: list[str], now: float, opts: Q
     `groups` to heartbeat again, at most one heartbeat timeout (a group still silent by then is dead)."""
     state.expected_groups = frozenset(groups)
     state.not_before = now + opts.heartbeat_timeout_ms / 1000.0 if groups else 0.0
+
+
+def restore_last_quorum(state: LighthouseState, members: list[str], created: datetime) -> None:
+    """A Lighthouse restarted from its state file takes the last quorum's replica ids back as its previous quorum,
+    so the same members coming back get the same quorum id (`next_quorum_id`) and keep their process groups,
+    instead of a new id that makes every one of them rebuild its group after each Lighthouse restart. Only the ids
+    are known: the members' addresses and steps come with their next requests."""
+    if members and state.quorum_id:
+        state.prev_quorum = Quorum(quorum_id=state.quorum_id, participants=[QuorumMember(replica_id=rid)
+                                                                             for rid in sorted(members)],
+                                   created=created)
 
 
 def expect_first_groups(state: LighthouseState, groups: list[str], now: float, within_s: float) -> None:

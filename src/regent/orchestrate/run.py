@@ -107,6 +107,8 @@ class OrchestrationManager:
         self.view = RunView(cfg.replicas)
         self.display = LiveDisplay(self.view, cfg.live)
         self.max_step = 0
+        # the highest (manager step, lineage) a replica reported holding: a restarted Lighthouse starts from it
+        self.committed_seen = (0, 0)
         self.t_start = time.time()
         self._replay_overrun_said = False
         # replica -> (injected at, seconds its failure report may take): a fault delivered whose failure has not
@@ -414,6 +416,7 @@ class OrchestrationManager:
         if r is not None and self.healthy_since.get(r) is None:
             self.healthy_since[r] = time.time()
         self.max_step = max(self.max_step, m.get("step", 0))
+        self.committed_seen = highest_commit(self.committed_seen, m)
         if self.t_train is None:
             self.t_train = time.time()
 
@@ -637,6 +640,7 @@ class OrchestrationManager:
         for m in read_jsonl(self.run_dir / "metrics.jsonl"):
             self.view.on_metric(m)
             self.max_step = max(self.max_step, m.get("step", 0))
+            self.committed_seen = highest_commit(self.committed_seen, m)
             if self.t_train is None or m.get("time", self.t_train) < self.t_train:
                 self.t_train = m.get("time", self.t_train)
             r = m.get("replica")
@@ -948,7 +952,9 @@ class OrchestrationManager:
                 # a fresh run's first quorum waits for every replica (bounded by the join timeout); a restarted
                 # Lighthouse waits for the last quorum's groups instead (its state file names them)
                 [f"replica_{r}" for r in range(cfg.replicas)] if self._lh_address is None else None,
-                lc.join_timeout_ms / 1000.0)
+                lc.join_timeout_ms / 1000.0,
+                # what the replicas committed while no Lighthouse heard it (regent.ft.quorum.seed_watermark)
+                seed_committed=self.committed_seen if self.committed_seen[0] else None)
             if self._lh_address is not None and info["address"] != self._lh_address:
                 raise RuntimeError(f"the new Lighthouse serves at {info['address']}, not {self._lh_address}")
             self._lh_address = info["address"]
@@ -1061,8 +1067,12 @@ class OrchestrationManager:
             return
         finally:
             self._lh_task = None
+        # committed_step: the watermark it starts from (its state file's, or what the replicas committed while it
+        # was down, if higher: `seed_committed`)
         self.record_event(_event("lighthouse_restarted", address=info["address"], cause=cause, down_s=down_s,
-                                 seconds=time.time() - t0, step=self.max_step))
+                                 seconds=time.time() - t0, step=self.max_step,
+                                 committed_step=info.get("committed_step"),
+                                 committed_lineage=info.get("committed_lineage")))
         self._record_attach()
         print(f"[regent] Lighthouse started again at {info['address']} ({cause})", flush=True)
 
@@ -1404,6 +1414,15 @@ def since_first_step(healthy_since: dict[int, float | None], t_train: float) -> 
     eligible, and a run injected no faults at all.
     """
     return {r: (since - t_train if since is not None else None) for r, since in healthy_since.items()}
+
+
+def highest_commit(seen: tuple[int, int], metric: dict[str, Any]) -> tuple[int, int]:
+    """`seen`, or the (manager step, lineage) a trainer's step record says its replica holds, whichever is higher.
+    Only group rank 0's records carry a lineage; a record of a failed commit holds the last committed one."""
+    lineage, step = metric.get("lineage"), metric.get("manager_step")
+    if lineage is None or step is None:
+        return seen
+    return max(seen, (int(step), int(lineage)))
 
 
 def fixed_bind(bind: str, address: str) -> str:

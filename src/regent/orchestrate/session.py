@@ -420,6 +420,9 @@ class TrainingSession:
             rank=self.rank,
             quorum_id=self.manager.quorum_id(),
             manager_step=self.manager.current_step(),
+            # the quorum this replica's state was committed in (None but on group rank 0): with manager_step, what
+            # the controller hands a Lighthouse it restarts (`regent.ft.quorum.seed_watermark`)
+            lineage=self.manager.lineage(),
             wall_s=time.time() - t0,
             rss_mb=_rss_mb(),
         )

@@ -126,11 +126,16 @@ def test_lighthouse_restart_on_same_address(tmp_path):
             assert not fa.done() and not fb.done()
             proc = start_cli_lighthouse(port, state_file)
             qa, qb = fa.result(timeout=60), fb.result(timeout=60)
-        # The restarted Lighthouse continues the ids from its state file (never reusing 1); members and steps
-        # come from the requests.
-        assert qa.quorum_id == qb.quorum_id == 2
+        # The restarted Lighthouse knows the last quorum from its state file: the same members keep its id (and
+        # their process groups); members and steps come from the requests.
+        assert qa.quorum_id == qb.quorum_id == 1
         assert qa.replica_ids() == ["a", "b"]
         assert [m.step for m in qa.participants] == [6, 6]
+        # any change is a new id, after the saved one (never an id used before)
+        with ThreadPoolExecutor(2) as pool:
+            fa = pool.submit(client_a.quorum, "a", 60, step=7)
+            fb = pool.submit(client_b.quorum, "b", 60, step=7, commit_failures=1)
+            assert fa.result(timeout=60).quorum_id == fb.result(timeout=60).quorum_id == 2
         stop_beats.set()
         beater.join(timeout=10)
         assert beat_errors, "heartbeats should have failed while the Lighthouse was down"

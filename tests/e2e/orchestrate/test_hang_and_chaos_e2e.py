@@ -72,7 +72,7 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
     assert restarted[0]["address"] == address
     ids_before = [e["quorum_id"] for e in events if e["kind"] == "quorum" and e["time"] < lh["time"]]
     ids_after = [e["quorum_id"] for e in events if e["kind"] == "quorum" and e["time"] > restarted[0]["time"]]
-    assert ids_after and min(ids_after) > max(ids_before), "quorum ids went back after the Lighthouse restart"
+    assert ids_after and min(ids_after) >= max(ids_before), "quorum ids went back after the Lighthouse restart"
     for r in (0, 1):
         assert len(committed_after(restarted[0]["time"], r)) >= 3, f"replica {r} stopped after the Lighthouse kill"
     # ... and while it was down, both replicas kept their last quorum and went on committing (ft.quorum_reuse):
@@ -84,8 +84,20 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
         during = [m for m in committed_after(down[0], r) if m["time"] < down[1]]
         assert during, f"replica {r} committed nothing while the Lighthouse was down"
 
-    # the hang: detected by the adaptive rule in well under the 15 s ceiling, and training went on after it
+    # the new Lighthouse started from every step committed before it, those committed without it too: the controller
+    # hands it what the replicas reported (had both died before their heartbeats told it, the loss would be counted
+    # in full); metrics from the last second before its start may still have been on their way
+    started = restarted[0]["time"] - restarted[0]["seconds"]
+    held = max(m["manager_step"] for m in metrics if m.get("lineage") is not None and m["time"] < started - 1.0)
+    assert restarted[0]["committed_step"] >= held, (restarted[0], held)
+
+    # the new Lighthouse gave the same two replicas the same quorum id: nobody rebuilt its process group for it
+    # (a `quorum` event is a rebuild) before the next membership change, the hang's restart
     hang = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "hang")
+    rebuilt = [e for e in events if e["kind"] == "quorum" and restarted[0]["time"] < e["time"] < hang["time"]]
+    assert not rebuilt, rebuilt
+
+    # the hang: detected by the adaptive rule in well under the 15 s ceiling, and training went on after it
     assert hang["replica"] == 1 and hang["replicas"] == [1]
     detected = next(e for e in events if e["kind"] == "failure_detected" and e["replica"] == 1
                     and e["time"] >= hang["time"])
@@ -98,3 +110,42 @@ def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
 
     assert summary["replicas_consistent"] is True, summary.get("final_states")
     assert summary["run_failed"] is None and summary["leaked_pids"] == []
+
+
+@pytest.mark.long  # make test's budget; the pieces are tested apart (test_committed_state, test_hang_and_chaos)
+@pytest.mark.timeout(400)
+def test_every_replica_dying_while_the_lighthouse_is_down_counts_the_steps_committed_without_it(tmp_path):
+    """The replicas commit steps the Lighthouse never hears of (it is down), then all die: the new Lighthouse
+    starts from those steps (the controller saw them), so the restore from the backstop counts them lost, in full,
+    and the run's checker holds."""
+    sched = tmp_path / "faults.jsonl"
+    sched.write_text("".join(json.dumps(f) + "\n" for f in (
+        {"at": 12, "kind": "lighthouse"},
+        {"at": 16, "replica": 0, "kind": "kill", "rank": 0},
+        {"at": 16, "replica": 1, "kind": "kill", "rank": 0})))
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1",
+         "--model", "debug", "--no-live", "--duration", "45s", "--run-dir", str(run_dir), "--faults-file", str(sched),
+         "--ft.sync-every", "3", "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
+         "--ft.quorum-timeout-s", "120", "--lighthouse.join-timeout-ms", "10000",
+         "--lighthouse.heartbeat-timeout-ms", "3000", "--faults.lighthouse-down-s", "8",
+         "--ft.backstop-every-s", "1"],
+        env=env, capture_output=True, text=True, timeout=380,
+    )
+    # 0: finished, and `regent check` holds (3: a loss not counted in full would be a violation)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lh = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "lighthouse")
+    kills = [e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "kill"]
+    restarted = next(e for e in events if e["kind"] == "lighthouse_restarted")
+    assert len(kills) == 2 and lh["time"] < min(k["time"] for k in kills) < restarted["time"]
+    before_outage = max(m["manager_step"] for m in metrics if m.get("lineage") is not None and m["time"] < lh["time"])
+    held = max(m["manager_step"] for m in metrics if m.get("lineage") is not None
+               and m["time"] < min(k["time"] for k in kills))
+    assert held > before_outage, "no step was committed while the Lighthouse was down: nothing to prove"
+    assert restarted["committed_step"] == held
+    lost = [e for e in events if e["kind"] == "state_lost"]
+    assert lost and max(e["lost_step"] for e in lost) == held, lost

@@ -18,12 +18,14 @@ from regent.ft.manager import recovery_plan
 from regent.ft.quorum import (
     LighthouseState,
     QuorumOptions,
+    Watermark,
     expect_first_groups,
     holders,
     note_committed,
     note_heartbeat,
     quorum_compute,
     restart_grace,
+    seed_watermark,
 )
 from regent.ft.types import QuorumMember
 
@@ -51,6 +53,28 @@ def test_watermark_rises_and_falls_only_on_an_accepted_loss():
     # a second loss, of a later lineage, still counts
     assert note_committed(s, "c:2", 2, 1, accepted=(3, 7))
     assert (s.watermark.step, s.watermark.resets) == (2, 2)
+
+
+def test_a_restarted_lighthouse_takes_commits_it_missed_but_never_a_loss_already_counted():
+    s = LighthouseState()
+    assert note_committed(s, "a:1", 5, 3)
+    # steps 6 and 7 were committed in the reused quorum 3 while the Lighthouse was down; every holder then died
+    assert seed_watermark(s, 7, 3)
+    assert s.watermark == Watermark(7, 3, 0, 0)
+    assert not seed_watermark(s, 6, 3) and not seed_watermark(s, 0, 0)  # never lowers; nothing committed
+    # the restored replicas accept losing step 7: counted, and the lost lineage remembered
+    assert note_committed(s, "a:2", 2, 1, accepted=(7, 3))
+    assert s.watermark == Watermark(2, 1, 1, 3)
+    # whoever watched the commits still remembers step 7: from before the reset (lineage 3), it must not raise the
+    # watermark again (the restored replicas would look behind and restore a second time)
+    assert not seed_watermark(s, 7, 3)
+    assert s.watermark == Watermark(2, 1, 1, 3)
+    # a commit after the reset is in a quorum issued after it: a later lineage, taken
+    assert seed_watermark(s, 4, 5)
+    assert s.watermark == Watermark(4, 5, 1, 3)
+    # a second reset remembers the higher lost lineage
+    assert note_committed(s, "b:3", 1, 1, accepted=(4, 5))
+    assert s.watermark == Watermark(1, 1, 2, 5) and not seed_watermark(s, 4, 5)
 
 
 def test_holders_are_healthy_replicas_at_the_watermark():
@@ -183,6 +207,41 @@ def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
         client.close()
     finally:
         lh2.shutdown()
+
+
+def test_lighthouse_started_with_what_the_controller_saw_committed(tmp_path):
+    state = tmp_path / "lh.state"
+    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
+    try:
+        client = LighthouseClient(lh.address())
+        client.heartbeat("g:1", committed=(5, 3, 0, 0))
+        client.close()
+    finally:
+        lh.shutdown()
+    # the next Lighthouse never hears of steps 6-7 from a replica (all died): the controller's record raises it,
+    # and the state file keeps it for the one after
+    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=(7, 3))
+    try:
+        assert lh2.status()["committed"] == {"step": 7, "lineage": 3, "resets": 0}
+    finally:
+        lh2.shutdown()
+    assert json.loads(state.read_text())["committed"] == {"step": 7, "lineage": 3, "resets": 0, "lost_lineage": 0}
+    lh3 = LighthouseServer(bind="127.0.0.1:0", state_file=state)
+    try:
+        client = LighthouseClient(lh3.address())
+        assert client.holders()[:2] == (7, 3)
+        client.heartbeat("g:2", committed=(2, 1, 7, 3))  # restored older state and accepts losing step 7
+        assert client.holders()[:2] == (2, 1)
+        client.close()
+    finally:
+        lh3.shutdown()
+    assert json.loads(state.read_text())["committed"] == {"step": 2, "lineage": 1, "resets": 1, "lost_lineage": 3}
+    # a controller that still remembers step 7 (from before that counted loss) does not undo it
+    lh4 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=(7, 3))
+    try:
+        assert lh4.status()["committed"] == {"step": 2, "lineage": 1, "resets": 1}
+    finally:
+        lh4.shutdown()
 
 
 def test_backstop_saves_asynchronously_prunes_and_ignores_incomplete(tmp_path):

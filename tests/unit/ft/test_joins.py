@@ -150,8 +150,8 @@ def test_a_batch_reports_each_watermark_move_with_the_watermark_before() -> None
                                        join_record(2, (0, 0), decode_quorum_request(higher), higher)]))
     applied = apply_joins(state, batch, 1.0)
     # the reset (to step 3, counted), then the rise to step 9
-    assert applied.watermark_moves == [("r:1", Watermark(5, 2, 0)), ("q:1", Watermark(3, 1, 1))]
-    assert state.watermark == Watermark(9, 0, 1)
+    assert applied.watermark_moves == [("r:1", Watermark(5, 2, 0)), ("q:1", Watermark(3, 1, 1, 2))]
+    assert state.watermark == Watermark(9, 0, 1, 2)
 
 
 def test_the_plan_from_front_end_entries_is_the_plan_from_the_members() -> None:

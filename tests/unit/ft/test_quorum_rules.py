@@ -19,6 +19,7 @@ from regent.ft.quorum import (
     quorum_changed,
     quorum_compute,
     quorum_possible,
+    restore_last_quorum,
 )
 from regent.ft.types import Quorum, QuorumMember
 
@@ -390,3 +391,24 @@ def test_a_new_incarnation_retires_its_groups_older_ids():
     members, reason = quorum_compute(NOW + 0.3, state, opts)
     assert [m.replica_id for m in members] == ["a:2", "b:1"], reason
     assert "b:1" in state.heartbeats and note_incarnation(state, "c") == []  # other groups, plain ids: untouched
+
+
+def test_a_restarted_lighthouse_gives_the_last_quorums_members_the_same_id():
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=HOUR_MS)
+    created = datetime.now(timezone.utc)
+    state = LighthouseState(quorum_id=7)
+    restore_last_quorum(state, ["b:1", "a:1"], created)
+    for rid in ("a:1", "b:1"):
+        join(state, member(rid))
+    members, reason = quorum_compute(NOW, state, opts)
+    assert reason.startswith("Fast quorum") and [m.replica_id for m in members] == ["a:1", "b:1"]
+    assert issue_quorum(state, members, created).quorum_id == 7  # nobody rebuilds its process group
+    # a member that restarted meanwhile (a new id), or one that failed a commit: a new id, as always
+    state2 = LighthouseState(quorum_id=7)
+    restore_last_quorum(state2, ["a:1", "b:1"], created)
+    assert next_quorum_id(state2, [member("a:1"), member("b:2")]) == 8
+    assert next_quorum_id(state2, [member("a:1"), member("b:1", commit_failures=1)]) == 8
+    # nothing saved (a first start, or a state file of an older Regent): no previous quorum
+    state3 = LighthouseState(quorum_id=7)
+    restore_last_quorum(state3, [], created)
+    assert state3.prev_quorum is None

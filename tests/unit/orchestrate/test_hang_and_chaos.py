@@ -17,7 +17,7 @@ from regent.orchestrate.faults import (
     fault_record,
 )
 from regent.orchestrate.hang import HangDetector, HangRule, p99
-from regent.orchestrate.run import _event, fixed_bind
+from regent.orchestrate.run import _event, fixed_bind, highest_commit
 from regent.orchestrate.vote import decide
 
 # -- the hang rule ---------------------------------------------------------------------------------------------
@@ -237,6 +237,15 @@ def test_fixed_bind_keeps_the_first_port():
     assert fixed_bind("127.0.0.1:0", "http://127.0.0.1:29517") == "127.0.0.1:29517"
     assert fixed_bind("0.0.0.0:29510", "http://host:29510") == "0.0.0.0:29510"
     assert fixed_bind("[::1]:0", "http://[::1]:4000/") == "[::1]:4000"
+
+
+def test_the_controller_keeps_the_highest_commit_a_replica_reported():
+    seen = (0, 0)
+    for m in ({"manager_step": 3, "lineage": 2}, {"manager_step": 9, "lineage": None},  # group rank > 0: no lineage
+              {"manager_step": 5, "lineage": 2}, {"manager_step": 4, "lineage": 6},  # restored older state, later
+              {"step": 12}):
+        seen = highest_commit(seen, m)
+    assert seen == (5, 2)
 
 
 def test_events_of_kinds_not_listed_yet_have_the_usual_fields():
