@@ -32,7 +32,7 @@ from regent.eventloop import new_event_loop
 from regent.ft import grpc_lite
 from regent.ft.lighthouse_client import LighthouseClient, LighthouseUnavailable
 from regent.ft.proto import torchft_pb2
-from regent.ft.quorum_reuse import agree_to_reuse, reissue
+from regent.ft.quorum_reuse import agree_to_reuse, agree_to_reuse_counted, reissue, reused_step
 from regent.ft.recovery import (
     ACCEPTED_LOSS_KEY,
     LINEAGE_KEY,
@@ -400,7 +400,7 @@ class ManagerServer:
         if reused:
             self.quorums_reused += 1
             logger.info("quorum %d reused for step %d without the Lighthouse (unreachable)", quorum.quorum_id,
-                        quorum.participants[0].step)
+                        reused_step(quorum))
         self._finish(rnd)
 
     def _reusable(self, requests: list[Any]) -> Quorum | None:
@@ -413,12 +413,22 @@ class ManagerServer:
     def _agree(self, quorum: Quorum, deadline: float) -> bool:
         """Whether every member of `quorum` agreed to reuse it (`quorum_reuse.agree_to_reuse`), through the TCPStore
         of its first member by replica id (one store every member names alike)."""
-        first = min(quorum.participants, key=lambda m: m.replica_id)
+        compact = quorum.compact.msg if quorum.compact is not None else None
+        # a compact share names the store primaries of group ranks 0.. of the up-to-date members, sorted by id:
+        # the first is the first member's (nobody healed, or it is not reissued)
+        address = (compact.store_addresses[0] if compact is not None
+                   else min(quorum.participants, key=lambda m: m.replica_id).store_address)
+
+        def back() -> bool:
+            return self._client.unavailable_since is None or self._stopped.is_set()
+
         try:
-            store = _store_client(first.store_address, max(0.1, min(REUSE_STORE_TIMEOUT_S, deadline - time.monotonic())))
-            return agree_to_reuse(store, quorum.quorum_id, quorum.participants[0].step, self.replica_id,
-                                  [m.replica_id for m in quorum.participants], deadline,
-                                  lambda: self._client.unavailable_since is None or self._stopped.is_set())
+            store = _store_client(address, max(0.1, min(REUSE_STORE_TIMEOUT_S, deadline - time.monotonic())))
+            if compact is not None:
+                return agree_to_reuse_counted(store, quorum.quorum_id, reused_step(quorum),
+                                              int(compact.replica_world_size), deadline, back)
+            return agree_to_reuse(store, quorum.quorum_id, reused_step(quorum), self.replica_id,
+                                  [m.replica_id for m in quorum.participants], deadline, back)
         except Exception as err:  # noqa: BLE001 - reported; without the agreement this group asks the Lighthouse
             logger.warning("could not agree on reusing quorum %d (%s); waiting for the Lighthouse",
                            quorum.quorum_id, err)

@@ -7,16 +7,18 @@ known in advance (the same quorum id and members, every member one step further,
 members may issue it to themselves. Two parts:
 
 - `reissue` (pure): whether the last quorum may be reused for this group's next step, and the quorum it
-  becomes. Only the plain case qualifies: the last answer listed its members (not compact; a quorum of more
-  than 64 groups is answered compactly, and then the outage is waited out), it was not the first step's, and
-  this group committed exactly one step since, in that quorum, with no failed commit and no shrink-only
-  request. Every member that qualifies holds the same state then (the quorum's highest step plus one, its
-  lineage), whoever healed in it.
+  becomes. Only the plain case qualifies: it was not the first step's, and this group committed exactly one
+  step since, in that quorum, with no failed commit and no shrink-only request. Every member that qualifies
+  holds the same state then (the quorum's highest step plus one, its lineage), whoever healed in it. A compact
+  answer (a quorum of more than 64 groups, `regent.ft.compact`) qualifies too when nobody healed in it: a
+  member's share names the store primaries of the up-to-date members only, so after a heal it lacks what a
+  quorum of all of them would name.
 - `agree_to_reuse`: reuse must be all or nothing, or the members that reused wait in a collective for one that
   went to the Lighthouse instead (up to the collective timeout). Each member that wants to reuse writes a vote
   in the TCPStore of the last quorum's store primary; the first member to see every member's vote, or to give
   up (its deadline, or the Lighthouse answering again), sets the one decision key with compare-and-set, and
-  everyone follows that key. A member that did not vote (the Lighthouse looked up to it, or it died, or it is a
+  everyone follows that key. A compact answer names no member ids, only how many members there are: then each
+  member adds one to a counter instead (`agree_to_reuse_counted`; a member votes once per quorum and step). A member that did not vote (the Lighthouse looked up to it, or it died, or it is a
   new incarnation under a new id) makes the decision "ask the Lighthouse"; nobody reuses without every vote.
 
 A member that died after voting fails the reused step's collective, as it would fail any step: the survivors'
@@ -43,9 +45,11 @@ VOTE_POLL_S = 0.02
 def reissue(last: Quorum | None, step: int, lineage: int, commit_failures: int = 0,
             shrink_only: bool = False) -> Quorum | None:
     """The quorum `last` becomes for a group now at `step` with `lineage`, or None if it may not be reused."""
-    if last is None or last.compact is not None or not last.participants:
+    if last is None or commit_failures or shrink_only:
         return None
-    if commit_failures or shrink_only:
+    if last.compact is not None:
+        return _reissue_compact(last, step, lineage)
+    if not last.participants:
         return None
     # Members that healed in `last` held its highest step once healed; whoever committed in it is one step past
     # that, in its lineage. A member that did not commit (a failed heal, a failed collective) does not match
@@ -58,6 +62,25 @@ def reissue(last: Quorum | None, step: int, lineage: int, commit_failures: int =
                for m in last.participants]
     return Quorum(quorum_id=last.quorum_id, participants=members, created=datetime.now(timezone.utc),
                   committed_step=last.committed_step)
+
+
+def _reissue_compact(last: Quorum, step: int, lineage: int) -> Quorum | None:
+    """`reissue` of a compact answer: this member's share, one step further, when nobody healed in `last`."""
+    m = last.compact.msg
+    if m.max_world_size != m.replica_world_size or len(m.recovery) or not m.store_addresses:
+        return None  # someone healed in it: the share names the store primaries of the up-to-date members only
+    if m.max_step <= 0 or step != m.max_step + 1 or lineage != last.quorum_id:
+        return None
+    msg = type(m)()
+    msg.CopyFrom(m)
+    msg.max_step, msg.max_lineage, msg.commit_failures = step, lineage, 0
+    return Quorum(quorum_id=last.quorum_id, participants=[], created=datetime.now(timezone.utc),
+                  committed_step=last.committed_step, compact=replace(last.compact, msg=msg))
+
+
+def reused_step(quorum: Quorum) -> int:
+    """The step every member of a reissued quorum is at."""
+    return int(quorum.compact.msg.max_step) if quorum.compact is not None else quorum.participants[0].step
 
 
 def vote_keys(quorum_id: int, step: int) -> tuple[str, str]:
@@ -75,10 +98,27 @@ def agree_to_reuse(store: Any, quorum_id: int, step: int, me: str, members: Sequ
     votes, decision = vote_keys(quorum_id, step)
     store.set(votes + me, b"1")
     wanted = [votes + m for m in members]
+    return _decide(store, decision, lambda: store.check(wanted), deadline, lighthouse_back, poll_s)
+
+
+def agree_to_reuse_counted(store: Any, quorum_id: int, step: int, members: int, deadline: float,
+                           lighthouse_back: Callable[[], bool], poll_s: float = VOTE_POLL_S) -> bool:
+    """`agree_to_reuse` for a compact answer, which names no member ids: each of the `members` adds one to a
+    counter. Only a member of the quorum knows its id and has committed its step, and each votes once (the
+    Manager server votes once per round), so the count reaches `members` only when every member voted."""
+    votes, decision = vote_keys(quorum_id, step)
+    counter = decision.removesuffix("/decision") + "/count"
+    store.add(counter, 1)
+    return _decide(store, decision, lambda: store.add(counter, 0) >= members, deadline, lighthouse_back, poll_s)
+
+
+def _decide(store: Any, decision: str, all_voted: Callable[[], bool], deadline: float,
+            lighthouse_back: Callable[[], bool], poll_s: float) -> bool:
+    """Wait for every vote, or give up; the first to do either sets the one decision (compare-and-set)."""
     while True:
         if store.check([decision]):
             break
-        if store.check(wanted):
+        if all_voted():
             store.compare_set(decision, b"", REUSE)
             break
         if time.monotonic() >= deadline or lighthouse_back():

@@ -12,10 +12,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from regent.ft.compact import CompactQuorum, compact_share
 from regent.ft.lighthouse import LighthouseServer
 from regent.ft.manager import Manager
-from regent.ft.quorum_reuse import agree_to_reuse, reissue
-from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY
+from regent.ft.quorum_reuse import agree_to_reuse, agree_to_reuse_counted, reissue
+from regent.ft.recovery import ACCEPTED_LOSS_KEY, LINEAGE_KEY, QuorumPlan
 from regent.ft.types import Quorum, QuorumMember
 
 
@@ -56,14 +57,40 @@ def test_reissue_refuses_whatever_the_lighthouse_might_answer_otherwise(why, las
     assert reissue(last, **args) is None, why
 
 
-def test_reissue_refuses_a_compact_answer_and_drops_an_accepted_loss():
-    import dataclasses
-
-    assert reissue(dataclasses.replace(_quorum([7, 7]), compact=object()), 8, 4) is None
+def test_reissue_drops_an_accepted_loss():
     last = _quorum([7, 7])
     last.participants[0].data[ACCEPTED_LOSS_KEY] = [9, 2]
     again = reissue(last, 8, 4)
     assert again is not None and ACCEPTED_LOSS_KEY not in again.participants[0].data
+
+
+def _compact(steps: list[int], me: int = 1, qid: int = 4, ranks: int = 2) -> Quorum:
+    """Member `me`'s compact share of the quorum `_quorum(steps)` (as the Lighthouse would answer it)."""
+    full = _quorum(steps, qid=qid)
+    plan = QuorumPlan(qid, full.participants)
+    rid = full.participants[me].replica_id
+    share = CompactQuorum(rid, qid, 0, False, compact_share(plan, rid, ranks, False))
+    return Quorum(qid, [], full.created, compact=share)
+
+
+def test_reissue_of_a_compact_answer_is_the_full_ones_share():
+    again = reissue(_compact([7, 7, 7]), step=8, lineage=4)
+    assert again is not None and again.quorum_id == 4 and again.participants == []
+    # exactly the share the Lighthouse would give for the reissued full quorum
+    expected = _compact([8, 8, 8]).compact.msg
+    expected.max_lineage = 4
+    assert again.compact.msg == expected
+    result = again.compact.result("r1:x", 1, False)
+    assert (result.replica_rank, result.replica_world_size, result.max_step, result.heal) == (1, 3, 8, False)
+    assert (result.max_replica_rank, result.max_world_size, result.store_address) == (1, 3, "s1")
+    assert reissue(again, step=9, lineage=4) is not None  # twice in a row
+    # refused as the full answer is, and when someone healed in it (the share then names the store primaries of
+    # the up-to-date members only)
+    for why, last, args in (("behind", _compact([7, 7, 7]), (7, 4)), ("another quorum", _compact([7, 7, 7]), (8, 3)),
+                            ("step 0", _compact([0, 0, 0]), (1, 4)), ("healed in it", _compact([7, 6, 7]), (8, 4)),
+                            ("healed in it, as the healer", _compact([7, 6, 7], me=1), (8, 4))):
+        assert reissue(last, *args) is None, why
+    assert reissue(_compact([7, 7, 7]), 8, 4, commit_failures=1) is None
 
 
 # -- the agreement, over a real TCPStore -------------------------------------------------------------------------
@@ -105,6 +132,27 @@ def test_a_member_that_never_votes_makes_it_ask_the_lighthouse_for_everyone():
     assert agree_to_reuse(_client(master), 4, 8, "c", ["a", "b", "c"], time.monotonic() + 5, lambda: False) is False
 
 
+def test_a_compact_quorums_members_count_their_votes():
+    master = _store()
+    out: dict[int, bool] = {}
+
+    def vote(i: int, members: int, deadline_s: float) -> None:
+        out[i] = agree_to_reuse_counted(_client(master), 4, 8, members, time.monotonic() + deadline_s, lambda: False)
+
+    threads = [threading.Thread(target=vote, args=(i, 3, 10.0)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {0: True, 1: True, 2: True}
+    # another step: one of three never votes, so nobody reuses
+    out.clear()
+    start = time.monotonic()
+    assert agree_to_reuse_counted(_client(master), 4, 9, 3, time.monotonic() + 1.0, lambda: False) is False
+    assert agree_to_reuse_counted(_client(master), 4, 9, 3, time.monotonic() + 1.0, lambda: False) is False
+    assert time.monotonic() - start < 5
+
+
 def test_the_lighthouse_answering_again_ends_the_vote():
     master = _store()
     start = time.monotonic()
@@ -138,7 +186,10 @@ def _step(managers: list[Manager], results: dict, quorum_timeout: float | None =
 
 
 @pytest.mark.timeout(120)
-def test_three_replicas_commit_while_their_lighthouse_is_down_and_wait_when_one_is_missing():
+@pytest.mark.parametrize("answer", ["full", "compact"])
+def test_three_replicas_commit_while_their_lighthouse_is_down_and_wait_when_one_is_missing(answer, monkeypatch):
+    # compact: the answer of quorums of more than 64 groups (regent.ft.compact), asked for at any size here
+    monkeypatch.setenv("REGENT_COMPACT_QUORUM", "1" if answer == "compact" else "0")
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=10_000)
     port = lighthouse.port
     events: list = []
