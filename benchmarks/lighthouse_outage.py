@@ -13,6 +13,9 @@ events.jsonl and summary.json:
 - steps committed without the Lighthouse (distinct `quorum_reused` steps);
 - the gap between the last commit before each Lighthouse kill and the first after it (p50, max), next to the
   run's usual gap between two commits (p50): a gap no longer than the usual one means the outage cost nothing;
+- process-group rebuilds after each replica's first quorum (`quorum` events): with only Lighthouse faults the
+  membership never changes, so each one is a cost of a restart (a restarted Lighthouse that gave the same
+  members a new quorum id);
 - `regent check`'s verdict on each run.
 Prints a table and writes benchmarks/results/lighthouse_outage.json.
 """
@@ -77,8 +80,20 @@ def figures(run_dir: Path) -> dict[str, Any]:
         "gap_around_fault_max": max(around) if around else None,
         "usual_gap_p50": statistics.median(usual) if usual else None,
         "max_stall_seconds": summary.get("max_stall_seconds"),
+        "rebuilds_after_first": rebuilds_after_first(events),
         "violations": check_run(run_dir),
     }
+
+
+def rebuilds_after_first(events: list[dict[str, Any]]) -> int:
+    """`quorum` events (one per process-group build of a group rank) beyond the first of each (replica, generation,
+    rank)."""
+    seen: dict[tuple[Any, Any, Any], int] = {}
+    for e in events:
+        if e["kind"] == "quorum":
+            key = (e.get("replica"), e.get("generation"), e.get("rank"))
+            seen[key] = seen.get(key, 0) + 1
+    return sum(n - 1 for n in seen.values())
 
 
 def main() -> None:
@@ -112,6 +127,7 @@ def main() -> None:
         ("gap around a kill max (s)", "gap_around_fault_max"),
         ("usual gap between commits p50 (s)", "usual_gap_p50"),
         ("longest stall of the committed step (s)", "max_stall_seconds"),
+        ("process-group rebuilds after the first", "rebuilds_after_first"),
     ]
     from rich.console import Console
     from rich.table import Table

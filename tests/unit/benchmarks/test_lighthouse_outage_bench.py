@@ -27,6 +27,9 @@ def test_the_gap_across_a_kill_is_measured_from_each_steps_first_commit(tmp_path
         events += [commit(t + 0.05 * r, r, step) for r in range(3)]
     events.append({"time": 4.5, "kind": "fault_injected", "fault_kind": "lighthouse", "replica": None})
     events.append({"time": 4.6, "kind": "commit", "replica": 0, "step": 29, "committed": False})
+    # each replica's group ranks built their groups once at the start; replica 1's rank 0 rebuilt after the kill
+    events += [{"time": 1.0, "kind": "quorum", "replica": r, "rank": k} for r in range(3) for k in range(2)]
+    events.append({"time": 8.0, "kind": "quorum", "replica": 1, "rank": 0})
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (tmp_path / "summary.json").write_text(json.dumps({"global_committed_step": 40, "steps_without_lighthouse": 0,
                                                        "max_stall_seconds": 5.0}))
@@ -40,3 +43,4 @@ def test_the_gap_across_a_kill_is_measured_from_each_steps_first_commit(tmp_path
     assert f["gap_around_fault_p50"] == pytest.approx(5.0)  # step 20 at 4.0 -> step 30 at 9.0
     assert f["usual_gap_p50"] == pytest.approx(2.0)  # 2, 5, 2: not the 0.05 s between replicas of one step
     assert f["global_step"] == 40 and f["violations"] == []
+    assert f["rebuilds_after_first"] == 1
