@@ -151,8 +151,11 @@ def load_saved(path: Path) -> SavedState:
         data = json.loads(text)
         quorum_id = int(data["quorum_id"])
         w = data.get("committed", {})
-        watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), int(w.get("resets", 0)),
-                              int(w.get("lost_lineage", 0)))
+        resets = int(w.get("resets", 0))
+        # A file of an older Regent after a reset does not say which lineage was lost: take every lineage issued
+        # so far as lost, so that no commit from before the restart can raise the watermark (`seed_watermark`).
+        lost_lineage = int(w["lost_lineage"]) if "lost_lineage" in w else quorum_id if resets else 0
+        watermark = Watermark(int(w.get("step", 0)), int(w.get("lineage", 0)), resets, lost_lineage)
         groups = [str(g) for g in data.get("groups", [])]
         members = sorted(str(m) for m in data.get("members", []))
     except (ValueError, KeyError, TypeError, AttributeError) as err:

@@ -17,9 +17,10 @@ members may issue it to themselves. Two parts:
   went to the Lighthouse instead (up to the collective timeout). Each member that wants to reuse writes a vote
   in the TCPStore of the last quorum's store primary; the first member to see every member's vote, or to give
   up (its deadline, or the Lighthouse answering again), sets the one decision key with compare-and-set, and
-  everyone follows that key. A compact answer names no member ids, only how many members there are: then each
-  member adds one to a counter instead (`agree_to_reuse_counted`; a member votes once per quorum and step). A member that did not vote (the Lighthouse looked up to it, or it died, or it is a
-  new incarnation under a new id) makes the decision "ask the Lighthouse"; nobody reuses without every vote.
+  everyone follows that key. A member that did not vote (the Lighthouse looked up to it, or it died, or it is a
+  new incarnation under a new id) makes the decision "ask the Lighthouse"; nobody reuses without every vote. A
+  compact answer names no member ids, only how many members there are: then each member adds one to a counter
+  instead (`agree_to_reuse_counted`; a member votes once per quorum and step).
 
 A member that died after voting fails the reused step's collective, as it would fail any step: the survivors'
 commits fail and their next quorum (with `commit_failures`) goes to the Lighthouse, since `reissue` refuses
@@ -106,7 +107,7 @@ def agree_to_reuse_counted(store: Any, quorum_id: int, step: int, members: int, 
     """`agree_to_reuse` for a compact answer, which names no member ids: each of the `members` adds one to a
     counter. Only a member of the quorum knows its id and has committed its step, and each votes once (the
     Manager server votes once per round), so the count reaches `members` only when every member voted."""
-    votes, decision = vote_keys(quorum_id, step)
+    _, decision = vote_keys(quorum_id, step)
     counter = decision.removesuffix("/decision") + "/count"
     store.add(counter, 1)
     return _decide(store, decision, lambda: store.add(counter, 0) >= members, deadline, lighthouse_back, poll_s)

@@ -242,6 +242,19 @@ def test_lighthouse_started_with_what_the_controller_saw_committed(tmp_path):
         assert lh4.status()["committed"] == {"step": 2, "lineage": 1, "resets": 1}
     finally:
         lh4.shutdown()
+    # nor with a state file of an older Regent, which does not say which lineage the reset lost: every lineage
+    # up to its last quorum id counts as lost then
+    saved = json.loads(state.read_text())
+    del saved["committed"]["lost_lineage"]
+    saved["quorum_id"] = 5
+    state.write_text(json.dumps(saved))
+    for seed, step in (((7, 3), 2), ((7, 5), 2), ((7, 6), 7)):
+        lh5 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=seed)
+        try:
+            assert lh5.status()["committed"]["step"] == step, seed
+        finally:
+            lh5.shutdown()
+        state.write_text(json.dumps(saved))
 
 
 def test_backstop_saves_asynchronously_prunes_and_ignores_incomplete(tmp_path):
