@@ -35,25 +35,33 @@ def test_leaked_processes_are_found_by_the_run_marker():
 LIGHTHOUSE_AT, HANG_AT = 12, 27  # the Lighthouse is back ~3 s after its kill
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
+def _two_replicas(tmp_path: Path, faults: list[dict], *extra: str) -> tuple:
+    """`regent train`, 2 replicas x 1 process for 45 s with `faults` replayed; asserts it finished and its checker
+    held (exit 0). Returns (the process, the run directory, its events, its metrics)."""
     sched = tmp_path / "faults.jsonl"
-    sched.write_text(json.dumps({"at": LIGHTHOUSE_AT, "kind": "lighthouse"}) + "\n"
-                     + json.dumps({"at": HANG_AT, "replica": 1, "kind": "hang", "rank": 0}) + "\n")
+    sched.write_text("".join(json.dumps(f) + "\n" for f in faults))
     run_dir = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1",
          "--model", "debug", "--no-live", "--duration", "45s", "--run-dir", str(run_dir), "--faults-file", str(sched),
-         "--ft.sync-every", "5", "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
+         "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
          "--ft.quorum-timeout-s", "120", "--lighthouse.join-timeout-ms", "10000",
-         "--lighthouse.heartbeat-timeout-ms", "3000"],
+         "--lighthouse.heartbeat-timeout-ms", "3000", *extra],
         env=env, capture_output=True, text=True, timeout=380,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return proc, run_dir, events, metrics
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_training_survives_lighthouse_kill_and_quick_hang_detection(tmp_path):
+    proc, run_dir, events, metrics = _two_replicas(
+        tmp_path, [{"at": LIGHTHOUSE_AT, "kind": "lighthouse"}, {"at": HANG_AT, "replica": 1, "kind": "hang", "rank": 0}],
+        "--ft.sync-every", "5")
     summary = json.loads((run_dir / "summary.json").read_text())
     faults = {json.loads(x)["kind"]: json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()}
     assert faults["lighthouse"]["replica"] is None and faults["lighthouse"]["replicas"] == []
@@ -118,26 +126,11 @@ def test_every_replica_dying_while_the_lighthouse_is_down_counts_the_steps_commi
     """The replicas commit steps the Lighthouse never hears of (it is down), then all die: the new Lighthouse
     starts from those steps (the controller saw them), so the restore from the backstop counts them lost, in full,
     and the run's checker holds."""
-    sched = tmp_path / "faults.jsonl"
-    sched.write_text("".join(json.dumps(f) + "\n" for f in (
-        {"at": 12, "kind": "lighthouse"},
-        {"at": 16, "replica": 0, "kind": "kill", "rank": 0},
-        {"at": 16, "replica": 1, "kind": "kill", "rank": 0})))
-    run_dir = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "regent.cli", "train", "--replicas", "2", "--procs-per-replica", "1",
-         "--model", "debug", "--no-live", "--duration", "45s", "--run-dir", str(run_dir), "--faults-file", str(sched),
-         "--ft.sync-every", "3", "--train.seq-len", "64", "--train.batch-size", "4", "--ft.timeout-s", "10",
-         "--ft.quorum-timeout-s", "120", "--lighthouse.join-timeout-ms", "10000",
-         "--lighthouse.heartbeat-timeout-ms", "3000", "--faults.lighthouse-down-s", "8",
-         "--ft.backstop-every-s", "1"],
-        env=env, capture_output=True, text=True, timeout=380,
-    )
-    # 0: finished, and `regent check` holds (3: a loss not counted in full would be a violation)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    # the run must end with `regent check` holding (exit 3, a violation, if the loss were not counted in full)
+    _, _, events, metrics = _two_replicas(
+        tmp_path, [{"at": 12, "kind": "lighthouse"}, {"at": 16, "replica": 0, "kind": "kill", "rank": 0},
+                   {"at": 16, "replica": 1, "kind": "kill", "rank": 0}],
+        "--ft.sync-every", "3", "--faults.lighthouse-down-s", "8", "--ft.backstop-every-s", "1")
     lh = next(e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "lighthouse")
     kills = [e for e in events if e["kind"] == "fault_injected" and e["fault_kind"] == "kill"]
     restarted = next(e for e in events if e["kind"] == "lighthouse_restarted")
