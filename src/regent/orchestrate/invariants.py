@@ -95,9 +95,11 @@ def check_records(events: list[dict[str, Any]], metrics: list[dict[str, Any]], s
 # Committed progress, per replica
 # ---------------------------------------------------------------------------------------------------------
 
-def replica_drops(records: list[dict[str, Any]], key: str, *, strict: bool) -> list[dict[str, Any]]:
+def replica_drops(records: list[dict[str, Any]], key: str, *, strict: bool,
+                  across_generations: bool = False) -> list[dict[str, Any]]:
     """Every time one replica's committed progress went back (or, with `strict`, repeated a committed step
-    within one generation): per replica, in time order, against the highest value that replica had reached.
+    within one generation; with `across_generations` too, in any later one): per replica, in time order, against
+    the highest value that replica had reached.
 
     After a drop the replica's new level is the reference (a counted reset starts a new lineage)."""
     by_rep: dict[Any, list[dict[str, Any]]] = defaultdict(list)
@@ -111,7 +113,7 @@ def replica_drops(records: list[dict[str, Any]], key: str, *, strict: bool) -> l
         for m in recs[1:]:
             v = m[key]
             same_gen = m.get("generation") == last.get("generation")
-            if v < level or (strict and v == level and same_gen):
+            if v < level or (strict and v == level and (same_gen or across_generations)):
                 out.append({"replica": r, "from": level, "to": v, "t_before": last["time"], "t_after": m["time"],
                             "generation_before": last.get("generation"), "generation_after": m.get("generation"),
                             "repeat": v == level, "key": key})
@@ -157,9 +159,14 @@ def check_progress(events: list[dict[str, Any]], metrics: list[dict[str, Any]],
                and e.get("manager_step") is not None]
     out = []
     seen: set[tuple[Any, Any, Any]] = set()
-    for source, recs, k, strict in (("metrics", metrics, key, key == "manager_step" and mode == "ddp"),
-                                    ("commit events", commits, "manager_step", True)):
-        for d in replica_drops(recs, k, strict=strict):
+    # A commit event is a step committed: a later incarnation of the same replica committing that manager step
+    # again means the first one's state was lost (restored from an older backstop, or healed from peers that never
+    # held it), which a counted reset must cover like any drop. Step records are not held to that: a restarted
+    # trainer records steps of the state it healed to.
+    for source, recs, k, strict, across in (
+            ("metrics", metrics, key, key == "manager_step" and mode == "ddp", False),
+            ("commit events", commits, "manager_step", True, True)):
+        for d in replica_drops(recs, k, strict=strict, across_generations=across):
             why = explain_drop(d, groups, restarts)
             if why is None or (d["replica"], d["from"], d["to"]) in seen:
                 continue

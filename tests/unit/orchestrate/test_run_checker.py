@@ -138,6 +138,25 @@ def test_3_every_replica_repeating_one_committed_step(tmp_path):
     assert len([x for x in v if "went back from 100 to 100" in x or "committed manager_step 100 again" in x]) >= 3, v
 
 
+@pytest.mark.parametrize("lost_step, holds", [(16, False), (21, True)])
+def test_a_step_committed_again_by_a_later_incarnation_needs_a_reset_that_counts_it(tmp_path, lost_step, holds):
+    """Seen in a run (a Lighthouse outage, then every replica killed): both replicas commit manager step 21, all
+    die, the new incarnations restore the backstop of step 20 and commit 21 again. Their step records never go
+    below 21, so only the commit events show the loss; the state_lost must count it (lost 21, not the 16 a stale
+    Lighthouse knew)."""
+    run = Run("diloco", replicas=2, h=5)
+    for r in range(2):
+        run.train(r, 1.0, 106.0, 0)  # 21 syncs
+    run.events += [ev("state_lost", 108.0 + r * 0.1, r, 1, lost_step=lost_step, restored_step=20, fatal=False,
+                      source="backstop/step-20") for r in range(2)]
+    for r in range(2):
+        run.train(r, 110.0, 150.0, 100, gen=1, ms0=20)  # from the backstop: manager step 21 again at 110 + 4
+    run.finish(150.5)
+    v = check_run(run.write(tmp_path / "r"))
+    again = [x for x in v if "committed manager_step 21 again" in x and "(commit events)" in x]
+    assert (not again) if holds else len(again) == 2, v
+
+
 def test_4_diloco_one_sync_round_rolled_back(tmp_path):
     run = Run("diloco", h=5)
     for r in range(3):
