@@ -50,6 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="a replica without a heartbeat for this long is considered dead (default 5000)",
     )
     parser.add_argument(
+        "--holder-grace-ms", dest="holder_grace_ms", type=int, default=2000,
+        help="Regent: how long a fast quorum waits for a replica that holds the committed step but was not in the "
+             "last quorum (one just healed, on its way to the sync); 0 applies TorchFT's rule exactly (default 2000)",
+    )
+    parser.add_argument(
         "--state-file", "--state_file", dest="state_file", default=None,
         help="save the last quorum id here so a restarted Lighthouse keeps ids increasing (recommended)",
     )
@@ -100,6 +105,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             join_timeout_ms=args.join_timeout_ms,
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            holder_grace_ms=args.holder_grace_ms,
             state_file=args.state_file,
             secret=secret,
             tls=tls,

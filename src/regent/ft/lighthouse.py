@@ -336,6 +336,8 @@ class LighthouseServer:
         join_timeout_ms: how long a quorum waits for groups that were in the last one.
         quorum_tick_ms: how often the quorum rules are evaluated.
         heartbeat_timeout_ms: how long without a heartbeat before a group counts as gone.
+        holder_grace_ms: Regent's: how long a fast quorum waits for a replica that holds the committed step but
+            was not in the last quorum (`quorum.holders_on_their_way`); 0: TorchFT's rule exactly.
         state_file, secret, tls, expect_groups, expect_within_s, frontends: Regent's additions (see __init__).
     """
 
@@ -354,6 +356,7 @@ class LighthouseServer:
         frontends: int | None = None,
         frontend_batch_ms: float = 2.0,
         seed_committed: tuple[int, int] | None = None,
+        holder_grace_ms: int = 2000,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
@@ -398,6 +401,7 @@ class LighthouseServer:
             join_timeout_ms=join_timeout_ms,
             quorum_tick_ms=quorum_tick_ms,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
+            holder_grace_ms=holder_grace_ms,
         )
         self._host, requested_port = parse_bind(bind)
         self._state = LighthouseState()
@@ -477,6 +481,16 @@ class LighthouseServer:
         if self._stopped.is_set():
             raise RuntimeError("Lighthouse is shut down")
         return self._call_in_loop(self._snapshot()).result(timeout=10)
+
+    def committed_watermark(self) -> tuple[int, int]:
+        """The committed watermark (step, lineage) as this Lighthouse knows it, without building `status()`."""
+        if self._stopped.is_set():
+            raise RuntimeError("Lighthouse is shut down")
+
+        async def read() -> tuple[int, int]:
+            return self._state.watermark.step, self._state.watermark.lineage
+
+        return self._call_in_loop(read()).result(timeout=10)
 
     def counted_live(self) -> set[str]:
         """The replica ids this Lighthouse counts live now (fresh heartbeat): for monitors and the control-plane
@@ -966,6 +980,7 @@ class LighthouseServer:
                 "join_timeout_ms": self._opts.join_timeout_ms,
                 "quorum_tick_ms": self._opts.quorum_tick_ms,
                 "heartbeat_timeout_ms": self._opts.heartbeat_timeout_ms,
+                "holder_grace_ms": self._opts.holder_grace_ms,
             },
             "next_quorum": {"ready": members is not None, "reason": reason},
             "quorums_issued": self._quorums_issued,

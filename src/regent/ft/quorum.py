@@ -7,7 +7,9 @@ The rules are TorchFT's (reference §1.2), in the order they are applied:
 2. Candidates are the healthy participants (replicas waiting in a Quorum call), sorted by replica id.
 3. If any healthy participant asked for `shrink_only`, candidates not in the previous quorum are dropped.
 4. Fast quorum: if every member of the previous quorum is a healthy participant again, the quorum is issued at
-   once (any extra joiners already waiting ride along); the checks below are skipped.
+   once (any extra joiners already waiting ride along); the checks below are skipped. Regent's one exception
+   (`holders_on_their_way`, `holder_grace_ms`): it waits a moment for a replica that holds the committed step
+   but was not in the previous quorum (one just healed, on its way to this sync).
 5. At least `min_replicas` healthy participants.
 6. Split-brain guard: more than half of the heartbeating replicas must be participating.
 7. Join timeout: while some heartbeating replica has not joined yet, wait until `join_timeout_ms` has passed
@@ -53,11 +55,13 @@ class QuorumOptions:
     join_timeout_ms: int = 60_000
     quorum_tick_ms: int = 100
     heartbeat_timeout_ms: int = 5_000
+    # Regent's addition (rule 4): how long a fast quorum waits for `holders_on_their_way`; 0 turns it off.
+    holder_grace_ms: int = 2_000
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
             raise ValueError(f"min_replicas must be >= 1, got {self.min_replicas}")
-        for name in ("join_timeout_ms", "heartbeat_timeout_ms"):
+        for name in ("join_timeout_ms", "heartbeat_timeout_ms", "holder_grace_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.quorum_tick_ms <= 0:
@@ -303,6 +307,21 @@ def expect_first_groups(state: LighthouseState, groups: list[str], now: float, w
 _SHRINK_ONLY = attrgetter("shrink_only")
 
 
+def holders_on_their_way(state: LighthouseState, healthy: set[str], prev_ids: set[str]) -> list[str]:
+    """Healthy replicas that hold the committed watermark's step, were not in the previous quorum and have not
+    joined yet: replicas that just copied the committed state from a survivor (an early heal) and are training
+    their way to the survivors' next sync. A fast quorum issued a moment before one arrives leaves it a whole
+    round behind, the survivors the only holders of what they commit next (a CI run lost exactly that: the
+    healed replica reached the sync 0.1-1 s after the survivor, whose fast quorum had formed without it; the
+    survivor then died, and the committed step came back from the durable backstop instead of a live peer). A
+    replica behind the watermark is not one of them: it would be healed at the quorum anyway."""
+    w = state.watermark
+    if w.step <= 0:
+        return []
+    return sorted(rid for rid, (step, _) in state.committed.items()
+                  if step == w.step and rid in healthy and rid not in prev_ids and rid not in state.participants)
+
+
 def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
@@ -329,6 +348,14 @@ def quorum_compute(
         if shrink_only:
             candidates = [m for m in candidates if m.replica_id in prev_ids]
         if prev_ids <= healthy_participants.keys():
+            if opts.holder_grace_ms and len(healthy) > len(healthy_participants) and not shrink_only:
+                # someone healthy has not joined (O(1) check first: in steady state everyone has)
+                coming = holders_on_their_way(state, healthy, prev_ids)
+                first_joined = min((p.joined for p in healthy_participants.values()), default=now)
+                left = opts.holder_grace_ms / 1000.0 - (now - first_joined)
+                if coming and left > 0:
+                    return None, (f"Fast quorum waiting {left:.1f} s more for {len(coming)} replicas that hold "
+                                  f"the committed step and have not joined yet ({coming[:3]}) {metadata}")
             return candidates, f"Fast quorum found! {metadata}"
 
     if len(healthy_participants) < opts.min_replicas:

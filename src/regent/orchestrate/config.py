@@ -76,6 +76,10 @@ class LighthouseConfig:
     join_timeout_ms: int = 60000
     quorum_tick_ms: int = 50
     heartbeat_timeout_ms: int = 5000
+    # Regent's: how long a fast quorum waits for a replica that holds the committed step but was not in the last
+    # quorum (one just healed mid-round, on its way to the sync: `regent.ft.quorum.holders_on_their_way`). Without
+    # it, such a replica arriving a moment late sits out a whole round. 0: TorchFT's rule exactly.
+    holder_grace_ms: int = 2000
 
 
 @dataclass
@@ -378,6 +382,9 @@ def _validate_lighthouse(cfg: RunConfig) -> None:
         if getattr(lc, name) <= 0:
             raise ConfigError(f"--lighthouse.{name.replace('_', '-')} must be a positive number of milliseconds, "
                               f"not {getattr(lc, name)}")
+    if lc.holder_grace_ms < 0:
+        raise ConfigError(f"--lighthouse.holder-grace-ms must be zero (off) or a positive number of milliseconds, "
+                          f"not {lc.holder_grace_ms}")
     if cfg.faults.warmup < 0 or cfg.faults.holdoff < 0:
         raise ConfigError("--faults.warmup and --faults.holdoff must be zero or positive (for example 20s)")
 

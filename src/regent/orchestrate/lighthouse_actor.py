@@ -26,13 +26,15 @@ class LighthouseActor(Actor):
                          heartbeat_timeout_ms: int, state_file: str | None = None,
                          bind_retry_s: float = 0.0, expect_groups: list[str] | None = None,
                          expect_within_s: float = 60.0, frontends: int | None = None,
-                         seed_committed: tuple[int, int] | None = None) -> dict[str, str]:
+                         seed_committed: tuple[int, int] | None = None,
+                         holder_grace_ms: int = 2000) -> dict[str, str]:
         """Start (once) and return the addresses. `state_file` keeps quorum ids increasing if the Lighthouse is
         started again for the same run. `bind_retry_s`: a fixed port may still be held for a moment by the
         Lighthouse that was just killed; keep trying to bind it that long. `expect_groups`: the replica groups the
         first quorum of a fresh run waits for (at most `expect_within_s`). `frontends`: serve gRPC from that many
         front-end processes (`regent.ft.frontends`; None: `$REGENT_LIGHTHOUSE_FRONTENDS`, default 0).
-        `seed_committed`: the highest (manager step, lineage) the controller saw committed (see `LighthouseServer`)."""
+        `seed_committed`: the highest (manager step, lineage) the controller saw committed, `holder_grace_ms` how
+        long a fast quorum waits for a just-healed replica (both: see `LighthouseServer`)."""
         from regent.ft.lighthouse import LighthouseServer
 
         deadline = time.monotonic() + bind_retry_s
@@ -49,15 +51,16 @@ class LighthouseActor(Actor):
                     expect_within_s=expect_within_s,
                     frontends=frontends,
                     seed_committed=tuple(seed_committed) if seed_committed else None,
+                    holder_grace_ms=holder_grace_ms,
                 )
             except OSError as exc:
                 if time.monotonic() >= deadline:
                     raise
                 logger.info("binding the Lighthouse to %s: %s; retrying", bind, exc)
                 time.sleep(0.2)
-        committed = self._server.status()["committed"]
+        step, lineage = self._server.committed_watermark()
         return {"address": self._server.address(), "dashboard": self._server.dashboard_url(),
-                "committed_step": committed["step"], "committed_lineage": committed["lineage"]}
+                "committed_step": step, "committed_lineage": lineage}
 
     @endpoint
     def pid(self) -> int:

@@ -196,7 +196,8 @@ def test_comm_fault_reconfigures_without_restart(run_b):
 def test_run_level_properties(request, which):
     run: Run = request.getfixturevalue(f"run_{which}")
     s = run.summary
-    assert s["full_restarts"] == 0
+    lost = [e for e in run.events if e["kind"] == "state_lost"]
+    assert s["full_restarts"] == 0, (s.get("full_restart_causes"), lost, run.dir)
     assert s["faults_injected"] == len(SCHEDULE_A if which == "a" else SCHEDULE_B)
     assert s["max_quorum_id"] >= 3, "quorum ids should advance as replicas leave and rejoin"
     assert s["replicas_consistent"] is True, s.get("final_states")

@@ -151,6 +151,25 @@ def test_join_timeout_waits_for_heartbeating_straggler_only(lighthouse):
     assert time.monotonic() - start < 5
 
 
+def test_a_fast_quorum_takes_along_a_healed_replica_that_arrives_a_moment_late(lighthouse):
+    """Over the wire (`quorum.holders_on_their_way`): "s" trained on alone and committed step 5, "h" copied step 5
+    from it and reaches the sync 0.5 s after "s": the same quorum takes both. With the grace off (TorchFT's rule),
+    "s" gets a quorum of its own at once, and "h" would wait for the next one."""
+    for grace, expect in ((3000, ["h:2", "s:1"]), (0, ["s:1"])):
+        server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, holder_grace_ms=grace)
+        client = LighthouseClient(server.address())
+        assert client.quorum("s:1", timeout=10).replica_ids() == ["s:1"]  # the last quorum: "s" alone
+        for rid in ("s:1", "h:2"):
+            client.heartbeat(rid, committed=(5, 1, 0, 0))
+        with ThreadPoolExecutor(2) as pool:
+            survivor = pool.submit(client.quorum, "s:1", 10)
+            time.sleep(0.5)
+            late = pool.submit(client.quorum, "h:2", 10) if grace else None
+            assert survivor.result().replica_ids() == expect
+            if late is not None:
+                assert late.result().replica_ids() == expect
+
+
 def test_dead_incarnations_are_not_waited_for(lighthouse):
     # heartbeat timeout of an hour: without the two rules below the survivor would wait that long
     server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, heartbeat_timeout_ms=HOUR_MS)
@@ -270,7 +289,8 @@ def test_cli_accepts_both_spellings():
     a = parser.parse_args(["lighthouse", "--min_replicas", "3", "--join_timeout_ms", "5", "--quorum_tick_ms", "7",
                            "--heartbeat_timeout_ms", "9"])
     b = parser.parse_args(["lighthouse", "--min-replicas", "3", "--join-timeout-ms", "5", "--quorum-tick-ms", "7",
-                           "--heartbeat-timeout-ms", "9"])
+                           "--heartbeat-timeout-ms", "9", "--holder-grace-ms", "0"])
+    assert (a.holder_grace_ms, b.holder_grace_ms) == (2000, 0)
     for args in (a, b):
         assert (args.min_replicas, args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms) == (3, 5, 7, 9)
         assert args.bind == "127.0.0.1:29510"

@@ -13,8 +13,10 @@ from regent.ft.quorum import (
     QuorumOptions,
     forget_replicas,
     group_name,
+    holders_on_their_way,
     issue_quorum,
     next_quorum_id,
+    note_committed,
     note_incarnation,
     quorum_changed,
     quorum_compute,
@@ -412,3 +414,67 @@ def test_a_restarted_lighthouse_gives_the_last_quorums_members_the_same_id():
     state3 = LighthouseState(quorum_id=7)
     restore_last_quorum(state3, [], created)
     assert state3.prev_quorum is None
+
+
+def survivor_and_healed_replica(grace_ms: int = 2000) -> tuple[LighthouseState, QuorumOptions]:
+    """"s" trained on alone (the last quorum was it alone) and committed step 5; "h" restarted and copied step 5
+    from it (an early heal): it heartbeats and reports step 5, and is training its way to the next sync."""
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000,
+                         holder_grace_ms=grace_ms)
+    state = LighthouseState(prev_quorum=prev(member("s:1", step=5)))
+    for rid in ("s:1", "h:2"):
+        note_committed(state, rid, 5, 1)
+        state.heartbeats[rid] = NOW - 1
+    return state, opts
+
+
+def test_a_fast_quorum_waits_a_moment_for_a_replica_that_just_healed():
+    state, opts = survivor_and_healed_replica()
+    assert holders_on_their_way(state, {"s:1", "h:2"}, {"s:1"}) == ["h:2"]
+    join(state, member("s:1", step=5))
+    members, reason = quorum_compute(NOW + 0.5, state, opts)
+    assert members is None and "have not joined yet" in reason and "h:2" in reason
+    join(state, member("h:2", step=5), at=NOW + 1.0)  # it arrives a second after the survivor
+    members, reason = quorum_compute(NOW + 1.0, state, opts)
+    assert [m.replica_id for m in members] == ["h:2", "s:1"] and reason.startswith("Fast quorum found")
+
+
+def test_the_wait_for_a_healed_replica_is_bounded_by_the_grace():
+    state, opts = survivor_and_healed_replica(grace_ms=2000)
+    join(state, member("s:1", step=5))
+    assert quorum_compute(NOW + 1.9, state, opts)[0] is None
+    members, reason = quorum_compute(NOW + 2.0, state, opts)  # measured from the first join
+    assert [m.replica_id for m in members] == ["s:1"] and reason.startswith("Fast quorum found")
+
+
+def test_no_wait_for_a_replica_behind_the_watermark_or_with_the_grace_off():
+    # behind: the survivor committed step 6 meanwhile; the healed replica's step 5 is healed at its quorum anyway
+    state, opts = survivor_and_healed_replica()
+    note_committed(state, "s:1", 6, 1)
+    join(state, member("s:1", step=6))
+    assert holders_on_their_way(state, {"s:1", "h:2"}, {"s:1"}) == []
+    assert [m.replica_id for m in quorum_compute(NOW, state, opts)[0]] == ["s:1"]
+    # off: TorchFT's rule exactly
+    state, opts = survivor_and_healed_replica(grace_ms=0)
+    join(state, member("s:1", step=5))
+    assert [m.replica_id for m in quorum_compute(NOW, state, opts)[0]] == ["s:1"]
+    # silent (its heartbeat timed out): not waited for
+    state, opts = survivor_and_healed_replica()
+    state.heartbeats["h:2"] = NOW - 6
+    join(state, member("s:1", step=5))
+    assert [m.replica_id for m in quorum_compute(NOW, state, opts)[0]] == ["s:1"]
+    # shrink_only: a replica not in the last quorum could not be admitted anyway
+    state, opts = survivor_and_healed_replica()
+    join(state, member("s:1", step=5, shrink_only=True))
+    assert [m.replica_id for m in quorum_compute(NOW, state, opts)[0]] == ["s:1"]
+    # nothing committed yet: nobody holds anything worth waiting for
+    state = LighthouseState(prev_quorum=prev(member("s:1")))
+    state.heartbeats.update({"s:1": NOW, "h:2": NOW})
+    state.committed["h:2"] = (0, 0)
+    join(state, member("s:1", step=0))
+    assert [m.replica_id for m in quorum_compute(NOW, state, opts)[0]] == ["s:1"]
+
+
+def test_holder_grace_is_validated():
+    with pytest.raises(ValueError, match="holder_grace_ms"):
+        QuorumOptions(holder_grace_ms=-1)
