@@ -228,6 +228,8 @@ def compute_summary(
         "back_to_training_seconds": {"p50": percentile([r["training"] for r in recs], 0.5),
                                      "max": max([r["training"] for r in recs] + open_totals, default=None)},
         "rounds_joined": sum(e["kind"] == "round_joined" for e in events),
+        # of those, joiners whose first commit was not the holders' next sync (they sat out a round: see below)
+        "rounds_joined_missed_sync": len(missed_first_syncs(events)),
         # Lighthouse outages (each `lighthouse_restarted`) and the steps the replicas committed through them by
         # keeping their last quorum (ft.quorum_reuse): distinct (quorum, step) pairs of the `quorum_reused` events
         "lighthouse_restarts": sum(e["kind"] == "lighthouse_restarted" for e in events),
@@ -242,6 +244,31 @@ def compute_summary(
             "Count of controller_restarted events: `regent train --resume` took over a run whose controller was "
             "lost; controller_down_seconds sums their down_s (from the last line the lost controller wrote to "
             "the takeover; the replicas trained on meanwhile, so that time is in every other figure).")
+    return out
+
+
+def missed_first_syncs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mid-round joiners (`round_joined` at manager step m: a restarted replica that copied the committed state
+    and trained its way to the holders' sync) whose first commit was not that sync's (m + 1): they arrived after
+    its quorum formed, waited out a round while the holders alone held step m + 1, and were healed again. One
+    record each: replica, generation, when it joined and the manager step of its first commit. Joiners that never
+    committed (died first, or the run ended) are not judged."""
+    commits: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    joins = []
+    for e in events:
+        if e["kind"] == "round_joined":
+            joins.append(e)
+        elif (e["kind"] == "commit" and e.get("committed") and e.get("group_rank", 0) == 0
+              and e.get("manager_step") is not None):
+            commits.setdefault((e.get("replica"), e.get("generation")), []).append(e)
+    out = []
+    for j in joins:
+        after = [c for c in commits.get((j.get("replica"), j.get("generation")), []) if c["time"] >= j["time"]]
+        if not after or j.get("manager_step") is None:
+            continue
+        if int(after[0]["manager_step"]) > int(j["manager_step"]) + 1:
+            out.append({"replica": j.get("replica"), "generation": j.get("generation"), "time": j["time"],
+                        "joined_at": j["manager_step"], "first_commit": after[0]["manager_step"]})
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 from regent.orchestrate.invariants import check_run, main
 from regent.orchestrate.live import RunView
 from regent.orchestrate.report import _mark_faults, write_report
-from regent.orchestrate.summary import compute_summary, progress_drops
+from regent.orchestrate.summary import compute_summary, missed_first_syncs, progress_drops
 
 
 def ev(kind: str, t: float, replica: int | None = None, generation: int | None = 0, **kw: Any) -> dict[str, Any]:
@@ -302,3 +302,20 @@ def test_steps_committed_through_a_lighthouse_outage_are_counted_once_per_step()
     events += [{**ev("quorum_reused", 20.5 + i, r), "quorum_id": 1, "step": 21 + i} for i in (0, 1) for r in (0, 1)]
     s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
     assert (s["lighthouse_restarts"], s["steps_without_lighthouse"]) == (1, 2)
+
+
+def test_a_mid_round_joiner_that_missed_the_holders_sync_is_counted():
+    """Replica 1 (generation 1) joins at manager step 5 and its first commit is step 6: it made the holders' sync.
+    Replica 0 (generation 2) joins at step 6; the holder commits 7 without it, and its own first commit is 8 (it
+    sat out a round). Generation 3 of replica 0 joins and dies before any commit: not judged."""
+    def commit(t: float, replica: int, gen: int, manager_step: int) -> dict[str, Any]:
+        return ev("commit", t, replica, gen, committed=True, group_rank=0, manager_step=manager_step)
+
+    events = [commit(1.0, 0, 1, 5), ev("round_joined", 1.5, 1, 1, manager_step=5), commit(3.0, 0, 1, 6),
+              commit(3.0, 1, 1, 6),
+              ev("round_joined", 4.0, 0, 2, manager_step=6), commit(5.0, 1, 1, 7), commit(9.0, 1, 1, 8),
+              commit(9.0, 0, 2, 8), ev("round_joined", 10.0, 0, 3, manager_step=8)]
+    assert missed_first_syncs(events) == [{"replica": 0, "generation": 2, "time": 4.0, "joined_at": 6,
+                                           "first_commit": 8}]
+    s = compute_summary(events, [rec(1.0, 0, 1), rec(9.0, 0, 9)], replicas=2, replicas_consistent=True)
+    assert (s["rounds_joined"], s["rounds_joined_missed_sync"]) == (3, 1)
