@@ -4,9 +4,13 @@ real sockets, Gloo."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -169,79 +173,59 @@ def test_a_fresh_runs_first_quorum_waits_for_every_launched_group_bounded():
     assert s3.expected_groups == frozenset({"r0"})
 
 
+@contextlib.contextmanager
+def serving(state: Path, **kwargs: Any) -> Iterator[tuple[LighthouseServer, LighthouseClient]]:
+    """A Lighthouse over `state` (its state file) and a client of it, both closed on the way out: each test
+    below starts several in a row, as restarts of one Lighthouse."""
+    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state, **kwargs)
+    client = LighthouseClient(lh.address())
+    try:
+        yield lh, client
+    finally:
+        client.close()
+        lh.shutdown()
+
+
 def test_lighthouse_saves_the_last_quorums_groups_for_its_successor(tmp_path):
     state = tmp_path / "lh.state"
-    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state, join_timeout_ms=100)
-    try:
-        client = LighthouseClient(lh.address())
+    with serving(state, join_timeout_ms=100) as (_, client):
         q = client.quorum("g:1", timeout=10.0, address="a:1", store_address="s:1")
         assert [m.replica_id for m in q.participants] == ["g:1"]
-        client.close()
-    finally:
-        lh.shutdown()
     assert json.loads(state.read_text())["groups"] == ["g"]
-    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state, heartbeat_timeout_ms=60_000)
-    try:
+    with serving(state, heartbeat_timeout_ms=60_000) as (lh2, _):
         assert lh2._state.expected_groups == {"g"} and lh2._state.not_before > 0
-    finally:
-        lh2.shutdown()
 
 
 def test_lighthouse_keeps_the_watermark_across_a_restart(tmp_path):
     state = tmp_path / "lh.state"
-    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
-    try:
-        client = LighthouseClient(lh.address())
+    with serving(state) as (_, client):
         client.heartbeat("g:1", committed=(7, 4, 0, 0))
         assert client.holders()[:2] == (7, 4)
         # never asked for a quorum: named (it is alive and holds the watermark) but without an address yet
         assert [(m.replica_id, m.address) for m in client.holders()[2]] == [("g:1", "")]
-        client.close()
-    finally:
-        lh.shutdown()
     assert json.loads(state.read_text())["committed"]["step"] == 7
-    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state)
-    try:
-        client = LighthouseClient(lh2.address())
+    with serving(state) as (_, client):
         assert client.holders()[:2] == (7, 4)  # a restarted Lighthouse still knows what was committed
-        client.close()
-    finally:
-        lh2.shutdown()
 
 
 def test_lighthouse_started_with_what_the_controller_saw_committed(tmp_path):
     state = tmp_path / "lh.state"
-    lh = LighthouseServer(bind="127.0.0.1:0", state_file=state)
-    try:
-        client = LighthouseClient(lh.address())
+    with serving(state) as (_, client):
         client.heartbeat("g:1", committed=(5, 3, 0, 0))
-        client.close()
-    finally:
-        lh.shutdown()
     # the next Lighthouse never hears of steps 6-7 from a replica (all died): the controller's record raises it,
     # and the state file keeps it for the one after
-    lh2 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=(7, 3))
-    try:
+    with serving(state, seed_committed=(7, 3)) as (lh2, _):
         assert lh2.status()["committed"] == {"step": 7, "lineage": 3, "resets": 0}
-    finally:
-        lh2.shutdown()
+        assert lh2.committed_watermark() == (7, 3)
     assert json.loads(state.read_text())["committed"] == {"step": 7, "lineage": 3, "resets": 0, "lost_lineage": 0}
-    lh3 = LighthouseServer(bind="127.0.0.1:0", state_file=state)
-    try:
-        client = LighthouseClient(lh3.address())
+    with serving(state) as (_, client):
         assert client.holders()[:2] == (7, 3)
         client.heartbeat("g:2", committed=(2, 1, 7, 3))  # restored older state and accepts losing step 7
         assert client.holders()[:2] == (2, 1)
-        client.close()
-    finally:
-        lh3.shutdown()
     assert json.loads(state.read_text())["committed"] == {"step": 2, "lineage": 1, "resets": 1, "lost_lineage": 3}
     # a controller that still remembers step 7 (from before that counted loss) does not undo it
-    lh4 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=(7, 3))
-    try:
+    with serving(state, seed_committed=(7, 3)) as (lh4, _):
         assert lh4.status()["committed"] == {"step": 2, "lineage": 1, "resets": 1}
-    finally:
-        lh4.shutdown()
     # nor with a state file of an older Regent, which does not say which lineage the reset lost: every lineage
     # up to its last quorum id counts as lost then
     saved = json.loads(state.read_text())
@@ -249,11 +233,8 @@ def test_lighthouse_started_with_what_the_controller_saw_committed(tmp_path):
     saved["quorum_id"] = 5
     state.write_text(json.dumps(saved))
     for seed, step in (((7, 3), 2), ((7, 5), 2), ((7, 6), 7)):
-        lh5 = LighthouseServer(bind="127.0.0.1:0", state_file=state, seed_committed=seed)
-        try:
-            assert lh5.status()["committed"]["step"] == step, seed
-        finally:
-            lh5.shutdown()
+        with serving(state, seed_committed=seed) as (lh5, _):
+            assert lh5.committed_watermark()[0] == step, seed
         state.write_text(json.dumps(saved))
 
 
