@@ -6,6 +6,12 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+# Fault kinds after which a replica may train on without failing: `comm` (its replicated group is aborted and
+# rebuilt at the next quorum) and `straggler` (a pause shorter than the hang deadline is tolerated). A sync this
+# long after the fault needed every rank of the replica, so the fault was over by then.
+ABSORBABLE_FAULTS = frozenset({"comm", "straggler"})
+ABSORBED_AFTER_S = 1.0
+
 
 def recovery_breakdowns(events: list[dict[str, Any]], open_out: list[dict[str, Any]] | None = None
                         ) -> list[dict[str, Any]]:
@@ -15,6 +21,10 @@ def recovery_breakdowns(events: list[dict[str, Any]], open_out: list[dict[str, A
     there is one) and ends at r's first `commit` from a newer generation. Stages that did not happen (no
     transfer when the replica was already current, say) are 0. Recoveries that never finished (the replica
     gave up, or the run ended first) are appended to `open_out` with their fault and detection times.
+
+    A fault of a kind that need not fail its replica (`ABSORBABLE_FAULTS`) is forgotten once that replica commits
+    a sync `ABSORBED_AFTER_S` after it: it was absorbed. Kept, it was paired with the replica's next failure of
+    any cause (a soak paired a `comm` fault with a failure 72 s later, a "recovery" of 80.8 s).
     """
     events = sorted(events, key=lambda e: e["time"])
     out: list[dict[str, Any]] = []
@@ -34,6 +44,9 @@ def recovery_breakdowns(events: list[dict[str, Any]], open_out: list[dict[str, A
             continue
         if kind == "fault_injected":
             last_fault[r] = (e["time"], e.get("fault_kind"))
+        elif (kind == "commit" and e.get("committed") and r in last_fault and r not in open_rec
+              and last_fault[r][1] in ABSORBABLE_FAULTS and e["time"] >= last_fault[r][0] + ABSORBED_AFTER_S):
+            del last_fault[r]  # the replica synced again (every rank of it voted): that fault failed nothing
         elif kind == "failure_detected" and r not in open_rec:
             t_fault, fault_kind = last_fault.pop(r, (e["time"], None))
             open_rec[r] = {

@@ -11,7 +11,12 @@ import pytest
 from regent.orchestrate.invariants import check_run, main
 from regent.orchestrate.live import RunView
 from regent.orchestrate.report import _mark_faults, write_report
-from regent.orchestrate.summary import compute_summary, missed_first_syncs, progress_drops
+from regent.orchestrate.summary import (
+    compute_summary,
+    missed_first_syncs,
+    progress_drops,
+    recovery_breakdowns,
+)
 
 
 def ev(kind: str, t: float, replica: int | None = None, generation: int | None = 0, **kw: Any) -> dict[str, Any]:
@@ -319,3 +324,19 @@ def test_a_mid_round_joiner_that_missed_the_holders_sync_is_counted():
                                            "first_commit": 8}]
     s = compute_summary(events, [rec(1.0, 0, 1), rec(9.0, 0, 9)], replicas=2, replicas_consistent=True)
     assert (s["rounds_joined"], s["rounds_joined_missed_sync"]) == (3, 1)
+
+
+def test_a_fault_the_replica_absorbed_is_not_paired_with_its_next_failure():
+    """A `comm` fault on replica 1 at t=10 fails nothing: its group is rebuilt and it syncs again at t=14. Its
+    failure at t=80 (another cause) starts its own recovery, not one from t=10. A `straggler` that is not
+    absorbed (no sync of that replica before its hang is detected) stays paired with it."""
+    def commit(t: float, replica: int, gen: int) -> dict[str, Any]:
+        return ev("commit", t, replica, gen, committed=True, group_rank=0, manager_step=int(t))
+
+    events = [ev("fault_injected", 10.0, 1, None, fault_kind="comm"), commit(14.0, 1, 0),
+              ev("failure_detected", 80.0, 1, 0), ev("restart_done", 81.0, 1, 1), commit(85.0, 1, 1),
+              ev("fault_injected", 100.0, 0, None, fault_kind="straggler"), commit(100.3, 0, 0),
+              ev("failure_detected", 104.0, 0, 0), ev("restart_done", 105.0, 0, 1), commit(108.0, 0, 1)]
+    recs = {r["replica"]: r for r in recovery_breakdowns(events)}
+    assert recs[1]["fault_kind"] is None and recs[1]["total"] == 5.0  # from its detection, not from the comm fault
+    assert recs[0]["fault_kind"] == "straggler" and recs[0]["total"] == 8.0  # the commit 0.3 s after proves nothing
