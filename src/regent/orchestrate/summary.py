@@ -257,6 +257,13 @@ def compute_summary(
             "Count of controller_restarted events: `regent train --resume` took over a run whose controller was "
             "lost; controller_down_seconds sums their down_s (from the last line the lost controller wrote to "
             "the takeover; the replicas trained on meanwhile, so that time is in every other figure).")
+        out["how"]["rounds_joined_missed_sync"] = (
+            "round_joined events (a healed replica joined the DiLoCo round in progress at manager step m) whose "
+            "replica's first commit after it was above m + 1: it missed the holders' sync and sat a round out.")
+        out["how"]["recovery_seconds"] = (
+            "Per failure_detected, from its replica's last fault_injected (else from the detection) to that "
+            "replica's first commit in a newer generation; a comm or straggler fault after which the replica "
+            f"synced again {ABSORBED_AFTER_S:g} s or more later caused no failure and is paired with none.")
     return out
 
 

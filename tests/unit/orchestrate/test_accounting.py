@@ -324,6 +324,7 @@ def test_a_mid_round_joiner_that_missed_the_holders_sync_is_counted():
                                            "first_commit": 8}]
     s = compute_summary(events, [rec(1.0, 0, 1), rec(9.0, 0, 9)], replicas=2, replicas_consistent=True)
     assert (s["rounds_joined"], s["rounds_joined_missed_sync"]) == (3, 1)
+    assert s["how"]["rounds_joined_missed_sync"].endswith(".") and s["how"]["recovery_seconds"].endswith(".")
 
 
 def test_a_fault_the_replica_absorbed_is_not_paired_with_its_next_failure():
