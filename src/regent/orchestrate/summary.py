@@ -286,9 +286,10 @@ def missed_first_syncs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         after = [c for c in commits.get((j.get("replica"), j.get("generation")), []) if c["time"] >= j["time"]]
         if not after or j.get("manager_step") is None:
             continue
-        if int(after[0]["manager_step"]) > int(j["manager_step"]) + 1:
+        first = min(after, key=lambda c: c["time"])  # events.jsonl is in arrival order, nearly but not always time
+        if int(first["manager_step"]) > int(j["manager_step"]) + 1:
             out.append({"replica": j.get("replica"), "generation": j.get("generation"), "time": j["time"],
-                        "joined_at": j["manager_step"], "first_commit": after[0]["manager_step"]})
+                        "joined_at": j["manager_step"], "first_commit": first["manager_step"]})
     return out
 
 
