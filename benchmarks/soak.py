@@ -316,6 +316,8 @@ def main() -> int:
         ("back to training p50 / max", f"{num(back.get('p50'))} / {num(back.get('max'))} s"),
         ("mid-round joins / that missed the holders' sync", f"{summary.get('rounds_joined')} / "
                                                             f"{summary.get('rounds_joined_missed_sync')}"),
+        ("copies at steps with no vote: checked / verified", "{checked} / {verified}".format(
+            **(summary.get("copies_checked") or {"checked": None, "verified": None}))),
         ("recovery p50 by fault kind (n)", by_kind(summary.get("recovery_breakdown") or [])),
         ("Lighthouse restarts / steps committed without it", f"{summary.get('lighthouse_restarts')} / "
                                                               f"{summary.get('steps_without_lighthouse')}"),

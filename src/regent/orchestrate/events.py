@@ -42,6 +42,8 @@ EVENT_KINDS = (
     "lighthouse_restarted",
     "state_digest",  # one rank's digest of its agreed state (regent.ft.digest): a ballot, not written to the log
     "heal_digest",  # one rank of a healed replica digested the state it copied (compared with that step's vote)
+    "witness_digest",  # one rank of a holder digested its committed state of a step a peer copied: not logged
+    "copy_checked",  # a copy at a step with no vote was checked against the holders' digests (vote.StateVotes)
     "state_vote",  # the controller compared the replicas' digests of one committed step (orchestrate/vote.py)
     "state_diverged",  # replicas whose state differed from the majority: stopped and healed (or the backstop)
     "bitflip_applied",  # the `bitflip` fault flipped one bit of a replica's state: where, and at which commit

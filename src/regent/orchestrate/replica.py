@@ -608,6 +608,16 @@ class ReplicaActor(Actor):
                         self.index, replica_index, group)
 
     @endpoint
+    async def digest_committed(self, step: int) -> bool:
+        """Another replica copied the committed state of `step`: have this replica's trainers digest theirs to
+        check the copy (`TrainerActor.digest_committed`). False when it is restarting (it holds no state)."""
+        trainers = self.trainers
+        if trainers is None or self.policy.restarting:
+            return False
+        trainers.digest_committed.broadcast(step)
+        return True
+
+    @endpoint
     async def stop_diverged(self, generation: int, reason: str) -> bool:
         """The state vote found this replica's state different from the majority's: stop its trainers now and
         restart them in place, which heals them from a live majority member (a failure like any other, reported

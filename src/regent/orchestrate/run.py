@@ -162,6 +162,7 @@ class OrchestrationManager:
         # Lighthouse ids of replica incarnations whose state a vote found wrong or could not trust, and of those
         # that copied one of them: a heal from any of them is stopped too (`_distrust_copies`)
         self._distrusted: dict[str, str] = {}  # replica id -> why
+        self._final_vote_begun = False  # heals from here on are the final vote's own (`_check_copy`)
         self._heal_log: list[tuple[int, int | None, str, str, int]] = []  # (healer, its generation, its id, donor id,
         #   committed step), in the order reported
 
@@ -169,6 +170,10 @@ class OrchestrationManager:
     def record_event(self, e: dict[str, Any]) -> None:
         if e["kind"] == "state_digest":  # one rank's ballot, not a line of events.jsonl: state_vote records the vote
             self._ballot(e)
+            return
+        if e["kind"] == "witness_digest":  # likewise: copy_checked records what the holders' digests showed
+            self.votes.add_witness(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
+                                   int(e.get("ranks") or 1), str(e["digest"]))
             return
         self.events.write(e)
         line = self.view.on_event(e)
@@ -186,6 +191,7 @@ class OrchestrationManager:
             self._failure_seen_at[r] = time.time()
         if self._note_heal(e):
             self._distrust_copies(e)
+            self._check_copy(e)
         if e["kind"] == "state_lost" and e.get("restored_step") is not None:
             self.votes.forget_after(int(e["restored_step"]))  # the steps above it are committed again, anew
         if e["kind"] == "state_lost" and e.get("fatal"):
@@ -229,6 +235,29 @@ class OrchestrationManager:
             self.votes.note_heal(r, donor, int(e["manager_step"]), e.get("generation"))
         return True
 
+    def _check_copy(self, e: dict[str, Any]) -> None:
+        """An early heal in DiLoCo copied the committed state of a step with no vote: ask every other live
+        replica for its digest of that step while it still holds it (until its next sync), so the copy can be
+        checked (`vote.StateVotes.witnessed`) and be a witness in the next vote. Per-step mode's holders commit
+        a newer step before they could answer, and a heal at a quorum (heal_done) was no early copy."""
+        step, r = int(e["manager_step"]), int(e["replica"])
+        every = self.cfg.ft.vote_interval()
+        if (e["kind"] != "early_heal_done" or self.cfg.ft.mode != "diloco" or not every or step % every == 0
+                or self._replicas is None or self._final_vote_begun):
+            # a heal to a vote's step is checked against that vote (`StateVotes.verified`); one healed by the final
+            # vote comes after every vote, and its finished peers take no further step to answer from
+            return
+        asked = {q for q, since in self.healthy_since.items() if since is not None and q != r}
+        self.votes.open_check(r, e.get("generation"), step, asked)
+        for q in sorted(asked):
+            self._spawn(self._ask_witness(q, step))
+
+    async def _ask_witness(self, replica: int, step: int) -> None:
+        try:
+            await self._replicas.slice(replicas=replica).digest_committed.call_one(step)
+        except Exception as exc:  # noqa: BLE001 - reported; the copy check then goes without this holder
+            logger.warning("asking replica %d for its digest of committed step %d: %r", replica, step, exc)
+
     def _ballot(self, e: dict[str, Any]) -> None:
         late = self.votes.add(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
                               int(e.get("ranks") or 1), str(e["digest"]), e.get("generation"), parts=e.get("parts"))
@@ -240,6 +269,8 @@ class OrchestrationManager:
         expected = {r for r, v in self.view.reps.items() if v.status not in ("gave up", "ended failed")}
         for verdict in self.votes.due(live, expected):
             self._act_on_verdict(verdict)
+        for check in self.votes.checks_due():
+            self.record_event(_event("copy_checked", **check))
 
     def _act_on_verdict(self, v: Any) -> None:
         from regent.orchestrate.vote import verdict_event
@@ -322,6 +353,7 @@ class OrchestrationManager:
         left out. No majority is left to the checker (the run fails its final comparison)."""
         from regent.orchestrate.vote import decide
 
+        self._final_vote_begun = True
         states = {s["replica"]: s for s in self.final_states if s and s.get("digest") and s.get("step") is not None}
         steps = {s["step"] for s in states.values()}
         if len(states) < 2 or len(steps) != 1:
@@ -1275,6 +1307,8 @@ class OrchestrationManager:
         except Exception as exc:  # noqa: BLE001 - reported (and the checker flags the replicas left uncompared)
             logger.warning("finishing replicas: %r", exc)
         await self._final_vote(replicas, wait)
+        for check in self.votes.checks_due(final=True):  # ended with the run: reported as they stand
+            self.record_event(_event("copy_checked", **check))
         # the end of training: every figure runs to here (summary.training_end), not to the last metric record
         self.record_event(_event("training_stopped", stop_step=target, step=self.max_step))
         try:

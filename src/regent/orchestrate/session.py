@@ -183,6 +183,14 @@ class TrainingSession:
         self.stop_at: int | None = None
         self.inject_exception = False
         self.inject_bitflip = False
+        self.witness_requests: set[int] = set()  # committed steps the controller asked this rank to digest
+        # DiLoCo: the parts of `agreed_state` that move on during a round (the trainer's step, schedule and data
+        # position; the Manager's counters, at the next sync's vote), as they were at the last sync's boundary:
+        # (committed step, trainer extra, Manager state). A witness digest is of that sync's state.
+        self._held_sync: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        if self.diloco is not None:
+            # the last moment the committed state of that sync is still whole, on the training thread
+            self.manager.before_committed_change(self.answer_witness_requests)
         self.vote_every = ft.vote_interval()
         self._voted_step: int | None = None
         self._digest_cache: tuple[int, str, dict[str, str]] | None = None
@@ -294,15 +302,19 @@ class TrainingSession:
         details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
         self.on_event(kind, details)
         if kind == "early_heal_done":
-            self._report_heal_digest(details.get("manager_step", details.get("step")))
+            step = details.get("manager_step", details.get("step"))
+            if self.diloco is not None and step is not None:  # it holds that sync's boundary state now
+                self._hold_sync(int(step))
+            self._report_heal_digest(step)
 
     def _report_heal_digest(self, step: int | None) -> None:
         """Right after an early heal, this rank's digest of the state it copied, committed step `step`. The
-        controller compares it with the vote of that step: a copy of the vouched state is a witness in the next
-        vote, and a tie between a flipped replica and a correct one with its copy becomes a majority
-        (`vote.StateVotes.verified`). Without it such a tie restored the backstop (a counted lineage reset)."""
-        if not self.vote_every or step is None or step % self.vote_every:
-            return  # no vote at that step to compare with
+        controller compares it with the vote of that step, or at a step with no vote with the digests it asks the
+        holders for (`answer_witness_requests`): a checked copy is a witness in the next vote, and a tie between
+        a flipped replica and a correct one with its copy becomes a majority (`vote.StateVotes.verified`). Without
+        it such a tie restored the backstop (a counted lineage reset)."""
+        if not self.vote_every or step is None:
+            return  # no votes: nothing to check the copy for
         t0 = time.perf_counter()
         digest, _ = self.state_digest()
         self.on_event("heal_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
@@ -407,6 +419,8 @@ class TrainingSession:
         if self.inject_exception:
             self.inject_exception = False
             raise InjectedFault(f"injected exception in replica {self.replica_index} rank {self.rank}")
+        if self.witness_requests:  # before a flip injected at the same moment: the state as committed
+            self.answer_witness_requests()
         if self.inject_bitflip:  # between two steps, on the training thread: nothing else writes the state now
             self.inject_bitflip = False
             self._flip_a_bit()
@@ -431,6 +445,8 @@ class TrainingSession:
             # fresh or backstop weights), and its gradient counted as zeros. The step commits on it all the same
             # (it now holds the committed state), but the loss is not training's: reports leave it out.
             record["participating"] = False
+        if self.diloco is not None and self.at_boundary():
+            self._hold_sync(self.manager.current_step())
         if self.mode == "ddp" and record.get("committed", True):
             self._record_samples()
         elif self.diloco is not None:
@@ -482,6 +498,34 @@ class TrainingSession:
         digest, parts = self._digest_at(step)
         self.on_event("state_digest", {"manager_step": step, "digest": digest, "parts": parts,
                                        "ranks": self.world_size, "seconds": round(time.perf_counter() - t0, 6)})
+
+    def _hold_sync(self, step: int) -> None:
+        if self.witness_requests:  # asked about the state this replaces (a heal at the boundary)
+            self.answer_witness_requests()
+        self._held_sync = (step, self.trainer.extra_state(), self.manager.state_dict())
+
+    def answer_witness_requests(self) -> None:
+        """Another replica copied the committed state of a step with no vote; the controller asks every holder for
+        its digest of that step to check the copy (`vote.StateVotes.witnessed`). DiLoCo keeps its committed
+        global state unchanged until the next sync's outer step, so a holder answers at its next inner step or,
+        at the latest, right before that outer step (`Manager.before_committed_change`; a holder waiting in the
+        sync's quorum answers there), from the global state and the parts held at the last boundary
+        (`_held_sync`). A holder that committed a newer step before it was asked cannot answer; the check goes
+        without it. Per-step mode commits every step, so the controller asks only in DiLoCo."""
+        from regent.ft.digest import digest_with_parts
+
+        while self.witness_requests:
+            step = self.witness_requests.pop()  # atomic: the actor's event loop adds to it meanwhile
+            held = self._held_sync
+            if self.diloco is None or held is None or held[0] != step:
+                continue
+            t0 = time.perf_counter()
+            committed = self.diloco._committed_state()
+            committed.pop("round", None)
+            committed["extra"] = {k: v for k, v in held[1].items() if k != "mid_step"}
+            digest, _ = digest_with_parts({"committed": committed, "regent": dict(held[2])}, depth=3)
+            self.on_event("witness_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
+                                             "seconds": round(time.perf_counter() - t0, 6)})
 
     def _digest_at(self, step: int) -> tuple[str, dict[str, str]]:
         """This rank's digest of its agreed state at committed step `step`, computed once per step: the vote and

@@ -638,6 +638,8 @@ def accounting(
         "vulnerability_window_seconds": {"p50": percentile(vw, 0.5), "max": max(vw) if vw else None,
                                          "n": len(vw), "open": vw_open},
         "early_heals": sum(e["kind"] == "early_heal_done" for e in events),
+        "copies_checked": {"checked": sum(e["kind"] == "copy_checked" for e in events),
+                           "verified": sum(e["kind"] == "copy_checked" and bool(e.get("verified")) for e in events)},
         "backstop_saves": sum(e["kind"] == "backstop_saved" for e in events),
         "goodput": max(0.0, useful / expected) if expected else None,
         "goodput_basis": rate_basis,
@@ -685,6 +687,10 @@ def accounting(
             "rollbacks": "Every rollback of all replicas with its time, cause and the replica-steps it threw away.",
             "early_heals": "Count of early_heal_done events: restarted replicas that pulled the committed state "
                            "from a live holder before the next sync.",
+            "copies_checked": (
+                "copy_checked events (DiLoCo: an early heal to a step with no vote, checked against the other "
+                "live replicas' digests of that step), and how many were verified (at least two holders agreed "
+                "with the copy): a verified copy is a witness in the next vote."),
             "backstop_saves": "Count of backstop_saved events: durable checkpoints that finished.",
             "goodput": (
                 "replica_steps_useful / (fault-free steps/s per replica x replicas x seconds from the first "

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 FORWARDED_KINDS = frozenset({
     "quorum", "quorum_reused", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
     "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt", "backstop_unvouched", "state_digest",
-    "heal_digest",
+    "heal_digest", "witness_digest",
     "bitflip_applied", "round_joined"})
 NOT_FORWARDED_KINDS = frozenset({"error"})
 
@@ -163,6 +163,13 @@ class TrainerActor(Actor):
     @endpoint
     async def final_state(self) -> dict[str, Any] | None:
         return self.final
+
+    @endpoint
+    async def digest_committed(self, step: int) -> None:
+        """Digest this rank's committed state of `step` before its next step, if it still holds it: another
+        replica copied it, and the controller checks the copy (`TrainingSession.answer_witness_requests`)."""
+        if self.session is not None:
+            self.session.witness_requests.add(step)
 
     @endpoint
     async def peer_failed(self, replica_prefix: str, group: str | None = None) -> bool:

@@ -8,6 +8,12 @@ has waited long enough for the rest), it decides:
 - no majority (two replicas that differ, or every replica different): nobody's state can be trusted; every voter
   is stopped, and with no live holder left the run restores its backstop (a counted lineage reset).
 A digest that arrives after its step was decided is compared with the decided majority.
+
+A copy (a heal) is no witness in the next vote unless it is checked: the healer digests what it copied, and that
+must be the state its step's vote decided or, at a step with no vote (DiLoCo), the state at least two other
+replicas hold at that step (`witness_digest`: the controller asks the holders as soon as it hears of the heal,
+`add_witness`). Without the check, a copy at a step with no vote tied the next vote whenever the third replica
+was the one that diverged, and the run restored its backstop.
 """
 
 from __future__ import annotations
@@ -110,6 +116,10 @@ class StateVotes:
         #   its generation), in order
         self._heal_digests: dict[tuple[int, int | None, int], tuple[int, dict[int, str]]] = {}  # (replica,
         #   generation, step) -> (ranks, rank -> digest of the state it copied)
+        self._witness: dict[int, _Ballot] = {}  # step -> the holders' digests of their committed state of that
+        #   step, asked for because a replica copied it (`add_witness`); no vote: they only check copies
+        self._checks: dict[tuple[int, int | None, int], tuple[float, set[int]]] = {}  # (healer, generation, step)
+        #   -> (when the holders were asked, whom): open copy checks, reported once by `checks_due`
 
     def add(self, step: int, replica: int, rank: int, ranks: int, digest: str, generation: int | None = None,
             now: float | None = None, parts: dict[str, str] | None = None) -> Verdict | None:
@@ -171,6 +181,8 @@ class StateVotes:
         for old in [s for s in self._decided if s < max(self._decided, default=0) - 1000]:
             del self._decided[old]  # late digests come within a few steps; keep memory bounded
             self._late.pop(old, None)
+        for old in [s for s in self._witness if s < max(self._witness, default=0) - 1000]:
+            del self._witness[old]  # a copy is checked within seconds of its heal
         return out
 
 
@@ -191,15 +203,68 @@ class StateVotes:
                 del self._heal_digests[key]
 
     def verified(self, replica: int, generation: int | None, step: int) -> bool:
-        """Whether the copy `replica` (incarnation `generation`) made at committed step `step` is the state the
-        vote of that step decided: every rank's digest of what it copied, combined, is the vote's majority. Such a
-        healer holds a vouched state and computes what follows on its own, so it is a witness in the next vote.
-        A copy of a flip made after the donor's ballot (or of a step nobody voted on) stays a copy."""
-        verdict = self._decided.get(step)
+        """Whether the copy `replica` (incarnation `generation`) made at committed step `step` is a state the
+        replicas agreed on: every rank's digest of what it copied, combined, is the majority the vote of that step
+        decided, or, at a step with no vote, what the holders asked for it reported (`witnessed`). Such a healer
+        holds a vouched state and computes what follows on its own, so it is a witness in the next vote. A copy of
+        a flip made after the donor's ballot, or one nobody checked, stays a copy."""
         ranks, digests = self._heal_digests.get((replica, generation, step), (0, {}))
-        if verdict is None or verdict.majority is None or not ranks or len(digests) < ranks:
+        if not ranks or len(digests) < ranks:
             return False
-        return _replica_digest(digests) == verdict.majority
+        mine = _replica_digest(digests)
+        verdict = self._decided.get(step)
+        if verdict is not None:
+            return verdict.majority is not None and mine == verdict.majority
+        return self.witnessed(replica, step, mine)
+
+    def witnessed(self, replica: int, step: int, digest: str) -> bool:
+        """Whether `digest` is the state the holders asked about `replica`'s copy at `step` hold: their answers
+        (every rank's digest) taken as a vote of that step (`decide`, copies since the vote before grouped with
+        their donors) give `digest` as the majority, and at least two holders answered. Two, because one is the
+        donor, whose agreement shows only that the copy is faithful, not that the donor was right."""
+        ballot = self._witness.get(step)
+        if ballot is None:
+            return False
+        held = {r: _replica_digest(ranks) for r, ranks in ballot.ranks.items()
+                if r != replica and len(ranks) == ballot.world[r]}
+        if len(held) < 2:
+            return False
+        since = self.previous(step)
+        verdict = decide(step, held, [(r, d) for r, d, s, _ in self._heals if since <= s <= step and r != d])
+        return verdict.majority == digest
+
+    def open_check(self, replica: int, generation: int | None, step: int, asked: set[int],
+                   now: float | None = None) -> None:
+        """The controller asked the replicas `asked` for their digests of committed step `step`, to check the copy
+        `replica` (incarnation `generation`) made of it (`checks_due` reports the outcome)."""
+        self._checks[(replica, generation, step)] = (time.time() if now is None else now, set(asked))
+        self._witness.setdefault(step, _Ballot(first=time.time() if now is None else now))
+
+    def add_witness(self, step: int, replica: int, rank: int, ranks: int, digest: str) -> None:
+        """One rank of `replica` digested its committed state of `step`, asked to check a copy of it."""
+        ballot = self._witness.setdefault(step, _Ballot(first=time.time()))
+        ballot.ranks.setdefault(replica, {})[rank] = digest
+        ballot.world[replica] = ranks
+
+    def checks_due(self, now: float | None = None, final: bool = False) -> list[dict[str, Any]]:
+        """The copy checks that ended: verified, every holder asked has answered, or `wait_s` passed (with
+        `final`, the run's end: all of them). Each is a `copy_checked` event's fields: healer, step, verified, and
+        which holders answered (a holder that had committed a newer step when it was asked cannot answer: its
+        state of `step` is gone)."""
+        now = time.time() if now is None else now
+        out = []
+        for (r, g, s), (asked_at, asked) in list(self._checks.items()):
+            ballot = self._witness.get(s) or _Ballot(first=asked_at)
+            answered = sorted(q for q in asked if len(ballot.ranks.get(q, {})) == ballot.world.get(q, -1))
+            ok = self.verified(r, g, s)
+            if not (ok or final or set(answered) >= asked or now - asked_at >= self.wait_s):
+                continue
+            del self._checks[(r, g, s)]
+            held = self._heal_digests.get((r, g, s), (0, {}))
+            out.append({"replica": r, "generation": g, "manager_step": s, "verified": ok, "asked": sorted(asked),
+                        "answered": answered, "heal_digested": bool(held[0]) and len(held[1]) >= held[0],
+                        "seconds": round(now - asked_at, 3)})
+        return out
 
     def copies(self, step: int) -> list[tuple[int, int]]:
         """(replica, donor) of the heals to the committed steps from the previous decided vote's to `step`, in the
@@ -227,9 +292,11 @@ class StateVotes:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
         another history; their old ballots and verdicts must not judge the new ones (after a backstop restore
         a soak had every replica "diverge" from the old lineage's majority at every step it retook)."""
-        for book in (self._open, self._decided, self._late):
+        for book in (self._open, self._decided, self._late, self._witness):
             for s in [s for s in book if s > step]:
                 del book[s]
+        for check in [k for k in self._checks if k[2] > step]:
+            del self._checks[check]
         for key in [k for k in self._heal_digests if k[2] > step]:
             del self._heal_digests[key]  # copies of the old history: none can be verified against the new one
 

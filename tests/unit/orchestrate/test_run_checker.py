@@ -433,6 +433,76 @@ def test_a_copy_of_the_state_its_step_vouched_for_is_a_witness():
     assert votes.copies(98) == [(0, 1)]
 
 
+def _witness(votes, step, held: dict[int, list[str]]) -> None:
+    for r, ranks in held.items():
+        for rank, d in enumerate(ranks):
+            votes.add_witness(step, r, rank, len(ranks), d)
+
+
+def test_a_copy_at_a_step_with_no_vote_is_checked_by_the_holders():
+    """The 3 x 2 soak of 2026-12-06 (5-step rounds, a vote every 30 steps): replica 0 copied replica 1's committed
+    step 151, where no vote ran, then a bit flipped on replica 2. At the vote of step 156 replicas 0 and 1 agreed,
+    but 0 held an unchecked copy of 1: one ballot against 2's, a tie, and every replica restored the backstop (a
+    counted lineage reset). Now the holders digest their committed state of 151 when asked (`witness_digest`):
+    two of them agreeing with the healer's digest of its copy make the copy a witness, and 2 is healed instead.
+    One holder alone (the donor only shows the copy is faithful) or holders with no majority do not."""
+    from regent.orchestrate.vote import StateVotes
+
+    def run(witnesses: dict[int, list[str]], heal=("b0", "b1"), other_heal=None):
+        votes = StateVotes(3)
+        assert _vote_round(votes, 150, {0: ["a0", "a1"], 1: ["a0", "a1"], 2: ["a0", "a1"]})[0].agreed
+        if other_heal is not None:  # replica 2 itself copied replica 1 at 150 (after that vote's ballots)
+            votes.note_heal(2, 1, other_heal, generation=4)
+        votes.note_heal(0, 1, 151, generation=15)
+        votes.open_check(0, 15, 151, asked={1, 2}, now=0.0)
+        for rank, d in enumerate(heal):
+            votes.note_heal_digest(0, 15, 151, rank, 2, d)
+        _witness(votes, 151, witnesses)
+        checks = votes.checks_due(now=0.0)
+        if other_heal is not None:
+            return votes.verified(0, 15, 151), checks
+        (v156,) = _vote_round(votes, 156, {0: ["c0", "c1"], 1: ["c0", "c1"], 2: ["c0", "flipped"]})
+        return v156, checks
+
+    v, checks = run({1: ["b0", "b1"], 2: ["b0", "b1"]})
+    assert (v.action, v.diverged) == ("heal", [2])
+    assert [(c["replica"], c["manager_step"], c["verified"], c["answered"]) for c in checks] == [(0, 151, True, [1, 2])]
+    assert run({1: ["b0", "b1"]})[0].action == "backstop"  # only the donor answered: still open, not verified
+    assert run({1: ["b0", "b1"], 2: ["x0", "b1"]})[0].action == "backstop"  # the holders disagree
+    assert run({1: ["b0", "b1"], 2: ["b0"]})[0].action == "backstop"  # one rank of replica 2 did not answer
+    assert run({1: ["b0", "b1"], 2: ["b0", "b1"]}, heal=("b0", "x1"))[0].action == "backstop"  # not a faithful copy
+    # replica 2 holds a copy of 1 made at 150 (after that vote's ballots, unchecked): the two are one ballot, as
+    # in a vote. When they agree, every live replica holds what 0 copied (no correct replica is left to outvote):
+    # verified, as a vote of step 151 would have; when they differ, neither is a majority
+    assert run({1: ["b0", "b1"], 2: ["b0", "b1"]}, other_heal=150)[0] is True
+    assert run({1: ["b0", "b1"], 2: ["x0", "b1"]}, other_heal=150)[0] is False
+
+
+def test_a_copy_check_is_reported_once_when_it_ends():
+    """`checks_due` reports a check once: verified as soon as it is, unverified once every holder asked has
+    answered or `wait_s` passed (a holder that committed a newer step before it was asked cannot answer)."""
+    from regent.orchestrate.vote import StateVotes
+
+    votes = StateVotes(3, wait_s=30.0)
+    votes.note_heal(0, 1, 7, generation=3)
+    votes.note_heal_digest(0, 3, 7, 0, 1, "s")
+    votes.open_check(0, 3, 7, asked={1, 2}, now=100.0)
+    _witness(votes, 7, {1: ["s"]})
+    assert votes.checks_due(now=101.0) == []  # replica 2 may still answer
+    (late,) = votes.checks_due(now=130.0)
+    assert (late["verified"], late["answered"], late["heal_digested"]) == (False, [1], True)
+    assert votes.checks_due(now=200.0) == []  # reported once
+    votes.note_heal(2, 1, 9, generation=8)
+    votes.open_check(2, 8, 9, asked={0, 1}, now=300.0)
+    _witness(votes, 9, {0: ["t"], 1: ["u"]})
+    (split,) = votes.checks_due(now=301.0)  # both answered, and they differ: ended, not verified
+    assert (split["verified"], split["answered"], split["heal_digested"]) == (False, [0, 1], False)
+    votes.forget_after(5)  # a lineage reset to step 5: the copies of the old history cannot be checked any more
+    votes.note_heal_digest(2, 8, 9, 0, 1, "t")
+    _witness(votes, 9, {0: ["t"]})
+    assert not votes.verified(2, 8, 9)
+
+
 def test_a_flip_copied_by_a_heal_lives_on_in_the_healer(tmp_path):
     """The flipped replica's state is copied by a heal before its own failure throws its copy away: the flip
     lives on in the healer. Found there later: explained (not "no injected bitflip"). Copied to every replica and
