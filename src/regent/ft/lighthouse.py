@@ -430,6 +430,7 @@ class LighthouseServer:
         self._front_joins: list[tuple[Any, list[Participant]]] = []
         self._last_reason = ""
         self._quorums_issued = 0
+        self._grace_stats: dict[str, float] = {"waits": 0, "came": 0, "timed_out": 0, "waited_s": 0.0}
         self._tick_pending = False
         self._stopped = threading.Event()
 
@@ -904,6 +905,7 @@ class LighthouseServer:
         previous_id = self._state.quorum_id if self._state.prev_quorum is not None else None
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
         self._quorums_issued += 1
+        self._note_grace(now, members)
         # A front end's member parses its wire form from its raw request (`joins.Join.to_proto`), only if a
         # caller wants TorchFT's full answer.
         answers = _Issued(quorum, lambda: [wire.get(m.replica_id) or m.to_proto() for m in members],
@@ -919,6 +921,24 @@ class LighthouseServer:
             if not issued.done():  # a cancelled call's future is done already
                 issued.set_result(answers)
         self._answer_front_joins(answers)
+
+    def _note_grace(self, now: float, members: list[Any]) -> None:
+        """A quorum issued after the holder grace held it back: count the wait, and whether a replica it waited
+        for came in time (`status()["holder_grace"]`, and one log line each)."""
+        state = self._state
+        if not state.grace_awaited:
+            return
+        ids = {m.replica_id for m in members}
+        came = sorted(state.grace_awaited & ids)
+        waited = now - (state.grace_since if state.grace_since is not None else now)
+        stats = self._grace_stats
+        stats["waits"] += 1
+        stats["came" if came else "timed_out"] += 1
+        stats["waited_s"] = round(stats["waited_s"] + waited, 6)
+        logger.info("holder grace: quorum %d waited %.2f s for %s; %s", state.quorum_id, waited,
+                    sorted(state.grace_awaited)[:3], f"came: {came[:3]}" if came else "none came in time")
+        state.grace_awaited = set()
+        state.grace_since = None
 
     def _tick_soon(self) -> None:
         """One tick at the loop's next turn, however many events ask for it meanwhile: a burst of restarts
@@ -984,6 +1004,7 @@ class LighthouseServer:
             },
             "next_quorum": {"ready": members is not None, "reason": reason},
             "quorums_issued": self._quorums_issued,
+            "holder_grace": dict(self._grace_stats),
             "state_file": str(self._state_file) if self._state_file is not None else None,
             "max_step": max_step,
             "committed": {"step": state.watermark.step, "lineage": state.watermark.lineage,

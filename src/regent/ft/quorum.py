@@ -105,6 +105,10 @@ class LighthouseState:
     # it waits for them to heartbeat again before it issues a quorum.
     expected_groups: frozenset[str] = frozenset()
     not_before: float = 0.0
+    # The holder grace (rule 4) in progress: the replicas a fast quorum is waiting for, and since when. The server
+    # reads and clears them when it issues the quorum (`LighthouseServer._note_grace`).
+    grace_awaited: set[str] = field(default_factory=set)
+    grace_since: float | None = None
 
 
 def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: int,
@@ -354,6 +358,8 @@ def quorum_compute(
                 first_joined = min((p.joined for p in healthy_participants.values()), default=now)
                 left = opts.holder_grace_ms / 1000.0 - (now - first_joined)
                 if coming and left > 0:
+                    state.grace_awaited.update(coming)
+                    state.grace_since = now if state.grace_since is None else state.grace_since
                     return None, (f"Fast quorum waiting {left:.1f} s more for {len(coming)} replicas that hold "
                                   f"the committed step and have not joined yet ({coming[:3]}) {metadata}")
             return candidates, f"Fast quorum found! {metadata}"

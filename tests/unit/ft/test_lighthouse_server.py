@@ -168,6 +168,27 @@ def test_a_fast_quorum_takes_along_a_healed_replica_that_arrives_a_moment_late(l
             assert survivor.result().replica_ids() == expect
             if late is not None:
                 assert late.result().replica_ids() == expect
+        grace_stats = server.status()["holder_grace"]
+        if grace:  # counted: one wait, ~0.5 s, and the replica came
+            assert (grace_stats["waits"], grace_stats["came"], grace_stats["timed_out"]) == (1, 1, 0), grace_stats
+            assert 0.3 < grace_stats["waited_s"] < 3.0, grace_stats
+        else:
+            assert grace_stats["waits"] == 0, grace_stats
+
+
+def test_a_holder_grace_that_ends_with_nobody_is_counted(lighthouse):
+    """The grace is bounded: "h" heartbeats at the committed step but never joins, so "s" gets its quorum once
+    the grace is over, and the Lighthouse counts a wait that timed out."""
+    server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, holder_grace_ms=300)
+    client = LighthouseClient(server.address())
+    assert client.quorum("s:1", timeout=10).replica_ids() == ["s:1"]
+    for rid in ("s:1", "h:2"):
+        client.heartbeat(rid, committed=(5, 1, 0, 0))
+    start = time.monotonic()
+    assert client.quorum("s:1", timeout=10).replica_ids() == ["s:1"]
+    assert time.monotonic() - start >= 0.25
+    grace_stats = server.status()["holder_grace"]
+    assert (grace_stats["waits"], grace_stats["came"], grace_stats["timed_out"]) == (1, 0, 1), grace_stats
 
 
 def test_dead_incarnations_are_not_waited_for(lighthouse):
