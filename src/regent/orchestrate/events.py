@@ -54,6 +54,11 @@ EVENT_KINDS = (
 )
 
 
+# Ballots: a rank's digest sent to the controller's state votes (`orchestrate/vote.py`), not lines of events.jsonl
+# (the `state_vote` and `copy_checked` events record what they decided).
+BALLOT_KINDS = frozenset({"state_digest", "witness_digest"})
+
+
 def make_event(
     kind: str,
     *,

@@ -35,7 +35,7 @@ from regent import settings
 from regent.actor import ActorError, Channel, this_host
 from regent.actor import config as actor_config
 from regent.orchestrate.config import RunConfig, constant_batch_choice
-from regent.orchestrate.events import JsonlWriter, make_event, read_jsonl
+from regent.orchestrate.events import BALLOT_KINDS, JsonlWriter, make_event, read_jsonl
 from regent.orchestrate.faults import (
     PlannedFault,
     RandomFaultSchedule,
@@ -913,7 +913,7 @@ class OrchestrationManager:
             for item in read_journal(journal_path(self.run_dir / "journal", r), after.get(r, 0)):
                 self._rseq_held[r] = max(self._rseq_held.get(r, 0), int(item["rseq"]))
                 payload = {**item["payload"], "rseq": item["rseq"]}
-                if item["kind"] == "event" and payload.get("kind") != "state_digest":
+                if item["kind"] == "event" and payload.get("kind") not in BALLOT_KINDS:
                     self.record_event(payload)
                 elif item["kind"] == "metric":
                     self.record_metric(payload)

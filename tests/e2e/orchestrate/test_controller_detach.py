@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from regent.orchestrate.events import BALLOT_KINDS
 from regent.orchestrate.relay import read_journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -224,7 +225,7 @@ def test_resume_reattaches_restarts_what_failed_meanwhile_and_loses_nothing(tmp_
         # every journaled item reached the run's files exactly once
         for r in range(3):
             journaled = [i["rseq"] for i in read_journal(run_dir / "journal" / f"replica-{r}.jsonl")
-                         if i["payload"].get("kind") != "state_digest"]
+                         if i["payload"].get("kind") not in BALLOT_KINDS]
             written = [rec["rseq"] for name in ("events.jsonl", "metrics.jsonl")
                        for rec in map(json.loads, (run_dir / name).read_text().splitlines())
                        if rec.get("replica") == r and "rseq" in rec]
