@@ -190,7 +190,7 @@ class TrainingSession:
         self._held_sync: tuple[int, dict[str, Any], dict[str, Any]] | None = None
         if self.diloco is not None:
             # the last moment the committed state of that sync is still whole, on the training thread
-            self.manager.before_committed_change(self.answer_witness_requests)
+            self.manager.before_committed_change(self._before_committed_change)
         self.vote_every = ft.vote_interval()
         self._voted_step: int | None = None
         self._digest_cache: tuple[int, str, dict[str, str]] | None = None
@@ -313,8 +313,8 @@ class TrainingSession:
         holders for (`answer_witness_requests`): a checked copy is a witness in the next vote, and a tie between
         a flipped replica and a correct one with its copy becomes a majority (`vote.StateVotes.verified`). Without
         it such a tie restored the backstop (a counted lineage reset)."""
-        if not self.vote_every or step is None:
-            return  # no votes: nothing to check the copy for
+        if not self.vote_every or step is None or (self.diloco is None and step % self.vote_every):
+            return  # no vote to compare with, and per-step mode's holders cannot be asked (`_check_copy`)
         t0 = time.perf_counter()
         digest, _ = self.state_digest()
         self.on_event("heal_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
@@ -467,16 +467,19 @@ class TrainingSession:
             return True
 
     # -- state votes (regent.ft.digest) -----------------------------------------------------------------
-    def agreed_state(self) -> dict[str, Any]:
+    def agreed_state(self, at_sync: tuple[int, dict[str, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
         """What every replica that committed the same steps holds bit for bit, on this rank: in per-step mode the
         whole training state (model, optimizer, schedule, data position, step) and the Manager's counters; in
         DiLoCo the committed global state (global parameters, outer optimizer, and schedule, data position and
-        step at the sync). DiLoCo's inner optimizer state is each replica's own and is left out."""
+        step at the sync). DiLoCo's inner optimizer state is each replica's own and is left out. `at_sync`
+        (DiLoCo, mid-round): the parts the round has moved on from, as held at the sync (`_held_sync`)."""
         if self.diloco is not None:
             committed = self.diloco._committed_state()
             committed.pop("round", None)  # the holder's round clock: not state, never the same on two replicas
-            committed["extra"] = {k: v for k, v in committed["extra"].items() if k != "mid_step"}
-            return {"committed": committed, "regent": self.manager.state_dict()}
+            extra = committed["extra"] if at_sync is None else at_sync[1]
+            committed["extra"] = {k: v for k, v in extra.items() if k != "mid_step"}
+            return {"committed": committed,
+                    "regent": self.manager.state_dict() if at_sync is None else dict(at_sync[2])}
         sd = self.trainer.state_dict()
         return {"trainer": sd, "regent": self.manager.state_dict()}
 
@@ -500,9 +503,16 @@ class TrainingSession:
                                        "ranks": self.world_size, "seconds": round(time.perf_counter() - t0, 6)})
 
     def _hold_sync(self, step: int) -> None:
-        if self.witness_requests:  # asked about the state this replaces (a heal at the boundary)
-            self.answer_witness_requests()
+        """The committed state is `step`'s from here until it next changes. A request still pending is answered at
+        the next step's start if it asks about `step`; one about the state replaced came too late (dropped)."""
         self._held_sync = (step, self.trainer.extra_state(), self.manager.state_dict())
+
+    def _before_committed_change(self) -> None:
+        """Answer the requests about the committed state that is about to change; until the next boundary holds
+        the new one (`_hold_sync`), nothing is answered (a Streaming DiLoCo fragment sync changes it mid-round)."""
+        if self.witness_requests:
+            self.answer_witness_requests()
+        self._held_sync = None
 
     def answer_witness_requests(self) -> None:
         """Another replica copied the committed state of a step with no vote; the controller asks every holder for
@@ -520,10 +530,7 @@ class TrainingSession:
             if self.diloco is None or held is None or held[0] != step:
                 continue
             t0 = time.perf_counter()
-            committed = self.diloco._committed_state()
-            committed.pop("round", None)
-            committed["extra"] = {k: v for k, v in held[1].items() if k != "mid_step"}
-            digest, _ = digest_with_parts({"committed": committed, "regent": dict(held[2])}, depth=3)
+            digest, _ = digest_with_parts(self.agreed_state(at_sync=held), depth=3)
             self.on_event("witness_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
                                              "seconds": round(time.perf_counter() - t0, 6)})
 
