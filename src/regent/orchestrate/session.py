@@ -188,6 +188,10 @@ class TrainingSession:
         # position; the Manager's counters, at the next sync's vote), as they were at the last sync's boundary:
         # (committed step, trainer extra, Manager state). A witness digest is of that sync's state.
         self._held_sync: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        self._held_quorum: int | None = None  # the quorum id when `_held_sync` was taken
+        # (step, digest) of the committed state last replaced after a quorum change: a request about it that
+        # arrives after the change (a heal in a round's last moments) is still answered (`_before_committed_change`)
+        self._replaced: tuple[int, str] | None = None
         if self.diloco is not None:
             # the last moment the committed state of that sync is still whole, on the training thread
             self.manager.before_committed_change(self._before_committed_change)
@@ -506,12 +510,22 @@ class TrainingSession:
         """The committed state is `step`'s from here until it next changes. A request still pending is answered at
         the next step's start if it asks about `step`; one about the state replaced came too late (dropped)."""
         self._held_sync = (step, self.trainer.extra_state(), self.manager.state_dict())
+        self._held_quorum = self.manager.quorum_id()
 
     def _before_committed_change(self) -> None:
         """Answer the requests about the committed state that is about to change; until the next boundary holds
-        the new one (`_hold_sync`), nothing is answered (a Streaming DiLoCo fragment sync changes it mid-round)."""
+        the new one (`_hold_sync`), nothing is answered from it (a Streaming DiLoCo fragment sync changes it
+        mid-round). When the quorum changed since that state was taken (a healed replica joined the sync, or
+        one left), its digest is kept first: a replica that healed in the round's last moments is asked about it
+        only after this sync (in soaks about one check in ten went unanswered so); in a steady quorum nothing
+        is computed."""
+        from regent.ft.digest import digest_with_parts
+
         if self.witness_requests:
             self.answer_witness_requests()
+        held = self._held_sync
+        if held is not None and self.manager.quorum_id() != self._held_quorum:
+            self._replaced = (held[0], digest_with_parts(self.agreed_state(at_sync=held), depth=3)[0])
         self._held_sync = None
 
     def answer_witness_requests(self) -> None:
@@ -520,17 +534,21 @@ class TrainingSession:
         global state unchanged until the next sync's outer step, so a holder answers at its next inner step or,
         at the latest, right before that outer step (`Manager.before_committed_change`; a holder waiting in the
         sync's quorum answers there), from the global state and the parts held at the last boundary
-        (`_held_sync`). A holder that committed a newer step before it was asked cannot answer; the check goes
-        without it. Per-step mode commits every step, so the controller asks only in DiLoCo."""
+        (`_held_sync`), or from the digest kept when a quorum change replaced it (`_replaced`). Otherwise a
+        holder that committed a newer step before it was asked cannot answer; the check goes without it.
+        Per-step mode commits every step, so the controller asks only in DiLoCo."""
         from regent.ft.digest import digest_with_parts
 
         while self.witness_requests:
             step = self.witness_requests.pop()  # atomic: the actor's event loop adds to it meanwhile
-            held = self._held_sync
-            if self.diloco is None or held is None or held[0] != step:
-                continue
+            held, replaced = self._held_sync, self._replaced
             t0 = time.perf_counter()
-            digest, _ = digest_with_parts(self.agreed_state(at_sync=held), depth=3)
+            if self.diloco is not None and held is not None and held[0] == step:
+                digest, _ = digest_with_parts(self.agreed_state(at_sync=held), depth=3)
+            elif self.diloco is not None and replaced is not None and replaced[0] == step:
+                digest = replaced[1]
+            else:
+                continue
             self.on_event("witness_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
                                              "seconds": round(time.perf_counter() - t0, 6)})
 

@@ -367,8 +367,8 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     a finished peer and is collected again. All three end compared and identical; none ends failed.
 
     DiLoCo also kills replica 0 first: it copies the committed state of a step with no vote from a peer, and the
-    controller checks the copy against both holders' digests of that step (`copy_checked`, verified), which makes
-    it a witness in the next vote (the tie this prevents, a copy and its donor outvoted one to one by a flip on the
+    controller checks the copy against both holders' digests of that step (`copy_checked`, verified when both
+    answered), which makes it a witness in the next vote (the tie this prevents, a copy and its donor outvoted one to one by a flip on the
     third replica, is decided in test_run_checker's `test_a_copy_at_a_step_with_no_vote_is_checked_by_the_holders`;
     here the start-up heals make every replica a copy of replica 0 until a vote, so the final vote splits them
     either way)."""
@@ -394,8 +394,11 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
         copy = [e for e in run.events if e["kind"] == "early_heal_done" and e["replica"] == 0]
         checks = [e for e in run.events if e["kind"] == "copy_checked" and e["replica"] == 0]
         assert copy and copy[0]["time"] < flip["time"], (copy, flip)
-        assert [(c["manager_step"], c["verified"], c["answered"]) for c in checks] == [
-            (copy[0]["manager_step"], True, [1, 2])], checks
+        # one check of that copy; verified when both holders answered (a holder that committed its next sync
+        # before the request reached it cannot answer: a heal in a round's last moments, ~1 in 10 in soaks)
+        (check,) = checks
+        assert check["manager_step"] == copy[0]["manager_step"] and check["asked"] == [1, 2], check
+        assert check["answered"] and check["verified"] == (check["answered"] == [1, 2]), check
         assert not [e for e in run.events if e["kind"] == "state_lost"]
 
 
