@@ -487,11 +487,13 @@ class TrainingSession:
         sd = self.trainer.state_dict()
         return {"trainer": sd, "regent": self.manager.state_dict()}
 
-    def state_digest(self) -> tuple[str, dict[str, str]]:
-        """(digest of this rank's agreed state, digests of its parts: where two replicas differ)."""
+    def state_digest(self, at_sync: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+                     ) -> tuple[str, dict[str, str]]:
+        """(digest of this rank's agreed state, digests of its parts: where two replicas differ); `at_sync` as in
+        `agreed_state`."""
         from regent.ft.digest import digest_with_parts
 
-        return digest_with_parts(self.agreed_state(), depth=3)
+        return digest_with_parts(self.agreed_state(at_sync=at_sync), depth=3)
 
     def _maybe_vote(self, committed: bool) -> None:
         """Every `vote_every` commits, at a sync boundary: report this rank's digest; the controller compares
@@ -519,13 +521,11 @@ class TrainingSession:
         one left), its digest is kept first: a replica that healed in the round's last moments is asked about it
         only after this sync (in soaks about one check in ten went unanswered so); in a steady quorum nothing
         is computed."""
-        from regent.ft.digest import digest_with_parts
-
         if self.witness_requests:
             self.answer_witness_requests()
         held = self._held_sync
         if held is not None and self.manager.quorum_id() != self._held_quorum:
-            self._replaced = (held[0], digest_with_parts(self.agreed_state(at_sync=held), depth=3)[0])
+            self._replaced = (held[0], self.state_digest(at_sync=held)[0])
         self._held_sync = None
 
     def answer_witness_requests(self) -> None:
@@ -537,14 +537,12 @@ class TrainingSession:
         (`_held_sync`), or from the digest kept when a quorum change replaced it (`_replaced`). Otherwise a
         holder that committed a newer step before it was asked cannot answer; the check goes without it.
         Per-step mode commits every step, so the controller asks only in DiLoCo."""
-        from regent.ft.digest import digest_with_parts
-
         while self.witness_requests:
             step = self.witness_requests.pop()  # atomic: the actor's event loop adds to it meanwhile
             held, replaced = self._held_sync, self._replaced
             t0 = time.perf_counter()
             if self.diloco is not None and held is not None and held[0] == step:
-                digest, _ = digest_with_parts(self.agreed_state(at_sync=held), depth=3)
+                digest, _ = self.state_digest(at_sync=held)
             elif self.diloco is not None and replaced is not None and replaced[0] == step:
                 digest = replaced[1]
             else:

@@ -102,6 +102,10 @@ class _Ballot:
     parts: dict[int, dict[int, dict[str, str]]] = field(default_factory=dict)  # replica -> rank -> part digests
     generation: dict[int, int | None] = field(default_factory=dict)
 
+    def complete(self) -> set[int]:
+        """The replicas every rank of which has reported."""
+        return {r for r, ranks in self.ranks.items() if len(ranks) == self.world[r]}
+
 
 class StateVotes:
     """Digests per committed step, and the verdicts on them."""
@@ -160,7 +164,7 @@ class StateVotes:
         out = []
         for step in sorted(self._open):
             ballot = self._open[step]
-            complete = {r for r, ranks in ballot.ranks.items() if len(ranks) == ballot.world[r]}
+            complete = ballot.complete()
             digests = {r: _replica_digest(ballot.ranks[r]) for r in complete}
             verdict = decide(step, digests, self.copies(step))
             everyone = expected <= complete
@@ -208,14 +212,18 @@ class StateVotes:
         decided, or, at a step with no vote, what the holders asked for it reported (`witnessed`). Such a healer
         holds a vouched state and computes what follows on its own, so it is a witness in the next vote. A copy of
         a flip made after the donor's ballot, or one nobody checked, stays a copy."""
-        ranks, digests = self._heal_digests.get((replica, generation, step), (0, {}))
-        if not ranks or len(digests) < ranks:
+        mine = self._heal_digest(replica, generation, step)
+        if mine is None:
             return False
-        mine = _replica_digest(digests)
         verdict = self._decided.get(step)
         if verdict is not None:
             return verdict.majority is not None and mine == verdict.majority
         return self.witnessed(replica, step, mine)
+
+    def _heal_digest(self, replica: int, generation: int | None, step: int) -> str | None:
+        """The healer's digest of what it copied, once every rank has sent its part."""
+        ranks, digests = self._heal_digests.get((replica, generation, step), (0, {}))
+        return _replica_digest(digests) if ranks and len(digests) >= ranks else None
 
     def witnessed(self, replica: int, step: int, digest: str) -> bool:
         """Whether `digest` is the state the holders asked about `replica`'s copy at `step` hold: their answers
@@ -225,11 +233,11 @@ class StateVotes:
         ballot = self._witness.get(step)
         if ballot is None:
             return False
-        held = {r: _replica_digest(ranks) for r, ranks in ballot.ranks.items()
-                if r != replica and len(ranks) == ballot.world[r]}
+        held = {r: _replica_digest(ballot.ranks[r]) for r in ballot.complete() if r != replica}
         if len(held) < 2:
             return False
         since = self.previous(step)
+        # every heal since the vote before counts as a copy here (`copies` would ask `verified`, and so this again)
         verdict = decide(step, held, [(r, d) for r, d, s, _ in self._heals if since <= s <= step and r != d])
         return verdict.majority == digest
 
@@ -255,14 +263,13 @@ class StateVotes:
         out = []
         for (r, g, s), (asked_at, asked) in list(self._checks.items()):
             ballot = self._witness.get(s) or _Ballot(first=asked_at)
-            answered = sorted(q for q in asked if len(ballot.ranks.get(q, {})) == ballot.world.get(q, -1))
+            answered = sorted(asked & ballot.complete())
             ok = self.verified(r, g, s)
             if not (ok or final or set(answered) >= asked or now - asked_at >= self.wait_s):
                 continue
             del self._checks[(r, g, s)]
-            held = self._heal_digests.get((r, g, s), (0, {}))
             out.append({"replica": r, "generation": g, "manager_step": s, "verified": ok, "asked": sorted(asked),
-                        "answered": answered, "heal_digested": bool(held[0]) and len(held[1]) >= held[0],
+                        "answered": answered, "heal_digested": self._heal_digest(r, g, s) is not None,
                         "seconds": round(now - asked_at, 3)})
         return out
 
