@@ -53,6 +53,10 @@ class TrainingSession:
         self.world_size = world_size
         self.generation = generation
         self.on_event = on_event or (lambda kind, d: None)
+        # Per-step mode: the replicated group was rebuilt for a new quorum since the last commit (a replica joined,
+        # healed from a donor, or left). Its first commit is voted on (`vote_due`): a healer's copy is then judged
+        # against the other replicas one step after it was made, not up to `vote_every` commits later.
+        self._new_quorum = False
         torch.set_num_threads(settings.REGENT_TORCH_THREADS.get())
         if world_size > 1 and not dist.is_initialized():
             from regent import platform
@@ -302,6 +306,8 @@ class TrainingSession:
 
     # -- events from the Manager ----------------------------------------------------------------------
     def _manager_event(self, kind: str, details: dict) -> None:
+        if kind == "quorum":
+            self._new_quorum = True
         details = dict(details)
         details.setdefault("quorum_id", self.manager.quorum_id() if hasattr(self, "manager") else None)
         self.on_event(kind, details)
@@ -496,12 +502,14 @@ class TrainingSession:
         return digest_with_parts(self.agreed_state(at_sync=at_sync), depth=3)
 
     def _maybe_vote(self, committed: bool) -> None:
-        """Every `vote_every` commits, at a sync boundary: report this rank's digest; the controller compares
-        the replicas' (OrchestrationManager._vote)."""
+        """Every `vote_every` commits, at a sync boundary, and in per-step mode at the first commit of a new
+        quorum: report this rank's digest; the controller compares the replicas' (OrchestrationManager._vote)."""
         step = self.manager.current_step()
-        if (not committed or not self.vote_every or step % self.vote_every or step == self._voted_step
-                or not self.at_boundary()):
+        new_quorum = self._new_quorum and self.diloco is None
+        if not committed or not vote_due(step, self.vote_every, new_quorum=new_quorum, voted_step=self._voted_step,
+                                         at_boundary=self.at_boundary()):
             return
+        self._new_quorum = False
         self._voted_step = step
         t0 = time.perf_counter()
         digest, parts = self._digest_at(step)
@@ -758,6 +766,21 @@ def append_line(path: str, record: dict[str, Any]) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def vote_due(step: int, vote_every: int, *, new_quorum: bool, voted_step: int | None, at_boundary: bool) -> bool:
+    """Whether a replica reports its digest after committing `step`: every `vote_every` commits, and at the first
+    commit of a new quorum (per-step mode; the caller says which). Every member of a quorum learns of it in the
+    same step, so they all vote at the same commit.
+
+    Why the new quorum: a heal copies a donor's state, and a copy is no witness until a vote judged it
+    (`vote.decide`). Voted on only `vote_every` commits later, a bit flipped on a third replica in between tied
+    the copy and its donor's single ballot against the flipped one, and every replica went back to the backstop
+    (a counted lineage reset, seen in DiLoCo soaks before its copy check). Voted on at once, the copy is judged
+    against the replicas that did not take part in it, and is a witness from then on."""
+    if not vote_every or step == voted_step or not at_boundary:
+        return False
+    return new_quorum or step % vote_every == 0
 
 
 def _cover(replicas: int, *, per_step: bool = True) -> Callable[[int, int, int], tuple[list[int], float]]:

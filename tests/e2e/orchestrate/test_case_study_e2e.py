@@ -366,7 +366,8 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     which is itself a vote: the differing replica is restarted at the stop step, pulls the committed state from
     a finished peer and is collected again. All three end compared and identical; none ends failed.
 
-    DiLoCo also kills replica 0 first: it copies the committed state of a step with no vote from a peer, and the
+    Both kill replica 0 first, and it copies a peer's state at a step with no vote. In per-step mode the quorum it
+    rejoins is voted on at its first commit, which judges the copy at once. In DiLoCo the
     controller checks the copy against both holders' digests of that step (`copy_checked`, verified when both
     answered), which makes it a witness in the next vote (the tie this prevents, a copy and its donor outvoted one to one by a flip on the
     third replica, is decided in test_run_checker's `test_a_copy_at_a_step_with_no_vote_is_checked_by_the_holders`;
@@ -374,8 +375,8 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
     either way)."""
     # late enough that every replica has joined: a replica that heals from the flipped one before any vote takes
     # the flip too (the majority is then the flipped state, and the checker says so)
-    flipped = 1 if mode == "ddp" else 2
-    faults = [(12, 1, "bitflip", 0)] if mode == "ddp" else [(4, 0, "kill", 0), (18, 2, "bitflip", 0)]
+    flipped = 2
+    faults = [(4, 0, "kill", 0), (18, 2, "bitflip", 0)]
     sched = write_schedule(tmp_path / "faults.jsonl", faults)
     extra = ["--ft.mode", "ddp", "--ft.bucket-mb", "0.05"] if mode == "ddp" else []
     run = run_regent(tmp_path / "run", "--replicas", "3", "--procs-per-replica", "1", "--duration", "31s",
@@ -390,6 +391,16 @@ def test_a_flip_after_the_last_vote_is_healed_at_the_end(tmp_path, mode):
                                                                  if e["replica"] == flipped]
     s = run.summary
     assert not s["ended_failed"] and s["replicas_compared"] == 3 and s["replicas_consistent"] is True, s
+    if mode == "ddp":
+        # per-step mode: the quorum replica 0 rejoins is voted on at its first commit (`session.vote_due`), so its
+        # copy is judged at once against the replica that took no part in it, with no vote due for 10,000 commits
+        heal = [e for e in run.events if e["kind"] in ("early_heal_done", "heal_done") and e["replica"] == 0
+                and e["generation"] > 0]
+        assert heal, [e["kind"] for e in run.events if e["replica"] == 0]
+        joined = [e for e in run.events if e["kind"] == "state_vote" and 0 in e["voters"] and len(e["voters"]) == 3
+                  and heal[0]["time"] < e["time"] < flip["time"]]
+        assert joined and joined[0]["agreed"], joined
+        assert not [e for e in run.events if e["kind"] == "state_lost"]
     if mode == "diloco":
         copy = [e for e in run.events if e["kind"] == "early_heal_done" and e["replica"] == 0]
         checks = [e for e in run.events if e["kind"] == "copy_checked" and e["replica"] == 0]

@@ -433,6 +433,37 @@ def test_a_copy_of_the_state_its_step_vouched_for_is_a_witness():
     assert votes.copies(98) == [(0, 1)]
 
 
+def test_per_step_mode_votes_at_the_first_commit_of_a_new_quorum():
+    """Per-step mode: a heal copies a donor's live state at a step with no vote; voted on only at the next
+    multiple of `vote_every`, a flip on the third replica in between tied the copy and its donor against it (the
+    backstop, a lineage reset). Every member of the new quorum the healer joins now votes at its first commit
+    (`vote_due`): the copy is judged against the replica that took no part in it, and from then on it is a
+    witness, so the later flip is one ballot against two and is healed."""
+    from regent.orchestrate.session import vote_due
+    from regent.orchestrate.vote import StateVotes
+
+    assert vote_due(30, 30, new_quorum=False, voted_step=None, at_boundary=True)
+    assert not vote_due(31, 30, new_quorum=False, voted_step=30, at_boundary=True)
+    assert vote_due(31, 30, new_quorum=True, voted_step=30, at_boundary=True)  # the quorum changed
+    assert not vote_due(31, 30, new_quorum=True, voted_step=31, at_boundary=True)  # voted already
+    assert not vote_due(31, 0, new_quorum=True, voted_step=None, at_boundary=True)  # votes are off
+    assert not vote_due(30, 30, new_quorum=True, voted_step=None, at_boundary=False)  # mid-round (DiLoCo)
+
+    def run(vote_at_join: bool):
+        votes = StateVotes(3)
+        assert _vote_round(votes, 30, {0: ["a"], 1: ["a"], 2: ["a"]})[0].agreed
+        votes.note_heal(0, 1, 41, generation=2)  # 0 restarted and copied 1's live state at step 41
+        if vote_at_join:  # the three commit step 42 in the quorum 0 joined, and vote there
+            assert _vote_round(votes, 42, {0: ["b"], 1: ["b"], 2: ["b"]})[0].agreed
+        # a bit flips on replica 2 at step 50; the vote of step 60 finds it
+        (v60,) = _vote_round(votes, 60, {0: ["c"], 1: ["c"], 2: ["flipped"]})
+        return v60
+
+    assert run(vote_at_join=False).action == "backstop"  # the tie this closes: 0 and 1 are one ballot
+    healed = run(vote_at_join=True)
+    assert (healed.action, healed.diverged) == ("heal", [2])
+
+
 def _witness(votes, step, held: dict[int, list[str]]) -> None:
     for r, ranks in held.items():
         for rank, d in enumerate(ranks):
