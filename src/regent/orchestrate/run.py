@@ -172,8 +172,11 @@ class OrchestrationManager:
             self._ballot(e)
             return
         if e["kind"] == "witness_digest":  # likewise: copy_checked records what the holders' digests showed
-            self.votes.add_witness(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
-                                   int(e.get("ranks") or 1), str(e["digest"]))
+            if e.get("declined"):  # that holder moved past the step: its state of it is gone
+                self.votes.decline_witness(int(e["manager_step"]), int(e["replica"]))
+            else:
+                self.votes.add_witness(int(e["manager_step"]), int(e["replica"]), int(e.get("rank") or 0),
+                                       int(e.get("ranks") or 1), str(e["digest"]))
             return
         self.events.write(e)
         line = self.view.on_event(e)

@@ -543,8 +543,11 @@ class TrainingSession:
         at the latest, right before that outer step (`Manager.before_committed_change`; a holder waiting in the
         sync's quorum answers there), from the global state and the parts held at the last boundary
         (`_held_sync`), or from the digest kept when a quorum change replaced it (`_replaced`). Otherwise a
-        holder that committed a newer step before it was asked cannot answer; the check goes without it.
-        Per-step mode commits every step, so the controller asks only in DiLoCo."""
+        holder that committed a newer step before it was asked cannot answer: it says so at once (`declined`), and
+        the check goes on without it instead of waiting out its timeout. A request about a step this holder has
+        not reached yet (it is still in that sync) waits for it. Per-step mode commits every step, so the
+        controller asks only in DiLoCo."""
+        later: set[int] = set()
         while self.witness_requests:
             step = self.witness_requests.pop()  # atomic: the actor's event loop adds to it meanwhile
             held, replaced = self._held_sync, self._replaced
@@ -553,10 +556,17 @@ class TrainingSession:
                 digest, _ = self.state_digest(at_sync=held)
             elif self.diloco is not None and replaced is not None and replaced[0] == step:
                 digest = replaced[1]
+            elif witness_answer(step, held_step=held[0] if held is not None else None,
+                                current_step=self.manager.current_step()) == "wait":
+                later.add(step)
+                continue
             else:
+                self.on_event("witness_digest", {"manager_step": step, "digest": "", "declined": True,
+                                                 "ranks": self.world_size})
                 continue
             self.on_event("witness_digest", {"manager_step": step, "digest": digest, "ranks": self.world_size,
                                              "seconds": round(time.perf_counter() - t0, 6)})
+        self.witness_requests.update(later)
 
     def _digest_at(self, step: int) -> tuple[str, dict[str, str]]:
         """This rank's digest of its agreed state at committed step `step`, computed once per step: the vote and
@@ -766,6 +776,17 @@ def append_line(path: str, record: dict[str, Any]) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def witness_answer(step: int, *, held_step: int | None, current_step: int) -> str:
+    """A DiLoCo holder asked for its digest of committed step `step`, holding no state of it (neither the
+    boundary state `held_step` nor a kept digest): "wait" when it has not committed `step` yet (asked while
+    still in that sync: it answers once it holds it), else "decline" (it moved past `step`: that state is gone).
+    Holding no boundary state at all (inside a sync, between the old state's release and the new one's), it
+    waits unless its Manager is past `step` already: a late decline costs a step, a wrong one an answer."""
+    if held_step is not None:
+        return "wait" if held_step < step else "decline"
+    return "wait" if current_step <= step else "decline"
 
 
 def vote_due(step: int, vote_every: int, *, new_quorum: bool, voted_step: int | None, at_boundary: bool) -> bool:

@@ -122,6 +122,7 @@ class StateVotes:
         #   generation, step) -> (ranks, rank -> digest of the state it copied)
         self._witness: dict[int, _Ballot] = {}  # step -> the holders' digests of their committed state of that
         #   step, asked for because a replica copied it (`add_witness`); no vote: they only check copies
+        self._declined: dict[int, set[int]] = {}  # step -> holders asked about it that no longer held it
         self._checks: dict[tuple[int, int | None, int], tuple[float, set[int]]] = {}  # (healer, generation, step)
         #   -> (when the holders were asked, whom): open copy checks, reported once by `checks_due`
 
@@ -187,6 +188,8 @@ class StateVotes:
             self._late.pop(old, None)
         for old in [s for s in self._witness if s < max(self._witness, default=0) - 1000]:
             del self._witness[old]  # a copy is checked within seconds of its heal
+        for old in [s for s in self._declined if s < max(self._declined, default=0) - 1000]:
+            del self._declined[old]
         return out
 
 
@@ -254,22 +257,28 @@ class StateVotes:
         ballot.ranks.setdefault(replica, {})[rank] = digest
         ballot.world[replica] = ranks
 
+    def decline_witness(self, step: int, replica: int) -> None:
+        """`replica`, asked for its digest of committed step `step`, had moved past it: it cannot answer."""
+        self._declined.setdefault(step, set()).add(replica)
+
     def checks_due(self, now: float | None = None, final: bool = False) -> list[dict[str, Any]]:
-        """The copy checks that ended: verified, every holder asked has answered, or `wait_s` passed (with
-        `final`, the run's end: all of them). Each is a `copy_checked` event's fields: healer, step, verified, and
-        which holders answered (a holder that had committed a newer step when it was asked cannot answer: its
-        state of `step` is gone)."""
+        """The copy checks that ended: verified, every holder asked has answered or declined, or `wait_s` passed
+        (with `final`, the run's end: all of them). Each is a `copy_checked` event's fields: healer, step,
+        verified, which holders answered and which declined (a holder that had committed a newer step when it was
+        asked cannot answer: its state of `step` is gone, and it says so at once)."""
         now = time.time() if now is None else now
         out = []
         for (r, g, s), (asked_at, asked) in list(self._checks.items()):
             ballot = self._witness.get(s) or _Ballot(first=asked_at)
             answered = sorted(asked & ballot.complete())
+            declined = sorted((asked & self._declined.get(s, set())) - set(answered))
             ok = self.verified(r, g, s)
-            if not (ok or final or set(answered) >= asked or now - asked_at >= self.wait_s):
+            if not (ok or final or set(answered) | set(declined) >= asked or now - asked_at >= self.wait_s):
                 continue
             del self._checks[(r, g, s)]
             out.append({"replica": r, "generation": g, "manager_step": s, "verified": ok, "asked": sorted(asked),
-                        "answered": answered, "heal_digested": self._heal_digest(r, g, s) is not None,
+                        "answered": answered, "declined": declined,
+                        "heal_digested": self._heal_digest(r, g, s) is not None,
                         "seconds": round(now - asked_at, 3)})
         return out
 
@@ -299,7 +308,7 @@ class StateVotes:
         """A lineage reset went back to committed step `step`: the steps above it will be committed again, by
         another history; their old ballots and verdicts must not judge the new ones (after a backstop restore
         a soak had every replica "diverge" from the old lineage's majority at every step it retook)."""
-        for book in (self._open, self._decided, self._late, self._witness):
+        for book in (self._open, self._decided, self._late, self._witness, self._declined):
             for s in [s for s in book if s > step]:
                 del book[s]
         for check in [k for k in self._checks if k[2] > step]:

@@ -528,10 +528,30 @@ def test_a_copy_check_is_reported_once_when_it_ends():
     _witness(votes, 9, {0: ["t"], 1: ["u"]})
     (split,) = votes.checks_due(now=301.0)  # both answered, and they differ: ended, not verified
     assert (split["verified"], split["answered"], split["heal_digested"]) == (False, [0, 1], False)
+    # a holder that moved past the step says so at once: the check ends then, not `wait_s` later
+    votes.note_heal(1, 0, 11, generation=5)
+    votes.note_heal_digest(1, 5, 11, 0, 1, "v")
+    votes.open_check(1, 5, 11, asked={0, 2}, now=400.0)
+    _witness(votes, 11, {0: ["v"]})
+    assert votes.checks_due(now=401.0) == []
+    votes.decline_witness(11, 2)
+    (declined,) = votes.checks_due(now=401.5)
+    assert (declined["verified"], declined["answered"], declined["declined"]) == (False, [0], [2])
     votes.forget_after(5)  # a lineage reset to step 5: the copies of the old history cannot be checked any more
     votes.note_heal_digest(2, 8, 9, 0, 1, "t")
     _witness(votes, 9, {0: ["t"]})
     assert not votes.verified(2, 8, 9)
+
+
+def test_a_holder_asked_about_a_step_answers_waits_or_declines():
+    """A DiLoCo holder with no state of the asked step (neither its boundary state nor a kept digest) waits when it
+    has not reached the step yet (still in that sync) and declines when it moved past it."""
+    from regent.orchestrate.session import witness_answer
+
+    assert witness_answer(12, held_step=11, current_step=11) == "wait"  # still in step 12's sync
+    assert witness_answer(12, held_step=13, current_step=13) == "decline"  # committed 13: 12 is gone
+    assert witness_answer(12, held_step=None, current_step=12) == "wait"  # between two boundary states
+    assert witness_answer(12, held_step=None, current_step=13) == "decline"
 
 
 def test_a_flip_copied_by_a_heal_lives_on_in_the_healer(tmp_path):
