@@ -55,6 +55,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
              "last quorum (one just healed, on its way to the sync); 0 applies TorchFT's rule exactly (default 2000)",
     )
     parser.add_argument(
+        "--late-member-ms", dest="late_member_ms", type=int, default=0,
+        help="Regent: once a strict majority of the last quorum has joined, wait this long for its other members, "
+             "then issue the quorum without them (a paused or hung replica no longer holds up every sync); 0 applies "
+             "TorchFT's rules exactly (default 0)",
+    )
+    parser.add_argument(
         "--state-file", "--state_file", dest="state_file", default=None,
         help="save the last quorum id here so a restarted Lighthouse keeps ids increasing (recommended)",
     )
@@ -106,6 +112,7 @@ def run_lighthouse(args: argparse.Namespace) -> int:
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             holder_grace_ms=args.holder_grace_ms,
+            late_member_ms=args.late_member_ms,
             state_file=args.state_file,
             secret=secret,
             tls=tls,

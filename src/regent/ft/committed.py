@@ -124,6 +124,7 @@ class CommittedStateRecovery:
     _committed_transport: StreamTransport | None
     _committed_live: bool
     _recover_calls: int
+    _behind_calls: int
     _before_withdraw: list[Callable[[], Any]]
 
     # provided by the Manager
@@ -261,6 +262,32 @@ class CommittedStateRecovery:
             return "restored"
         logger.warning("could not recover the committed state early; the next quorum heals this replica")
         return "none"
+
+    def left_behind(self) -> bool:
+        """Whether the run has committed a step past this replica's own without it: a quorum went on without this
+        live replica (it was late for the sync, `regent.ft.quorum.late_members`), and its next quorum would only
+        heal it after the others' next sync. Every group rank calls it at the same point; group rank 0 asks the
+        Lighthouse (`holders`) and the others follow. False when that cannot be told (the Lighthouse does not
+        answer within a second: the quorum decides, as without this check)."""
+        self._behind_calls += 1
+
+        def decide() -> dict[str, Any]:
+            assert self._server is not None
+            try:
+                watermark, _, holders = self._server.lighthouse_client.holders(
+                    self.replica_id, timeout=min(1.0, self.connect_timeout))
+            except Exception as err:  # noqa: BLE001 - reported; the quorum then heals this replica if it is behind
+                logger.info("could not ask the Lighthouse whether the run committed past step %d: %s", self._step,
+                            err)
+                return {"behind": False}
+            return {"behind": bool(watermark > self._step and holders)}
+
+        return bool(self._share(f"regent/behind/{self._behind_calls}",
+                                decide if self.group_rank == 0 else None)["behind"])
+
+    def report_event(self, kind: str, **details: Any) -> None:
+        """An event of this replica's fault-tolerance (`on_event`), from the layers built on the Manager."""
+        self._emit(kind, **details)
 
     def accept_loss(self, source: str) -> None:
         """This replica went back to older state on purpose (a checkpoint restart): if that is less than the

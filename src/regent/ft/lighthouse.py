@@ -338,6 +338,9 @@ class LighthouseServer:
         heartbeat_timeout_ms: how long without a heartbeat before a group counts as gone.
         holder_grace_ms: Regent's: how long a fast quorum waits for a replica that holds the committed step but
             was not in the last quorum (`quorum.holders_on_their_way`); 0: TorchFT's rule exactly.
+        late_member_ms: Regent's: once a strict majority of the last quorum has joined, how long its other
+            members are waited for before the quorum is issued without them (`quorum.late_members`); 0 (the
+            default): TorchFT's rules.
         state_file, secret, tls, expect_groups, expect_within_s, frontends: Regent's additions (see __init__).
     """
 
@@ -357,6 +360,7 @@ class LighthouseServer:
         frontend_batch_ms: float = 2.0,
         seed_committed: tuple[int, int] | None = None,
         holder_grace_ms: int = 2000,
+        late_member_ms: int = 0,
     ) -> None:
         """`state_file` (optional, beyond TorchFT) keeps quorum ids increasing across Lighthouse restarts: the last
         id is saved there and a restarted Lighthouse continues after it. Without it a restarted Lighthouse starts
@@ -402,6 +406,7 @@ class LighthouseServer:
             quorum_tick_ms=quorum_tick_ms,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
             holder_grace_ms=holder_grace_ms,
+            late_member_ms=late_member_ms,
         )
         self._host, requested_port = parse_bind(bind)
         self._state = LighthouseState()
@@ -1001,6 +1006,7 @@ class LighthouseServer:
                 "quorum_tick_ms": self._opts.quorum_tick_ms,
                 "heartbeat_timeout_ms": self._opts.heartbeat_timeout_ms,
                 "holder_grace_ms": self._opts.holder_grace_ms,
+                "late_member_ms": self._opts.late_member_ms,
             },
             "next_quorum": {"ready": members is not None, "reason": reason},
             "quorums_issued": self._quorums_issued,

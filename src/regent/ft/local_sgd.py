@@ -39,6 +39,12 @@ from regent.ft.step import FaultTolerantStep
 from regent.ft.transfer import local_view
 
 logger = logging.getLogger(__name__)
+
+# `rejoin_left_behind`: besides at its sync point, a replica asks whether the run committed past it every this many
+# inner steps (the same steps on every rank of it: they agree through the group store). A replica paused for
+# seconds resumes into a round the others already closed without it; asking only at its sync point, it trained the
+# rest of a lost round first (4.6 s in a test), and then often arrived just as the others' next sync formed.
+LEFT_BEHIND_CHECK_STEPS = 4
 # A replica that joins a round in progress skips this many more inner steps than the holders are estimated to
 # have taken, to reach the round's sync before their quorum forms (DiLoCo.join_now).
 ARRIVE_EARLY_STEPS = 2
@@ -411,6 +417,10 @@ class DiLoCo:
             step of the round's last inner step) with the inner steps to give back (`steps_given_back`): the
             caller moves its step count, schedule and data position back to the round's first batch, and the
             round is trained again.
+        rejoin_left_behind (keyword-only): plain DiLoCo with early heal and a Lighthouse that leaves late members
+            out of a sync (`late_member_ms`): at each sync point, first ask whether the run committed past this
+            replica without it; if so, give up the round (`round_abandoned`), pull the committed state from a
+            holder and join the round in progress (`rejoin_if_left_behind`).
     """
 
     def __init__(
@@ -438,6 +448,7 @@ class DiLoCo:
         join_mid_round: bool = True,
         on_round_failed: Callable[[int], None] = lambda steps: None,
         exactly_once: bool = False,
+        rejoin_left_behind: bool = False,
     ) -> None:
         if should_quantize:
             raise NotImplementedError("DiLoCo(should_quantize=True): quantized allreduce is not implemented in "
@@ -505,6 +516,8 @@ class DiLoCo:
         self.on_contributor_step = on_contributor_step
         self.on_round_failed = on_round_failed
         self.exactly_once = exactly_once
+        self.rejoin_left_behind = rejoin_left_behind
+        self.rounds_abandoned = 0
         self._unhook = (FaultTolerantStep(manager, per_step=False, sync=self).hook(inner_optimizer) if hook_optimizer
                         else lambda: None)
         if early_heal:
@@ -669,6 +682,38 @@ class DiLoCo:
         self._whole = [False] * len(self.fragments)
         self._trained = None
 
+    def rejoin_if_left_behind(self) -> bool:
+        """At this replica's sync point, before its quorum: when the others went on without it (it came late, a
+        paused or slow host, and the Lighthouse left it out: `regent.ft.quorum.late_members`), its quorum would
+        only form at their next sync, where it would heal and sit that round out too. Instead it gives up its
+        round now (its pseudo-gradient belongs to a sync that committed without it; the round's samples of its
+        shard were recorded as skipped there), pulls the committed state from a holder (`recover`: the early heal
+        of a restarted replica) and joins the round in progress (`join_now`). Asked at the sync point and every
+        `LEFT_BEHIND_CHECK_STEPS` inner steps. Returns whether it did; plain
+        DiLoCo only (Streaming DiLoCo's fragments, and a sync delay, keep the quorum's heal)."""
+        if (not self.rejoin_left_behind or len(self.fragments) > 1 or self._delay or self._sit_out
+                or self._manager.current_step() == 0):
+            return False
+        left_behind = getattr(self._manager, "left_behind", None)
+        if not callable(left_behind) or not left_behind():
+            return False
+        trained, behind_at = self._local_step, self._manager.current_step()
+        self._manager.withdraw_committed()  # its committed state is about to change
+        how = self.recover()
+        if how == "none":
+            self._manager.publish_committed()
+            logger.warning("left behind at committed step %d, and the committed state could not be pulled now: "
+                           "the next quorum heals this replica", behind_at)
+            return False
+        self.rounds_abandoned += 1
+        self._manager.report_event("round_abandoned", inner_steps=trained, behind_at=behind_at, how=how,
+                                   manager_step=self._manager.current_step())
+        self.join_now()
+        if self.joined_mid_round is not None:
+            self._manager.report_event("round_joined", manager_step=self._manager.current_step(),
+                                       **self.joined_mid_round)
+        return True
+
     def count_micro_batches(self, n: int) -> None:
         """A constant global batch: the inner step in progress covers `n` replica-shard micro-batches (its own and
         missing replicas'); its pseudo-gradient is weighted by them (`pseudo_gradient_weight`)."""
@@ -697,7 +742,12 @@ class DiLoCo:
         self._step_micro = 1
         if self._trained is not None:
             self._trained += 1
+        if (self.rejoin_left_behind and self._local_step % LEFT_BEHIND_CHECK_STEPS == 0
+                and self._local_step < self._period - self._delay and self.rejoin_if_left_behind()):
+            return  # left out of a sync while it was paused: caught up mid-round, not at its own sync point
         if self._local_step == self._period - self._delay:
+            if self.rejoin_if_left_behind():
+                return
             for f in self.fragments:
                 f.loaded = False
             self._manager.start_quorum()

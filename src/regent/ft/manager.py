@@ -245,6 +245,7 @@ class Manager(CommittedStateRecovery):
         self._committed_live = False
         self._recover_needed = False
         self._recover_calls = 0
+        self._behind_calls = 0
         self._before_withdraw: list[Callable[[], Any]] = []
         self._group_store = self._make_group_store(store_addr, store_port)
         # Who may call the control plane (the job secret, TLS): from the environment, like TorchFT's settings.

@@ -10,6 +10,11 @@ The rules are TorchFT's (reference §1.2), in the order they are applied:
    once (any extra joiners already waiting ride along); the checks below are skipped. Regent's one exception
    (`holders_on_their_way`, `holder_grace_ms`): it waits a moment for a replica that holds the committed step
    but was not in the previous quorum (one just healed, on its way to this sync).
+4b. Late members (Regent's, off unless `late_member_ms` > 0): once a strict majority of the previous quorum
+   has joined, the others get `late_member_ms` more; then the quorum is issued without them (rules 5 and 6
+   still apply; rule 7's join timeout does not wait for them). A member paused or hung at the sync otherwise
+   holds every replica until it comes back or is declared dead; left out, it finds the committed step moved
+   past its own at its next sync and pulls it from a holder (`regent.ft.local_sgd.DiLoCo`'s rejoin).
 5. At least `min_replicas` healthy participants.
 6. Split-brain guard: more than half of the heartbeating replicas must be participating.
 7. Join timeout: while some heartbeating replica has not joined yet, wait until `join_timeout_ms` has passed
@@ -57,11 +62,15 @@ class QuorumOptions:
     heartbeat_timeout_ms: int = 5_000
     # Regent's addition (rule 4): how long a fast quorum waits for `holders_on_their_way`; 0 turns it off.
     holder_grace_ms: int = 2_000
+    # Regent's addition (rule 4b, `late_members`): once a strict majority of the previous quorum has joined, how
+    # long the quorum waits for its other members before it is issued without them; 0 turns it off (TorchFT's
+    # rules: a member that heartbeats is waited for until the join timeout).
+    late_member_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
             raise ValueError(f"min_replicas must be >= 1, got {self.min_replicas}")
-        for name in ("join_timeout_ms", "heartbeat_timeout_ms", "holder_grace_ms"):
+        for name in ("join_timeout_ms", "heartbeat_timeout_ms", "holder_grace_ms", "late_member_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.quorum_tick_ms <= 0:
@@ -326,6 +335,28 @@ def holders_on_their_way(state: LighthouseState, healthy: set[str], prev_ids: se
                   if step == w.step and rid in healthy and rid not in prev_ids and rid not in state.participants)
 
 
+def late_members(now: float, state: LighthouseState, joined: dict[str, Participant], opts: QuorumOptions
+                 ) -> list[str]:
+    """Rule 4b: the previous quorum's members that have not joined although a strict majority of that quorum
+    did at least `late_member_ms` ago (counted from the joining that made the majority), by id; [] while they
+    are still within their time, or when no majority has joined.
+
+    Why: the sync of a synchronous round waits for its slowest member. A member paused for seconds (a stalled
+    host, a long GC) or hung (found only after the hang deadline, which must exceed any pause tolerated) kept
+    every other replica idle for that long, at every such fault: most of the goodput a 16-core soak lost. Left
+    out, the late member loses its own round's work instead and catches up from a holder; a member that is
+    only slower than the others by less than `late_member_ms` is never left out."""
+    assert state.prev_quorum is not None
+    prev_ids = state.prev_quorum.replica_ids()
+    arrived = sorted(joined[rid].joined for rid in prev_ids if rid in joined)
+    majority = len(prev_ids) // 2 + 1
+    if len(arrived) < majority or len(arrived) == len(prev_ids):
+        return []
+    if now - arrived[majority - 1] < opts.late_member_ms / 1000.0:
+        return []
+    return sorted(rid for rid in prev_ids if rid not in joined)
+
+
 def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
@@ -364,6 +395,9 @@ def quorum_compute(
                                   f"the committed step and have not joined yet ({coming[:3]}) {metadata}")
             return candidates, f"Fast quorum found! {metadata}"
 
+    late = (late_members(now, state, healthy_participants, opts)
+            if opts.late_member_ms and state.prev_quorum is not None and not shrink_only else None)
+
     if len(healthy_participants) < opts.min_replicas:
         return None, (
             f"New quorum not ready, only have {len(healthy_participants)} participants, "
@@ -375,6 +409,9 @@ def quorum_compute(
             f"New quorum not ready, only have {len(healthy_participants)} participants, "
             f"need at least half of {len(healthy)} healthy workers {metadata}"
         )
+
+    if late:
+        return candidates, f"Quorum without {len(late)} late members of the last one ({late[:3]}) {metadata}"
 
     all_healthy_joined = len(healthy_participants) == len(healthy)
     first_joined = min((p.joined for p in healthy_participants.values()), default=now)

@@ -80,6 +80,12 @@ class LighthouseConfig:
     # quorum (one just healed mid-round, on its way to the sync: `regent.ft.quorum.holders_on_their_way`). Without
     # it, such a replica arriving a moment late sits out a whole round. 0: TorchFT's rule exactly.
     holder_grace_ms: int = 2000
+    # Regent's: once a strict majority of the last quorum has joined a sync, how long its other members are waited
+    # for before the quorum goes on without them (`regent.ft.quorum.late_members`). A DiLoCo replica left out
+    # finds the committed step past its own at its next sync and pulls it from a holder, then trains the rest of
+    # the round in progress. 0 (off): a paused or hung replica holds up every sync until it is back or declared
+    # dead. With an external Lighthouse (`address`), set it to that Lighthouse's --late-member-ms.
+    late_member_ms: int = 0
 
 
 @dataclass
@@ -382,9 +388,10 @@ def _validate_lighthouse(cfg: RunConfig) -> None:
         if getattr(lc, name) <= 0:
             raise ConfigError(f"--lighthouse.{name.replace('_', '-')} must be a positive number of milliseconds, "
                               f"not {getattr(lc, name)}")
-    if lc.holder_grace_ms < 0:
-        raise ConfigError(f"--lighthouse.holder-grace-ms must be zero (off) or a positive number of milliseconds, "
-                          f"not {lc.holder_grace_ms}")
+    for name in ("holder_grace_ms", "late_member_ms"):
+        if getattr(lc, name) < 0:
+            raise ConfigError(f"--lighthouse.{name.replace('_', '-')} must be zero (off) or a positive number of "
+                              f"milliseconds, not {getattr(lc, name)}")
     if cfg.faults.warmup < 0 or cfg.faults.holdoff < 0:
         raise ConfigError("--faults.warmup and --faults.holdoff must be zero or positive (for example 20s)")
 

@@ -31,6 +31,7 @@ EVENT_KINDS = (
     "state_lost",  # no live replica held the committed state: restored from the backstop (or fatal)
     "early_heal_done",  # a restarted replica pulled the committed state from a live holder
     "round_joined",  # DiLoCo: a healed replica trains in the round in progress (from `round_position` on)
+    "round_abandoned",  # DiLoCo: a live replica left out of a sync (late) gave up its round and pulled the state
     "trainer_built",  # a (re)started trainer is built: where its build time went ("phases")
     "recover_failed",
     "backstop_saved",

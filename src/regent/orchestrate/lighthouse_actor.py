@@ -27,14 +27,15 @@ class LighthouseActor(Actor):
                          bind_retry_s: float = 0.0, expect_groups: list[str] | None = None,
                          expect_within_s: float = 60.0, frontends: int | None = None,
                          seed_committed: tuple[int, int] | None = None,
-                         holder_grace_ms: int = 2000) -> dict[str, str]:
+                         holder_grace_ms: int = 2000, late_member_ms: int = 0) -> dict[str, str]:
         """Start (once) and return the addresses. `state_file` keeps quorum ids increasing if the Lighthouse is
         started again for the same run. `bind_retry_s`: a fixed port may still be held for a moment by the
         Lighthouse that was just killed; keep trying to bind it that long. `expect_groups`: the replica groups the
         first quorum of a fresh run waits for (at most `expect_within_s`). `frontends`: serve gRPC from that many
         front-end processes (`regent.ft.frontends`; None: `$REGENT_LIGHTHOUSE_FRONTENDS`, default 0).
         `seed_committed`: the highest (manager step, lineage) the controller saw committed, `holder_grace_ms` how
-        long a fast quorum waits for a just-healed replica (both: see `LighthouseServer`)."""
+        long a fast quorum waits for a just-healed replica, `late_member_ms` how long a late member of the last
+        quorum is waited for (all three: see `LighthouseServer`)."""
         from regent.ft.lighthouse import LighthouseServer
 
         deadline = time.monotonic() + bind_retry_s
@@ -52,6 +53,7 @@ class LighthouseActor(Actor):
                     frontends=frontends,
                     seed_committed=tuple(seed_committed) if seed_committed else None,
                     holder_grace_ms=holder_grace_ms,
+                    late_member_ms=late_member_ms,
                 )
             except OSError as exc:
                 if time.monotonic() >= deadline:

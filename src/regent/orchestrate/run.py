@@ -990,7 +990,7 @@ class OrchestrationManager:
                 lc.join_timeout_ms / 1000.0,
                 # what the replicas committed while no Lighthouse heard it (regent.ft.quorum.seed_watermark)
                 seed_committed=self.committed_seen if self.committed_seen[0] else None,
-                holder_grace_ms=lc.holder_grace_ms)
+                holder_grace_ms=lc.holder_grace_ms, late_member_ms=lc.late_member_ms)
             if self._lh_address is not None and info["address"] != self._lh_address:
                 raise RuntimeError(f"the new Lighthouse serves at {info['address']}, not {self._lh_address}")
             self._lh_address = info["address"]

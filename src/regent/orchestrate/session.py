@@ -155,6 +155,8 @@ class TrainingSession:
                 join_mid_round=not self.constant_batch,
                 on_round_failed=self._give_back_round,
                 exactly_once=True,  # Streaming DiLoCo's per-fragment ledger needs a healer's windows its own
+                # a Lighthouse that leaves late members out of a sync: a replica left out catches up at once
+                rejoin_left_behind=ft.early_heal and cfg.lighthouse.late_member_ms > 0,
             )
         else:
             if ft.bucket_mb > 0 and not self.trainer.sharded:

@@ -459,11 +459,18 @@ def failed_sync_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Plain DiLoCo gives a failed round back (its step count goes back to the round's first step) and trains it
     again: a failed sync at a step no later than the previous failed one's trained the same round again, and
-    lost the steps since the same sync as that one."""
+    lost the steps since the same sync as that one.
+
+    A live replica that a quorum left out (late for the sync) gives its round up (`round_abandoned`): its
+    inner steps since its previous sync are lost the same way."""
     prev: dict[Any, int] = {}
     anchor: dict[Any, tuple[int, int]] = {}  # (step lost from, step of the last failed sync) since the last commit
     out = []
     for e in sorted(events, key=lambda e: e["time"]):
+        if e["kind"] == "round_abandoned":
+            out.append({"time": e["time"], "replica": e.get("replica"), "step": e.get("step") or 0,
+                        "lost": int(e.get("inner_steps") or 0)})
+            continue
         if e["kind"] != "commit" or e.get("step") is None:
             continue
         key = (e.get("replica"), e.get("generation"))
@@ -648,7 +655,8 @@ def accounting(
             "steps_lost_uncommitted": (
                 "Metric records with committed false (ddp), plus in DiLoCo the local steps of each failed sync "
                 "(trainer step at the failed commit minus at that replica's previous sync; a round given back and "
-                "failed again: minus at its sync before that round), less any a later rollback already counts."),
+                "failed again: minus at its sync before that round), and the inner steps of each round a replica "
+                "left out of its sync gave up (round_abandoned), less any a later rollback already counts."),
             "steps_lost_reset": (
                 "For every rollback of all replicas (lineage reset, checkpoint restart, undetected drop): per "
                 "replica, its highest trainer step before it minus the step it went on from (all of it when "

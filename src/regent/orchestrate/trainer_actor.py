@@ -31,7 +31,7 @@ FORWARDED_KINDS = frozenset({
     "quorum", "quorum_reused", "heal_started", "heal_done", "commit", "peer_abort", "group_failed", "state_lost", "early_heal_done",
     "recover_failed", "backstop_saved", "backstop_failed", "backstop_corrupt", "backstop_unvouched", "state_digest",
     "heal_digest", "witness_digest",
-    "bitflip_applied", "round_joined"})
+    "bitflip_applied", "round_joined", "round_abandoned"})
 NOT_FORWARDED_KINDS = frozenset({"error"})
 
 
@@ -83,7 +83,7 @@ class TrainerActor(Actor):
         if kind not in FORWARDED_KINDS:
             return
         if kind in ("commit", "quorum", "peer_abort", "state_lost", "early_heal_done", "recover_failed",
-                    "backstop_saved", "backstop_unvouched", "round_joined") and self.rank != 0:
+                    "backstop_saved", "backstop_unvouched", "round_joined", "round_abandoned") and self.rank != 0:
             return  # one line per replica, not per rank
         details = dict(details)
         # the Manager counts syncs ("manager_step"); events carry the trainer's step like metrics.jsonl

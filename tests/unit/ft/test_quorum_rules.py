@@ -478,3 +478,62 @@ def test_no_wait_for_a_replica_behind_the_watermark_or_with_the_grace_off():
 def test_holder_grace_is_validated():
     with pytest.raises(ValueError, match="holder_grace_ms"):
         QuorumOptions(holder_grace_ms=-1)
+
+
+def three_in_sync(late_ms: int = 1000) -> tuple[LighthouseState, QuorumOptions]:
+    """The last quorum was a, b and c; all three heartbeat. The join timeout is an hour: without rule 4b a late
+    member that still heartbeats is waited for that long."""
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000, late_member_ms=late_ms)
+    state = LighthouseState(prev_quorum=prev(member("a:1"), member("b:1"), member("c:1")))
+    for rid in ("a:1", "b:1", "c:1"):
+        state.heartbeats[rid] = NOW
+    return state, opts
+
+
+def test_a_late_member_of_the_last_quorum_is_left_out_once_a_majority_waited_long_enough():
+    state, opts = three_in_sync(late_ms=1000)
+    join(state, member("a:1"), at=NOW)
+    assert quorum_compute(NOW + 5.0, state, opts)[0] is None  # one of three is no majority: it waits
+    join(state, member("b:1"), at=NOW + 0.4)  # the majority, from here
+    assert quorum_compute(NOW + 1.3, state, opts)[0] is None  # c gets 1 s from the majority's join
+    members, reason = quorum_compute(NOW + 1.4, state, opts)
+    assert [m.replica_id for m in members] == ["a:1", "b:1"] and "late members" in reason and "c:1" in reason
+    # c arrives in time: the fast quorum, everyone in it
+    state, opts = three_in_sync(late_ms=1000)
+    for rid, at in (("a:1", NOW), ("b:1", NOW + 0.4), ("c:1", NOW + 1.2)):
+        join(state, member(rid), at=at)
+    members, reason = quorum_compute(NOW + 1.2, state, opts)
+    assert len(members) == 3 and reason.startswith("Fast quorum")
+
+
+def test_late_members_are_never_left_out_when_the_rule_is_off_or_the_rest_is_no_majority():
+    # off (the default): TorchFT's rules, the late member is waited for until the join timeout
+    state, opts = three_in_sync(late_ms=0)
+    join(state, member("a:1"))
+    join(state, member("b:1"))
+    assert quorum_compute(NOW + 60.0, state, opts)[0] is None
+    # a majority of the last quorum is needed: two of four joined is not one
+    opts = QuorumOptions(min_replicas=1, join_timeout_ms=HOUR_MS, heartbeat_timeout_ms=5000, late_member_ms=500)
+    state = LighthouseState(prev_quorum=prev(*(member(f"{x}:1") for x in "abcd")))
+    for x in "abcd":
+        state.heartbeats[f"{x}:1"] = NOW
+    join(state, member("a:1"))
+    join(state, member("b:1"))
+    assert quorum_compute(NOW + 60.0, state, opts)[0] is None
+    join(state, member("c:1"), at=NOW + 1.0)
+    assert quorum_compute(NOW + 1.4, state, opts)[0] is None
+    assert [m.replica_id for m in quorum_compute(NOW + 1.5, state, opts)[0]] == ["a:1", "b:1", "c:1"]
+    # a newcomer waiting beside the majority rides along; min_replicas still applies
+    state, opts = three_in_sync(late_ms=500)
+    join(state, member("a:1"))
+    join(state, member("b:1"))
+    join(state, member("n:1"))
+    state.heartbeats["n:1"] = NOW
+    assert [m.replica_id for m in quorum_compute(NOW + 0.5, state, opts)[0]] == ["a:1", "b:1", "n:1"]
+    state, _ = three_in_sync()
+    join(state, member("a:1"))
+    join(state, member("b:1"))
+    assert quorum_compute(NOW + 0.6, state, QuorumOptions(min_replicas=3, join_timeout_ms=HOUR_MS,
+                                                          late_member_ms=500))[0] is None
+    with pytest.raises(ValueError, match="late_member_ms"):
+        QuorumOptions(late_member_ms=-1)
