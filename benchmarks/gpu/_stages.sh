@@ -5,9 +5,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 mkdir -p "$OUT" "$WORK"
 PY=${PYTHON:-python3}
 # Wheels for packages the machine lacks, carried in .whl/, go to /tmp/site (SKIP_WHEELS=1 skips this).
-if [ "${SKIP_WHEELS:-0}" != 1 ] && compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed" >&2; exit 1; }
+. benchmarks/gpu/_wheels.sh
+if install_wheels; then
   export PYTHONPATH=src:/tmp/site
 else
   export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}

@@ -13,9 +13,8 @@ mkdir -p "$OUT" "$WORK"
 PY=${PY:-python3}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 SITE=""
-if [ -z "${NO_WHL:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+. benchmarks/gpu/_wheels.sh
+if install_wheels; then
   SITE=:/tmp/site
 fi
 i=0

@@ -14,9 +14,8 @@ set -u
 OUT=${OUT:-runs/control-plane-host}
 mkdir -p "$OUT"
 PY=${PY:-python3}
-if [ -z "${NO_WHL:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+. benchmarks/gpu/_wheels.sh
+if install_wheels; then
   export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD/src

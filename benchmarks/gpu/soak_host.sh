@@ -15,16 +15,15 @@ OUT=${OUT:-runs/soak-host}
 PY=${PY:-python3}
 LIMIT=${LIMIT:-540}
 mkdir -p "$WORK" "$OUT"
+. benchmarks/gpu/_wheels.sh
 if [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH; else export PYTHONPATH=$PWD/src; fi
 export OMP_NUM_THREADS=1 NCCL_NVLS_ENABLE=0 GPU_PLATFORM=cpu CUDA_VISIBLE_DEVICES="" PYTHONUNBUFFERED=1
 case ${1:-start} in
 start)
-  if [ -z "${NO_WHL:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      || exit 1
+  if install_wheels; then
     export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH
   fi
-  echo "=== $(git rev-parse --short HEAD 2>/dev/null) $($PY -V) $(uname -r), $(getconf _NPROCESSORS_ONLN) cores," \
+  echo "=== src $(tree_id) $($PY -V) $(uname -r), $(getconf _NPROCESSORS_ONLN) cores," \
     "load $(cut -d' ' -f1-3 /proc/loadavg), start $(date -u +%H:%M:%S)"
   setsid nohup $PY benchmarks/soak.py --mode diloco --replicas "${REPLICAS:-3}" --procs-per-replica "${PPR:-2}" \
     --duration "${DUR:-15m}" --fault-every "${EVERY:-15s}" --seed "${SEED:-7}" --baseline-beside --out "$WORK/runs" \
