@@ -318,6 +318,8 @@ def main() -> int:
                                                             f"{summary.get('rounds_joined_missed_sync')}"),
         ("copies at steps with no vote: checked / verified", "{checked} / {verified}".format(
             **(summary.get("copies_checked") or {"checked": None, "verified": None}))),
+        ("rounds given up, left out of a sync late (inner steps)", "{rounds} ({inner_steps})".format(
+            **(summary.get("rounds_abandoned") or {"rounds": None, "inner_steps": None}))),
         ("recovery p50 by fault kind (n)", by_kind(summary.get("recovery_breakdown") or [])),
         ("Lighthouse restarts / steps committed without it", f"{summary.get('lighthouse_restarts')} / "
                                                               f"{summary.get('steps_without_lighthouse')}"),

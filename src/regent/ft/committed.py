@@ -12,6 +12,7 @@ Lighthouse, never hidden.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -282,8 +283,14 @@ class CommittedStateRecovery:
                 return {"behind": False}
             return {"behind": bool(watermark > self._step and holders)}
 
-        return bool(self._share(f"regent/behind/{self._behind_calls}",
-                                decide if self.group_rank == 0 else None)["behind"])
+        behind = bool(self._share(f"regent/behind/{self._behind_calls}",
+                                  decide if self.group_rank == 0 else None)["behind"])
+        if self.group_rank == 0 and self.group_world_size > 1 and self._behind_calls > 2:
+            # asked every few inner steps for the whole run: the store keeps only the last two decisions (every
+            # rank read the one before the last: it trained the inner steps since, in lockstep with this rank)
+            with contextlib.suppress(Exception):  # a key already gone costs nothing; the next call tries again
+                self._group_store.delete_key(f"regent/behind/{self._behind_calls - 2}")
+        return behind
 
     def report_event(self, kind: str, **details: Any) -> None:
         """An event of this replica's fault-tolerance (`on_event`), from the layers built on the Manager."""

@@ -645,6 +645,9 @@ def accounting(
         "vulnerability_window_seconds": {"p50": percentile(vw, 0.5), "max": max(vw) if vw else None,
                                          "n": len(vw), "open": vw_open},
         "early_heals": sum(e["kind"] == "early_heal_done" for e in events),
+        "rounds_abandoned": {"rounds": sum(e["kind"] == "round_abandoned" for e in events),
+                             "inner_steps": sum(int(e.get("inner_steps") or 0) for e in events
+                                                if e["kind"] == "round_abandoned")},
         "copies_checked": {"checked": sum(e["kind"] == "copy_checked" for e in events),
                            "verified": sum(e["kind"] == "copy_checked" and bool(e.get("verified")) for e in events)},
         "backstop_saves": sum(e["kind"] == "backstop_saved" for e in events),
@@ -693,6 +696,10 @@ def accounting(
             "max_stall_at": "When the longest stall began, seconds since the first step.",
             "lineage_resets_fatal": "Lineage resets with fatal set: no backstop checkpoint, the run stopped.",
             "rollbacks": "Every rollback of all replicas with its time, cause and the replica-steps it threw away.",
+            "rounds_abandoned": (
+                "round_abandoned events (DiLoCo, `--lighthouse.late-member-ms`): live replicas a sync's quorum left "
+                "out because they came late, which gave their round up and pulled the committed state; their "
+                "inner steps are counted in steps_lost_uncommitted."),
             "early_heals": "Count of early_heal_done events: restarted replicas that pulled the committed state "
                            "from a live holder before the next sync.",
             "copies_checked": (

@@ -45,9 +45,10 @@ def test_a_replica_paused_at_a_sync_is_left_out_and_catches_up_without_a_restart
         heals = [e for e in ev if e["kind"] == "early_heal_done" and e["replica"] == r and e["time"] >= paused["time"]]
         assert heals and heals[0]["generation"] == gave_up["generation"], heals
         assert heals[0]["manager_step"] > gave_up["behind_at"]
+        # ... and committed the next sync with the others (the other pause may have left its replica out of it)
         later = [e for e in ev if e["kind"] == "commit" and e["replica"] == r and e.get("committed")
                  and e["time"] > heals[0]["time"]]
-        assert later and later[0]["participants"] == 3, later[:1]
+        assert later and later[0]["participants"] >= 2 and later[0]["generation"] == gave_up["generation"], later[:1]
     s = run.summary
     assert s["steps_lost_uncommitted"] >= sum(e["inner_steps"] for e in abandoned)
     assert s["replicas_compared"] == 3 and s["replicas_consistent"] is True and s["lineage_resets"] == 0

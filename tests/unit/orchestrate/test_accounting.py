@@ -156,6 +156,29 @@ def test_diloco_failed_sync_loses_its_window_but_is_no_reset():
     assert s["replica_steps_useful"] == 60 - 2 * h
 
 
+def test_a_round_given_up_by_a_replica_left_out_of_a_sync_is_lost():
+    """DiLoCo with late members left out (`--lighthouse.late-member-ms`): replica 1 was paused at the sync of step
+    10, the others committed it without it, and it gave its round up (`round_abandoned`, its 5 inner steps) and
+    pulled the committed state. Its records of that round exist (the trainer wrote them) but no sync averaged
+    them: they are lost, not useful, and counted once."""
+    h = 5
+    events = [ev("run_started", 0.0, generation=None, mode="diloco")]
+    metrics = []
+    for step in range(1, 21):
+        for r in (0, 1):
+            metrics.append(rec(step, r, step, manager_step=step // h))
+        if step % h == 0:
+            for r in (0, 1):
+                if not (step == 10 and r == 1):
+                    events.append(ev("commit", step + 0.5, r, committed=True, step=step, manager_step=step // h))
+    events.append(ev("round_abandoned", 10.8, 1, step=10, inner_steps=h, behind_at=1, how="early", manager_step=2))
+    s = compute_summary(events, metrics, replicas=2, replicas_consistent=True, baseline_rate=1.0)
+    assert s["rounds_abandoned"] == {"rounds": 1, "inner_steps": h}
+    assert s["steps_lost_uncommitted"] == h and s["steps_lost_reset"] == 0 and s["lineage_resets"] == 0
+    assert s["replica_steps_useful"] == 40 - h
+    assert s["how"]["rounds_abandoned"].endswith(".")
+
+
 def test_diloco_rounds_given_back_each_lose_the_round_once(tmp_path):
     """Plain DiLoCo gives a failed round back and trains it again (the trainer step goes back to the round's
     first step): two failed syncs of the same round each lose that round's steps, not the first the round and
