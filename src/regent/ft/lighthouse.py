@@ -436,6 +436,7 @@ class LighthouseServer:
         self._last_reason = ""
         self._quorums_issued = 0
         self._grace_stats: dict[str, float] = {"waits": 0, "came": 0, "timed_out": 0, "waited_s": 0.0}
+        self._late_stats: dict[str, int] = {"quorums": 0, "left_out": 0}  # rule 4b's quorums (`_note_late`)
         self._tick_pending = False
         self._stopped = threading.Event()
 
@@ -911,6 +912,7 @@ class LighthouseServer:
         quorum = issue_quorum(self._state, members, datetime.now(timezone.utc))
         self._quorums_issued += 1
         self._note_grace(now, members)
+        self._note_late(quorum.quorum_id)
         # A front end's member parses its wire form from its raw request (`joins.Join.to_proto`), only if a
         # caller wants TorchFT's full answer.
         answers = _Issued(quorum, lambda: [wire.get(m.replica_id) or m.to_proto() for m in members],
@@ -944,6 +946,20 @@ class LighthouseServer:
                     sorted(state.grace_awaited)[:3], f"came: {came[:3]}" if came else "none came in time")
         state.grace_awaited = set()
         state.grace_since = None
+
+    def _note_late(self, quorum_id: int) -> None:
+        """A quorum issued without late members of the last one (`quorum.late_members`): count it and them
+        (`status()["late_members"]`, and one log line each), so an operator sees how often the rule acts, and whom
+        it leaves out (a replica left out again and again is slower than the others, not paused)."""
+        state = self._state
+        if not state.late_left_out:
+            return
+        left = state.late_left_out
+        self._late_stats["quorums"] += 1
+        self._late_stats["left_out"] += len(left)
+        logger.info("late members: quorum %d issued without %s, %.0f ms after a majority of the last one joined",
+                    quorum_id, left[:3], self._opts.late_member_ms)
+        state.late_left_out = []
 
     def _tick_soon(self) -> None:
         """One tick at the loop's next turn, however many events ask for it meanwhile: a burst of restarts
@@ -1011,6 +1027,7 @@ class LighthouseServer:
             "next_quorum": {"ready": members is not None, "reason": reason},
             "quorums_issued": self._quorums_issued,
             "holder_grace": dict(self._grace_stats),
+            "late_members": dict(self._late_stats),
             "state_file": str(self._state_file) if self._state_file is not None else None,
             "max_step": max_step,
             "committed": {"step": state.watermark.step, "lineage": state.watermark.lineage,

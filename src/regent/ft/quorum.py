@@ -118,6 +118,9 @@ class LighthouseState:
     # reads and clears them when it issues the quorum (`LighthouseServer._note_grace`).
     grace_awaited: set[str] = field(default_factory=set)
     grace_since: float | None = None
+    # The last quorum's members rule 4b (`late_members`) left out of the quorum it decided; the server reads and
+    # clears them when it issues that quorum (`LighthouseServer._note_late`).
+    late_left_out: list[str] = field(default_factory=list)
 
 
 def note_committed(state: LighthouseState, replica_id: str, step: int, lineage: int,
@@ -361,6 +364,7 @@ def quorum_compute(
     now: float, state: LighthouseState, opts: QuorumOptions
 ) -> tuple[list[QuorumMember] | None, str]:
     """Decide whether a quorum can be issued now. Returns (members sorted by id, or None; the reason)."""
+    state.late_left_out = []  # only the decision just made names whom it leaves out (the dashboard computes too)
     healthy = healthy_replicas(now, state, opts)
     if state.not_before:
         back = {group_name(rid) or rid for rid in healthy}
@@ -411,6 +415,7 @@ def quorum_compute(
         )
 
     if late:
+        state.late_left_out = late
         return candidates, f"Quorum without {len(late)} late members of the last one ({late[:3]}) {metadata}"
 
     all_healthy_joined = len(healthy_participants) == len(healthy)

@@ -191,6 +191,33 @@ def test_a_holder_grace_that_ends_with_nobody_is_counted(lighthouse):
     assert (grace_stats["waits"], grace_stats["came"], grace_stats["timed_out"]) == (1, 0, 1), grace_stats
 
 
+def test_a_late_member_is_left_out_over_the_wire_and_counted(lighthouse):
+    """Rule 4b over the wire (`quorum.late_members`): "a", "b" and "c" were the last quorum and all three
+    heartbeat; "c" does not come to the next sync. With the rule on, "a" and "b" get their quorum once they have
+    waited `late_member_ms` for it (not the hour-long join timeout), and the Lighthouse counts the quorum and whom
+    it left out. Off (the default, TorchFT's rules), "c" is still waited for."""
+    server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, late_member_ms=400)
+    client = LighthouseClient(server.address())
+    for rid in ("a:1", "b:1", "c:1"):
+        client.heartbeat(rid)  # all three first, so that none forms a quorum alone
+    assert ask_all(client, ["a:1", "b:1", "c:1"])[0].replica_ids() == ["a:1", "b:1", "c:1"]
+    client.heartbeat("c:1")
+    start = time.monotonic()
+    assert ask_all(client, ["a:1", "b:1"])[0].replica_ids() == ["a:1", "b:1"]
+    assert 0.3 < time.monotonic() - start < 5.0
+    assert server.status()["late_members"] == {"quorums": 1, "left_out": 1}
+    assert server.status()["options"]["late_member_ms"] == 400
+    off = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20)
+    client = LighthouseClient(off.address())
+    for rid in ("a:1", "b:1", "c:1"):
+        client.heartbeat(rid)
+    assert ask_all(client, ["a:1", "b:1", "c:1"])[0].replica_ids() == ["a:1", "b:1", "c:1"]
+    client.heartbeat("c:1")
+    with pytest.raises(Exception):  # noqa: B017 - the quorum call's deadline: nobody was left out
+        client.quorum("a:1", timeout=1.0)
+    assert off.status()["late_members"] == {"quorums": 0, "left_out": 0}
+
+
 def test_dead_incarnations_are_not_waited_for(lighthouse):
     # heartbeat timeout of an hour: without the two rules below the survivor would wait that long
     server = lighthouse(min_replicas=1, join_timeout_ms=HOUR_MS, quorum_tick_ms=20, heartbeat_timeout_ms=HOUR_MS)

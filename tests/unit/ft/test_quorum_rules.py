@@ -498,6 +498,9 @@ def test_a_late_member_of_the_last_quorum_is_left_out_once_a_majority_waited_lon
     assert quorum_compute(NOW + 1.3, state, opts)[0] is None  # c gets 1 s from the majority's join
     members, reason = quorum_compute(NOW + 1.4, state, opts)
     assert [m.replica_id for m in members] == ["a:1", "b:1"] and "late members" in reason and "c:1" in reason
+    assert state.late_left_out == ["c:1"]  # what the server counts when it issues this quorum
+    join(state, member("c:1"), at=NOW + 1.5)  # c came after all: the next decision leaves nobody out
+    assert len(quorum_compute(NOW + 1.5, state, opts)[0]) == 3 and state.late_left_out == []
     # c arrives in time: the fast quorum, everyone in it
     state, opts = three_in_sync(late_ms=1000)
     for rid, at in (("a:1", NOW), ("b:1", NOW + 0.4), ("c:1", NOW + 1.2)):
