@@ -238,10 +238,14 @@ def test_partitioned_replica_leaves_by_heartbeat_timeout_and_the_rest_commit(par
         quorums = [q for q in run.events(i, "quorum", r["cut_at"]) if q["t"] < r["heal_at"]]
         assert any(len(q["participants"]) == 2 and not any(p.startswith("r2:") for p in q["participants"])
                    for q in quorums), quorums
-    # r0 and r1 committed the same steps with the same states
+    # r0 and r1 committed the same steps with the same states. The records were read at the heal, while both were
+    # committing: one may already have written a step the other writes a moment later (a suite run saw r1's step
+    # 88 and not yet r0's), so only the newest steps may be missing on one side.
     h0 = {c["step"]: c["hash"] for c in r["during"][0]}
     h1 = {c["step"]: c["hash"] for c in r["during"][1]}
-    assert h0 == h1
+    common = h0.keys() & h1.keys()
+    assert len(common) >= 5 and {s: h0[s] for s in common} == {s: h1[s] for s in common}
+    assert all(s > max(common) for s in h0.keys() ^ h1.keys()), (sorted(h0.keys() ^ h1.keys()), max(common))
 
 
 @pytest.mark.slow
