@@ -742,12 +742,12 @@ class DiLoCo:
         self._step_micro = 1
         if self._trained is not None:
             self._trained += 1
-        if (self.rejoin_left_behind and self._local_step % LEFT_BEHIND_CHECK_STEPS == 0
-                and self._local_step < self._period - self._delay and self.rejoin_if_left_behind()):
-            return  # left out of a sync while it was paused: caught up mid-round, not at its own sync point
-        if self._local_step == self._period - self._delay:
-            if self.rejoin_if_left_behind():
-                return
+        at_sync = self._local_step == self._period - self._delay
+        if (self.rejoin_left_behind and (at_sync or (self._local_step % LEFT_BEHIND_CHECK_STEPS == 0
+                                                     and self._local_step < self._period - self._delay))
+                and self.rejoin_if_left_behind()):
+            return  # left out of a sync (it came late): caught up from a holder, in the round in progress
+        if at_sync:
             for f in self.fragments:
                 f.loaded = False
             self._manager.start_quorum()
